@@ -1,0 +1,1 @@
+"""Subcommands of the ``streamlearn`` CLI, one module each (see ``streamlearn.cli``)."""

@@ -1,0 +1,289 @@
+"""The one learner interface (DESIGN.md §4) and the shared template methods.
+
+A learner holds K linear scorers over d features. ``decide`` scores a whole
+micro-batch with one product, asks its :class:`~streamlearn.learners.exploration.Exploration`
+for each event's γ (fixed *before* sampling), and samples actions with
+randomness that is a pure function of ``(seed, event key)``. ``update`` applies a
+whole batch of bandit feedback with one product.
+
+Invariants every learner keeps:
+
+* ``probs`` returned by ``decide`` is the full sampling distribution (rows sum
+  to 1, zero outside the mask) and its row maximum is at the exploit action
+  ``argmax(W x)`` (ties → lowest index). ``update`` therefore recovers the
+  exploit action of decision time as ``argmax(probs)`` even when the weights
+  moved while the feedback was delayed.
+* A batch is decided with the weights as they were at the start of the batch
+  and its updates are summed, so batch size 1 is exactly the per-event
+  algorithm of ALGORITHMS.md.
+* ``decide`` never changes learned weights; it only advances the round counter
+  the exploration schedules use.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import inspect
+from typing import Any, ClassVar
+
+import numpy as np
+
+from streamlearn.errors import ConfigError, StateError
+from streamlearn.features import Batch, as_batch, batch_size, scores
+from streamlearn.learners import randomness
+from streamlearn.learners.exploration import Exploration, FixedGamma
+
+__all__ = ["Learner", "check_int", "check_float", "exploit_actions", "masked_argmax"]
+
+
+def check_int(owner: str, name: str, value: object, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ConfigError(
+            f"The '{name}' parameter of {owner} must be an int >= {low}. Got {value!r} instead."
+        )
+    return int(value)
+
+
+def check_float(
+    owner: str, name: str, value: object, low: float, high: float,
+    low_open: bool = True, high_open: bool = False,
+) -> float:
+    ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+    if ok:
+        v = float(value)  # type: ignore[arg-type]
+        ok = bool(np.isfinite(v)) and (v > low if low_open else v >= low) and (
+            v < high if high_open else v <= high)
+    if not ok:
+        lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+        raise ConfigError(
+            f"The '{name}' parameter of {owner} must be a float in {lo}{low}, {high}{hi}. "
+            f"Got {value!r} instead."
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
+def masked_argmax(score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """Row argmax over allowed actions; ties go to the lowest index."""
+    if mask is None:
+        return np.argmax(score_matrix, axis=1)
+    return np.argmax(np.where(mask, score_matrix, -np.inf), axis=1)
+
+
+def exploit_actions(probs: np.ndarray) -> np.ndarray:
+    """The exploit action of decision time, recovered from the logged distribution."""
+    return np.argmax(probs, axis=1)
+
+
+def _check_mask(mask: object, B: int, K: int) -> np.ndarray | None:
+    if mask is None:
+        return None
+    m = np.asarray(mask, dtype=bool)
+    if m.shape != (B, K):
+        raise ConfigError(f"Expected an action mask of shape ({B}, {K}). Got {m.shape} instead.")
+    if not m.any(axis=1).all():
+        raise ConfigError("Every event's action mask must allow at least one action.")
+    return m
+
+
+class Learner(abc.ABC):
+    """Base class of every contextual-bandit learner.
+
+    Subclasses implement ``_weights`` (the (K, d) scoring matrix), ``_update``
+    (apply a validated batch) and ``_arrays``/``_load_arrays`` (learned state);
+    everything else — validation, exploration, sampling, state files — is here.
+    """
+
+    #: Learners that need labels (full information) set this; replay feeds them the true label.
+    full_information: ClassVar[bool] = False
+    #: Whether standardised (centred, unit-variance) features are recommended for this learner.
+    wants_standardised: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        n_actions: int,
+        n_features: int,
+        exploration: Exploration | None = None,
+        seed: int = 0,
+    ) -> None:
+        name = type(self).__name__
+        self.n_actions = check_int(name, "n_actions", n_actions, low=2)
+        self.n_features = check_int(name, "n_features", n_features)
+        self.exploration = exploration if exploration is not None else FixedGamma(0.05)
+        if not isinstance(self.exploration, Exploration):
+            raise ConfigError(
+                f"The 'exploration' parameter of {name} must be an Exploration instance. "
+                f"Got {exploration!r} instead."
+            )
+        self.seed = check_int(name, "seed", seed, low=0)
+        self.n_decided_ = 0  # rounds decided so far (the t of the exploration schedules)
+        self.n_updated_ = 0  # feedback events applied so far
+
+    # ------------------------------------------------------------------ params
+    def get_params(self) -> dict[str, Any]:
+        sig = inspect.signature(type(self).__init__)
+        return {p: getattr(self, p) for p in sig.parameters if p != "self"}
+
+    def clone(self) -> Learner:
+        """A fresh, unfitted learner with the same hyperparameters."""
+        params = self.get_params()
+        params["exploration"] = self.exploration.clone()
+        return type(self)(**params)
+
+    # ---------------------------------------------------------------- decide
+    def decide(
+        self, X: object, mask: object = None, keys: object = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Choose one action per event.
+
+        Returns ``(actions, probs)``: ``actions`` int64 of shape (B,), ``probs`` the
+        full sampling distribution of shape (B, K). ``keys`` (ints or strings, one per
+        event) seed the exploration randomness; without keys the round numbers are used.
+        """
+        batch = as_batch(X, self.n_features)
+        B = batch_size(batch)
+        m = _check_mask(mask, B, self.n_actions)
+        score_matrix = self.decision_scores(batch)
+        exploit = masked_argmax(score_matrix, m)
+        rounds = self.n_decided_ + 1 + np.arange(B)
+        gammas = self.exploration.gammas(score_matrix, exploit, rounds, m, self.n_actions)
+        probs = self._distribution(exploit, gammas, m)
+        uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
+        actions = randomness.sample(probs, uniforms)
+        self.n_decided_ += B
+        return actions, probs
+
+    def decision_scores(self, X: Batch) -> np.ndarray:
+        """``X @ W.T`` for the current weights (shape (B, K))."""
+        return scores(self._weights(), X)
+
+    def predict(self, X: object, mask: object = None) -> np.ndarray:
+        """The exploit action (no exploration)."""
+        batch = as_batch(X, self.n_features)
+        m = _check_mask(mask, batch_size(batch), self.n_actions)
+        return masked_argmax(self.decision_scores(batch), m)
+
+    def _distribution(
+        self, exploit: np.ndarray, gammas: np.ndarray, mask: np.ndarray | None
+    ) -> np.ndarray:
+        """P(r) = (1-γ)·1[r=ŷ] + γ/|allowed| over the allowed actions."""
+        B, K = len(exploit), self.n_actions
+        allowed = np.ones((B, K), dtype=bool) if mask is None else mask
+        n_allowed = allowed.sum(axis=1)
+        probs = allowed * (gammas / n_allowed)[:, None]
+        probs[np.arange(B), exploit] += 1.0 - gammas
+        return probs
+
+    # ---------------------------------------------------------------- update
+    def update(self, X: object, actions: object, rewards: object, probs: object) -> None:
+        """Learn from bandit feedback.
+
+        ``actions`` are the chosen actions, ``rewards`` in [0, 1], ``probs`` the full
+        (B, K) distributions logged by ``decide`` (the chosen propensity is
+        ``probs[i, actions[i]]``; the exploit action of decision time is ``argmax``).
+        Inputs are never mutated.
+        """
+        batch = as_batch(X, self.n_features)
+        B = batch_size(batch)
+        a = np.asarray(actions, dtype=np.int64).reshape(-1)
+        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        p = np.asarray(probs, dtype=np.float64)
+        if a.shape != (B,) or r.shape != (B,) or p.shape != (B, self.n_actions):
+            raise ConfigError(
+                f"update expects actions ({B},), rewards ({B},), probs ({B}, {self.n_actions}). "
+                f"Got {a.shape}, {r.shape}, {p.shape} instead."
+            )
+        if B == 0:
+            return
+        if a.min() < 0 or a.max() >= self.n_actions:
+            raise ConfigError(f"Actions must be in [0, {self.n_actions}). Got {a.min()}..{a.max()}.")
+        if not (np.isfinite(r).all() and r.min() >= 0.0 and r.max() <= 1.0):
+            raise ConfigError("Rewards must be finite and in [0, 1].")
+        chosen_p = p[np.arange(B), a]
+        if not full_or_positive(chosen_p, self.full_information):
+            raise ConfigError("The logged probability of every chosen action must be > 0.")
+        self.exploration.observe(a, r, p)
+        self._update(batch, a, r, p)
+        self.n_updated_ += B
+
+    @abc.abstractmethod
+    def _weights(self) -> np.ndarray:
+        """The (K, d) scoring matrix (for the potential family: the link of the dual)."""
+
+    @abc.abstractmethod
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+        """Apply one validated batch of feedback."""
+
+    # ----------------------------------------------------------------- state
+    @abc.abstractmethod
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """The learned arrays (copied by ``state``)."""
+
+    @abc.abstractmethod
+    def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        """Install learned arrays (already shape-checked against ``_arrays``)."""
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Learned state as plain arrays plus JSON-serialisable metadata."""
+        arrays = {f"learner.{k}": np.array(v, copy=True) for k, v in self._arrays().items()}
+        arrays.update({f"exploration.{k}": np.array(v, copy=True)
+                       for k, v in self.exploration.arrays().items()})
+        params = self.get_params()
+        params["exploration"] = self.exploration.spec()
+        meta = {
+            "class": type(self).__name__,
+            "params": params,
+            "counters": {"n_decided": self.n_decided_, "n_updated": self.n_updated_},
+            "exploration_state": self.exploration.scalars(),
+        }
+        return arrays, meta
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Learner:
+        """Rebuild a learner from ``state()`` output; raise ``StateError`` if they do not fit."""
+        from streamlearn.learners.exploration import exploration_from_spec
+
+        if meta.get("class") != cls.__name__:
+            raise StateError(f"State holds a {meta.get('class')!r}, not a {cls.__name__}.")
+        try:
+            params = dict(meta["params"])
+            params["exploration"] = exploration_from_spec(params["exploration"])
+            learner = cls(**params)
+            counters = meta["counters"]
+            learner.n_decided_ = int(counters["n_decided"])
+            learner.n_updated_ = int(counters["n_updated"])
+            learner.exploration.load(
+                {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("exploration.")},
+                meta["exploration_state"],
+            )
+        except (KeyError, TypeError, ConfigError, ValueError) as exc:
+            raise StateError(f"State metadata for {cls.__name__} is invalid: {exc}") from exc
+        expected = learner._arrays()
+        got = {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("learner.")}
+        if set(got) != set(expected):
+            raise StateError(
+                f"State arrays for {cls.__name__} must be {sorted(expected)}. Got {sorted(got)}."
+            )
+        for key, ref in expected.items():
+            if got[key].shape != ref.shape or got[key].dtype != ref.dtype:
+                raise StateError(
+                    f"State array {key!r} must have shape {ref.shape} and dtype {ref.dtype}. "
+                    f"Got {got[key].shape} {got[key].dtype}."
+                )
+            if got[key].dtype.kind == "f" and not np.isfinite(got[key]).all():
+                raise StateError(f"State array {key!r} holds NaN or inf.")
+        learner._load_arrays({k: np.array(v, copy=True) for k, v in got.items()})
+        return learner
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Learner:
+        arrays, meta = self.state()
+        return type(self).from_state(copy.deepcopy(arrays, memo), copy.deepcopy(meta, memo))
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({params})"
+
+
+def full_or_positive(chosen_p: np.ndarray, full_information: bool) -> bool:
+    """Full-information learners accept any logged probability; bandit learners need p > 0."""
+    return full_information or bool(np.all(chosen_p > 0.0))
