@@ -1,0 +1,1 @@
+"""Dataset loaders: built-in public datasets, synthetic streams and csv/libsvm files."""
