@@ -1,0 +1,136 @@
+"""The one batch-ranker interface and its shared validation.
+
+A ranker learns a scoring function from labelled rows; higher scores rank
+first. ``fit`` validates the inputs once (here) and calls the ranker's
+``_fit``; ``score`` validates and calls ``_score``. Constructors hold
+hyperparameters only, stored under the same names; learned state ends in ``_``.
+
+Labels ``y`` are relevance grades (>= 0; binary rankers treat ``y > 0`` as
+positive). ``qid`` (optional) groups rows into queries whose rows are
+contiguous; rankers that compare documents only within a query use it.
+``sample_weight`` (>= 0) means "this row counts w times": every ranker's
+weighted fit equals its fit on rows repeated by integer weights (tested).
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+from typing import Any, ClassVar
+
+import numpy as np
+
+from streamlearn.errors import ConfigError, DataError
+from streamlearn.learners.base import check_float, check_int
+from streamlearn.rankers.metrics import QueryGroups, query_groups
+
+__all__ = ["FitData", "Ranker", "as_matrix", "check_choice", "check_float", "check_int"]
+
+
+def check_choice(owner: str, name: str, value: object, choices: tuple[str, ...]) -> str:
+    """Validate a string hyperparameter against its allowed values."""
+    if not isinstance(value, str) or value not in choices:
+        raise ConfigError(
+            f"The '{name}' parameter of {owner} must be one of {', '.join(map(repr, choices))}. "
+            f"Got {value!r} instead."
+        )
+    return value
+
+
+class FitData:
+    """Validated training data: ``X`` (n, d) float64, ``y`` (n,), ``w`` (n,), ``groups``."""
+
+    __slots__ = ("X", "groups", "w", "y")
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, w: np.ndarray, groups: QueryGroups) -> None:
+        self.X, self.y, self.w, self.groups = X, y, w, groups
+
+
+def as_matrix(X: object, n_features: int | None = None) -> np.ndarray:
+    """``X`` as a finite float64 (n, d) array; checks d against ``n_features`` if given."""
+    arr = np.asarray(X, dtype=np.float64)
+    if arr.ndim != 2:
+        raise DataError(f"Expected X of shape (n_samples, n_features). Got shape {arr.shape}.")
+    if n_features is not None and arr.shape[1] != n_features:
+        raise DataError(f"Expected X with {n_features} features. Got {arr.shape[1]} instead.")
+    if not np.isfinite(arr).all():
+        raise DataError("X must be finite. Got NaN or inf.")
+    return arr
+
+
+class Ranker(abc.ABC):
+    """Base class of every batch ranker.
+
+    Subclasses implement ``_fit(data)`` and ``_score(X)``. Set ``requires_qid``
+    if the ranker needs query groups (AdaRank) and ``binary_labels`` if it uses
+    ``y > 0`` only.
+    """
+
+    requires_qid: ClassVar[bool] = False
+    binary_labels: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ params
+    def get_params(self) -> dict[str, Any]:
+        """The constructor's hyperparameters by name."""
+        sig = inspect.signature(type(self).__init__)
+        return {p: getattr(self, p) for p in sig.parameters if p != "self"}
+
+    def clone(self) -> Ranker:
+        """A fresh, unfitted ranker with the same hyperparameters."""
+        return type(self)(**self.get_params())
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"{type(self).__name__}({args})"
+
+    # --------------------------------------------------------------------- fit
+    def fit(
+        self, X: object, y: object, qid: object = None, sample_weight: object = None
+    ) -> Ranker:
+        """Learn from rows ``X`` with relevance ``y``; returns ``self``."""
+        data = self._validate(X, y, qid, sample_weight)
+        self.n_features_in_ = data.X.shape[1]
+        self._fit(data)
+        return self
+
+    def _validate(self, X: object, y: object, qid: object, sample_weight: object) -> FitData:
+        name = type(self).__name__
+        arr = as_matrix(X)
+        n = arr.shape[0]
+        if n == 0:
+            raise DataError(f"{name} needs at least one training row. Got 0.")
+        labels = np.asarray(y, dtype=np.float64).reshape(-1)
+        if labels.shape[0] != n or not np.isfinite(labels).all() or labels.min() < 0:
+            raise DataError(
+                f"Expected y: {n} finite relevance grades >= 0. "
+                f"Got {labels.shape[0]} values (min {labels.min() if labels.size else None})."
+            )
+        if sample_weight is None:
+            w = np.ones(n)
+        else:
+            w = np.asarray(sample_weight, dtype=np.float64).reshape(-1)
+            if w.shape[0] != n or not np.isfinite(w).all() or (w.size and w.min() < 0):
+                raise DataError(
+                    f"Expected sample_weight: {n} finite values >= 0. Got {w.shape[0]} values."
+                )
+            if w.sum() <= 0:
+                raise DataError("sample_weight must not be all zero.")
+        if self.requires_qid and qid is None:
+            raise DataError(f"{name} ranks within queries and needs qid. Got qid=None.")
+        return FitData(arr, labels, w, query_groups(qid, n))
+
+    @abc.abstractmethod
+    def _fit(self, data: FitData) -> None:
+        """Learn from validated data."""
+
+    # ------------------------------------------------------------------- score
+    def score(self, X: object) -> np.ndarray:
+        """One score per row of ``X`` (higher ranks first)."""
+        if not hasattr(self, "n_features_in_"):
+            raise ConfigError(f"This {type(self).__name__} is not fitted yet; call fit first.")
+        return self._score(as_matrix(X, self.n_features_in_))
+
+    @abc.abstractmethod
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        """Scores of validated rows."""
+
