@@ -1,0 +1,403 @@
+"""The observer interface the daemon calls, and the Prometheus implementation of it.
+
+The core never imports prometheus_client: it calls an :class:`Observer`, whose
+methods are all no-ops. :class:`PrometheusObserver` owns every metric of
+DESIGN.md §7, registered on an injected ``CollectorRegistry`` (tests use a fresh
+one; ``serve`` uses its own, never the process-global default).
+
+Conventions: seconds for durations, ``_total`` counters, low-cardinality labels.
+Values that arrive as arrays (decision latencies, feedback delays) are binned
+with one ``np.searchsorted`` + ``np.bincount`` per batch, not a Python loop.
+Per-action detail goes through a bounded collector read at scrape time: actions
+``>= max_actions`` are folded into ``action="other"``.
+
+Every observer method may be called from the daemon thread while the HTTP
+thread scrapes; the custom collectors hold a lock for that.
+
+>>> from prometheus_client import CollectorRegistry
+>>> registry = CollectorRegistry()
+>>> obs = PrometheusObserver(registry)
+>>> obs.on_instances(3)
+>>> obs.on_decisions(3, n_explored=1, latencies_s=np.array([0.001, 0.002, 0.002]))
+>>> registry.get_sample_value("streamlearn_decisions_total", {"explored": "true"})
+1.0
+>>> registry.get_sample_value("streamlearn_decision_latency_seconds_count")
+3.0
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from streamlearn import __version__
+
+__all__ = [
+    "FEEDBACK_OUTCOMES",
+    "RANKER_METRICS",
+    "ActionCollector",
+    "ArrayHistogram",
+    "Observer",
+    "PrometheusObserver",
+]
+
+FEEDBACK_OUTCOMES = ("joined", "late", "expired", "unknown", "duplicate")
+RANKER_METRICS = ("auc", "ndcg", "map", "precision")
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+DELAY_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+DURATION_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Observer:
+    """What the daemon reports; every method is a no-op here (subclass what you need).
+
+    Counts are per call (increments), gauges are the current value. ``*_s``
+    arguments are seconds; arrays may be numpy arrays or a single float.
+    """
+
+    def on_start(self, learner: str, exploration: str, transport: str) -> None:
+        """The daemon starts serving with this learner class, strategy and transport."""
+
+    def on_batch(self, size: int, topic: str = "instances") -> None:
+        """One poll returned ``size`` messages of ``topic`` ("instances" or "feedback")."""
+
+    def on_instances(self, n: int) -> None:
+        """``n`` valid instance events were accepted (before deciding)."""
+
+    def on_decisions(self, n: int, n_explored: int, latencies_s: np.ndarray | float) -> None:
+        """``n`` decisions published, ``n_explored`` of them not the exploit action."""
+
+    def on_action_decisions(self, actions: np.ndarray) -> None:
+        """The chosen actions of a batch (per-action detail, bounded)."""
+
+    def on_feedback(self, outcome: str, n: int, delays_s: np.ndarray | float | None = None) -> None:
+        """``n`` feedback events with ``outcome`` in :data:`FEEDBACK_OUTCOMES`.
+
+        ``delays_s`` (joined only) is the time from decision to feedback.
+        """
+
+    def on_action_rewards(self, actions: np.ndarray, rewards: np.ndarray) -> None:
+        """Joined rewards per chosen action (per-action detail, bounded)."""
+
+    def on_invalid(self, topic: str, reason: str, n: int = 1) -> None:
+        """``n`` events of ``topic`` rejected with the short stable code ``reason``."""
+
+    def on_rewards(self, total: float) -> None:
+        """Sum of the rewards applied to the learner in one batch."""
+
+    def on_mistakes(self, n: float) -> None:
+        """Mistakes (1 − reward of the played action) in one batch."""
+
+    def on_regret(self, x: float) -> None:
+        """Regret against the labels (simulators only) accrued in one batch."""
+
+    def on_error_rates(self, cumulative: float, window: float, exploit_estimate: float) -> None:
+        """Current played-action error rates and the unbiased exploit-error estimate."""
+
+    def on_gamma(self, gamma: float) -> None:
+        """Current exploration rate γ (mean over the last batch)."""
+
+    def on_pending(self, n: int) -> None:
+        """Decisions currently waiting for feedback (plus early feedback held)."""
+
+    def on_shed(self, n: int) -> None:
+        """``n`` pending joins were shed because the pending store was full."""
+
+    def on_lag(self, lag: int) -> None:
+        """Total consumer lag (messages) over the assigned partitions."""
+
+    def on_checkpoint(self, duration_s: float, written_at: float | None = None) -> None:
+        """A checkpoint was written in ``duration_s``; ``written_at`` is its Unix time."""
+
+    def on_model_version(self, version: int) -> None:
+        """The serving model's version number changed."""
+
+    def on_retrain(self, duration_s: float) -> None:
+        """A background retrain finished."""
+
+    def on_offpolicy(self, policy: str, value: float) -> None:
+        """Off-policy estimate of the value of candidate ``policy``."""
+
+    def on_ranker_metric(self, name: str, value: float) -> None:
+        """Quality of the current ranker; ``name`` in :data:`RANKER_METRICS`."""
+
+
+def _as_array(values: np.ndarray | float | Sequence[float]) -> np.ndarray:
+    return np.atleast_1d(np.asarray(values, dtype=np.float64)).reshape(-1)
+
+
+class ArrayHistogram(Collector):
+    """A histogram fed whole arrays at once (vectorised), exposed at scrape time."""
+
+    def __init__(self, name: str, documentation: str, buckets: Iterable[float]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = np.asarray(sorted(float(b) for b in buckets), dtype=np.float64)
+        self._counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)  # last one: +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, values: np.ndarray | float | Sequence[float]) -> None:
+        v = _as_array(values)
+        v = v[np.isfinite(v)]
+        if v.size == 0:
+            return
+        # bucket i counts v <= bounds[i] (Prometheus "le" is inclusive)
+        binned = np.bincount(np.searchsorted(self.bounds, v, side="left"),
+                             minlength=len(self._counts))
+        with self._lock:
+            self._counts += binned
+            self._sum += float(v.sum())
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            cumulative = np.cumsum(self._counts)
+            total = self._sum
+        buckets = [(_le(b), float(c)) for b, c in zip(self.bounds, cumulative[:-1], strict=True)]
+        buckets.append(("+Inf", float(cumulative[-1])))
+        family = HistogramMetricFamily(self.name, self.documentation)
+        family.add_metric([], buckets, total)
+        yield family
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+class ActionCollector(Collector):
+    """Per-action decision and reward counters, bounded to ``max_actions`` label values."""
+
+    def __init__(self, max_actions: int = 64) -> None:
+        if max_actions < 1:
+            raise ValueError(f"max_actions must be >= 1. Got {max_actions}.")
+        self.max_actions = max_actions
+        self._decisions = np.zeros(max_actions + 1, dtype=np.int64)  # last slot: "other"
+        self._rewards = np.zeros(max_actions + 1, dtype=np.float64)
+        self._lock = threading.Lock()
+
+    def _slots(self, actions: np.ndarray) -> np.ndarray:
+        a = np.asarray(actions, dtype=np.int64).reshape(-1)
+        return np.where((a >= 0) & (a < self.max_actions), a, self.max_actions)
+
+    def add_decisions(self, actions: np.ndarray) -> None:
+        counts = np.bincount(self._slots(actions), minlength=self.max_actions + 1)
+        with self._lock:
+            self._decisions += counts
+
+    def add_rewards(self, actions: np.ndarray, rewards: np.ndarray) -> None:
+        sums = np.bincount(self._slots(actions), weights=_as_array(rewards),
+                           minlength=self.max_actions + 1)
+        with self._lock:
+            self._rewards += sums
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            decisions, rewards = self._decisions.copy(), self._rewards.copy()
+        seen = np.flatnonzero((decisions > 0) | (rewards > 0))  # only actions ever used
+        dec = CounterMetricFamily("streamlearn_action_decisions",
+                                  "Decisions per chosen action.", labels=["action"])
+        rew = CounterMetricFamily("streamlearn_action_rewards",
+                                  "Rewards per chosen action (joined feedback).", labels=["action"])
+        for slot in seen:
+            label = "other" if slot == self.max_actions else str(int(slot))
+            dec.add_metric([label], float(decisions[slot]))
+            rew.add_metric([label], float(rewards[slot]))
+        yield dec
+        yield rew
+
+
+class _CheckpointAge(Collector):
+    """Seconds since the last checkpoint (since start before the first one), read at scrape."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self.last = float(clock())
+
+    def collect(self) -> Iterator[Metric]:
+        now = float(self._clock())
+        yield GaugeMetricFamily("streamlearn_checkpoint_age_seconds",
+                                "Seconds since the last completed checkpoint "
+                                "(since process start before the first one).",
+                                value=max(0.0, now - self.last))
+
+
+class PrometheusObserver(Observer):
+    """Owns every streamlearn metric, registered on ``registry``.
+
+    Parameters
+    ----------
+    registry : CollectorRegistry
+        Where the metrics live (inject a fresh one per daemon / per test).
+    max_actions : int
+        Bound on the ``action`` label values of the per-action collector.
+    max_policies : int
+        Bound on the ``policy`` label values of the off-policy gauge; further
+        policies are ignored (a warning metric counts them).
+    clock : callable
+        Wall clock (Unix seconds) for the checkpoint age; injectable for tests.
+    """
+
+    def __init__(self, registry: CollectorRegistry, max_actions: int = 64, max_policies: int = 16,
+                 clock: Callable[[], float] = time.time) -> None:
+        r = registry
+        self.registry = registry
+        self.max_policies = max_policies
+        self._policies: set[str] = set()
+        self.info = Gauge("streamlearn_info", "Constant 1; labels describe the running daemon.",
+                          ["version", "learner", "exploration", "transport"], registry=r)
+        self.instances = Counter("streamlearn_instances", "Valid instance events accepted.",
+                                 registry=r)
+        self.decisions = Counter("streamlearn_decisions", "Decisions published.", ["explored"],
+                                 registry=r)
+        self.feedback = Counter("streamlearn_feedback", "Feedback events by join outcome.",
+                                ["outcome"], registry=r)
+        self.invalid = Counter("streamlearn_invalid_events",
+                               "Events rejected (and sent to the dead-letter topic).",
+                               ["topic", "reason"], registry=r)
+        self.rewards = Counter("streamlearn_rewards", "Sum of rewards applied to the learner.",
+                               registry=r)
+        self.mistakes = Counter("streamlearn_mistakes",
+                                "Sum of (1 - reward) of the played actions.", registry=r)
+        self.regret = Counter("streamlearn_regret",
+                              "Regret against the labels (only when labels are known).", registry=r)
+        self.shed = Counter("streamlearn_pending_shed", "Pending joins shed (store full).",
+                            registry=r)
+        self.error_rate = Gauge("streamlearn_error_rate",
+                                "Cumulative played-action error rate (mistakes / rounds).",
+                                registry=r)
+        self.window_error_rate = Gauge("streamlearn_window_error_rate",
+                                       "Played-action error rate over the sliding window.",
+                                       registry=r)
+        self.exploit_error = Gauge("streamlearn_exploit_error_estimate",
+                                   "Unbiased estimate of the exploit action's error rate.",
+                                   registry=r)
+        self.gamma = Gauge("streamlearn_exploration_gamma", "Current exploration rate gamma.",
+                           registry=r)
+        self.pending = Gauge("streamlearn_pending_joins", "Decisions waiting for feedback.",
+                             registry=r)
+        self.lag = Gauge("streamlearn_consumer_lag", "Consumer lag (messages) over assigned "
+                         "partitions.", registry=r)
+        self.model_version = Gauge("streamlearn_model_version", "Serving model version.",
+                                   registry=r)
+        self.ranker = Gauge("streamlearn_ranker_quality", "Current ranker quality metric.",
+                            ["metric"], registry=r)
+        self.offpolicy = Gauge("streamlearn_offpolicy_value",
+                               "Off-policy value estimate per candidate policy.", ["policy"],
+                               registry=r)
+        self.checkpoint_duration = Histogram(
+            "streamlearn_checkpoint_duration_seconds", "Time to write a checkpoint.",
+            buckets=DURATION_BUCKETS, registry=r)
+        self.retrain_duration = Histogram(
+            "streamlearn_retrain_duration_seconds", "Time of a background retrain.",
+            buckets=DURATION_BUCKETS, registry=r)
+        self.batch_size = Histogram("streamlearn_batch_size", "Messages per poll.", ["topic"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.decision_latency = ArrayHistogram(
+            "streamlearn_decision_latency_seconds",
+            "Time from receiving an instance to publishing its decision.", LATENCY_BUCKETS)
+        self.feedback_delay = ArrayHistogram(
+            "streamlearn_feedback_delay_seconds",
+            "Time from a decision to its joined feedback.", DELAY_BUCKETS)
+        self.actions = ActionCollector(max_actions)
+        self._clock = clock
+        self.checkpoint_age = _CheckpointAge(clock)
+        for collector in (self.decision_latency, self.feedback_delay, self.actions,
+                          self.checkpoint_age):
+            r.register(collector)
+        for explored in ("true", "false"):
+            self.decisions.labels(explored=explored)
+        for outcome in FEEDBACK_OUTCOMES:  # every outcome visible at 0 from the start
+            self.feedback.labels(outcome=outcome)
+
+    def on_start(self, learner: str, exploration: str, transport: str) -> None:
+        self.info.labels(version=__version__, learner=learner, exploration=exploration,
+                         transport=transport).set(1)
+
+    def on_batch(self, size: int, topic: str = "instances") -> None:
+        self.batch_size.labels(topic=topic).observe(size)
+
+    def on_instances(self, n: int) -> None:
+        self.instances.inc(n)
+
+    def on_decisions(self, n: int, n_explored: int, latencies_s: np.ndarray | float) -> None:
+        self.decisions.labels(explored="true").inc(n_explored)
+        self.decisions.labels(explored="false").inc(n - n_explored)
+        self.decision_latency.observe(latencies_s)
+
+    def on_action_decisions(self, actions: np.ndarray) -> None:
+        self.actions.add_decisions(actions)
+
+    def on_feedback(self, outcome: str, n: int, delays_s: np.ndarray | float | None = None) -> None:
+        if outcome not in FEEDBACK_OUTCOMES:
+            raise ValueError(f"outcome must be one of {FEEDBACK_OUTCOMES}. Got {outcome!r}.")
+        self.feedback.labels(outcome=outcome).inc(n)
+        if delays_s is not None:
+            self.feedback_delay.observe(delays_s)
+
+    def on_action_rewards(self, actions: np.ndarray, rewards: np.ndarray) -> None:
+        self.actions.add_rewards(actions, rewards)
+
+    def on_invalid(self, topic: str, reason: str, n: int = 1) -> None:
+        self.invalid.labels(topic=topic, reason=reason).inc(n)
+
+    def on_rewards(self, total: float) -> None:
+        self.rewards.inc(total)
+
+    def on_mistakes(self, n: float) -> None:
+        self.mistakes.inc(n)
+
+    def on_regret(self, x: float) -> None:
+        self.regret.inc(x)
+
+    def on_error_rates(self, cumulative: float, window: float, exploit_estimate: float) -> None:
+        self.error_rate.set(cumulative)
+        self.window_error_rate.set(window)
+        self.exploit_error.set(exploit_estimate)
+
+    def on_gamma(self, gamma: float) -> None:
+        self.gamma.set(gamma)
+
+    def on_pending(self, n: int) -> None:
+        self.pending.set(n)
+
+    def on_shed(self, n: int) -> None:
+        self.shed.inc(n)
+
+    def on_lag(self, lag: int) -> None:
+        self.lag.set(lag)
+
+    def on_checkpoint(self, duration_s: float, written_at: float | None = None) -> None:
+        self.checkpoint_duration.observe(duration_s)
+        self.checkpoint_age.last = float(self._clock() if written_at is None else written_at)
+
+    def on_model_version(self, version: int) -> None:
+        self.model_version.set(version)
+
+    def on_retrain(self, duration_s: float) -> None:
+        self.retrain_duration.observe(duration_s)
+
+    def on_offpolicy(self, policy: str, value: float) -> None:
+        # bound the label set: only the first max_policies distinct policies are exported
+        if policy not in self._policies:
+            if len(self._policies) >= self.max_policies:
+                return
+            self._policies.add(policy)
+        self.offpolicy.labels(policy=policy).set(value)
+
+    def on_ranker_metric(self, name: str, value: float) -> None:
+        if name not in RANKER_METRICS:
+            raise ValueError(f"ranker metric must be one of {RANKER_METRICS}. Got {name!r}.")
+        self.ranker.labels(metric=name).set(value)
