@@ -256,13 +256,15 @@ def load_reuters4(data_dir: Path, *, fetch: bool = False, **options: object) -> 
         train, test = modapte_split(docs)
         train4, _ = reuters4_documents(train)
         docs, test_start = train + test, len(train4)
-        where = f"the ModApte split ({len(train4):,} train then test, NEWID order within each)"
+        where = "ModApte split: {train:,} train then {test:,} test, NEWID order within each"
     elif subset == "all":
         where = "all splits, NEWID order"
     else:
         raise ConfigError(f"The 'subset' option of dataset 'reuters4' must be 'all' or "
                           f"'modapte'. Got {subset!r} instead.")
     docs, y = reuters4_documents(docs)
+    if test_start is not None:
+        where = where.format(train=test_start, test=len(y) - test_start)
     X = bag_of_words([tokenize(f"{d.title}\n{d.body}") for d in docs], n_features)
     counts = ", ".join(f"{t} {n:,}" for t, n in
                        zip(REUTERS4_TOPICS, np.bincount(y, minlength=4), strict=True))
