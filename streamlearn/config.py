@@ -1,0 +1,335 @@
+"""The one frozen, typed configuration, built once from file + environment + CLI.
+
+Precedence (highest first): CLI flags > ``STREAMLEARN_*`` environment > TOML
+file > defaults. :func:`load_config` is the *only* place in streamlearn that
+reads the environment. Every value is validated with a one-line error that
+names the field, what was expected, what was got and where it came from::
+
+    join.window_seconds must be a number > 0. Got 'abc' (from STREAMLEARN_JOIN_WINDOW_SECONDS).
+
+Names: the TOML key ``[join] window_seconds`` is the environment variable
+``STREAMLEARN_JOIN_WINDOW_SECONDS`` and the flag ``--join-window-seconds``
+(the table in ``docs/configuration.md`` lists every one).
+
+>>> cfg = load_config(environ={"STREAMLEARN_JOIN_WINDOW_SECONDS": "30"},
+...                   cli={"join.window_seconds": "45"})
+>>> cfg.join.window_seconds, cfg.kafka.bootstrap is None, cfg.metrics.host
+(45.0, True, '127.0.0.1')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamlearn.config_fields import FieldSpec, convert, spec
+from streamlearn.errors import ConfigError
+
+__all__ = [
+    "SECTIONS",
+    "CheckpointConfig",
+    "Config",
+    "EmbeddedConfig",
+    "ExplorationConfig",
+    "JoinConfig",
+    "KafkaConfig",
+    "LearnerConfig",
+    "LimitsConfig",
+    "MetricsConfig",
+    "TopicsConfig",
+    "env_name",
+    "field_specs",
+    "flag_name",
+    "load_config",
+]
+
+ENV_PREFIX = "STREAMLEARN_"
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    """Broker connection; no bootstrap servers → the embedded in-process transport."""
+
+    bootstrap: str | None = spec(None, "Kafka bootstrap servers HOST:PORT[,HOST:PORT]; unset = "
+                                 "embedded transport with a built-in simulator", kind="hostports")
+    group_id: str = spec("streamlearn", "consumer group id (replicas share it)")
+    security_protocol: str = spec("PLAINTEXT", "security protocol", choices=SECURITY_PROTOCOLS)
+    sasl_mechanism: str | None = spec(None, "SASL mechanism", choices=SASL_MECHANISMS)
+    sasl_username: str | None = spec(None, "SASL username")
+    sasl_password: str | None = spec(None, "SASL password (prefer the environment variable)",
+                                     repr=False)
+    # spec() returns dataclasses.field(...): no shared mutable default (RUF009 cannot see that)
+    ssl_cafile: Path | None = spec(None, "CA bundle (PEM) to verify the brokers", kind="file")  # noqa: RUF009
+    ssl_certfile: Path | None = spec(None, "client certificate (PEM)", kind="file")  # noqa: RUF009
+    ssl_keyfile: Path | None = spec(None, "client private key (PEM)", kind="file")  # noqa: RUF009
+
+    def client_options(self) -> dict[str, Any]:
+        """Security options as kafka-python keyword arguments (unset ones left out)."""
+        options: dict[str, Any] = {"security_protocol": self.security_protocol}
+        pairs = {"sasl_mechanism": self.sasl_mechanism,
+                 "sasl_plain_username": self.sasl_username,
+                 "sasl_plain_password": self.sasl_password,
+                 "ssl_cafile": self.ssl_cafile, "ssl_certfile": self.ssl_certfile,
+                 "ssl_keyfile": self.ssl_keyfile}
+        options.update({k: str(v) for k, v in pairs.items() if v is not None})
+        return options
+
+
+@dataclass(frozen=True)
+class TopicsConfig:
+    """Topic names. Instances and feedback must be co-partitioned (same count, same key)."""
+
+    instances: str = spec("streamlearn.instances", "topic the caller publishes contexts to")
+    feedback: str = spec("streamlearn.feedback", "topic the caller publishes rewards to")
+    decisions: str = spec("streamlearn.decisions", "topic streamlearn publishes decisions to")
+    dead_letter: str = spec("streamlearn.dead-letter", "topic for rejected events")
+    partitions: int = spec(1, "partitions per topic when streamlearn creates topics", ge=1)
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    """The online learner and its hyperparameters (unset ones: the learner's default)."""
+
+    name: str = spec("banditron", "learner name (see `streamlearn replay --help`)")
+    n_actions: int = spec(9, "number of actions K", ge=2)
+    n_features: int = spec(400, "feature dimension d (hashing buckets for named features)", ge=1)
+    q: float | None = spec(None, "p-norm learners: the dual norm q", gt=0)
+    eta: float | None = spec(None, "learning rate", gt=0)
+    epsilon: float | None = spec(None, "smoothing / mixing parameter of the learner", gt=0)
+    seed: int = spec(0, "seed of the exploration randomness (with the event key)", ge=0)
+
+    def hyperparameters(self) -> dict[str, float]:
+        """The hyperparameters that were set (passed as keywords to the learner)."""
+        values = {"q": self.q, "eta": self.eta, "epsilon": self.epsilon}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ExplorationConfig:
+    """How much to explore."""
+
+    name: str = spec("fixed", "strategy", choices=("fixed", "sqrt", "cuberoot", "adaptive",
+                                                  "margin"))
+    gamma: float | None = spec(0.05, "γ of the fixed strategy", gt=0, le=0.5)
+
+
+@dataclass(frozen=True)
+class JoinConfig:
+    """Joining delayed feedback to decisions (DESIGN.md §5)."""
+
+    window_seconds: float = spec(600.0, "how long a decision waits for feedback", gt=0)
+    backward_window_seconds: float = spec(
+        5.0, "how long feedback arriving before its decision is held", ge=0)
+    expiry_policy: str = spec("default_reward", "what an expired decision becomes",
+                              choices=("default_reward", "drop"))
+    default_reward: float = spec(0.0, "reward given to expired decisions", ge=0, le=1)
+    duplicate_policy: str = spec("earliest", "which of several feedbacks for one id counts",
+                                 choices=("earliest", "latest"))
+    max_pending: int = spec(1_000_000, "bound on pending joins (oldest shed beyond it)", ge=1)
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Snapshots of learner + pending joins + offsets (DESIGN.md §6)."""
+
+    dir: Path | None = spec(None, "checkpoint directory; unset = no checkpoints (state is lost "  # noqa: RUF009
+                            "on exit)", kind="path")
+    every_events: int = spec(10_000, "checkpoint after this many instances", ge=1)
+    every_seconds: float = spec(60.0, "checkpoint at least this often", gt=0)
+    keep: int = spec(2, "snapshots kept", ge=1)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The HTTP endpoint (/metrics, /healthz, /readyz) and metric windows."""
+
+    host: str = spec("127.0.0.1", "bind address (0.0.0.0 to expose)")
+    port: int = spec(9464, "port; 0 = a free port (printed on start); -1 = no HTTP server",
+                     ge=-1, le=65535)
+    window: int = spec(1000, "events in the sliding error-rate window", ge=1)
+    max_lag: int = spec(10_000, "readiness bound: /readyz fails while consumer lag exceeds it",
+                        ge=0)
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Input limits and polling."""
+
+    max_message_bytes: int = spec(1_048_576, "larger messages are rejected", ge=16)
+    max_id_length: int = spec(256, "longer event ids are rejected", ge=1)
+    poll_max_records: int = spec(500, "messages per poll (micro-batch bound)", ge=1)
+    poll_timeout_seconds: float = spec(0.1, "poll timeout", gt=0)
+
+
+@dataclass(frozen=True)
+class EmbeddedConfig:
+    """The in-process simulator used when no Kafka bootstrap is configured."""
+
+    dataset: str = spec("synnonsep", "dataset streamed (synsep, synnonsep, letter, ...)")
+    data_dir: Path | None = spec(None, "dataset directory (default: the loaders' own)",  # noqa: RUF009
+                                 kind="path")
+    rate: float = spec(0.0, "instances per second; 0 = as fast as the loop consumes", ge=0)
+    chunk: int = spec(256, "instances produced per step", ge=1)
+    delay_mean_seconds: float = spec(0.2, "mean feedback delay (exponential)", ge=0)
+    drop: float = spec(0.0, "probability that a decision never gets feedback", ge=0, le=1)
+    seed: int = spec(1, "simulator seed", ge=0)
+
+
+SECTIONS: dict[str, type] = {
+    "kafka": KafkaConfig, "topics": TopicsConfig, "learner": LearnerConfig,
+    "exploration": ExplorationConfig, "join": JoinConfig, "checkpoint": CheckpointConfig,
+    "metrics": MetricsConfig, "limits": LimitsConfig, "embedded": EmbeddedConfig,
+}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a daemon needs; build it with :func:`load_config`."""
+
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    exploration: ExplorationConfig = field(default_factory=ExplorationConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
+    source: str | None = None  # the config file it was read from, if any
+
+    @property
+    def embedded_mode(self) -> bool:
+        """True when no broker is configured: serve runs the built-in simulator."""
+        return self.kafka.bootstrap is None
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """Plain values per section (the password masked), e.g. for ``--print-config``."""
+        out: dict[str, dict[str, Any]] = {}
+        for section in SECTIONS:
+            values = dataclasses.asdict(getattr(self, section))
+            if section == "kafka" and values.get("sasl_password") is not None:
+                values["sasl_password"] = "***"
+            out[section] = {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}
+        return out
+
+    def to_daemon_settings(self) -> Any:
+        """The core daemon's settings (``streamlearn.service.daemon.DaemonSettings``)."""
+        from streamlearn.service.daemon import DaemonSettings
+
+        flat = {f"{section}_{k}": v for section, values in self.as_dict().items()
+                for k, v in values.items()}
+        flat["kafka_sasl_password"] = self.kafka.sasl_password
+        wanted = {f.name for f in dataclasses.fields(DaemonSettings)}
+        return DaemonSettings(**{k: v for k, v in flat.items() if k in wanted})
+
+
+def env_name(section: str, name: str) -> str:
+    return f"{ENV_PREFIX}{section}_{name}".upper()
+
+
+def flag_name(section: str, name: str) -> str:
+    return f"--{section}-{name}".replace("_", "-")
+
+
+def field_specs() -> list[FieldSpec]:
+    """Every configurable field, in declaration order (used by the CLI and the docs)."""
+    return [FieldSpec.of(section, cls, f)
+            for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def _read_file(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"Config file {path} does not exist.") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"Config file {path} cannot be read: {exc}.") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"Config file {path} is not valid TOML: {exc}.") from exc
+    known = {s: {f.name for f in dataclasses.fields(c)} for s, c in SECTIONS.items()}
+    for section, table in raw.items():
+        if section not in known:
+            raise ConfigError(f"Unknown section [{section}] in {path}. Expected one of "
+                              f"{', '.join(known)}.")
+        if not isinstance(table, dict):
+            raise ConfigError(f"'{section}' in {path} must be a table [{section}]. "
+                              f"Got {table!r}.")
+        for key in table:
+            if key not in known[section]:
+                raise ConfigError(f"Unknown key '{section}.{key}' in {path}. Known keys of "
+                                  f"[{section}]: {', '.join(sorted(known[section]))}.")
+    return raw
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    cli: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build and validate the configuration.
+
+    Parameters
+    ----------
+    path : path, optional
+        TOML file; when ``None``, ``STREAMLEARN_CONFIG`` names it (if set).
+    environ : mapping, optional
+        The environment; ``None`` reads ``os.environ`` (the only place that does).
+    cli : mapping, optional
+        ``"section.field" -> value`` given on the command line (strings or typed values).
+    """
+    env = dict(os.environ if environ is None else environ)
+    cli = dict(cli or {})
+    unknown_cli = set(cli) - {f"{s.section}.{s.name}" for s in field_specs()}
+    if unknown_cli:
+        raise ConfigError(f"Unknown setting(s) {sorted(unknown_cli)}.")
+    file_path = Path(path) if path is not None else (
+        Path(env["STREAMLEARN_CONFIG"]) if env.get("STREAMLEARN_CONFIG") else None)
+    file_values = _read_file(file_path) if file_path is not None else {}
+    sections: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    for fs in field_specs():
+        key, env_key = f"{fs.section}.{fs.name}", env_name(fs.section, fs.name)
+        if key in cli and cli[key] is not None:
+            raw, origin, text = cli[key], flag_name(fs.section, fs.name), True
+        elif env_key in env:
+            raw, origin, text = env[env_key], env_key, True
+        elif fs.name in file_values.get(fs.section, {}):
+            raw, origin, text = file_values[fs.section][fs.name], str(file_path), False
+        else:
+            sections[fs.section][fs.name] = fs.default
+            continue
+        sections[fs.section][fs.name] = convert(fs, raw, origin, text)
+    config = Config(**{s: SECTIONS[s](**v) for s, v in sections.items()},
+                    source=str(file_path) if file_path is not None else None)
+    _check_consistency(config)
+    return config
+
+
+def _check_consistency(config: Config) -> None:
+    """Rules that involve more than one field."""
+    kafka = config.kafka
+    if kafka.security_protocol.startswith("SASL_"):
+        if kafka.sasl_mechanism is None:
+            raise ConfigError(f"kafka.sasl_mechanism must be set when kafka.security_protocol is "
+                              f"{kafka.security_protocol}. Got nothing.")
+        if kafka.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and (
+                kafka.sasl_username is None or kafka.sasl_password is None):
+            raise ConfigError(f"kafka.sasl_username and kafka.sasl_password must be set for SASL "
+                              f"mechanism {kafka.sasl_mechanism}. Got "
+                              f"{'no username' if kafka.sasl_username is None else 'no password'}.")
+    if (kafka.ssl_certfile is None) != (kafka.ssl_keyfile is None):
+        raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile must be given together. "
+                          "Got only one of them.")
+    names = [config.topics.instances, config.topics.feedback, config.topics.decisions,
+             config.topics.dead_letter]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"topics.instances, feedback, decisions and dead_letter must be four "
+                          f"different topics. Got {names}.")
+    if config.exploration.name == "fixed" and config.exploration.gamma is None:
+        raise ConfigError("exploration.gamma must be set for the fixed strategy. Got nothing.")

@@ -1,0 +1,177 @@
+"""Field declarations and value conversion for :mod:`streamlearn.config`.
+
+A config field is a dataclass field whose metadata says what it accepts
+(type, bounds, choices, kind). :func:`convert` turns a raw value — a string
+from the environment or a flag, or a typed TOML value — into the field's type,
+or raises a one-line :class:`~streamlearn.errors.ConfigError` naming the field,
+what was expected, what was got and where it came from.
+
+>>> from dataclasses import dataclass
+>>> @dataclass(frozen=True)
+... class Demo:
+...     rate: float = spec(1.0, "events per second", gt=0)
+>>> import dataclasses
+>>> fs = FieldSpec.of("demo", Demo, dataclasses.fields(Demo)[0])
+>>> convert(fs, "2.5", "--demo-rate")
+2.5
+>>> convert(fs, "-1", "--demo-rate")
+Traceback (most recent call last):
+...
+streamlearn.errors.ConfigError: demo.rate must be a number > 0. Got '-1' (from --demo-rate).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from streamlearn.errors import ConfigError
+
+__all__ = ["FieldSpec", "convert", "spec"]
+
+_NONE_WORDS = ("", "none", "null")
+
+
+def spec(default: Any, help: str, *, gt: float | None = None, ge: float | None = None,
+         le: float | None = None, choices: tuple[str, ...] | None = None,
+         kind: str | None = None, repr: bool = True) -> Any:
+    """Declare a config field: default, one-line help, and what values are valid.
+
+    ``kind`` refines a string/path field: ``"hostports"`` (HOST:PORT list),
+    ``"file"`` (an existing file), ``"path"`` (any path).
+    """
+    meta = {"help": help, "gt": gt, "ge": ge, "le": le, "choices": choices, "kind": kind}
+    return dataclasses.field(default=default, repr=repr, metadata=meta)
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Everything known about one configurable field."""
+
+    section: str
+    name: str
+    base: type  # int, float, str or Path
+    optional: bool
+    default: Any
+    help: str
+    gt: float | None
+    ge: float | None
+    le: float | None
+    choices: tuple[str, ...] | None
+    kind: str | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.section}.{self.name}"
+
+    @classmethod
+    def of(cls, section: str, owner: type, f: dataclasses.Field[Any]) -> FieldSpec:
+        hint = typing.get_type_hints(owner)[f.name]
+        args = typing.get_args(hint)
+        optional = isinstance(hint, types.UnionType) and type(None) in args
+        base = next(a for a in args if a is not type(None)) if optional else hint
+        m = f.metadata
+        return cls(section, f.name, base, optional, f.default, m.get("help", ""), m.get("gt"),
+                   m.get("ge"), m.get("le"), m.get("choices"), m.get("kind"))
+
+    def expectation(self) -> str:
+        """What a valid value looks like, e.g. 'a number > 0'."""
+        if self.choices:
+            text = "one of " + ", ".join(repr(c) for c in self.choices)
+        elif self.kind == "hostports":
+            text = "HOST:PORT[,HOST:PORT...]"
+        elif self.kind == "file":
+            text = "the path of an existing file"
+        elif self.base is Path:
+            text = "a path"
+        elif self.base is str:
+            text = "a non-empty string"
+        else:
+            noun = "an integer" if self.base is int else "a number"
+            low = f"> {_fmt(self.gt)}" if self.gt is not None else (
+                f">= {_fmt(self.ge)}" if self.ge is not None else None)
+            if low and self.le is not None:
+                lo_br = "(" if self.gt is not None else "["
+                lo_v = self.gt if self.gt is not None else self.ge
+                text = f"{noun} in {lo_br}{_fmt(lo_v)}, {_fmt(self.le)}]"
+            elif low:
+                text = f"{noun} {low}"
+            elif self.le is not None:
+                text = f"{noun} <= {_fmt(self.le)}"
+            else:
+                text = noun
+        return text + (" (or unset)" if self.optional else "")
+
+
+def _fmt(x: float | None) -> str:
+    return str(int(x)) if x is not None and float(x).is_integer() else str(x)
+
+
+def _fail(fs: FieldSpec, raw: Any, origin: str) -> ConfigError:
+    return ConfigError(f"{fs.key} must be {fs.expectation()}. Got {raw!r} (from {origin}).")
+
+
+def _parse_number(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> int | float:
+    if isinstance(raw, bool) or (isinstance(raw, str) and not parse):
+        raise _fail(fs, raw, origin)
+    if isinstance(raw, str):
+        digits = raw.strip().replace("_", "")
+        try:
+            value: int | float = int(digits) if fs.base is int else float(digits)
+        except ValueError:
+            raise _fail(fs, raw, origin) from None
+    elif fs.base is int and isinstance(raw, int):
+        value = raw
+    elif fs.base is float and isinstance(raw, (int, float)):
+        value = float(raw)
+    else:
+        raise _fail(fs, raw, origin)
+    if not math.isfinite(value):
+        raise _fail(fs, raw, origin)
+    if ((fs.gt is not None and not value > fs.gt) or (fs.ge is not None and not value >= fs.ge)
+            or (fs.le is not None and not value <= fs.le)):
+        raise _fail(fs, raw, origin)
+    return value
+
+
+def _check_hostports(fs: FieldSpec, raw: Any, origin: str, text: str) -> str:
+    for part in text.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise _fail(fs, raw, origin)
+    return ",".join(p.strip() for p in text.split(","))
+
+
+def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
+    """``raw`` as the field's type, validated.
+
+    ``text=True``: ``raw`` is a string from the environment or a flag and is
+    parsed; ``text=False``: a typed TOML value, whose type must already fit.
+    """
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in _NONE_WORDS):
+        if fs.optional:
+            return None
+        raise _fail(fs, raw, origin)
+    if fs.base in (int, float):
+        return _parse_number(fs, raw, origin, text)
+    if not isinstance(raw, (str, Path)):
+        raise _fail(fs, raw, origin)
+    value = str(raw).strip()
+    if fs.choices:
+        match = next((c for c in fs.choices if c.lower() == value.lower()), None)
+        if match is None:
+            raise _fail(fs, raw, origin)
+        return match
+    if fs.kind == "hostports":
+        return _check_hostports(fs, raw, origin, value)
+    if fs.base is Path:
+        path = Path(value).expanduser()
+        if fs.kind == "file" and not path.is_file():
+            raise _fail(fs, raw, origin)
+        return path
+    return value

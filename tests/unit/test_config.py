@@ -1,0 +1,173 @@
+"""Config: precedence CLI > env > file > defaults, one-line field-naming errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from streamlearn.config import (
+    SECTIONS,
+    Config,
+    env_name,
+    field_specs,
+    flag_name,
+    load_config,
+)
+from streamlearn.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "streamlearn.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_without_any_source() -> None:
+    cfg = load_config(environ={})
+    assert cfg == dataclasses.replace(Config(), source=None)
+    assert cfg.embedded_mode
+    assert cfg.metrics.host == "127.0.0.1"
+    assert cfg.checkpoint.keep == 2
+    assert cfg.join.expiry_policy == "default_reward"
+
+
+def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[join]\nwindow_seconds = 10\nmax_pending = 7\n"
+                           "[learner]\nname = 'perceptron'\neta = 0.5\n")
+    env = {"STREAMLEARN_JOIN_WINDOW_SECONDS": "20", "STREAMLEARN_LEARNER_ETA": "0.25"}
+    cfg = load_config(path, environ=env, cli={"join.window_seconds": "30"})
+    assert cfg.join.window_seconds == 30.0  # CLI
+    assert cfg.learner.eta == 0.25  # env beats file
+    assert cfg.join.max_pending == 7  # file beats default
+    assert cfg.learner.name == "perceptron"
+    assert cfg.learner.hyperparameters() == {"eta": 0.25}
+    assert cfg.source == str(path)
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, "[kafka]\nbootstrap = 'localhost:9092'\n")
+    cfg = load_config(environ={"STREAMLEARN_CONFIG": str(path)})
+    assert cfg.kafka.bootstrap == "localhost:9092"
+    assert not cfg.embedded_mode
+
+
+def test_error_names_field_value_and_source() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(environ={"STREAMLEARN_JOIN_WINDOW_SECONDS": "abc"})
+    assert str(exc.value) == ("join.window_seconds must be a number > 0. Got 'abc' "
+                              "(from STREAMLEARN_JOIN_WINDOW_SECONDS).")
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("join.window_seconds", "0", "join.window_seconds must be a number > 0. Got '0'"),
+    ("join.window_seconds", "nan", "a number > 0"),
+    ("limits.poll_max_records", "1.5", "limits.poll_max_records must be an integer >= 1"),
+    ("metrics.port", "70000", "metrics.port must be an integer in [-1, 65535]"),
+    ("join.expiry_policy", "keep", "join.expiry_policy must be one of 'default_reward', 'drop'"),
+    ("exploration.gamma", "0.7", "exploration.gamma must be a number in (0, 0.5] (or unset)"),
+    ("join.default_reward", "2", "join.default_reward must be a number in [0, 1]"),
+    ("kafka.bootstrap", "localhost", "kafka.bootstrap must be HOST:PORT"),
+    ("kafka.bootstrap", "h:1,h:x", "kafka.bootstrap must be HOST:PORT"),
+    ("kafka.ssl_cafile", "/nonexistent/ca.pem", "the path of an existing file"),
+    ("learner.n_actions", "1", "learner.n_actions must be an integer >= 2"),
+    ("topics.instances", "", "topics.instances must be a non-empty string"),
+])
+def test_cli_values_validated(key: str, value: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=None) as exc:
+        load_config(environ={}, cli={key: value})
+    assert expected in str(exc.value)
+    assert f"(from {flag_name(*key.split('.'))})" in str(exc.value)
+
+
+def test_file_values_are_type_checked(tmp_path: Path) -> None:
+    path = write(tmp_path, "[limits]\npoll_max_records = '10'\n")
+    with pytest.raises(ConfigError, match=r"limits.poll_max_records must be an integer >= 1. "
+                                          r"Got '10' \(from .*streamlearn.toml\)"):
+        load_config(path, environ={})
+    path = write(tmp_path, "[metrics]\nport = true\n")
+    with pytest.raises(ConfigError, match=r"metrics\.port must be"):
+        load_config(path, environ={})
+
+
+def test_unknown_keys_and_sections_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"Unknown key 'join.windw_seconds' in .*window_seconds"):
+        load_config(write(tmp_path, "[join]\nwindw_seconds = 3\n"), environ={})
+    with pytest.raises(ConfigError, match=r"Unknown section \[jion\]"):
+        load_config(write(tmp_path, "[jion]\nwindow_seconds = 3\n"), environ={})
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(write(tmp_path, "[join\n"), environ={})
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml", environ={})
+
+
+def test_optional_fields_unset_from_env() -> None:
+    cfg = load_config(environ={"STREAMLEARN_KAFKA_BOOTSTRAP": "",
+                               "STREAMLEARN_CHECKPOINT_DIR": "none"})
+    assert cfg.kafka.bootstrap is None and cfg.checkpoint.dir is None
+
+
+def test_choices_are_case_insensitive_and_normalised() -> None:
+    cfg = load_config(environ={"STREAMLEARN_KAFKA_SECURITY_PROTOCOL": "ssl"})
+    assert cfg.kafka.security_protocol == "SSL"
+
+
+def test_sasl_needs_mechanism_and_credentials() -> None:
+    with pytest.raises(ConfigError, match=r"kafka\.sasl_mechanism must be set"):
+        load_config(environ={}, cli={"kafka.security_protocol": "SASL_SSL"})
+    with pytest.raises(ConfigError, match="no password"):
+        load_config(environ={}, cli={"kafka.security_protocol": "SASL_SSL",
+                                     "kafka.sasl_mechanism": "PLAIN",
+                                     "kafka.sasl_username": "u"})
+    cfg = load_config(environ={"STREAMLEARN_KAFKA_SASL_PASSWORD": "s3cret"},
+                      cli={"kafka.security_protocol": "SASL_SSL",
+                           "kafka.sasl_mechanism": "SCRAM-SHA-512", "kafka.sasl_username": "u"})
+    assert cfg.kafka.client_options() == {
+        "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "u", "sasl_plain_password": "s3cret"}
+    assert "s3cret" not in repr(cfg)
+    assert cfg.as_dict()["kafka"]["sasl_password"] == "***"
+
+
+def test_ssl_files_are_checked_and_paired(tmp_path: Path) -> None:
+    cert = tmp_path / "c.pem"
+    cert.write_text("x")
+    with pytest.raises(ConfigError, match="given together"):
+        load_config(environ={}, cli={"kafka.ssl_certfile": str(cert)})
+    cfg = load_config(environ={}, cli={"kafka.ssl_certfile": str(cert),
+                                       "kafka.ssl_keyfile": str(cert)})
+    assert cfg.kafka.client_options()["ssl_keyfile"] == str(cert)
+
+
+def test_topics_must_differ() -> None:
+    with pytest.raises(ConfigError, match="four different topics"):
+        load_config(environ={}, cli={"topics.feedback": "streamlearn.instances"})
+
+
+def test_config_is_frozen() -> None:
+    cfg = load_config(environ={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.join.window_seconds = 1.0  # type: ignore[misc]
+
+
+def test_every_field_has_help_env_and_flag_names() -> None:
+    specs = field_specs()
+    assert len(specs) == sum(len(dataclasses.fields(c)) for c in SECTIONS.values())
+    for fs in specs:
+        assert fs.help, fs.key
+        assert env_name(fs.section, fs.name).startswith("STREAMLEARN_")
+        assert flag_name(fs.section, fs.name).startswith("--")
+    assert env_name("join", "window_seconds") == "STREAMLEARN_JOIN_WINDOW_SECONDS"
+    assert flag_name("join", "window_seconds") == "--join-window-seconds"
+
+
+def test_unrelated_environment_is_ignored() -> None:
+    cfg = load_config(environ={"STREAMLEARN_UNKNOWN_THING": "1", "PATH": "/bin"})
+    assert cfg.kafka.bootstrap is None
+
+
+def test_unknown_cli_setting_rejected() -> None:
+    with pytest.raises(ConfigError, match="Unknown setting"):
+        load_config(environ={}, cli={"join.nope": "1"})
