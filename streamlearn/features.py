@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import numpy as np
 
@@ -108,7 +107,7 @@ class SparseBatch:
                            self.n_features)
 
 
-Batch = Union[np.ndarray, SparseBatch]
+Batch = np.ndarray | SparseBatch
 
 
 def batch_size(X: Batch) -> int:

@@ -61,7 +61,7 @@ def write_snapshot(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
-    np.savez(buffer, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})
+    np.savez(buffer, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
     payload = buffer.getvalue()
     full_meta = {
         "format_version": FORMAT_VERSION,

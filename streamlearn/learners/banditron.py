@@ -48,7 +48,7 @@ class Banditron(Learner):
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
     >>> result = replay(Banditron(9, 400, FixedGamma(0.014)), X, y, batch_size=1)
     >>> round(result.error_rate, 2)
-    0.06
+    0.04
     """
 
     def __init__(

@@ -34,7 +34,7 @@ from streamlearn.features import Batch, as_batch, batch_size, scores
 from streamlearn.learners import randomness
 from streamlearn.learners.exploration import Exploration, FixedGamma
 
-__all__ = ["Learner", "check_int", "check_float", "exploit_actions", "masked_argmax"]
+__all__ = ["Learner", "check_float", "check_int", "exploit_actions", "masked_argmax"]
 
 
 def check_int(owner: str, name: str, value: object, low: int = 1) -> int:

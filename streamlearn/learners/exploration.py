@@ -112,7 +112,14 @@ class FixedGamma(Exploration):
     def __init__(self, gamma: float = 0.05) -> None:
         self.gamma = _check_positive("FixedGamma", "gamma", gamma, GAMMA_MAX)
 
-    def gammas(self, scores, exploit, rounds, mask, n_actions):  # type: ignore[no-untyped-def]
+    def gammas(
+        self,
+        scores: np.ndarray,
+        exploit: np.ndarray,
+        rounds: np.ndarray,
+        mask: np.ndarray | None,
+        n_actions: int,
+    ) -> np.ndarray:
         return np.full(len(rounds), self.gamma)
 
     def params(self) -> dict[str, Any]:
@@ -127,7 +134,14 @@ class SqrtSchedule(Exploration):
     def __init__(self, c: float = 0.1) -> None:
         self.c = _check_positive("SqrtSchedule", "c", c)
 
-    def gammas(self, scores, exploit, rounds, mask, n_actions):  # type: ignore[no-untyped-def]
+    def gammas(
+        self,
+        scores: np.ndarray,
+        exploit: np.ndarray,
+        rounds: np.ndarray,
+        mask: np.ndarray | None,
+        n_actions: int,
+    ) -> np.ndarray:
         return np.minimum(GAMMA_MAX, self.c * np.sqrt(n_actions / np.asarray(rounds, float)))
 
     def params(self) -> dict[str, Any]:
@@ -142,7 +156,14 @@ class CubeRootSchedule(Exploration):
     def __init__(self, c: float = 0.5) -> None:
         self.c = _check_positive("CubeRootSchedule", "c", c)
 
-    def gammas(self, scores, exploit, rounds, mask, n_actions):  # type: ignore[no-untyped-def]
+    def gammas(
+        self,
+        scores: np.ndarray,
+        exploit: np.ndarray,
+        rounds: np.ndarray,
+        mask: np.ndarray | None,
+        n_actions: int,
+    ) -> np.ndarray:
         return np.minimum(GAMMA_MAX, self.c * np.cbrt(n_actions / np.asarray(rounds, float)))
 
     def params(self) -> dict[str, Any]:
@@ -184,7 +205,14 @@ class Adaptive(Exploration):
             mean = self._sum / self._count
         return float(np.clip(1.0 - mean, 0.0, 1.0))
 
-    def gammas(self, scores, exploit, rounds, mask, n_actions):  # type: ignore[no-untyped-def]
+    def gammas(
+        self,
+        scores: np.ndarray,
+        exploit: np.ndarray,
+        rounds: np.ndarray,
+        mask: np.ndarray | None,
+        n_actions: int,
+    ) -> np.ndarray:
         t = np.asarray(rounds, dtype=float)
         r_hat = self.exploit_error()
         target = self.c * np.cbrt(n_actions * r_hat / t)
@@ -237,7 +265,14 @@ class MarginAware(Exploration):
         self.decay = _check_positive("MarginAware", "decay", decay, 1.0)
         self._mean_gap = 0.0
 
-    def gammas(self, scores, exploit, rounds, mask, n_actions):  # type: ignore[no-untyped-def]
+    def gammas(
+        self,
+        scores: np.ndarray,
+        exploit: np.ndarray,
+        rounds: np.ndarray,
+        mask: np.ndarray | None,
+        n_actions: int,
+    ) -> np.ndarray:
         base = self.base.gammas(scores, exploit, rounds, mask, n_actions)
         masked = scores if mask is None else np.where(mask, scores, -np.inf)
         top2 = -np.partition(-masked, 1, axis=1)[:, :2] if masked.shape[1] > 1 else masked

@@ -28,7 +28,7 @@ class Perceptron(Learner):
     >>> from simulators.replay import replay
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
     >>> round(replay(Perceptron(9, 400), X, y).error_rate, 3)
-    0.002
+    0.001
     """
 
     full_information = True

@@ -44,7 +44,7 @@ def hash_keys(keys: object) -> np.ndarray:
         arr = np.char.encode(arr, "utf-8")
     elif arr.dtype.kind == "O":
         items: Sequence[object] = arr.reshape(-1).tolist()
-        arr = np.array([k.encode("utf-8") if isinstance(k, str) else bytes(k)  # type: ignore[arg-type]
+        arr = np.array([k.encode("utf-8") if isinstance(k, str) else bytes(k)  # type: ignore[call-overload]
                         for k in items], dtype=bytes)
     if arr.dtype.kind != "S":
         raise TypeError(f"Event keys must be integers or strings. Got dtype {arr.dtype}.")
