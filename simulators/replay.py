@@ -108,6 +108,34 @@ def _as_float(X: Batch) -> Batch:
     return np.asarray(X, dtype=np.float64)
 
 
+class _PendingFeedback:
+    """Feedback in flight, as parallel arrays (struct of arrays); due = arrival round."""
+
+    def __init__(self, n_actions: int) -> None:
+        self.rows = np.zeros(0, dtype=np.int64)
+        self.actions = np.zeros(0, dtype=np.int64)
+        self.rewards = np.zeros(0)
+        self.probs = np.zeros((0, n_actions))
+        self.due = np.zeros(0, dtype=np.int64)
+
+    def push(self, rows: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+             probs: np.ndarray, due: np.ndarray) -> None:
+        self.rows = np.concatenate([self.rows, rows])
+        self.actions = np.concatenate([self.actions, actions])
+        self.rewards = np.concatenate([self.rewards, rewards])
+        self.probs = np.concatenate([self.probs, probs])
+        self.due = np.concatenate([self.due, due])
+
+    def pop_due(self, before: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Remove and return (rows, actions, rewards, probs) of feedback arriving before ``before``."""
+        due = self.due < before
+        out = (self.rows[due], self.actions[due], self.rewards[due], self.probs[due])
+        keep = ~due
+        self.rows, self.actions, self.rewards = self.rows[keep], self.actions[keep], self.rewards[keep]
+        self.probs, self.due = self.probs[keep], self.due[keep]
+        return out
+
+
 def replay(
     learner: Learner,
     X: Batch,
@@ -142,12 +170,7 @@ def replay(
     checkpoints = set(np.unique(np.geomspace(1, n, curve_points).astype(np.int64)).tolist())
     curve: list[tuple[int, float]] = []
 
-    # pending feedback, as parallel arrays (struct of arrays) ordered by arrival round
-    pend_rows = np.zeros(0, dtype=np.int64)
-    pend_actions = np.zeros(0, dtype=np.int64)
-    pend_rewards = np.zeros(0)
-    pend_probs = np.zeros((0, learner.n_actions))
-    pend_due = np.zeros(0, dtype=np.int64)
+    pending = _PendingFeedback(learner.n_actions)
     applied = 0
     gamma_last = float("nan")
     start = time.perf_counter()
@@ -169,20 +192,16 @@ def replay(
             fb_rewards = (actions == labels).astype(float)
         tracker.observe(played, labels=labels, probs=probs)
         fb_rewards = np.where(dropped[lo:hi], default_reward, fb_rewards)
-        pend_rows = np.concatenate([pend_rows, rows])
-        pend_actions = np.concatenate([pend_actions, fb_actions])
-        pend_rewards = np.concatenate([pend_rewards, fb_rewards])
-        pend_probs = np.concatenate([pend_probs, probs])
-        pend_due = np.concatenate([pend_due, rows + delays[lo:hi]])
-        due = pend_due < hi  # everything due by the end of this batch is applied now
-        if due.any():
-            learner.update(_as_float(take_rows(X, pend_rows[due])), pend_actions[due],
-                           pend_rewards[due], pend_probs[due])
-            applied += int(due.sum())
-            keep = ~due
-            pend_rows, pend_actions, pend_rewards = pend_rows[keep], pend_actions[keep], (
-                pend_rewards[keep])
-            pend_probs, pend_due = pend_probs[keep], pend_due[keep]
+        if not delay_mean:  # no delay: this batch's feedback is applied right after it
+            learner.update(Xb, fb_actions, fb_rewards, probs)
+            applied += len(rows)
+        else:
+            pending.push(rows, fb_actions, fb_rewards, probs, rows + delays[lo:hi])
+            due_rows, due_actions, due_rewards, due_probs = pending.pop_due(hi)
+            if len(due_rows):
+                learner.update(_as_float(take_rows(X, due_rows)), due_actions, due_rewards,
+                               due_probs)
+                applied += len(due_rows)
         if checkpoints.intersection(range(lo + 1, hi + 1)):
             curve.append((hi, tracker.error_rate))
         now = time.perf_counter()

@@ -14,6 +14,7 @@ True
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -51,11 +52,14 @@ def hash_keys(keys: object) -> np.ndarray:
     return _fnv1a_64(arr.reshape(-1))
 
 
+@functools.lru_cache(maxsize=64)
+def _seed_mix(seed: int) -> np.uint64:
+    return np.uint64(splitmix64(np.array([seed], dtype=np.uint64))[0])
+
+
 def uniforms(seed: int, keys: object) -> np.ndarray:
     """Uniform [0, 1) draws, one per key, determined by (seed, key) alone."""
-    h = hash_keys(keys)
-    seed_mix = splitmix64(np.array([seed], dtype=np.uint64))[0]
-    bits = splitmix64(h ^ seed_mix)
+    bits = splitmix64(hash_keys(keys) ^ _seed_mix(seed))
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
