@@ -126,13 +126,16 @@ class JoinConfig:
 
     window_seconds: float = spec(600.0, "how long a decision waits for feedback", gt=0)
     backward_window_seconds: float = spec(
-        5.0, "how long feedback arriving before its decision is held", ge=0)
+        10.0, "how long feedback arriving before its decision is held", ge=0)
     expiry_policy: str = spec("default_reward", "what an expired decision becomes",
                               choices=("default_reward", "drop"))
     default_reward: float = spec(0.0, "reward given to expired decisions", ge=0, le=1)
-    duplicate_policy: str = spec("earliest", "which of several feedbacks for one id counts",
-                                 choices=("earliest", "latest"))
-    max_pending: int = spec(1_000_000, "bound on pending joins (oldest shed beyond it)", ge=1)
+    duplicate_policy: str = spec("earliest", "several feedbacks for one id: the first closes "
+                                 "the decision (earliest), or the last / the maximum in the "
+                                 "window counts", choices=("earliest", "latest", "max"))
+    max_pending: int = spec(200_000, "bound on pending decisions (oldest shed beyond it)", ge=1)
+    max_early: int = spec(100_000, "bound on early feedback held for the backward window",
+                          ge=0)
 
 
 @dataclass(frozen=True)

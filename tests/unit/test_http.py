@@ -1,0 +1,114 @@
+"""MetricsServer: /metrics, /healthz, /readyz on a free loopback port."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamlearn.errors import ConfigError
+from streamlearn.service.http import MetricsServer
+from streamlearn.service.metrics import PrometheusObserver
+
+
+def get(url: str, accept: str | None = None) -> tuple[int, bytes, str]:
+    request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read(), response.headers["Content-Type"]
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), exc.headers["Content-Type"]
+
+
+@pytest.fixture()
+def served() -> Iterator[tuple[MetricsServer, PrometheusObserver, list[tuple[bool, str]]]]:
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+    state = [(False, "no partitions assigned")]
+    server = MetricsServer(registry, port=0, readiness=lambda: state[0])
+    server.start()
+    try:
+        yield server, observer, state
+    finally:
+        server.stop()
+
+
+def test_binds_loopback_free_port(served: tuple[MetricsServer, PrometheusObserver, list]) -> None:
+    server = served[0]
+    assert server.host == "127.0.0.1"
+    assert server.port > 0
+    assert server.url == f"http://127.0.0.1:{server.port}"
+
+
+def test_metrics_exposes_registry(served: tuple[MetricsServer, PrometheusObserver, list]) -> None:
+    server, observer, _ = served
+    observer.on_instances(42)
+    status, body, content_type = get(server.url + "/metrics")
+    assert status == 200 and content_type.startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+    assert families["streamlearn_instances"].samples[0].value == 42
+    status, body, content_type = get(server.url + "/metrics",
+                                     accept="application/openmetrics-text; version=1.0.0")
+    assert status == 200 and content_type.startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+
+
+def test_healthz_and_readyz(served: tuple[MetricsServer, PrometheusObserver, list]) -> None:
+    server, _, state = served
+    assert get(server.url + "/healthz")[0] == 200
+    status, body, content_type = get(server.url + "/readyz")
+    assert status == 503 and content_type == "application/json"
+    assert orjson.loads(body) == {"ready": False, "reason": "no partitions assigned"}
+    state[0] = (True, "")
+    status, body, _ = get(server.url + "/readyz")
+    assert status == 200 and orjson.loads(body)["ready"] is True
+
+
+def test_broken_readiness_is_not_ready_and_server_survives() -> None:
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("boom")
+
+    with MetricsServer(CollectorRegistry(), port=0, readiness=broken) as server:
+        status, body, _ = get(server.url + "/readyz")
+        assert status == 503 and "boom" in orjson.loads(body)["reason"]
+        assert get(server.url + "/healthz")[0] == 200
+
+
+def test_no_readiness_callback_means_ready_and_it_can_be_set_later() -> None:
+    with MetricsServer(CollectorRegistry(), port=0) as server:
+        assert get(server.url + "/readyz")[0] == 200
+        server.set_readiness(lambda: (False, "lag 50 > 10"))
+        assert get(server.url + "/readyz")[0] == 503
+
+
+def test_unknown_path_is_404(served: tuple[MetricsServer, PrometheusObserver, list]) -> None:
+    status, body, _ = get(served[0].url + "/nope")
+    assert status == 404 and b"/metrics" in body
+
+
+def test_port_in_use_is_a_config_error() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        server = MetricsServer(CollectorRegistry(), port=port)
+        with pytest.raises(ConfigError, match=rf"cannot listen on 127\.0\.0\.1:{port}"):
+            server.start()
+    with pytest.raises(ConfigError, match=r"metrics\.port"):
+        MetricsServer(CollectorRegistry(), port=70000)
+
+
+def test_stop_is_idempotent_and_frees_the_port() -> None:
+    server = MetricsServer(CollectorRegistry(), port=0)
+    server.start()
+    port = server.port
+    server.stop()
+    server.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
