@@ -51,6 +51,8 @@ __all__ = [
 ]
 
 ENV_DATA_DIR = "STREAMLEARN_DATA_DIR"
+# ../shared/datasets beside the repository root (the development and CI copy)
+SHARED_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 _DOWNLOAD_TIMEOUT_S = 60.0
 _CHUNK = 1 << 20
 
@@ -142,9 +144,8 @@ def resolve_data_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     from_env = os.environ.get(ENV_DATA_DIR, "")
     if from_env:
         return Path(from_env).expanduser()
-    shared = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
-    if shared.is_dir():
-        return shared
+    if SHARED_DATA_DIR.is_dir():
+        return SHARED_DATA_DIR
     cache_home = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(cache_home).expanduser() if cache_home else Path.home() / ".cache"
     return base / "streamlearn"

@@ -68,12 +68,12 @@ def _to_float(values: np.ndarray, lines: np.ndarray, where: str) -> np.ndarray:
     except ValueError:
         bad = next(i for i, v in enumerate(values.tolist()) if not _is_number(v))
         raise DataError(f"{where}line {lines[bad]}: expected a number. "
-                        f"Got {values[bad]!r}.") from None
+                        f"Got {str(values[bad])!r}.") from None
     not_finite = np.flatnonzero(~np.isfinite(numbers))
     if len(not_finite):
         bad = not_finite[0]
         raise DataError(f"{where}line {lines[bad]}: expected a finite number. "
-                        f"Got {values[bad]!r}.")
+                        f"Got {str(values[bad])!r}.")
     return numbers
 
 
@@ -194,7 +194,7 @@ def load_libsvm(path: str, **options: object) -> Dataset:
     if len(bad_index):
         bad = bad_index[0]
         raise DataError(f"{path}: line {lines[bad]}: expected a non-negative integer feature "
-                        f"index. Got {parts[bad, 0]!r}.")
+                        f"index. Got {str(parts[bad, 0])!r}.")
     values = _to_float(parts[:, 2], lines, f"{path}: feature value, ")
     indices = index_float.astype(np.int64)
     if len(indices) and indices.min() > 0:
