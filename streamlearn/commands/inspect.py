@@ -1,0 +1,150 @@
+"""``streamlearn inspect PATH``: what a checkpoint (or a saved learner) holds.
+
+``PATH`` may be one snapshot (a ``ckpt-<seq>`` directory or a directory
+written by ``save_learner``) or a checkpoint directory, in which case its
+newest ``ckpt-<seq>`` is shown (``--all`` lists every one). The snapshot is
+read with :func:`streamlearn.snapshot.read_snapshot`, which verifies the
+format version and the sha256 of the arrays: a corrupt file is reported as
+such (exit 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from streamlearn.errors import StateError
+from streamlearn.snapshot import ARRAYS_FILE, META_FILE, read_snapshot
+
+__all__ = ["add_parser", "describe", "run", "snapshots_in"]
+
+_CKPT = re.compile(r"^ckpt-(\d+)$")
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "inspect", help="show what a checkpoint or saved learner holds",
+        description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("path", metavar="PATH",
+                        help="a snapshot directory, or a checkpoint directory (newest shown)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--all", action="store_true",
+                        help="every snapshot of a checkpoint directory, oldest first")
+    parser.set_defaults(run=run)
+
+
+def snapshots_in(path: Path) -> list[Path]:
+    """The snapshot(s) ``path`` designates, oldest first."""
+    if not path.exists():
+        raise StateError(f"{path} does not exist.")
+    if (path / META_FILE).is_file() or (path / ARRAYS_FILE).is_file():
+        return [path]
+    if path.is_dir():
+        found = sorted((int(m.group(1)), p) for p in path.iterdir()
+                       if (m := _CKPT.match(p.name)) and p.is_dir())
+        if found:
+            return [p for _, p in found]
+    raise StateError(f"{path} is neither a streamlearn snapshot ({META_FILE} + {ARRAYS_FILE}) "
+                     f"nor a checkpoint directory (ckpt-<seq> inside).")
+
+
+def _learner_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the learner's own metadata sits: top level, or under a 'learner' key."""
+    for candidate in (meta.get("learner"), meta):
+        if isinstance(candidate, dict) and "class" in candidate and "params" in candidate:
+            return candidate
+    return None
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """A JSON-ready summary of one snapshot (raises StateError when it is corrupt)."""
+    arrays, meta = read_snapshot(path)
+    learner = _learner_meta(meta)
+    info: dict[str, Any] = {
+        "path": str(path),
+        "kind": meta.get("kind", "checkpoint" if "offsets" in meta else "unknown"),
+        "format_version": meta.get("format_version"),
+        "package_version": meta.get("package_version"),
+        "checksum_ok": True,  # read_snapshot verified the sha256 or raised
+        "arrays_sha256": meta.get("arrays_sha256"),
+    }
+    if "seq" in meta:
+        info["seq"] = meta["seq"]
+    if learner is not None:
+        info["learner"] = {"class": learner.get("class"), "params": learner.get("params"),
+                           "counters": learner.get("counters")}
+    if "offsets" in meta:
+        info["offsets"] = [{"topic": t, "partition": p, "next_offset": o}
+                           for t, p, o in meta["offsets"]]
+    if "pending.ids" in arrays:
+        info["pending_joins"] = len(arrays["pending.ids"])
+    skip = {"format_version", "package_version", "arrays_sha256", "kind", "seq", "offsets",
+            "learner"} | ({"class", "params", "counters", "exploration_state"}
+                         if learner is meta else set())
+    extra = {k: v for k, v in meta.items() if k not in skip}
+    if extra:
+        info["other"] = extra
+    info["arrays"] = [{"name": name, "shape": list(a.shape), "dtype": str(a.dtype)}
+                      for name, a in sorted(arrays.items())]
+    info["arrays_bytes"] = int(sum(a.nbytes for a in arrays.values()))
+    return info
+
+
+def _short(value: Any, limit: int = 160) -> str:
+    text = orjson.dumps(value, default=str).decode() if not isinstance(value, str) else value
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _print_text(info: dict[str, Any]) -> None:
+    print(f"snapshot        {info['path']}")
+    print(f"kind            {info['kind']}" + (f" (seq {info['seq']})" if "seq" in info else ""))
+    print(f"format version  {info['format_version']}   written by streamlearn "
+          f"{info['package_version']}")
+    print(f"checksum        ok (sha256 {str(info['arrays_sha256'])[:16]}…)")
+    if "learner" in info:
+        learner = info["learner"]
+        print(f"learner         {learner['class']}")
+        for key, value in (learner.get("params") or {}).items():
+            print(f"  {key:<14}{_short(value)}")
+        counters = learner.get("counters") or {}
+        if counters:
+            print("counters        " + "   ".join(
+                f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in counters.items()))
+    if "offsets" in info:
+        print("offsets (next to read)")
+        for row in info["offsets"]:
+            print(f"  {row['topic']}[{row['partition']}]  {row['next_offset']:,}")
+    if "pending_joins" in info:
+        print(f"pending joins   {info['pending_joins']:,}")
+    for key, value in (info.get("other") or {}).items():
+        print(f"{key:<16}{_short(value)}")
+    print(f"arrays          {len(info['arrays'])} ({info['arrays_bytes']:,} bytes)")
+    for row in info["arrays"]:
+        shape = "×".join(str(s) for s in row["shape"]) or "scalar"
+        print(f"  {row['name']:<30}{shape:<16}{row['dtype']}")
+
+
+def run(args: argparse.Namespace) -> int:
+    paths = snapshots_in(Path(args.path))
+    chosen = paths if args.all else paths[-1:]
+    infos = [describe(p) for p in chosen]
+    if args.json:
+        payload: Any = infos if args.all else infos[0]
+        print(orjson.dumps(payload, option=orjson.OPT_INDENT_2, default=_json_default).decode())
+    else:
+        for i, info in enumerate(infos):
+            if i:
+                print()
+            _print_text(info)
+    return 0
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
