@@ -1,0 +1,395 @@
+"""The serving loop: poll → decode → decide → publish → join → learn → maybe checkpoint.
+
+Each iteration works on one micro-batch (what one poll returns):
+
+1. decode + validate the instances and the feedback (:mod:`streamlearn.events`);
+   every rejection goes to the dead-letter topic with its reason;
+2. decide all new instances with one ``learner.decide`` call (keys = event ids,
+   so a decision is a pure function of seed, id and learner state), journal
+   the decisions, publish them keyed by id, record them as pending joins;
+3. join the feedback (:mod:`streamlearn.stream.join`), advance the join clock,
+   and apply every decision that closed with one ``learner.update`` call;
+4. checkpoint every N input messages or T seconds (:mod:`streamlearn.stream.checkpoint`).
+
+Invariants (what makes ``kill -9`` at any moment lose nothing and apply
+nothing twice):
+
+* A checkpoint's state (learner, pending joins, counters) contains the effect
+  of exactly the input before its offsets, and the offsets are committed to
+  Kafka only after the snapshot is durable and every decision / dead letter of
+  that input is acknowledged. After a crash the daemon restores the snapshot
+  and re-reads the input after its offsets: feedback not in the snapshot is
+  applied once more, feedback in it is not re-read.
+* A re-read instance whose decision was journaled before the crash gets that
+  same decision (action, probabilities, message bytes), so re-emitted
+  decisions are identical and the learner learns from what was published.
+* After an unhandled failure nothing is committed; a graceful stop
+  (:meth:`Daemon.request_stop`) ends with a final checkpoint.
+* Transport errors (a broker outage) never stop the loop: polling is retried
+  and a checkpoint whose flush fails is retried later, committing nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from streamlearn.errors import TransportError
+from streamlearn.evaluation.online import OnlineErrorTracker
+from streamlearn.events import DecodeLimits, Rejection, decode_feedback, decode_instances
+from streamlearn.features import take_rows
+from streamlearn.learners.base import Learner
+from streamlearn.service.counters import Counters, tracker_arrays, tracker_load
+from streamlearn.service.metrics import Observer
+from streamlearn.stream.checkpoint import Checkpointer, Offsets
+from streamlearn.stream.join import EXPIRED, JOINED, SHED, JoinSettings, PendingJoins
+from streamlearn.stream.transport import Message, Transport
+
+__all__ = ["Daemon", "DaemonSettings", "dead_letter_value"]
+
+log = logging.getLogger("streamlearn.daemon")
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """What the loop needs (field names follow ``Config``: ``<section>_<field>``)."""
+
+    learner_n_actions: int = 9
+    learner_n_features: int = 400
+    join_window_seconds: float = 600.0
+    join_backward_window_seconds: float = 10.0
+    join_expiry_policy: str = "default_reward"
+    join_default_reward: float = 0.0
+    join_duplicate_policy: str = "earliest"
+    join_max_pending: int = 200_000
+    join_max_early: int = 100_000
+    checkpoint_dir: str | None = None
+    checkpoint_every_events: int = 10_000
+    checkpoint_every_seconds: float = 60.0
+    checkpoint_keep: int = 2
+    checkpoint_fsync_journal: bool = False
+    limits_max_message_bytes: int = 1 << 20
+    limits_max_id_length: int = 256
+    limits_poll_max_records: int = 500
+    limits_poll_timeout_seconds: float = 0.1
+    limits_dead_letter_max_bytes: int = 65_536
+    metrics_window: int = 1000
+    model_name: str = ""
+    flush_timeout_seconds: float = 10.0
+    retry_seconds: float = 1.0
+
+    def join_settings(self) -> JoinSettings:
+        return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,
+                            self.join_duplicate_policy, self.join_expiry_policy,
+                            self.join_default_reward, self.join_max_pending, self.join_max_early)
+
+    def limits(self) -> DecodeLimits:
+        return DecodeLimits(self.limits_max_message_bytes, self.limits_max_id_length)
+
+
+def dead_letter_value(rejection: Rejection, max_bytes: int) -> bytes:
+    """``{"reason","detail","topic","partition","offset","id","value_b64","truncated","size"}``."""
+    value = rejection.value or b""
+    return orjson.dumps({
+        "reason": rejection.reason, "detail": rejection.detail, "topic": rejection.topic,
+        "partition": rejection.partition, "offset": rejection.offset, "id": rejection.event_id,
+        "value_b64": base64.b64encode(value[:max_bytes]).decode("ascii"),
+        "truncated": len(value) > max_bytes, "size": len(value),
+    })
+
+
+class Daemon:
+    """The streamlearn serving loop; see the module docstring for its invariants.
+
+    Parameters
+    ----------
+    settings
+        :class:`DaemonSettings` (``Config.to_daemon_settings()``).
+    transport
+        Any :class:`~streamlearn.stream.transport.Transport`.
+    learner
+        The learner to serve (replaced by the checkpointed one on restore).
+    observer
+        Metrics sink (no-op by default).
+    wall_clock
+        Unix seconds (injectable for tests).
+    """
+
+    def __init__(self, settings: DaemonSettings, transport: Transport, learner: Learner,
+                 observer: Observer | None = None,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.transport = transport
+        self.learner = learner
+        self.observer = observer if observer is not None else Observer()
+        self.wall_clock = wall_clock
+        self.n_actions, self.n_features = settings.learner_n_actions, settings.learner_n_features
+        self.join = PendingJoins(self.n_actions, self.n_features, settings.join_settings())
+        self.tracker = OnlineErrorTracker(settings.metrics_window)
+        self.counters = Counters()
+        self.offsets: Offsets = {}
+        self.model_name = settings.model_name or type(learner).__name__.lower()
+        self.checkpointer = (Checkpointer(settings.checkpoint_dir, settings.checkpoint_keep,
+                                          settings.checkpoint_every_events,
+                                          settings.checkpoint_every_seconds,
+                                          settings.checkpoint_fsync_journal)
+                             if settings.checkpoint_dir else None)
+        self._journaled: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._retry_checkpoint_at = 0.0
+        self.ready = False
+        self.limits = settings.limits()
+
+    # ------------------------------------------------------------------ control
+    def request_stop(self) -> None:
+        """Ask the loop to stop after the current batch (safe from a signal handler)."""
+        self._stop.set()
+
+    def run(self, max_events: int | None = None) -> None:
+        """Serve until :meth:`request_stop` (or ``max_events`` input messages), then checkpoint."""
+        self.restore()
+        self.observer.on_start(type(self.learner).__name__, repr(self.learner.exploration),
+                               type(self.transport).__name__)
+        self.ready = True
+        try:
+            while not self._stop.is_set():
+                if max_events is not None and self.counters.messages >= max_events:
+                    break
+                self.step()
+            self.ready = False
+            self.checkpoint(final=True)
+        finally:
+            self.ready = False
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+
+    def restore(self) -> None:
+        """Load the newest good checkpoint, seek the transport to its offsets."""
+        if self.checkpointer is None:
+            return
+        restored = self.checkpointer.restore()
+        if restored is None:
+            return
+        arrays, meta = restored.arrays, restored.meta
+        self.learner = type(self.learner).from_state(
+            {k: v for k, v in arrays.items() if k.startswith(("learner.", "exploration."))},
+            meta["learner"])
+        self.join = PendingJoins.restore(self.n_actions, self.n_features,
+                                         self.settings.join_settings(), arrays, meta["join"])
+        tracker_load(self.tracker, arrays, meta["tracker"])
+        self.counters = Counters.from_json(meta["counters"])
+        self.offsets = dict(restored.offsets)
+        self._journaled = self.checkpointer.journal.load(restored.seq)
+        assigned = self.transport.assignment()
+        self.transport.seek({k: v for k, v in self.offsets.items() if k in assigned})
+        log.info("restored checkpoint %d (%d pending joins, %d journaled decisions)",
+                 restored.seq, len(self.join), len(self._journaled))
+
+    # --------------------------------------------------------------------- loop
+    def step(self) -> None:
+        """One iteration on one micro-batch."""
+        s = self.settings
+        try:
+            messages = self.transport.poll(s.limits_poll_max_records, s.limits_poll_timeout_seconds)
+        except TransportError as exc:
+            log.warning("poll failed, retrying in %.1f s: %s", s.retry_seconds, exc)
+            self._stop.wait(s.retry_seconds)
+            messages = []
+        wall = self.wall_clock()
+        instances = [m for m in messages if m.topic == self.transport.instances_topic]
+        feedback = [m for m in messages if m.topic == self.transport.feedback_topic]
+        if instances:
+            self._on_instances(instances, wall)
+        if feedback:
+            self._on_feedback(feedback, wall)
+        for fb in self.join.advance(self.join_now(wall)):
+            self._dead_letter(Rejection("unknown_id", "no decision with this id", fb.source["topic"],
+                                        fb.source["partition"], fb.source["offset"],
+                                        _b64(fb.source["key_b64"]), _b64(fb.source["value_b64"]),
+                                        fb.event_id))
+            self.counters.feedback["unknown"] += 1
+            self.observer.on_feedback("unknown", 1)
+        self._learn()
+        self.offsets.update({(m.topic, m.partition): m.offset + 1 for m in messages})
+        self.counters.messages += len(messages)
+        self.observer.on_pending(len(self.join) + len(self.join.early))
+        if self.checkpointer is not None and self.checkpointer.due(len(messages)):
+            self.checkpoint()
+
+    def join_now(self, wall: float) -> float:
+        """Join time: event time, moving on with the wall clock while input is idle."""
+        return self.counters.clock.now(wall)
+
+    def _on_instances(self, messages: list[Message], wall: float) -> None:
+        batch, rejected = decode_instances(messages, self.n_features, self.n_actions, self.limits)
+        self.observer.on_batch(len(messages), "instances")
+        known = self.join.is_known(batch.ids)
+        for i in np.flatnonzero(known):
+            m = batch.messages[i]
+            rejected.append(Rejection("duplicate_id", "an instance with this id is already known",
+                                      m.topic, m.partition, m.offset, m.key, m.value, batch.ids[i]))
+        self._reject_all(rejected)
+        if known.any():
+            keep = np.flatnonzero(~known)
+            batch.X = take_rows(batch.X, keep)
+            batch.mask = None if batch.mask is None else batch.mask[keep]
+            batch.ids = [batch.ids[i] for i in keep]
+            batch.messages = [batch.messages[i] for i in keep]
+            batch.labels, batch.ts = batch.labels[keep], batch.ts[keep]
+            batch.partitions, batch.offsets = batch.partitions[keep], batch.offsets[keep]
+        B = len(batch)
+        if B == 0:
+            return
+        self.counters.clock.observe(batch.ts, wall)
+        self.observer.on_instances(B)
+        actions, probs, records = self._decide(batch.ids, batch.X, batch.mask, wall)
+        for event_id, record in zip(batch.ids, records, strict=True):
+            self.transport.produce(self.transport.decisions_topic, event_id.encode("utf-8"),
+                                   orjson.dumps(record))
+        self.join.add_decisions(batch.ids, batch.X, actions, probs, batch.labels, batch.ts,
+                                batch.partitions, self.join_now(wall))
+        explored = actions != np.argmax(probs, axis=1)
+        self.counters.instances += B
+        self.counters.decisions += B
+        self.counters.explored += int(explored.sum())
+        produced_at = np.array([m.timestamp_ms for m in batch.messages], dtype=np.float64) / 1e3
+        self.observer.on_decisions(B, int(explored.sum()), self.wall_clock() - produced_at)
+        self.observer.on_action_decisions(actions)
+        allowed = probs.shape[1] if batch.mask is None else batch.mask.sum(axis=1)
+        gammas = (1.0 - probs.max(axis=1)) * allowed / np.maximum(allowed - 1, 1)
+        self.observer.on_gamma(float(gammas.mean()))
+
+    def _decide(self, ids: list[str], X: Any, mask: np.ndarray | None,
+                wall: float) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+        """Decide a batch: journaled decisions are reused, the rest decided in one call."""
+        B = len(ids)
+        actions = np.zeros(B, dtype=np.int64)
+        probs = np.zeros((B, self.n_actions))
+        records: list[dict[str, Any]] = [{}] * B
+        old = [self._journaled.pop(i, None) for i in ids] if self._journaled else [None] * B
+        fresh = np.array([j for j, o in enumerate(old) if o is None], dtype=np.int64)
+        for j, o in enumerate(old):
+            if o is not None:
+                actions[j], probs[j], records[j] = o.action, o.probs, o.message
+        self.learner.n_decided_ += B - len(fresh)  # journaled rounds count as decided
+        if len(fresh):
+            mask_f = None if mask is None else mask[fresh]
+            a, p = self.learner.decide(take_rows(X, fresh), mask_f, keys=[ids[j] for j in fresh])
+            actions[fresh], probs[fresh] = a, p
+            exploit = np.argmax(p, axis=1)
+            model = f"{self.model_name}-v{self.counters.model_version}"
+            new = [{"id": ids[j], "action": int(a[n]), "prob": float(p[n, a[n]]),
+                    "explored": bool(a[n] != exploit[n]), "model": model, "ts": wall}
+                   for n, j in enumerate(fresh.tolist())]
+            for n, j in enumerate(fresh.tolist()):
+                records[j] = new[n]
+            if self.checkpointer is not None:
+                self.checkpointer.journal.append([ids[j] for j in fresh], p, new)
+        return actions, probs, records
+
+    def _on_feedback(self, messages: list[Message], wall: float) -> None:
+        batch, rejected = decode_feedback(messages, self.limits)
+        self.observer.on_batch(len(messages), "feedback")
+        self.counters.clock.observe(batch.ts, wall)
+        now = self.join_now(wall)
+        for i, outcome in self.join.add_feedback(batch.ids, batch.rewards, batch.ts,
+                                                 batch.messages, now):
+            if outcome in ("duplicate", "unknown"):
+                m = batch.messages[i]
+                rejected.append(Rejection(f"{outcome}_id", f"feedback for a {outcome} decision id",
+                                          m.topic, m.partition, m.offset, m.key, m.value,
+                                          batch.ids[i]))
+            if outcome in ("duplicate", "aggregated", "unknown", "late"):
+                name = "duplicate" if outcome == "aggregated" else outcome
+                self.counters.feedback[name] += 1
+                self.observer.on_feedback(name, 1)
+        self._reject_all([r for r in rejected if r.reason not in ("duplicate_id", "unknown_id")])
+        for r in rejected:
+            if r.reason in ("duplicate_id", "unknown_id"):
+                self._dead_letter(r)
+
+    def _learn(self) -> None:
+        """Apply every decision closed by this batch with one update call."""
+        closed = self.join.drain()
+        if not len(closed):
+            return
+        joined, expired = closed.outcome == JOINED, closed.outcome == EXPIRED
+        shed = int((closed.outcome == SHED).sum())
+        self.counters.record_closed(closed.ids, joined, expired, closed.learn, shed)
+        self.observer.on_feedback("joined", int(joined.sum()), closed.delays[joined])
+        self.observer.on_feedback("expired", int(expired.sum()))
+        if shed:
+            self.observer.on_shed(shed)
+        rows = np.flatnonzero(closed.learn)
+        if not len(rows):
+            return
+        a, r, p = closed.actions[rows], closed.rewards[rows], closed.probs[rows]
+        self.learner.update(take_rows(closed.X, rows), a, r, p)
+        self.counters.model_version += 1
+        labels = closed.labels[rows]
+        has_labels = bool(len(labels)) and bool((labels >= 0).all())
+        self.tracker.observe(a, r, labels if has_labels else None, p)
+        self.observer.on_action_rewards(a, r)
+        self.observer.on_rewards(float(r.sum()))
+        self.observer.on_mistakes(float((1.0 - r).sum()))
+        if has_labels:
+            self.observer.on_regret(float((a != labels).sum()))
+        self.observer.on_error_rates(self.tracker.error_rate, self.tracker.window_error_rate,
+                                     self.tracker.exploit_error_estimate)
+        self.observer.on_model_version(self.counters.model_version)
+
+    # -------------------------------------------------------------- dead letters
+    def _reject_all(self, rejections: list[Rejection]) -> None:
+        for rejection in rejections:
+            self._dead_letter(rejection)
+
+    def _dead_letter(self, rejection: Rejection) -> None:
+        self.transport.produce(self.transport.dead_letter_topic, rejection.key,
+                               dead_letter_value(rejection, self.settings.limits_dead_letter_max_bytes))
+        self.counters.count_invalid(rejection.topic, rejection.reason)
+        self.observer.on_invalid(rejection.topic, rejection.reason)
+
+    # -------------------------------------------------------------- checkpoints
+    def checkpoint(self, final: bool = False) -> int | None:
+        """Freeze state → flush → write snapshot → commit offsets; None if skipped or failed."""
+        if self.checkpointer is None:
+            return None
+        wall = self.wall_clock()
+        if not final and wall < self._retry_checkpoint_at:
+            return None
+        started = time.perf_counter()
+        learner_arrays, learner_meta = self.learner.state()
+        join_arrays, join_meta = self.join.export()
+        t_arrays, t_meta = tracker_arrays(self.tracker)
+        arrays = {**learner_arrays, **join_arrays, **t_arrays}
+        meta = {"learner": learner_meta, "join": join_meta, "tracker": t_meta,
+                "counters": self.counters.to_json(),
+                "settings": dataclasses.asdict(self.settings)}
+        try:
+            seq = self.checkpointer.save(self.transport, arrays, meta, dict(self.offsets),
+                                         self.settings.flush_timeout_seconds)
+        except TransportError as exc:
+            log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
+            self._retry_checkpoint_at = wall + self.settings.retry_seconds
+            return None
+        # journaled decisions of input not yet re-read must survive the rotation
+        if self._journaled:
+            items = list(self._journaled.values())
+            self.checkpointer.journal.append([o.message["id"] for o in items],
+                                             np.array([o.probs for o in items]),
+                                             [o.message for o in items])
+        self.observer.on_checkpoint(time.perf_counter() - started, wall)
+        return seq
+
+
+def _b64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
