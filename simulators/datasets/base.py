@@ -217,17 +217,23 @@ def _download(url: str, dest: Path) -> None:
         raise DataError(f"Could not download {url}: {reason}.") from exc
 
 
-def _extract_member(archive: Path, member: str, url: str) -> bytes:
+def _extract_members(archive: Path, members: set[str], url: str) -> dict[str, bytes]:
+    """The named members (matched by base name) of a tar archive, in one pass."""
+    found: dict[str, bytes] = {}
     try:
         with tarfile.open(archive, mode="r:*") as tar:
             for info in tar:
-                if info.isfile() and Path(info.name).name == member:
+                name = Path(info.name).name
+                if info.isfile() and name in members and name not in found:
                     handle = tar.extractfile(info)
                     if handle is not None:
-                        return handle.read()
+                        found[name] = handle.read()
     except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise DataError(f"The archive downloaded from {url} is unreadable ({exc}).") from exc
-    raise DataError(f"The archive downloaded from {url} has no member {member!r}.")
+    absent = sorted(members - set(found))
+    if absent:
+        raise DataError(f"The archive downloaded from {url} has no member {absent[0]!r}.")
+    return found
 
 
 def _write_atomically(dest: Path, data: bytes) -> None:
@@ -250,6 +256,8 @@ def _fetch(spec: DatasetFiles, data_dir: Path, missing: Sequence[RemoteFile]) ->
         tmp = dest_dir / f".download.{os.getpid()}.part"
         _download(url, tmp)
         try:
+            wanted = {remote.member for remote in group if remote.member is not None}
+            extracted = _extract_members(tmp, wanted, url) if wanted else {}
             for remote in group:
                 dest = data_dir / remote.path
                 if remote.member is None:
@@ -258,7 +266,7 @@ def _fetch(spec: DatasetFiles, data_dir: Path, missing: Sequence[RemoteFile]) ->
                     _verify(payload, remote, f"downloaded from {url}")
                     _write_atomically(dest, raw)
                     continue
-                payload = _extract_member(tmp, remote.member, url)
+                payload = extracted[remote.member]
                 _verify(payload, remote, f"member {remote.member} of {url}")
                 stored = gzip.compress(payload, compresslevel=6, mtime=0) \
                     if dest.suffix == ".gz" else payload

@@ -19,6 +19,7 @@ acknowledge as "Reuters-21578, Distribution 1.0".
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from simulators.datasets.base import (
     check_options,
     option_int,
     read_payloads,
+    resolve_data_dir,
 )
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.features import SparseBatch, hash_names
@@ -167,10 +169,14 @@ def parse_sgml(text: str, source: str = "<sgml>") -> list[ReutersDoc]:
     return docs
 
 
-def load_reuters(data_dir: Path, *, fetch: bool = False) -> list[ReutersDoc]:
-    """All 21,578 documents, in NEWID order (files verified by sha256)."""
+def load_reuters(data_dir: str | os.PathLike[str] | None = None, *,
+                 fetch: bool = False) -> list[ReutersDoc]:
+    """All 21,578 documents, in NEWID order (files verified by sha256).
+
+    ``data_dir`` is resolved by :func:`~simulators.datasets.base.resolve_data_dir`.
+    """
     docs: list[ReutersDoc] = []
-    for path, payload in read_payloads(REUTERS, data_dir, fetch).items():
+    for path, payload in read_payloads(REUTERS, resolve_data_dir(data_dir), fetch).items():
         docs.extend(parse_sgml(payload.decode("latin-1"), path))
     docs.sort(key=lambda d: d.newid)
     if len(docs) != 21578:
