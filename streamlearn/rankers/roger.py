@@ -140,14 +140,25 @@ class Roger(Ranker):
         self.offset_ = support.min(axis=0)
         span = support.max(axis=0) - self.offset_
         self.scale_ = np.where(span > 0, span, 1.0)
-        xs, positive, merged = _compress((X - self.offset_) / self.scale_, data.y > 0, weight)
-        self.n_features_in_ = X.shape[1]
+        # Features constant on the training rows carry no signal: they keep weight 0
+        # (and centre = their value) instead of a random, meaningless gene.
+        active = span > 0
+        if not active.any():
+            raise DataError("Roger needs at least one feature that varies across the "
+                            "training rows. Got only constant features.")
+        xs, positive, merged = _compress((X[:, active] - self.offset_[active])
+                                         / self.scale_[active], data.y > 0, weight)
         genes, fitness, history = self._evolve(xs, positive, merged)
         self.fitness_ = float(fitness)
         self.history_ = history
-        d = X.shape[1]
-        self.weights_ = genes[:d].copy()
-        self.centres_scaled_ = genes[d:].copy() if self.hypothesis == "l1" else None
+        n_active = int(active.sum())
+        self.weights_ = np.zeros(X.shape[1])
+        self.weights_[active] = genes[:n_active]
+        if self.hypothesis == "l1":
+            self.centres_scaled_: np.ndarray | None = np.zeros(X.shape[1])
+            self.centres_scaled_[active] = genes[n_active:]
+        else:
+            self.centres_scaled_ = None
         train_scores = self._hypothesis(xs, genes[None, :])[:, 0]
         order = np.argsort(train_scores, kind="stable")
         self.train_scores_ = train_scores[order]
