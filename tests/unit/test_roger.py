@@ -66,7 +66,8 @@ def test_self_adaptation_formula() -> None:
 def test_es_never_loses_its_best_fitness() -> None:
     # (μ+λ) selection is elitist: the best training AUC is non-decreasing over generations.
     X, y = separable_toy(1)
-    model = Roger(generations=25, seed=4).fit(X, y)
+    model = Roger(generations=25, seed=4)
+    model.fit(X, y)
     assert np.all(np.diff(model.history_) >= 0)
     assert model.fitness_ == model.history_[-1]
 
@@ -75,7 +76,8 @@ def test_es_never_loses_its_best_fitness() -> None:
 def test_roger_learns_a_separable_problem(hypothesis: str) -> None:
     X, y = separable_toy(0)
     X_test, y_test = separable_toy(1)
-    model = Roger(hypothesis=hypothesis, generations=40, seed=0).fit(X, y)
+    model = Roger(hypothesis=hypothesis, generations=40, seed=0)
+    model.fit(X, y)
     assert model.history_[0] < 0.95  # random start is not already good
     assert model.fitness_ > 0.95
     assert auc(y_test, model.score(X_test)) > 0.95
@@ -96,8 +98,10 @@ def test_weighted_fit_equals_fit_on_repeated_rows(model_class: type) -> None:
     params = {"generations": 15, "seed": 7}
     if model_class is NRoger:
         params["n_runs"] = 3
-    weighted = model_class(**params).fit(X, y, sample_weight=w.astype(float))
-    repeated = model_class(**params).fit(np.repeat(X, w, axis=0), np.repeat(y, w))
+    weighted = model_class(**params)
+    weighted.fit(X, y, sample_weight=w.astype(float))
+    repeated = model_class(**params)
+    repeated.fit(np.repeat(X, w, axis=0), np.repeat(y, w))
     X_test, _ = separable_toy(3, n=50)
     np.testing.assert_array_equal(weighted.score(X_test), repeated.score(X_test))
     np.testing.assert_array_equal(weighted.feature_weights()[0], repeated.feature_weights()[0])
@@ -107,13 +111,15 @@ def test_weights_change_the_fitness() -> None:
     # The weighted training AUC the ES maximises is the brute-force weighted AUC.
     X, y = separable_toy(4, n=100)
     w = np.random.default_rng(1).random(len(y)) * 3
-    model = Roger(generations=5, seed=2).fit(X, y, sample_weight=w)
+    model = Roger(generations=5, seed=2)
+    model.fit(X, y, sample_weight=w)
     assert model.fitness_ == pytest.approx(brute_force_auc(model.score(X), y, w))
 
 
 def test_nroger_is_the_median_of_rank_normalised_runs() -> None:
     X, y = separable_toy(5, n=150)
-    model = NRoger(n_runs=5, generations=10, seed=3).fit(X, y)
+    model = NRoger(n_runs=5, generations=10, seed=3)
+    model.fit(X, y)
     assert len(model.runs_) == 5 and len(set(model.run_seeds())) == 5
     X_test, _ = separable_toy(6, n=40)
     per_run = []
@@ -125,7 +131,8 @@ def test_nroger_is_the_median_of_rank_normalised_runs() -> None:
                         for s in test])
     np.testing.assert_allclose(model.score(X_test), np.median(np.array(per_run), axis=0))
     # each run is an independent Roger with its own seed
-    single = Roger(generations=10, seed=model.run_seeds()[2]).fit(X, y)
+    single = Roger(generations=10, seed=model.run_seeds()[2])
+    single.fit(X, y)
     np.testing.assert_array_equal(single.weights_, model.runs_[2].weights_)
 
 

@@ -91,7 +91,8 @@ def test_vocabulary_counts_and_tfidf() -> None:
 def test_rocchio_centroid_formula() -> None:
     X, y = toy(1, n=40)
     w = np.random.default_rng(0).random(40)
-    model = Rocchio(beta=2.0, gamma=0.5).fit(X, y, sample_weight=w)
+    model = Rocchio(beta=2.0, gamma=0.5)
+    model.fit(X, y, sample_weight=w)
     pos = sum(w[i] * X[i] for i in range(40) if y[i]) / sum(w[i] for i in range(40) if y[i])
     neg = sum(w[i] * X[i] for i in range(40) if not y[i]) / sum(
         w[i] for i in range(40) if not y[i])
@@ -101,7 +102,8 @@ def test_rocchio_centroid_formula() -> None:
 
 def test_lda_matches_the_pooled_covariance_formula() -> None:
     X, y = toy(3, n=80, d=4)
-    model = LDA(shrinkage=0.3).fit(X, y)
+    model = LDA(shrinkage=0.3)
+    model.fit(X, y)
     m1, m0 = X[y == 1].mean(0), X[y == 0].mean(0)
     scatter = sum(np.outer(x - (m1 if t else m0), x - (m1 if t else m0))
                   for x, t in zip(X, y, strict=True))
@@ -114,7 +116,8 @@ def test_lda_matches_the_pooled_covariance_formula() -> None:
 def test_irls_logistic_regression_matches_scikit_learn(ridge: float) -> None:
     sklearn_lm = pytest.importorskip("sklearn.linear_model")
     X, y = toy(4, n=150, d=6)
-    ours = LogisticRegression(ridge=ridge).fit(X, y)
+    ours = LogisticRegression(ridge=ridge)
+    ours.fit(X, y)
     theirs = sklearn_lm.LogisticRegression(C=1.0 / ridge, tol=1e-12, max_iter=10000,
                                            solver="lbfgs").fit(X, y)
     np.testing.assert_allclose(ours.coef_, theirs.coef_[0], atol=1e-5)
@@ -136,7 +139,8 @@ def test_network_early_stopping_stops_and_keeps_the_best_epoch() -> None:
     X, y = toy(6, n=90, d=40, noise=2.0)
     for hidden in (0, 5):
         model = Network(hidden=hidden, learning_rate=0.3, max_epochs=3000, patience=25,
-                        seed=1).fit(X, y)
+                        seed=1)
+        model.fit(X, y)
         assert model.stopped_epoch_ < 3000
         assert model.stopped_epoch_ == model.best_epoch_ + 25
         assert model.best_epoch_ == int(np.argmin(model.holdout_loss_)) + 1
@@ -147,7 +151,8 @@ def test_networks_learn_a_clean_problem() -> None:
     X, y = toy(7, n=400, noise=0.1)
     X_test, y_test = toy(8, n=400, noise=0.1)
     for hidden in (0, 4):
-        model = Network(hidden=hidden, seed=0).fit(X, y)
+        model = Network(hidden=hidden, seed=0)
+        model.fit(X, y)
         assert auc(y_test, model.score(X_test)) > 0.95
 
 
@@ -159,11 +164,15 @@ def test_stratified_holdout_takes_a_third_of_each_class() -> None:
 
 def test_local_region_trains_on_the_top_rocchio_documents() -> None:
     X, y = toy(9, n=300)
-    model = LocalRegion(LogisticRegression(), n_top=120).fit(X, y)
+    model = LocalRegion(LogisticRegression(), n_top=120)
+    model.fit(X, y)
     screen = Rocchio().fit(X, y).score(X)
     top = np.argsort(-screen, kind="stable")[:120]
-    direct = LogisticRegression().fit(X[top], y[top])
-    np.testing.assert_allclose(model.model_.coef_, direct.coef_)
+    direct = LogisticRegression()
+    direct.fit(X[top], y[top])
+    inner = model.model_
+    assert isinstance(inner, LogisticRegression)
+    np.testing.assert_allclose(inner.coef_, direct.coef_)
     scores = model.score(X)
     inside = screen >= model.threshold_
     assert inside.sum() == 120 and scores[inside].min() > scores[~inside].max()
