@@ -186,6 +186,8 @@ class EmbeddedTransport:
         Probability that a decision is never answered.
     seed : int
         Seeds the stream, the delays and the drops.
+    max_instances : int, optional
+        Stop publishing instances after this many (feedback still flows).
     clock : callable
         Wall clock in seconds (injectable for tests).
     """
@@ -196,6 +198,7 @@ class EmbeddedTransport:
                  dead_letter_topic: str = "streamlearn.dead-letter",
                  dataset: str = "synnonsep", data_dir: str | None = None, rate: float = 0.0,
                  chunk: int = 256, delay_mean_s: float = 0.2, drop: float = 0.0, seed: int = 1,
+                 max_instances: int | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         if rate < 0 or chunk < 1 or delay_mean_s < 0 or not 0 <= drop <= 1:
             raise ConfigError(f"EmbeddedTransport expects rate >= 0, chunk >= 1, delay_mean_s >= "
@@ -204,6 +207,7 @@ class EmbeddedTransport:
         self.decisions_topic, self.dead_letter_topic = decisions_topic, dead_letter_topic
         self.source = StreamSource(dataset, data_dir, seed)
         self.rate, self.chunk, self.delay_mean_s, self.drop = rate, chunk, delay_mean_s, drop
+        self.max_instances = max_instances
         self.stats = SimulatorStats()
         self._clock = clock
         self._rng = np.random.default_rng([seed, 2])
@@ -238,6 +242,8 @@ class EmbeddedTransport:
         else:
             backlog = log.end - self._positions[(self.instances_topic, 0)]
             count = self.chunk if backlog < self.chunk else 0
+        if self.max_instances is not None:
+            count = min(count, self.max_instances - self.stats.instances_sent)
         if count <= 0:
             return
         start = log.end

@@ -1,0 +1,320 @@
+"""``streamlearn serve``: run the daemon (Kafka, or the embedded simulator when none is set).
+
+Configuration comes from ``--config FILE`` (TOML), ``STREAMLEARN_*``
+environment variables and the flags below (flags win, then the environment,
+then the file). Every setting has all three names; docs/configuration.md
+lists them. Without ``--bootstrap`` the daemon runs against the embedded
+transport: an in-process simulator streams SynNonSep and answers every
+decision with delayed feedback, so the progress lines show it learning.
+
+SIGTERM / SIGINT stop the loop after the current batch and write a final
+checkpoint (exit 0). ``--max-events N`` does the same after N instances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from types import FrameType
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from streamlearn.config import Config, env_name, field_specs, flag_name, load_config
+from streamlearn.errors import ConfigError
+from streamlearn.service.http import LagTracker, MetricsServer
+from streamlearn.service.metrics import PrometheusObserver
+
+__all__ = ["add_config_arguments", "add_parser", "cli_overrides", "run", "serve"]
+
+#: Short spellings for the most used settings (the long --<section>-<field> forms also work).
+ALIASES = {"kafka.bootstrap": ["--bootstrap"], "learner.name": ["--learner"],
+           "exploration.name": ["--exploration"], "exploration.gamma": ["--gamma"],
+           "learner.seed": ["--seed"]}
+_DEST = "cfg__"
+
+
+def _metavar(fs: Any) -> str:
+    if fs.choices:
+        return "{" + ",".join(fs.choices) + "}"
+    if fs.kind == "hostports":
+        return "HOST:PORT"
+    if fs.kind == "file":
+        return "FILE"
+    if fs.kind == "path":
+        return "DIR"
+    return {int: "N", float: "X"}.get(fs.base, "TEXT")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser,
+                         sections: tuple[str, ...] | None = None) -> None:
+    """One flag per Config field, grouped by section; values are validated by load_config."""
+    groups: dict[str, Any] = {}
+    for fs in field_specs():
+        if sections is not None and fs.section not in sections:
+            continue
+        if fs.section not in groups:
+            groups[fs.section] = parser.add_argument_group(
+                f"[{fs.section}]", f"config file table [{fs.section}]")
+        default = "unset" if fs.default is None else fs.default
+        help_text = (f"{fs.help} (default {default}; env {env_name(fs.section, fs.name)})"
+                     ).replace("%", "%%")
+        groups[fs.section].add_argument(
+            flag_name(fs.section, fs.name), *ALIASES.get(fs.key, []),
+            dest=f"{_DEST}{fs.section}__{fs.name}", metavar=_metavar(fs), default=None,
+            help=help_text)
+
+
+def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """``{"section.field": raw value}`` for every config flag given on the command line."""
+    out = {}
+    for dest, value in vars(args).items():
+        if dest.startswith(_DEST) and value is not None:
+            section, name = dest[len(_DEST):].split("__", 1)
+            out[f"{section}.{name}"] = value
+    return out
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the online-learning daemon (embedded simulator without --bootstrap)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_argument_group("running")
+    group.add_argument("--config", metavar="FILE",
+                       help="TOML config file (default: $STREAMLEARN_CONFIG, else none)")
+    group.add_argument("--max-events", type=int, metavar="N",
+                       help="stop after N instances (final checkpoint, exit 0)")
+    group.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
+                       help="print a progress line every S seconds; 0 = never (default 5)")
+    group.add_argument("--linger-seconds", type=float, default=0.0, metavar="S",
+                       help="after stopping, keep /metrics up S more seconds so a scraper "
+                            "reads the final values (a signal ends it early; default 0)")
+    group.add_argument("--print-config", action="store_true",
+                       help="print the effective configuration as TOML and exit")
+    add_config_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.max_events is not None and args.max_events < 1:
+        raise ConfigError(f"--max-events must be an integer >= 1. Got {args.max_events}.")
+    if args.progress_seconds < 0 or args.linger_seconds < 0:
+        raise ConfigError("--progress-seconds and --linger-seconds must be >= 0. "
+                          f"Got {args.progress_seconds} and {args.linger_seconds}.")
+    config = load_config(args.config, cli=cli_overrides(args))
+    if args.print_config:
+        print(to_toml(config), end="")
+        return 0
+    return serve(config, max_events=args.max_events, progress_s=args.progress_seconds,
+                 linger_s=args.linger_seconds)
+
+
+def to_toml(config: Config) -> str:
+    """The effective configuration as a TOML document (unset values commented out)."""
+    lines = []
+    for section, values in config.as_dict().items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if value is None:
+                lines.append(f"# {key} =  (unset)")
+            elif isinstance(value, str):
+                escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+                lines.append(f'{key} = "{escaped}"')
+            else:
+                lines.append(f"{key} = {value!r}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+class _ServeObserver(PrometheusObserver):
+    """The Prometheus observer, plus a stop request once ``max_events`` instances were seen."""
+
+    def __init__(self, registry: CollectorRegistry, max_events: int | None) -> None:
+        super().__init__(registry)
+        self.max_events = max_events
+        self.seen = 0
+        self.stop: Any = None  # set to daemon.request_stop
+
+    def on_instances(self, n: int) -> None:
+        super().on_instances(n)
+        self.seen += n
+        if self.max_events is not None and self.seen >= self.max_events and self.stop:
+            self.stop()
+
+
+def build_transport(config: Config, max_instances: int | None = None) -> Any:
+    """The embedded transport without a bootstrap, else Kafka (creating missing topics)."""
+    t = config.topics
+    if config.embedded_mode:
+        from streamlearn.stream.embedded import EmbeddedTransport
+
+        e = config.embedded
+        return EmbeddedTransport(t.instances, t.feedback, t.decisions, t.dead_letter,
+                                 dataset=e.dataset, data_dir=None if e.data_dir is None
+                                 else str(e.data_dir), rate=e.rate, chunk=e.chunk,
+                                 delay_mean_s=e.delay_mean_seconds, drop=e.drop, seed=e.seed,
+                                 max_instances=max_instances)
+    from streamlearn.stream.transport import KafkaTransport, ensure_topics
+
+    k = config.kafka
+    assert k.bootstrap is not None
+    options = k.client_options()
+    ensure_topics(k.bootstrap, [t.instances, t.feedback, t.decisions, t.dead_letter],
+                  t.partitions, client_options=options)
+    return KafkaTransport(k.bootstrap, t.instances, t.feedback, t.decisions, t.dead_letter,
+                          k.group_id, client_options=options)
+
+
+def _dimensions(config: Config, transport: Any) -> tuple[int, int]:
+    """(K, d): the config's, or in embedded mode the dataset's when the config kept defaults."""
+    k, d = config.learner.n_actions, config.learner.n_features
+    if not config.embedded_mode:
+        return k, d
+    defaults = type(config.learner)()
+    for name, got, want, default in (("n_actions", k, transport.n_actions, defaults.n_actions),
+                                     ("n_features", d, transport.n_features,
+                                      defaults.n_features)):
+        if got != want and got != default:
+            raise ConfigError(f"learner.{name} must be {want} for the embedded dataset "
+                              f"'{config.embedded.dataset}'. Got {got}.")
+    return transport.n_actions, transport.n_features
+
+
+def build_learner(config: Config, n_actions: int, n_features: int) -> Any:
+    from streamlearn.learners import exploration_from_name, make_learner
+
+    exploration = exploration_from_name(config.exploration.name, config.exploration.gamma
+                                        if config.exploration.name == "fixed" else None)
+    return make_learner(config.learner.name, n_actions, n_features, exploration,
+                        config.learner.seed, **config.learner.hyperparameters())
+
+
+class Progress:
+    """Periodic one-line progress reports read from the metrics registry (thread-safe)."""
+
+    def __init__(self, registry: CollectorRegistry, out: Any, stats: Any = None) -> None:
+        self.registry, self.out, self.stats = registry, out, stats
+        self.started = self._last_t = time.monotonic()
+        self._last_n = 0.0
+
+    def _get(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.registry.get_sample_value(name, labels)
+        return float("nan") if value is None else value
+
+    def line(self) -> str:
+        now = time.monotonic()
+        n = self._get("streamlearn_instances_total")
+        rate = (n - self._last_n) / max(now - self._last_t, 1e-9)
+        self._last_n, self._last_t = n, now
+        text = (f"{now - self.started:7.1f}s  events {n:>11,.0f}  {rate:>8,.0f}/s  "
+                f"error {self._get('streamlearn_error_rate'):.4f} cum "
+                f"{self._get('streamlearn_window_error_rate'):.4f} window  "
+                f"γ {self._get('streamlearn_exploration_gamma'):.4f}  "
+                f"joined {self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}  "
+                f"pending {self._get('streamlearn_pending_joins'):,.0f}")
+        if self.stats is not None and self.stats.dropped:
+            text += f"  dropped {self.stats.dropped:,}"
+        return text
+
+    @contextmanager
+    def every(self, seconds: float) -> Iterator[None]:
+        """Print :meth:`line` every ``seconds`` from a background thread while inside."""
+        done = threading.Event()
+
+        def loop() -> None:
+            while not done.wait(seconds):
+                print(self.line(), file=self.out, flush=True)
+
+        thread = threading.Thread(target=loop, name="streamlearn-progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join(timeout=2)
+
+    @staticmethod
+    def summary(daemon: Any, seen: int, elapsed: float) -> str:
+        c, tracker = daemon.counters, daemon.tracker
+        seq = daemon.checkpointer.seq if daemon.checkpointer is not None else None
+        return (f"streamlearn serve: stopped after {seen} instances in {elapsed:.1f} s "
+                f"({seen / max(elapsed, 1e-9):,.0f}/s); daemon totals: instances "
+                f"{c.instances}, feedback joined {c.feedback['joined']}, expired "
+                f"{c.feedback['expired']}; error rate {tracker.error_rate:.4f} "
+                f"(window {tracker.window_error_rate:.4f}); last checkpoint "
+                f"{seq or 'none'}")
+
+
+@contextmanager
+def _stop_on_signals(stop: Any) -> Iterator[None]:
+    """SIGTERM/SIGINT only call ``stop``; the previous handlers come back afterwards."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop()
+
+    previous = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread (embedded in a test or an application)
+        pass
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0,
+          linger_s: float = 0.0, registry: CollectorRegistry | None = None,
+          out: Any = None) -> int:
+    """Run the daemon until a signal or ``max_events`` instances; return the exit code."""
+    from streamlearn.service.daemon import Daemon
+
+    out = out if out is not None else sys.stdout
+    registry = registry if registry is not None else CollectorRegistry()
+    observer = _ServeObserver(registry, max_events)
+    stopping = threading.Event()
+    with ExitStack() as stack:
+        transport = build_transport(config, max_instances=max_events)
+        stack.callback(transport.close)
+        n_actions, n_features = _dimensions(config, transport)
+        learner = build_learner(config, n_actions, n_features)
+        settings = dataclasses.replace(config.to_daemon_settings(), learner_n_actions=n_actions,
+                                       learner_n_features=n_features)
+        tracker = LagTracker(transport, config.metrics.max_lag, on_lag=observer.on_lag)
+        daemon = Daemon(settings, tracker, learner, observer)
+        tracker.is_serving = lambda: bool(daemon.ready)
+
+        def stop() -> None:
+            daemon.request_stop()
+            stopping.set()
+
+        observer.stop = daemon.request_stop
+        mode = ("embedded simulator (" + config.embedded.dataset + ")" if config.embedded_mode
+                else f"Kafka {config.kafka.bootstrap}")
+        print(f"streamlearn serve: {type(learner).__name__} (K={n_actions}, d={n_features}) on "
+              f"{mode}; checkpoints: {config.checkpoint.dir or 'off'}", file=out, flush=True)
+        if config.metrics.port >= 0:
+            server = MetricsServer(registry, config.metrics.host, config.metrics.port,
+                                   readiness=tracker.readiness)
+            server.start()
+            stack.callback(server.stop)
+            print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
+                  file=out, flush=True)
+        progress = Progress(registry, out, getattr(transport, "stats", None))
+        if progress_s > 0:
+            stack.enter_context(progress.every(progress_s))
+        stack.enter_context(_stop_on_signals(stop))
+        started = time.monotonic()
+        daemon.run()
+        elapsed = time.monotonic() - started
+        print(progress.summary(daemon, observer.seen, elapsed), file=out, flush=True)
+        if linger_s > 0 and not stopping.is_set():
+            stopping.wait(linger_s)
+    return 0
