@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import os
 import tarfile
 import urllib.error
@@ -47,7 +46,6 @@ __all__ = [
     "read_payload",
     "read_payloads",
     "resolve_data_dir",
-    "text_payload",
 ]
 
 ENV_DATA_DIR = "STREAMLEARN_DATA_DIR"
@@ -357,8 +355,3 @@ def check_options(dataset: str, options: Mapping[str, object], allowed: Sequence
     if unknown:
         raise ConfigError(f"Expected options of dataset {dataset!r} in {sorted(allowed)}. "
                           f"Got {unknown} instead.")
-
-
-def text_payload(payload: bytes) -> io.StringIO:
-    """A text stream over a payload (latin-1 never fails; the UCI files are ASCII)."""
-    return io.StringIO(payload.decode("latin-1"))
