@@ -223,14 +223,14 @@ def _as_float_rows(rows: list[Any], width: int) -> tuple[np.ndarray, np.ndarray]
         out = np.array(rows, dtype=np.float64)
         if out.shape == (len(rows), width):
             return out, np.asarray(np.isfinite(out).all(axis=1))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         pass
     good = np.ones(len(rows), dtype=bool)
     out = np.zeros((len(rows), width))
     for i, row in enumerate(rows):  # only when a batch holds a non-numeric row
         try:
             out[i] = np.array(row, dtype=np.float64)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             good[i] = False
     return out, good & np.isfinite(out).all(axis=1)
 
@@ -244,7 +244,7 @@ def _flat_floats(values: list[Any], lengths: list[int]) -> tuple[np.ndarray, np.
             row_of = np.repeat(np.arange(n_rows), lengths)
             bad = np.bincount(row_of, weights=~np.isfinite(flat), minlength=n_rows) > 0
             return flat, np.asarray(~bad)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         pass
     flat = np.zeros(sum(lengths))
     ok = np.ones(n_rows, dtype=bool)
@@ -253,7 +253,7 @@ def _flat_floats(values: list[Any], lengths: list[int]) -> tuple[np.ndarray, np.
         try:
             flat[pos:pos + length] = np.array(values[pos:pos + length], dtype=np.float64)
             ok[r] = bool(np.isfinite(flat[pos:pos + length]).all())
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             ok[r] = False
         pos += length
     return flat, ok
@@ -372,13 +372,13 @@ def _feature_reason(kind: str, payload: Any, n_features: int) -> str:
             if ((idx < 0) | (idx >= n_features) | (idx != np.floor(idx))).any():
                 return "wrong_dimension"
             values = np.array(payload[1], dtype=np.float64)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             return "bad_features"
     else:
         raw = payload if kind == "dense" else list(payload.values())
         try:
             values = np.array(raw, dtype=np.float64)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             return "bad_features"
     return "non_finite" if not np.isfinite(values).all() else "bad_features"
 

@@ -7,7 +7,7 @@ A decision waits for feedback for an *experimental-unit window* (``window_s``).
   later feedback for the id is a ``duplicate`` with no effect.
 * ``"latest"`` / ``"max"``: feedback in the window is aggregated (last value /
   maximum) and the decision closes at the window's end with the aggregate.
-* Feedback whose event time is past ``decided_at + window_s``, or that arrives
+* Feedback whose event time is at or past ``decided_at + window_s``, or that arrives
   after its decision closed by expiry or shedding, is ``late``: counted, no effect.
 * Feedback that arrives before its decision is held for ``early_window_s``; if
   the decision does not appear by then the feedback is ``unknown``.
@@ -238,7 +238,7 @@ class PendingJoins:
         for i, event_id in enumerate(ids):
             slot = self.slot_of.get(event_id)
             if slot is not None:
-                if ts[i] > self.decided_at[slot] + window:
+                if ts[i] >= self.decided_at[slot] + window:  # the window is [t, t + w)
                     how = JOINED if self.n_feedback[slot] else EXPIRED
                     self._close(np.array([slot]), np.array([how]), now)
                     out.append((i, "late"))

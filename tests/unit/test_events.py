@@ -1,0 +1,162 @@
+"""Decoding instance and feedback values: every form, every reason, hostile bytes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamlearn.events import (
+    REASONS,
+    DecodeLimits,
+    decode_feedback,
+    decode_instances,
+)
+from streamlearn.features import SparseBatch, hash_names
+from streamlearn.stream.transport import Message
+
+D, K = 4, 3
+
+
+def msgs(*values: bytes | None, topic: str = "instances") -> list[Message]:
+    return [Message(topic, 0, i, b"k", v, 5_000) for i, v in enumerate(values)]
+
+
+def inst(**fields: object) -> bytes:
+    return orjson.dumps({"id": "e", "x": [1.0, 0.0, 2.0, 0.0], **fields})
+
+
+def test_dense_batch_with_mask_labels_and_timestamps() -> None:
+    batch, rejected = decode_instances(
+        msgs(inst(id="a", label=2, ts=12.5), inst(id="b", actions=[0, 2])), D, K)
+    assert rejected == []
+    assert batch.ids == ["a", "b"]
+    assert isinstance(batch.X, np.ndarray) and batch.X.shape == (2, D)
+    assert batch.labels.tolist() == [2, -1]
+    assert batch.ts.tolist() == [12.5, 5.0]  # the message timestamp when "ts" is absent
+    assert batch.mask is not None
+    assert batch.mask.tolist() == [[True, True, True], [True, False, True]]
+    assert batch.offsets.tolist() == [0, 1]
+
+
+def test_sparse_named_and_dense_rows_in_one_batch() -> None:
+    values = msgs(inst(id="d"), inst(id="s", x={"idx": [2, 0], "val": [2.0, 1.0]}),
+                  inst(id="n", x={"colour=red": 1.0, "size": 2.5}))
+    batch, rejected = decode_instances(values, D, K)
+    assert rejected == []
+    assert isinstance(batch.X, SparseBatch)
+    dense = batch.X.to_dense()
+    assert dense[0].tolist() == [1.0, 0.0, 2.0, 0.0]
+    assert dense[1].tolist() == [1.0, 0.0, 2.0, 0.0]
+    expected = hash_names([{"colour=red": 1.0, "size": 2.5}], D).to_dense()[0]
+    assert dense[2].tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (b"\xff\xfe{", "invalid_utf8"),
+    (b'{"id": "a", "x": [1, 2', "invalid_json"),
+    (b'{"id": "a", "x": [NaN, 0, 0, 0]}', "invalid_json"),
+    (None, "invalid_json"),
+    (b"[1, 2, 3]", "not_object"),
+    (b"[" * 100 + b"]" * 100, "nesting_too_deep"),
+    (inst(id=""), "missing_id"),
+    (orjson.dumps({"x": [0, 0, 0, 0]}), "missing_id"),
+    (inst(id=7), "bad_id_type"),
+    (inst(id="a" * 300), "id_too_long"),
+    (inst(ts="yesterday"), "bad_timestamp"),
+    (inst(x="1,2,3,4"), "bad_features"),
+    (inst(x=[1, 2, 3]), "wrong_dimension"),
+    (inst(x=[1, "a", 3, 4]), "bad_features"),
+    (b'{"id": "e", "x": [1e999, 0, 0, 0]}', "invalid_json"),
+    (inst(x={"idx": [0, 9], "val": [1.0, 1.0]}), "wrong_dimension"),
+    (inst(x={"idx": [0, 1], "val": [1.0]}), "bad_features"),
+    (inst(x={"idx": [0.5], "val": [1.0]}), "wrong_dimension"),
+    (inst(x={"a": "b"}), "bad_features"),
+    (inst(actions=[]), "bad_actions"),
+    (inst(actions=[0, 3]), "bad_actions"),
+    (inst(actions=[-1]), "bad_actions"),
+    (inst(label=5), "bad_label"),
+    (inst(label=True), "bad_label"),
+])
+def test_each_bad_instance_gets_its_reason(value: bytes | None, reason: str) -> None:
+    good = inst(id="good")
+    batch, rejected = decode_instances(msgs(good, value, good.replace(b"good", b"ok")), D, K)
+    assert [r.reason for r in rejected] == [reason]
+    assert rejected[0].offset == 1 and rejected[0].value == value
+    assert batch.ids == ["good", "ok"]  # valid neighbours are never lost
+
+
+@pytest.mark.parametrize("x", [[1, "NaN", 0, 0], [1, "-inf", 0, 0],
+                               {"idx": [1], "val": ["nan"]}, {"f": "inf"}])
+def test_non_finite_values_never_reach_the_batch(x: object) -> None:
+    # JSON has no NaN literal; numeric strings are the way one gets through a JSON encoder
+    batch, rejected = decode_instances(msgs(inst(id="ok"), inst(x=x)), D, K)
+    assert [r.reason for r in rejected] == ["non_finite"]
+    assert batch.ids == ["ok"]
+
+
+def test_size_limit_is_checked_before_parsing() -> None:
+    huge = b'{"id": "a", "pad": "' + b"x" * 2000 + b'", "x": [0, 0, 0, 0]}'
+    _, rejected = decode_instances(msgs(huge), D, K, DecodeLimits(max_message_bytes=1000))
+    assert [r.reason for r in rejected] == ["too_large"]
+
+
+def test_extremely_deep_nesting_is_refused_without_parsing() -> None:
+    # orjson itself segfaults on ~10⁶ nested arrays: the depth check must come first
+    deep = b"[" * 1_000_000 + b"]" * 1_000_000
+    _, rejected = decode_instances(msgs(deep), D, K, DecodeLimits(max_message_bytes=1 << 22))
+    assert [r.reason for r in rejected] == ["nesting_too_deep"]
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    (orjson.dumps({"id": "a", "reward": 1.5}), "bad_reward"),
+    (orjson.dumps({"id": "a", "reward": -0.1}), "bad_reward"),
+    (orjson.dumps({"id": "a", "reward": "1"}), "bad_reward"),
+    (orjson.dumps({"id": "a", "reward": True}), "bad_reward"),
+    (orjson.dumps({"id": "a"}), "bad_reward"),
+    (orjson.dumps({"reward": 1.0}), "missing_id"),
+    (b"not json", "invalid_json"),
+])
+def test_bad_feedback(value: bytes, reason: str) -> None:
+    good = orjson.dumps({"id": "b", "reward": 1, "ts": 3.0})
+    batch, rejected = decode_feedback(msgs(value, good, topic="feedback"))
+    assert [r.reason for r in rejected] == [reason]
+    assert batch.ids == ["b"] and batch.rewards.tolist() == [1.0] and batch.ts.tolist() == [3.0]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda children: st.lists(children, max_size=5)
+    | st.dictionaries(st.sampled_from(["id", "x", "idx", "val", "actions", "label", "ts",
+                                       "reward", "a"]), children, max_size=6),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=200) | json_values.map(lambda v: json.dumps(v).encode()), max_size=8))
+def test_arbitrary_input_is_accepted_or_rejected_never_raises(values: list[bytes]) -> None:
+    messages = msgs(*values)
+    batch, rejected = decode_instances(messages, D, K)
+    assert len(batch) + len(rejected) == len(messages)
+    assert {r.reason for r in rejected} <= set(REASONS)
+    X = batch.X.to_dense() if isinstance(batch.X, SparseBatch) else batch.X
+    assert X.shape == (len(batch), D) and np.isfinite(X).all()
+    fb, fb_rejected = decode_feedback(messages)
+    assert len(fb) + len(fb_rejected) == len(messages)
+    assert np.all((fb.rewards >= 0) & (fb.rewards <= 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32),
+                         min_size=D, max_size=D), min_size=1, max_size=6))
+def test_valid_dense_rows_round_trip_exactly(rows: list[list[float]]) -> None:
+    values = [orjson.dumps({"id": f"e{i}", "x": r}) for i, r in enumerate(rows)]
+    batch, rejected = decode_instances(msgs(*values), D, K)
+    assert rejected == []
+    assert np.array_equal(np.asarray(batch.X), np.array(rows, dtype=np.float64))

@@ -1,0 +1,217 @@
+"""The delayed-feedback join: windows, duplicates, early feedback, expiry, shedding, state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamlearn.errors import ConfigError
+from streamlearn.features import SparseBatch
+from streamlearn.stream.join import (
+    EXPIRED,
+    JOINED,
+    SHED,
+    EventClock,
+    JoinSettings,
+    PendingJoins,
+)
+from streamlearn.stream.transport import Message
+
+K, D = 3, 4
+
+
+def store(**kw: Any) -> PendingJoins:
+    return PendingJoins(K, D, JoinSettings(**{"window_s": 10.0, "early_window_s": 2.0, **kw}))
+
+
+def decide(p: PendingJoins, ids: list[str], t: float, X: Any = None) -> None:
+    B = len(ids)
+    X = np.arange(B * D, dtype=float).reshape(B, D) if X is None else X
+    probs = np.full((B, K), 0.1)
+    probs[:, 0] = 0.8
+    p.add_decisions(ids, X, np.arange(B) % K, probs, np.full(B, 1), np.full(B, t),
+                    np.zeros(B, dtype=np.int64), now=t)
+
+
+def feedback(p: PendingJoins, ids: list[str], rewards: list[float], t: float) -> list[Any]:
+    msgs = [Message("feedback", 0, i, None, b"{}", 0) for i in range(len(ids))]
+    return p.add_feedback(ids, np.array(rewards, dtype=float), np.full(len(ids), t), msgs, now=t)
+
+
+def test_earliest_joins_immediately_and_rejects_later_duplicates() -> None:
+    p = store()
+    decide(p, ["a", "b"], t=0.0)
+    assert feedback(p, ["a", "a"], [1.0, 0.0], t=1.0) == [(1, "duplicate")]
+    closed = p.drain()
+    assert closed.ids == ["a"] and closed.rewards.tolist() == [1.0]
+    assert closed.outcome.tolist() == [JOINED] and closed.learn.tolist() == [True]
+    assert closed.delays.tolist() == [1.0]
+    assert np.asarray(closed.X).tolist() == [[0.0, 1.0, 2.0, 3.0]]
+    assert feedback(p, ["a"], [1.0], t=2.0) == [(0, "duplicate")]  # after close: still no effect
+    assert len(p.drain()) == 0 and len(p) == 1
+
+
+@pytest.mark.parametrize(("policy", "expected"), [("latest", 0.0), ("max", 1.0)])
+def test_aggregating_policies_close_at_window_end(policy: str, expected: float) -> None:
+    p = store(duplicate_policy=policy)
+    decide(p, ["a"], t=0.0)
+    out = feedback(p, ["a", "a", "a"], [0.5, 1.0, 0.0], t=1.0)
+    assert out == [(1, "aggregated"), (2, "aggregated")]
+    assert len(p.drain()) == 0  # still waiting for the window
+    p.advance(10.0)
+    closed = p.drain()
+    assert closed.rewards.tolist() == [expected] and closed.outcome.tolist() == [JOINED]
+
+
+@pytest.mark.parametrize(("expiry", "learn"), [("default_reward", True), ("drop", False)])
+def test_expiry_gives_default_reward_or_drops(expiry: str, learn: bool) -> None:
+    p = store(expiry=expiry, default_reward=0.25)
+    decide(p, ["a", "b"], t=0.0)
+    decide(p, ["c"], t=5.0)
+    p.advance(9.9)
+    assert len(p.drain()) == 0
+    p.advance(10.0)
+    closed = p.drain()
+    assert closed.ids == ["a", "b"] and closed.outcome.tolist() == [EXPIRED, EXPIRED]
+    assert closed.rewards.tolist() == [0.25, 0.25] and closed.learn.tolist() == [learn] * 2
+    assert feedback(p, ["a"], [1.0], t=10.5) == [(0, "late")]
+    assert len(p) == 1
+
+
+def test_feedback_past_the_window_is_late_even_before_expiry_runs() -> None:
+    p = store()
+    decide(p, ["a"], t=0.0)
+    assert feedback(p, ["a"], [1.0], t=11.0) == [(0, "late")]
+    closed = p.drain()
+    assert closed.outcome.tolist() == [EXPIRED] and closed.rewards.tolist() == [0.0]
+
+
+def test_early_feedback_is_held_then_joined_or_unknown() -> None:
+    p = store()
+    assert feedback(p, ["a", "z"], [1.0, 1.0], t=0.0) == [(0, "held"), (1, "held")]
+    decide(p, ["a"], t=1.0)
+    closed = p.drain()
+    assert closed.ids == ["a"] and closed.rewards.tolist() == [1.0]
+    assert p.advance(1.9) == []
+    unknown = p.advance(2.0)
+    assert [fb.event_id for fb in unknown] == ["z"] and len(p.early) == 0
+
+
+def test_no_backward_window_means_unknown_at_once() -> None:
+    p = store(early_window_s=0.0)
+    assert feedback(p, ["nope"], [1.0], t=0.0) == [(0, "unknown")]
+
+
+def test_shedding_closes_the_oldest_without_learning() -> None:
+    p = store(max_pending=3)
+    decide(p, ["a"], t=0.0)
+    decide(p, ["b", "c"], t=1.0)
+    decide(p, ["d", "e"], t=2.0)
+    closed = p.drain()
+    assert closed.ids == ["a", "b"] and closed.outcome.tolist() == [SHED, SHED]
+    assert not closed.learn.any() and p.shed_total == 2 and len(p) == 3
+
+
+def test_is_known_covers_pending_recent_and_repeats() -> None:
+    p = store()
+    decide(p, ["a", "b"], t=0.0)
+    feedback(p, ["b"], [1.0], t=0.5)
+    p.drain()
+    assert p.is_known(["a", "b", "c", "c"]).tolist() == [True, True, False, True]
+
+
+def test_growth_keeps_rows() -> None:
+    p = store()
+    ids = [f"e{i}" for i in range(3000)]
+    X = np.random.default_rng(0).random((3000, D))
+    decide(p, ids, t=0.0, X=X)
+    feedback(p, ids[::-1], [1.0] * 3000, t=1.0)
+    closed = p.drain()
+    order = [int(i[1:]) for i in closed.ids]
+    assert np.array_equal(np.asarray(closed.X), X[order])
+
+
+def test_export_restore_round_trip_with_sparse_and_dense_rows() -> None:
+    p = store(duplicate_policy="max")
+    decide(p, ["d1", "d2"], t=0.0)
+    sparse = SparseBatch.from_rows([[1], [0, 3]], [[2.0], [1.0, -1.0]], D)
+    decide(p, ["s1", "s2"], t=1.0, X=sparse)
+    feedback(p, ["d2", "gone"], [0.5, 1.0], t=2.0)
+    arrays, meta = p.export()
+    q = PendingJoins.restore(K, D, p.settings, arrays, meta)
+    for s in (p, q):
+        feedback(s, ["s2", "d2"], [1.0, 0.25], t=3.0)
+        s.advance(20.0)
+    a, b = p.drain(), q.drain()
+    assert sorted(a.ids) == sorted(b.ids) == ["d1", "d2", "s1", "s2"]
+    ra = dict(zip(a.ids, a.rewards.tolist(), strict=True))
+    rb = dict(zip(b.ids, b.rewards.tolist(), strict=True))
+    assert ra == rb == {"d1": 0.0, "d2": 0.5, "s1": 0.0, "s2": 1.0}
+    da = a.X.to_dense() if isinstance(a.X, SparseBatch) else a.X
+    db = b.X.to_dense() if isinstance(b.X, SparseBatch) else b.X
+    assert np.array_equal(da[np.argsort(a.ids)], db[np.argsort(b.ids)])
+    assert [fb.event_id for fb in q.advance(30.0)] == []  # "gone" expired in both already
+
+
+def test_event_clock_is_monotone_and_moves_while_idle() -> None:
+    c = EventClock()
+    c.observe(np.array([100.0]), wall=1000.0)
+    assert c.now(1000.0) == 100.0
+    assert c.now(1005.0) == 105.0  # idle: moves with the wall clock
+    c.observe(np.array([101.0]), wall=1005.0)  # older than the extrapolated time
+    assert c.now(1005.0) == 105.0  # never goes back
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ConfigError, match="duplicate_policy"):
+        JoinSettings(duplicate_policy="first")
+    with pytest.raises(ConfigError, match="expiry"):
+        JoinSettings(expiry="zero")
+
+
+def reference_join(ops: list[tuple[str, str, float]], window: float) -> dict[str, float]:
+    """Naive earliest-policy join: id → learned reward (events in time order, no early window)."""
+    decided: dict[str, float] = {}
+    learned: dict[str, float] = {}
+    for kind, event_id, t in ops:
+        if kind == "decide" and event_id not in decided:
+            decided[event_id] = t
+        elif kind == "feedback" and event_id in decided and event_id not in learned:
+            learned[event_id] = 1.0 if t < decided[event_id] + window else 0.0
+    for event_id in decided:
+        learned.setdefault(event_id, 0.0)  # expired → default reward 0
+    return learned
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["decide", "feedback"]), st.sampled_from("abcdef"),
+                          st.floats(0, 3)), max_size=30))
+def test_earliest_policy_matches_naive_reference(raw: list[tuple[str, str, float]]) -> None:
+    ops, t, decided = [], 0.0, set()
+    for kind, event_id, dt in raw:
+        t += dt
+        if kind == "decide" and event_id in decided:
+            continue  # each id is decided at most once here
+        decided.add(event_id) if kind == "decide" else None
+        ops.append((kind, event_id, t))
+    p = store(window_s=4.0, early_window_s=0.0)
+    learned: dict[str, float] = {}
+    for kind, event_id, when in ops:
+        if kind == "decide":
+            decide(p, [event_id], t=when)
+        else:
+            feedback(p, [event_id], [1.0], t=when)
+        p.advance(when)
+        closed = p.drain()
+        for i, r in zip(closed.ids, closed.rewards.tolist(), strict=True):
+            assert i not in learned  # every decision closes exactly once
+            learned[i] = r
+    p.advance(t + 100.0)
+    closed = p.drain()
+    learned.update(zip(closed.ids, closed.rewards.tolist(), strict=True))
+    expected = reference_join(ops, 4.0)
+    assert learned == expected
