@@ -192,9 +192,7 @@ class InMemoryBroker:
             if partition is None:
                 partition = partition_for_key(key, n_partitions, next(self._round_robin))
             elif not 0 <= partition < n_partitions:
-                raise TransportError(
-                    f"topic {topic!r} has partitions 0..{n_partitions - 1}, got {partition}"
-                )
+                raise TransportError(f"topic {topic!r} has partitions 0..{n_partitions - 1}, got {partition}")
             log = self.topics[topic][partition]
             stamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
             message = Message(topic, partition, len(log), key, value, stamp)
@@ -373,9 +371,7 @@ def _split_options(options: Mapping[str, object]) -> tuple[dict[str, object], di
             f"client_options may not set {owned}: the transport fixes them "
             "(manual commits, idempotent acks=all producer, raw bytes)"
         )
-    unknown = sorted(
-        set(options) - set(KafkaConsumer.DEFAULT_CONFIG) - set(KafkaProducer.DEFAULT_CONFIG)
-    )
+    unknown = sorted(set(options) - set(KafkaConsumer.DEFAULT_CONFIG) - set(KafkaProducer.DEFAULT_CONFIG))
     if unknown:
         raise TransportError(f"unknown kafka-python client options {unknown}")
     consumer = {k: v for k, v in options.items() if k in KafkaConsumer.DEFAULT_CONFIG}
@@ -428,16 +424,12 @@ def ensure_topics(
                 break
             time.sleep(0.2)
     except KafkaError as exc:
-        raise TransportError(
-            f"could not create topics {wanted} on {bootstrap_servers}: {exc}"
-        ) from exc
+        raise TransportError(f"could not create topics {wanted} on {bootstrap_servers}: {exc}") from exc
     finally:
         admin.close()
     absent = [n for n in wanted if described.get(n, 0) == 0]
     if absent:
-        raise TransportError(
-            f"topics {absent} not visible on {bootstrap_servers} after {timeout_s} s"
-        )
+        raise TransportError(f"topics {absent} not visible on {bootstrap_servers} after {timeout_s} s")
     return {n: described[n] for n in wanted}
 
 
@@ -524,10 +516,7 @@ class KafkaTransport:
             )
         except KafkaError as exc:
             raise TransportError(f"cannot connect to Kafka at {bootstrap_servers}: {exc}") from exc
-        counts = {
-            t: self._partition_count(t, request_timeout_s)
-            for t in (instances_topic, feedback_topic)
-        }
+        counts = {t: self._partition_count(t, request_timeout_s) for t in (instances_topic, feedback_topic)}
         n_inst, n_feed = counts[instances_topic], counts[feedback_topic]
         if n_inst != n_feed:
             self.close()
@@ -542,6 +531,13 @@ class KafkaTransport:
         self._assigned = {(t, p) for t in (instances_topic, feedback_topic) for p in chosen}
         self._tp = {tp: TopicPartition(*tp) for tp in self._assigned}
         self._consumer.assign(list(self._tp.values()))
+        for topic in (decisions_topic, dead_letter_topic):
+            # Fetch output metadata now, so that a later send never blocks on it.
+            try:
+                self._producer.partitions_for(topic)
+            except KafkaError as exc:
+                self.close()
+                raise TransportError(f"output topic {topic!r} is not available: {exc!r}") from exc
 
     def _partition_count(self, topic: str, timeout_s: float) -> int:
         deadline = time.monotonic() + timeout_s
