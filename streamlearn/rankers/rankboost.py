@@ -32,7 +32,7 @@ import numpy as np
 from streamlearn.rankers.base import FitData, Ranker, as_matrix, check_int
 from streamlearn.rankers.metrics import QueryGroups
 
-__all__ = ["RankBoost", "ThresholdBins", "pair_potential"]
+__all__ = ["RankBoost", "ThresholdBins", "pair_potential", "staged_threshold_scores"]
 
 _R_CAP = 1.0 - 1e-9
 
@@ -84,6 +84,14 @@ class ThresholdBins:
             if abs(sums[b]) > abs(best[2]):
                 best = (j, b, float(sums[b]))
         return best
+
+
+def staged_threshold_scores(
+    X: np.ndarray, features: np.ndarray, thresholds: np.ndarray, alphas: np.ndarray
+) -> np.ndarray:
+    """(T, n) scores Σ_{s<=t} α_s·1[x_{j_s} > θ_s] after each round t of a threshold ensemble."""
+    fired = X[:, features] > thresholds
+    return np.cumsum(fired.T * alphas[:, None], axis=0)
 
 
 def _grade_levels(y: np.ndarray) -> tuple[np.ndarray, int]:
@@ -167,5 +175,4 @@ class RankBoost(Ranker):
     def staged_scores(self, X: object) -> np.ndarray:
         """(T, n) scores after each round 1..T (for choosing T on validation data)."""
         arr = as_matrix(X, getattr(self, "n_features_in_", None))
-        fired = arr[:, self.features_] > self.thresholds_
-        return np.cumsum(fired.T * self.alphas_[:, None], axis=0)
+        return staged_threshold_scores(arr, self.features_, self.thresholds_, self.alphas_)
