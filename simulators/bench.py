@@ -1,0 +1,252 @@
+"""The ``streamlearn bench`` harness: several learners and peers on one stream, compared.
+
+Every system sees the same stream: the dataset's rows in the order given by
+:func:`simulators.replay.stream_order` (``passes`` passes, each reshuffled with
+``seed``, or cut/extended to ``rounds``), and every system is scored the same
+way — the error rate is the fraction of rounds whose *played* action was wrong
+(progressive validation: each event is decided before its label is used).
+
+Preprocessing (done once, before any timer): dense data sets flagged
+``standardise`` are centred and scaled by the mean and standard deviation of
+the streamed rows; streamlearn learners and the per-event loop get an extra
+constant 1 feature (the bias; VW adds its own constant feature).
+
+What each system's seconds cover:
+
+* ``streamlearn-*``: the whole :func:`simulators.replay.replay` loop — slicing each
+  micro-batch, ``decide``, reward, error tracking, ``update``.
+* ``python-loop-banditron``: the per-event loop of :func:`simulators.peers.python_loop_banditron`.
+* ``vw-*``: only the ``learn`` calls (plus reading back the played action); text
+  formatting, parsing and ``finish_example`` are outside the timer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from simulators.datasets import load_dataset
+from simulators.peers import VW_EXPLORERS, import_vw, python_loop_banditron, run_vw, vw_lines
+from simulators.replay import replay, stream_order
+from streamlearn.errors import ConfigError, DataError
+from streamlearn.features import Batch, SparseBatch, take_rows
+from streamlearn.learners import FixedGamma, make_learner
+
+__all__ = [
+    "DEFAULT_SYSTEMS",
+    "REFERENCE",
+    "SYSTEMS",
+    "BenchReport",
+    "BenchResult",
+    "add_bias",
+    "parse_systems",
+    "run_bench",
+    "standardise",
+]
+
+#: system name → (kind, learner or explorer, batch size or None for the --batch-size value)
+SYSTEMS: dict[str, tuple[str, str, int | None]] = {
+    "streamlearn-banditron": ("streamlearn", "banditron", None),
+    "streamlearn-banditron-b1": ("streamlearn", "banditron", 1),
+    "streamlearn-pnorm": ("streamlearn", "pnorm", None),
+    "streamlearn-eg": ("streamlearn", "eg", None),
+    "streamlearn-epsilon-greedy": ("streamlearn", "epsilon-greedy", None),
+    "python-loop-banditron": ("python", "banditron", 1),
+    **{name: ("vw", name, 1) for name in VW_EXPLORERS},
+}
+DEFAULT_SYSTEMS: tuple[str, ...] = tuple(SYSTEMS)
+#: the ratio column is this system's events/s divided by each row's
+REFERENCE = "streamlearn-banditron"
+_GROUPS = {
+    "all": DEFAULT_SYSTEMS,
+    "streamlearn": tuple(s for s in SYSTEMS if SYSTEMS[s][0] == "streamlearn"),
+    "vw": tuple(VW_EXPLORERS),
+}
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class BenchResult:
+    """One row of the comparison; ``skipped`` says why a system did not run."""
+
+    system: str
+    batch_size: int
+    events_per_second: float | None
+    error_rate: float | None
+    seconds: float | None
+    skipped: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BenchReport:
+    dataset: str
+    rounds: int
+    passes: int | None
+    n_features: int
+    n_classes: int
+    standardised: bool
+    gamma: float
+    seed: int
+    results: list[BenchResult]
+
+    def ratio(self, result: BenchResult) -> float | None:
+        """Reference events/s ÷ this system's events/s (None when either is missing)."""
+        ref = next((r for r in self.results if r.system == REFERENCE), None)
+        if ref is None or not ref.events_per_second or not result.events_per_second:
+            return None
+        return ref.events_per_second / result.events_per_second
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k != "results"}
+        out["openblas_coretype"] = os.environ.get("OPENBLAS_CORETYPE")
+        out["results"] = [{**asdict(r), "ratio": self.ratio(r)} for r in self.results]
+        return out
+
+    def to_markdown(self) -> str:
+        lines = ["| system | batch | events/s | error rate | ratio |", "|---|---:|---:|---:|---:|"]
+        for r in self.results:
+            if r.skipped:
+                lines.append(f"| {r.system} | {r.batch_size} | skipped: {r.skipped} | | |")
+                continue
+            ratio = self.ratio(r)
+            lines.append(f"| {r.system} | {r.batch_size} | {r.events_per_second:,.0f} | "
+                         f"{r.error_rate:.4f} | {'n/a' if ratio is None else f'{ratio:.2f}'} |")
+        return "\n".join(lines)
+
+
+def parse_systems(text: str) -> list[str]:
+    """Comma-separated system names or groups (all, streamlearn, vw), order kept, no repeats."""
+    chosen: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip()
+        names = _GROUPS.get(name, (name,))
+        for n in names:
+            if n not in SYSTEMS:
+                raise ConfigError(f"--systems expects a comma-separated list of {sorted(SYSTEMS)} or "
+                                  f"{sorted(_GROUPS)}. Got {name!r} instead.")
+            if n not in chosen:
+                chosen.append(n)
+    if not chosen:
+        raise ConfigError(f"--systems expects at least one system name. Got {text!r} instead.")
+    return chosen
+
+
+def standardise(X: np.ndarray) -> np.ndarray:
+    """Columns centred and scaled to unit variance (constant columns are only centred)."""
+    mean = X.mean(axis=0)
+    std = X.std(axis=0)
+    return (X - mean) / np.where(std > 0, std, 1.0)
+
+
+def add_bias(X: Batch) -> Batch:
+    """Append a constant 1 feature (the last column)."""
+    if isinstance(X, SparseBatch):
+        n, d = X.shape
+        counts = np.diff(X.indptr)
+        indptr = np.concatenate([[0], np.cumsum(counts + 1)])
+        # every row's entries, then its bias entry
+        slot = np.arange(len(X.indices)) + np.repeat(np.arange(n), counts)
+        indices = np.full(int(indptr[-1]), d, dtype=np.int64)
+        values = np.ones(int(indptr[-1]))
+        indices[slot], values[slot] = X.indices, X.values
+        return SparseBatch(indptr.astype(np.int64), indices, values, d + 1)
+    return np.hstack([np.asarray(X, dtype=np.float64), np.ones((X.shape[0], 1))])
+
+
+def _replay_progress(system: str, say: Progress) -> Callable[[int, int, float], None]:
+    def report(done: int, total: int, error: float) -> None:
+        say(f"bench: {system}: {done:,}/{total:,} events, error so far {error:.4f}")
+    return report
+
+
+def run_bench(
+    dataset: str,
+    data_dir: str | None = None,
+    *,
+    passes: int | None = None,
+    rounds: int | None = None,
+    batch_size: int = 64,
+    gamma: float = 0.05,
+    systems: Sequence[str] = DEFAULT_SYSTEMS,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> BenchReport:
+    """Run every system of ``systems`` on the same stream of ``dataset`` and measure it."""
+    say: Progress = progress if progress is not None else (lambda _msg: None)
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        raise ConfigError(f"--systems expects names in {sorted(SYSTEMS)}. Got {unknown} instead.")
+    options: dict[str, Any] = {}
+    if dataset in ("synsep", "synnonsep") and rounds is not None:
+        options = {"n_rows": rounds, "seed": seed}
+    ds = load_dataset(dataset, data_dir, **options)
+    if ds.n_rows == 0:
+        raise DataError(f"Dataset {dataset!r} has no rows.")
+    X: Batch = ds.X
+    scaled = bool(ds.standardise and not isinstance(X, SparseBatch))
+    if scaled:
+        X = standardise(np.asarray(X, dtype=np.float64))
+    elif not isinstance(X, SparseBatch):
+        X = np.asarray(X, dtype=np.float64)
+    order = stream_order(ds.n_rows, passes or 1, rounds, seed)
+    y_stream = ds.y[order]
+    X_stream = add_bias(take_rows(X, order))
+    K, d = ds.n_classes, X_stream.shape[1]
+    say(f"bench: {dataset}: {len(order):,} rounds, {K} classes, {d - 1} features + bias"
+        f"{', standardised' if scaled else ''}")
+
+    results: list[BenchResult] = []
+    lines: list[str] | None = None
+    pyvw = None
+    for system in systems:
+        kind, algo, fixed_batch = SYSTEMS[system]
+        b = fixed_batch if fixed_batch is not None else batch_size
+        if kind == "streamlearn":
+            learner = make_learner(algo, K, d, FixedGamma(gamma), seed=seed)
+            res = replay(learner, X_stream, y_stream, batch_size=b,
+                         progress=_replay_progress(system, say))
+            results.append(BenchResult(system, b, res.events_per_second, res.error_rate, res.seconds))
+        elif kind == "python":
+            run = python_loop_banditron(X_stream, y_stream, K, gamma, seed,
+                                        progress=_replay_progress(system, say))
+            results.append(_peer_result(system, b, run.actions, y_stream, run.seconds, {}))
+        else:
+            if pyvw is None:
+                pyvw = import_vw()
+            if pyvw is None:
+                results.append(BenchResult(system, b, None, None, None,
+                                           skipped="vowpalwabbit not installed (pip install "
+                                                   "'streamlearn[bench]')"))
+                continue
+            if lines is None:
+                t0 = time.perf_counter()
+                lines = vw_lines(X, ds.y)
+                say(f"bench: formatted {len(lines):,} VW lines in {time.perf_counter() - t0:.1f} s "
+                    "(untimed)")
+            run = run_vw(pyvw, algo, K, lines, order, seed, progress=_replay_progress(system, say))
+            extra = {k: v for k, v in run.extra.items() if k != "labels"}
+            if not np.array_equal(run.extra["labels"], y_stream):
+                raise DataError(f"{system}: the labels VW parsed differ from the stream's labels.")
+            results.append(_peer_result(system, b, run.actions, y_stream, run.seconds, extra))
+            # our count of wrong played actions must equal VW's own cbify average loss
+            extra["vw_error_matches"] = bool(abs(results[-1].error_rate - extra["vw_reported_error"])
+                                             < 1e-9)
+        last = results[-1]
+        say(f"bench: {system}: {last.events_per_second:,.0f} events/s, error {last.error_rate:.4f}")
+    return BenchReport(dataset=dataset, rounds=len(order), passes=None if rounds else (passes or 1),
+                       n_features=ds.n_features, n_classes=K, standardised=scaled, gamma=gamma,
+                       seed=seed, results=results)
+
+
+def _peer_result(system: str, b: int, actions: np.ndarray, y: np.ndarray, seconds: float,
+                 details: dict[str, Any]) -> BenchResult:
+    n = len(y)
+    eps = n / seconds if seconds > 0 else float("inf")
+    return BenchResult(system, b, eps, float(np.mean(actions != y)), seconds, details=details)

@@ -1,0 +1,183 @@
+"""``streamlearn bench``: the per-event peer, the VW adapter, the harness and the CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from simulators.bench import SYSTEMS, add_bias, parse_systems, standardise
+from simulators.peers import VW_EXPLORERS, import_vw, python_loop_banditron, run_vw, vw_lines
+from simulators.synthetic import synthetic_stream
+from streamlearn.cli import main
+from streamlearn.errors import ConfigError
+from streamlearn.features import Batch, SparseBatch
+from streamlearn.learners import Banditron, FixedGamma
+
+
+def _banditron_b1(X: Batch, y: np.ndarray, K: int, gamma: float, seed: int) -> tuple[np.ndarray, Banditron]:
+    """streamlearn's Banditron driven one event at a time, keys = stream positions (as replay does)."""
+    learner = Banditron(K, X.shape[1], FixedGamma(gamma), seed=seed)
+    actions = np.zeros(len(y), dtype=np.int64)
+    for t in range(len(y)):
+        xt = X.take(np.array([t])) if isinstance(X, SparseBatch) else X[t:t + 1]
+        a, p = learner.decide(xt, keys=[t])
+        learner.update(xt, a, (a == y[t]).astype(float), p)
+        actions[t] = a[0]
+    return actions, learner
+
+
+def _gaussian_stream(n: int, d: int, K: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    y = np.argmax(X @ rng.normal(size=(K, d)).T + 0.5 * rng.normal(size=(n, K)), axis=1)
+    return add_bias(X), y  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(("gamma", "seed"), [(0.05, 0), (0.3, 11)])
+def test_python_loop_makes_the_same_decisions_and_weights_as_banditron_b1(gamma: float, seed: int) -> None:
+    X, y = _gaussian_stream(1500, 12, 5, seed=3)
+    ref_actions, ref = _banditron_b1(X, y, 5, gamma, seed)
+    run = python_loop_banditron(X, y, 5, gamma, seed)
+    np.testing.assert_array_equal(run.actions, ref_actions)
+    np.testing.assert_array_equal(run.weights, ref.weights_)
+    assert 0 < np.mean(run.actions != y) < 0.9  # it learned something and explored
+
+
+def test_python_loop_matches_on_binary_synthetic_and_a_different_seed_changes_it() -> None:
+    Xf, y = synthetic_stream(2000, noise=0.05, seed=4)
+    X = add_bias(np.asarray(Xf, dtype=np.float64))
+    ref_actions, ref = _banditron_b1(X, y, 9, 0.05, 2)
+    run = python_loop_banditron(X, y, 9, 0.05, 2)
+    np.testing.assert_array_equal(run.actions, ref_actions)
+    np.testing.assert_array_equal(run.weights, ref.weights_)
+    other = python_loop_banditron(X, y, 9, 0.05, 3)
+    assert not np.array_equal(other.actions, ref_actions)
+
+
+def test_python_loop_sparse_path_matches_banditron_b1() -> None:
+    X, y = _gaussian_stream(800, 10, 4, seed=5)
+    X[np.abs(X) < 0.7] = 0.0  # make it genuinely sparse (the bias column stays 1)
+    sparse = SparseBatch.from_rows([np.flatnonzero(r).tolist() for r in X],
+                                   [r[r != 0].tolist() for r in X], n_features=X.shape[1])
+    ref_actions, ref = _banditron_b1(sparse, y, 4, 0.1, 1)
+    run = python_loop_banditron(sparse, y, 4, 0.1, 1)
+    np.testing.assert_array_equal(run.actions, ref_actions)
+    assert run.weights is not None
+    np.testing.assert_allclose(run.weights, ref.weights_, rtol=1e-12, atol=1e-12)
+
+
+def test_add_bias_dense_and_sparse_agree() -> None:
+    X = np.array([[0.0, 2.0, 0.0], [0.0, 0.0, 0.0], [1.5, 0.0, -1.0]])
+    sparse = SparseBatch.from_rows([[1], [], [0, 2]], [[2.0], [], [1.5, -1.0]], n_features=3)
+    dense = add_bias(X)
+    assert isinstance(dense, np.ndarray)
+    np.testing.assert_array_equal(dense[:, -1], 1.0)
+    biased = add_bias(sparse)
+    assert isinstance(biased, SparseBatch)
+    np.testing.assert_array_equal(biased.to_dense(), dense)
+
+
+def test_standardise_centres_and_scales_but_keeps_constant_columns_finite() -> None:
+    X = np.column_stack([np.arange(10.0), np.full(10, 3.0)])
+    Z = standardise(X)
+    np.testing.assert_allclose(Z.mean(axis=0), 0.0, atol=1e-12)
+    np.testing.assert_allclose(Z[:, 0].std(), 1.0)
+    np.testing.assert_array_equal(Z[:, 1], 0.0)
+
+
+def test_parse_systems_groups_order_and_errors() -> None:
+    assert parse_systems("vw-bag,streamlearn-banditron") == ["vw-bag", "streamlearn-banditron"]
+    assert parse_systems("vw") == list(VW_EXPLORERS)
+    assert parse_systems("all") == list(SYSTEMS)
+    with pytest.raises(ConfigError, match=r"--systems .* Got 'nope' instead"):
+        parse_systems("streamlearn-banditron,nope")
+
+
+def test_vw_lines_hold_only_nonzero_features_and_one_based_labels() -> None:
+    lines = vw_lines(np.array([[0.0, 0.25, 0.0, -3.0]]), np.array([2]))
+    assert lines == ["3 | f1:0.25 f3:-3"]
+
+
+@pytest.mark.skipif(import_vw() is None, reason="vowpalwabbit not installed (the 'bench' extra)")
+@pytest.mark.parametrize("explorer", sorted(VW_EXPLORERS))
+def test_vw_adapter_counts_the_same_error_as_vw_reports(explorer: str) -> None:
+    pyvw = import_vw()
+    assert pyvw is not None
+    rng = np.random.default_rng(8)
+    y = rng.integers(0, 3, size=500)
+    X = 2.0 * np.eye(3)[y] + 0.3 * rng.normal(size=(500, 3))  # an easy, learnable stream
+    lines = vw_lines(X, y)
+    order = np.concatenate([np.arange(500), np.arange(500)])  # two passes, chunks cross the pass
+    run = run_vw(pyvw, explorer, 3, lines, order, seed=0, chunk=128)
+    assert run.actions.shape == (1000,)
+    assert set(np.unique(run.actions)) <= {0, 1, 2}
+    np.testing.assert_array_equal(run.extra["labels"], y[order])
+    error = float(np.mean(run.actions != y[order]))
+    assert error == pytest.approx(run.extra["vw_reported_error"], abs=1e-12)
+    assert error < 0.4  # uniform guessing would be wrong 2/3 of the time
+    assert run.seconds > 0
+
+
+def test_bench_json_has_the_required_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--dataset", "synnonsep", "--rounds", "2000", "--json"])
+    assert code == 0
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["dataset"] == "synnonsep"
+    assert out["rounds"] == 2000
+    rows = {r["system"]: r for r in out["results"]}
+    assert list(rows) == list(SYSTEMS)
+    for r in out["results"]:
+        assert {"system", "batch_size", "events_per_second", "error_rate", "seconds"} <= set(r)
+        if r["skipped"]:
+            continue
+        assert r["events_per_second"] > 0 and r["seconds"] > 0
+        assert 0.0 <= r["error_rate"] <= 1.0
+    assert rows["streamlearn-banditron"]["batch_size"] == 64
+    assert rows["streamlearn-banditron-b1"]["batch_size"] == 1
+    assert rows["streamlearn-banditron"]["ratio"] == pytest.approx(1.0)
+    # same stream, same keyed randomness: the per-event loop makes streamlearn's b1 decisions
+    assert rows["python-loop-banditron"]["error_rate"] == rows["streamlearn-banditron-b1"]["error_rate"]
+    if import_vw() is not None:
+        for name in VW_EXPLORERS:
+            assert rows[name]["details"]["vw_error_matches"] is True
+
+
+def test_bench_table_lists_the_chosen_systems(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--dataset", "synsep", "--rounds", "500", "--systems",
+                 "streamlearn-banditron,python-loop-banditron", "--batch-size", "32"])
+    assert code == 0
+    captured = capsys.readouterr()
+    table = [line for line in captured.out.splitlines() if line.startswith("| ")]
+    assert table[0] == "| system | batch | events/s | error rate | ratio |"
+    assert [line.split(" | ")[0] for line in table[1:]] == [
+        "| streamlearn-banditron", "| python-loop-banditron"]
+    assert table[1].split(" | ")[1] == "32"
+    assert "bench: synsep" in captured.err  # progress on stderr, not stdout
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--batch-size", "0"], "--batch-size must be an int >= 1. Got '0' instead."),
+    (["--passes", "two"], "--passes must be an int >= 1. Got 'two' instead."),
+    (["--rounds", "-5"], "--rounds must be an int >= 1. Got '-5' instead."),
+    (["--gamma", "0.7"], "--gamma must be a float in (0, 0.5]. Got '0.7' instead."),
+    (["--seed", "-1"], "--seed must be an int >= 0. Got '-1' instead."),
+    (["--systems", "vw-softmax"], "Got 'vw-softmax' instead."),
+])
+def test_bad_arguments_exit_2_with_one_line(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--dataset", "synsep", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("streamlearn bench: error: ")
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_unknown_dataset_and_exclusive_stream_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--dataset", "nosuch", "--rounds", "10"]) == 2
+    assert "Got 'nosuch' instead" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--dataset", "synsep", "--passes", "1", "--rounds", "10"])
+    assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
