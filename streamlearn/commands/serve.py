@@ -84,7 +84,8 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve", help="run the online-learning daemon (embedded simulator without --bootstrap)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=(__doc__ or "").replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_argument_group("running")
     group.add_argument("--config", metavar="FILE",
                        help="TOML config file (default: $STREAMLEARN_CONFIG, else none)")

@@ -112,3 +112,45 @@ def test_stop_is_idempotent_and_frees_the_port() -> None:
     server.stop()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+
+def test_lag_tracker_measures_lag_in_the_polling_thread() -> None:
+    from streamlearn.service.http import LagTracker
+    from streamlearn.stream.transport import InMemoryTransport
+
+    inner = InMemoryTransport(partitions=2)
+    for i in range(30):
+        inner.append_instance(f"k{i}".encode(), b"{}")
+    serving = [False]
+    lags: list[int] = []
+    tracker = LagTracker(inner, max_lag=10, is_serving=lambda: serving[0], on_lag=lags.append,
+                         refresh_s=0.0)
+    assert tracker.readiness() == (False, "not serving (starting, restoring a checkpoint or "
+                                          "stopping)")
+    serving[0] = True
+    assert tracker.readiness()[0] is False  # not measured yet
+    got = tracker.poll(12, 0.0)
+    assert len(got) == 12
+    assert tracker.lag == 18 and lags == [18]
+    ready, reason = tracker.readiness()
+    assert not ready and "consumer lag 18 > bound 10" in reason
+    tracker.poll(100, 0.0)
+    assert tracker.lag == 0 and tracker.readiness()[0] is True
+    tracker.seek({(inner.instances_topic, 0): 0})  # seeking back shows up as lag at once
+    tracker.refresh()
+    assert tracker.lag is not None and tracker.lag > 0
+
+
+def test_lag_tracker_counts_unread_partitions_from_committed_offsets() -> None:
+    from streamlearn.service.http import LagTracker
+    from streamlearn.stream.transport import InMemoryBroker, InMemoryTransport
+
+    broker = InMemoryBroker()
+    first = InMemoryTransport(broker=broker)
+    for i in range(8):
+        first.append_instance(f"k{i}".encode(), b"{}")
+    first.commit({(first.instances_topic, 0): 5})
+    tracker = LagTracker(InMemoryTransport(broker=broker), max_lag=100, refresh_s=0.0)
+    tracker.refresh()
+    assert tracker.lag == 3
+    assert tracker.assignment() == first.assignment()
