@@ -118,7 +118,16 @@ class BenchReport:
             ratio = self.ratio(r)
             lines.append(f"| {r.system} | {r.batch_size} | {r.events_per_second:,.0f} | "
                          f"{r.error_rate:.4f} | {'n/a' if ratio is None else f'{ratio:.2f}'} |")
-        return "\n".join(lines)
+        notes = [f"- {r.system}: VW's own average cbify loss {r.details['vw_reported_error']:.4f} "
+                 f"({'matches' if r.details.get('vw_error_matches') else 'DIFFERS from'} the count "
+                 f"above); text parsing, untimed, took {r.details['parse_seconds']:.2f} s"
+                 for r in self.results if "vw_reported_error" in r.details]
+        cpu = [f"{r.system} {self.rounds / r.details['cpu_seconds']:,.0f}" for r in self.results
+               if r.details.get("cpu_seconds")]
+        if cpu:
+            notes.append("- events per CPU second (process time, less sensitive to other load on the "
+                         "machine): " + ", ".join(cpu))
+        return "\n".join(lines + (["", *notes] if notes else []))
 
 
 def parse_systems(text: str) -> list[str]:
@@ -210,13 +219,15 @@ def run_bench(
         b = fixed_batch if fixed_batch is not None else batch_size
         if kind == "streamlearn":
             learner = make_learner(algo, K, d, FixedGamma(gamma), seed=seed)
+            cpu_start = time.process_time()
             res = replay(learner, X_stream, y_stream, batch_size=b,
                          progress=_replay_progress(system, say))
-            results.append(BenchResult(system, b, res.events_per_second, res.error_rate, res.seconds))
+            results.append(BenchResult(system, b, res.events_per_second, res.error_rate, res.seconds,
+                                       details={"cpu_seconds": time.process_time() - cpu_start}))
         elif kind == "python":
             run = python_loop_banditron(X_stream, y_stream, K, gamma, seed,
                                         progress=_replay_progress(system, say))
-            results.append(_peer_result(system, b, run.actions, y_stream, run.seconds, {}))
+            results.append(_peer_result(system, b, run.actions, y_stream, run.seconds, run.extra))
         else:
             if pyvw is None:
                 pyvw = import_vw()
@@ -239,7 +250,9 @@ def run_bench(
             extra["vw_error_matches"] = bool(abs(results[-1].error_rate - extra["vw_reported_error"])
                                              < 1e-9)
         last = results[-1]
-        say(f"bench: {system}: {last.events_per_second:,.0f} events/s, error {last.error_rate:.4f}")
+        say(f"bench: {system}: {last.events_per_second:,.0f} events/s "
+            f"({len(order) / max(last.details['cpu_seconds'], 1e-9):,.0f} per CPU second), "
+            f"error {last.error_rate:.4f}")
     return BenchReport(dataset=dataset, rounds=len(order), passes=None if rounds else (passes or 1),
                        n_features=ds.n_features, n_classes=K, standardised=scaled, gamma=gamma,
                        seed=seed, results=results)
