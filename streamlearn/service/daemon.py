@@ -72,6 +72,7 @@ class DaemonSettings:
     join_duplicate_policy: str = "earliest"
     join_max_pending: int = 200_000
     join_max_early: int = 100_000
+    join_max_clock_skew_seconds: float = 60.0
     checkpoint_dir: str | None = None
     checkpoint_every_events: int = 10_000
     checkpoint_every_seconds: float = 60.0
@@ -225,6 +226,14 @@ class Daemon:
         if self.checkpointer is not None and self.checkpointer.due(len(messages)):
             self.checkpoint()
 
+    def _clamp(self, ts: np.ndarray, wall: float) -> np.ndarray:
+        """Event times from the future (beyond the allowed clock skew) count as now + skew.
+
+        One message with a wild timestamp must not move the join clock and expire
+        every pending decision.
+        """
+        return np.minimum(ts, wall + self.settings.join_max_clock_skew_seconds)
+
     def join_now(self, wall: float) -> float:
         """Join time: event time, moving on with the wall clock while input is idle."""
         return self.counters.clock.now(wall)
@@ -249,6 +258,7 @@ class Daemon:
         B = len(batch)
         if B == 0:
             return
+        batch.ts = self._clamp(batch.ts, wall)
         self.counters.clock.observe(batch.ts, wall)
         self.observer.on_instances(B)
         actions, probs, records = self._decide(batch.ids, batch.X, batch.mask, wall)
@@ -299,6 +309,7 @@ class Daemon:
     def _on_feedback(self, messages: list[Message], wall: float) -> None:
         batch, rejected = decode_feedback(messages, self.limits)
         self.observer.on_batch(len(messages), "feedback")
+        batch.ts = self._clamp(batch.ts, wall)
         self.counters.clock.observe(batch.ts, wall)
         now = self.join_now(wall)
         for i, outcome in self.join.add_feedback(batch.ids, batch.rewards, batch.ts,

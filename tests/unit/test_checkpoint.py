@@ -1,0 +1,121 @@
+"""Checkpoints: commit order, keep-2, fallback from a corrupt snapshot, forward offsets, journal."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from streamlearn.errors import StateError, TransportError
+from streamlearn.stream.checkpoint import Checkpointer
+
+TP = ("instances", 0)
+
+
+class RecordingTransport:
+    """Records the order of flush / commit and what was on disk at commit time."""
+
+    def __init__(self, directory: Path, fail_flush: bool = False) -> None:
+        self.directory = directory
+        self.fail_flush = fail_flush
+        self.calls: list[tuple[str, Any]] = []
+
+    def flush(self, timeout_s: float) -> None:
+        if self.fail_flush:
+            raise TransportError("broker unreachable")
+        self.calls.append(("flush", sorted(p.name for p in self.directory.glob("ckpt-*"))))
+
+    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+        self.calls.append(("commit", sorted(p.name for p in self.directory.glob("ckpt-*"))))
+
+
+def save(ck: Checkpointer, t: RecordingTransport, offset: int, value: float) -> int:
+    return ck.save(t, {"w": np.full(3, value)}, {"value": value}, {TP: offset})
+
+
+def test_order_is_flush_then_snapshot_then_commit(tmp_path: Path) -> None:
+    ck, t = Checkpointer(tmp_path), RecordingTransport(tmp_path)
+    assert save(ck, t, 10, 1.0) == 1
+    # the flush saw no snapshot yet; the commit saw the new one already on disk
+    assert t.calls == [("flush", []), ("commit", ["ckpt-00000001"])]
+
+
+def test_flush_failure_writes_and_commits_nothing(tmp_path: Path) -> None:
+    ck, t = Checkpointer(tmp_path), RecordingTransport(tmp_path, fail_flush=True)
+    with pytest.raises(TransportError):
+        save(ck, t, 10, 1.0)
+    assert t.calls == [] and not list(tmp_path.glob("ckpt-*"))
+
+
+def test_keeps_the_last_two_and_restores_the_newest(tmp_path: Path) -> None:
+    ck, t = Checkpointer(tmp_path, keep=2), RecordingTransport(tmp_path)
+    for i in range(1, 5):
+        save(ck, t, 10 * i, float(i))
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-00000003", "ckpt-00000004"]
+    restored = Checkpointer(tmp_path).restore()
+    assert restored is not None and restored.seq == 4
+    assert restored.offsets == {TP: 40} and restored.arrays["w"].tolist() == [4.0] * 3
+
+
+def test_corrupt_newest_falls_back_with_a_clear_log_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    ck, t = Checkpointer(tmp_path), RecordingTransport(tmp_path)
+    save(ck, t, 10, 1.0)
+    save(ck, t, 20, 2.0)
+    npz = tmp_path / "ckpt-00000002" / "arrays.npz"
+    npz.write_bytes(npz.read_bytes()[:-7])  # truncated
+    with caplog.at_level(logging.ERROR):
+        restored = Checkpointer(tmp_path).restore()
+    assert restored is not None and restored.seq == 1 and restored.meta["value"] == 1.0
+    assert any("ckpt-00000002" in r.getMessage() and "corrupt" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_next_snapshot_after_a_fallback_gets_a_new_number(tmp_path: Path) -> None:
+    ck, t = Checkpointer(tmp_path), RecordingTransport(tmp_path)
+    save(ck, t, 10, 1.0)
+    save(ck, t, 20, 2.0)
+    (tmp_path / "ckpt-00000002" / "meta.json").write_text("{")
+    again = Checkpointer(tmp_path)
+    assert again.restore().seq == 1  # type: ignore[union-attr]
+    assert save(again, t, 15, 3.0) == 3
+    assert Checkpointer(tmp_path).restore().meta["value"] == 3.0  # type: ignore[union-attr]
+
+
+def test_offsets_only_move_forward(tmp_path: Path) -> None:
+    ck, t = Checkpointer(tmp_path), RecordingTransport(tmp_path)
+    save(ck, t, 10, 1.0)
+    with pytest.raises(StateError, match=r"instances\[0\].*from 10 back to 9"):
+        save(ck, t, 9, 1.0)
+
+
+def test_no_checkpoint_restores_none(tmp_path: Path) -> None:
+    assert Checkpointer(tmp_path / "new").restore() is None
+
+
+def test_journal_survives_a_torn_line_and_is_pruned_with_snapshots(tmp_path: Path) -> None:
+    ck, t = Checkpointer(tmp_path, keep=2), RecordingTransport(tmp_path)
+    ck.restore()
+    probs = np.array([[0.9, 0.1], [0.2, 0.8]])
+    ck.journal.append(["a", "b"], probs, [{"id": "a", "action": 0}, {"id": "b", "action": 1}])
+    with open(tmp_path / "journal-00000000.jsonl", "ab") as fh:
+        fh.write(b'{"p": [0.5, 0.5], "d": {"id": "c", "act')  # a crash mid-append
+    loaded = ck.journal.load(0)
+    assert sorted(loaded) == ["a", "b"]
+    assert loaded["b"].action == 1 and loaded["b"].probs == [0.2, 0.8]
+    for i in range(1, 4):
+        save(ck, t, i, 0.0)
+    names = sorted(p.name for p in tmp_path.glob("journal-*"))
+    assert names == ["journal-00000002.jsonl", "journal-00000003.jsonl"]
+    ck.close()
+
+
+def test_due_by_count_or_time(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, every_events=100, every_s=3600)
+    assert not ck.due(99)
+    assert ck.due(1)
+    with pytest.raises(StateError):
+        Checkpointer(tmp_path, every_events=0)

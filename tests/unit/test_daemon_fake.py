@@ -1,0 +1,302 @@
+"""The serving loop on the in-memory transport: learning, exactly-once restarts, bad input."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from simulators.synthetic import synthetic_stream
+from streamlearn.errors import TransportError
+from streamlearn.learners.banditron import Banditron
+from streamlearn.learners.base import Learner
+from streamlearn.learners.exploration import FixedGamma
+from streamlearn.service.counters import id_checksum
+from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.stream.transport import InMemoryBroker, InMemoryTransport
+
+N, BLOCK = 1500, 100
+X, Y = synthetic_stream(N, noise=0.0, seed=3)
+
+
+def weights_of(lr: Learner) -> np.ndarray:
+    return lr.state()[0]["learner.weights"]
+
+
+def learner() -> Banditron:
+    return Banditron(9, 400, FixedGamma(0.05), seed=11)
+
+
+class Clock:
+    """Event and wall time of the test, in the same base as the broker's message timestamps."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Caller:
+    """The application around the daemon: publishes contexts, answers decisions with rewards."""
+
+    def __init__(self, broker: InMemoryBroker, drop_every: int = 0) -> None:
+        self.broker = broker
+        self.writer = InMemoryTransport(broker=broker, partitions=2, group_id="caller")
+        self.answered: set[str] = set()
+        self.drop_every = drop_every
+        self.feedback_ids: list[str] = []
+
+    def publish(self, lo: int, hi: int, ts: float) -> None:
+        for i in range(lo, hi):
+            value = {"id": f"e{i}", "x": X[i].tolist(), "label": int(Y[i]), "ts": ts}
+            self.writer.append_instance(f"e{i}".encode(), orjson.dumps(value))
+
+    def answer(self, ts: float) -> None:
+        for m in self.broker.messages("decisions"):
+            d = orjson.loads(m.value or b"")
+            if d["id"] in self.answered:
+                continue
+            self.answered.add(d["id"])
+            i = int(d["id"][1:])
+            if self.drop_every and i % self.drop_every == 0:
+                continue  # this feedback never comes
+            reward = float(d["action"] == Y[i])
+            self.writer.append_feedback(m.key, orjson.dumps({"id": d["id"], "reward": reward,
+                                                              "ts": ts}))
+            self.feedback_ids.append(d["id"])
+
+
+def settings(tmp: Path | None, **kw: Any) -> DaemonSettings:
+    base: dict[str, Any] = {"checkpoint_dir": None if tmp is None else str(tmp),
+                            "checkpoint_every_events": 400, "checkpoint_every_seconds": 1e9,
+                            "join_window_seconds": 5.0, "limits_poll_timeout_seconds": 0.0}
+    return DaemonSettings(**{**base, **kw})
+
+
+def make_daemon(broker: InMemoryBroker, tmp: Path | None, clock: Clock, **kw: Any) -> Daemon:
+    transport = InMemoryTransport(broker=broker, partitions=2)
+    daemon = Daemon(settings(tmp, **kw), transport, learner(), wall_clock=clock)
+    daemon.restore()
+    return daemon
+
+
+def drain(daemon: Daemon) -> None:
+    """Step until the daemon has consumed everything on its input topics."""
+    end = daemon.transport.end_offsets()
+    while any(daemon.offsets.get(tp, 0) < off for tp, off in end.items()):
+        daemon.step()
+
+
+def lockstep(broker: InMemoryBroker, daemon: Daemon, caller: Caller, clock: Clock,
+             blocks: range, crash_at: int | None = None,
+             restart: Any = None) -> Daemon:
+    for b in blocks:
+        clock.t += 1.0
+        caller.publish(b * BLOCK, (b + 1) * BLOCK, ts=clock.t)
+        drain(daemon)
+        caller.answer(ts=clock.t)
+        drain(daemon)
+        if b == crash_at:
+            daemon = restart()  # the old one is dropped without a final checkpoint
+            drain(daemon)
+            caller.answer(ts=clock.t)
+            drain(daemon)
+    clock.t += 10.0  # let dropped feedback expire
+    daemon.step()
+    return daemon
+
+
+def direct_weights(drop_every: int = 0, window_blocks: int = 5) -> tuple[np.ndarray, float]:
+    """The same stream driven straight through the learner.
+
+    Block c is decided, then learned from its own feedback and from the dropped
+    decisions of block c - window_blocks, which expire then with reward 0.
+    """
+    lr, mistakes = learner(), 0.0
+    expiring: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for lo in range(0, N, BLOCK):
+        ids = [f"e{i}" for i in range(lo, lo + BLOCK)]
+        rows = np.arange(lo, lo + BLOCK)
+        a, p = lr.decide(X[rows], keys=ids)
+        mistakes += float((a != Y[rows]).sum())
+        dropped = rows % drop_every == 0 if drop_every else np.zeros(BLOCK, dtype=bool)
+        expiring.append((rows[dropped], a[dropped], p[dropped]))
+        if len(expiring) > window_blocks:
+            e_rows, e_a, e_p = expiring.pop(0)
+            lr.update(X[e_rows], e_a, np.zeros(len(e_rows)), e_p)
+        keep = ~dropped
+        lr.update(X[rows[keep]], a[keep], (a == Y[rows]).astype(float)[keep], p[keep])
+    for e_rows, e_a, e_p in expiring:
+        lr.update(X[e_rows], e_a, np.zeros(len(e_rows)), e_p)
+    return lr.weights_, mistakes / N
+
+
+def decisions_by_id(broker: InMemoryBroker) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for m in broker.messages("decisions"):
+        d = orjson.loads(m.value or b"")
+        assert m.key == d["id"].encode()
+        out.setdefault(d["id"], []).append(d)
+    return out
+
+
+def test_whole_loop_matches_driving_the_learner_directly(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    daemon = make_daemon(broker, tmp_path, clock)
+    caller = Caller(broker, drop_every=10)
+    daemon = lockstep(broker, daemon, caller, clock, range(N // BLOCK))
+    decisions = decisions_by_id(broker)
+    assert sorted(decisions) == sorted(f"e{i}" for i in range(N))  # every id, once
+    assert all(len(v) == 1 for v in decisions.values())
+    c = daemon.counters
+    assert c.feedback["joined"] == len(caller.feedback_ids) == N - N // 10
+    assert c.feedback["expired"] == N // 10 and c.learned == N
+    assert c.applied_checksum == id_checksum(caller.feedback_ids)
+    weights, error = direct_weights(drop_every=10)
+    np.testing.assert_allclose(weights_of(daemon.learner), weights, rtol=0, atol=1e-9)
+    played_error = 1 - np.mean([d[0]["action"] == Y[int(k[1:])] for k, d in decisions.items()])
+    assert played_error == pytest.approx(error)
+    assert broker.messages("dead-letter") == []
+
+
+@pytest.mark.parametrize("corrupt_newest", [False, True])
+def test_restart_after_a_crash_re_emits_identical_decisions_and_applies_feedback_once(
+        tmp_path: Path, corrupt_newest: bool) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    caller = Caller(broker)
+    daemon = make_daemon(broker, tmp_path, clock)
+
+    def restart() -> Daemon:
+        if corrupt_newest:
+            newest = sorted(tmp_path.glob("ckpt-*"))[-1]
+            (newest / "arrays.npz").write_bytes(b"garbage")
+        return make_daemon(broker, tmp_path, clock)
+
+    daemon = lockstep(broker, daemon, caller, clock, range(N // BLOCK), crash_at=8,
+                      restart=restart)
+    decisions = decisions_by_id(broker)
+    assert sorted(decisions) == sorted(f"e{i}" for i in range(N))
+    repeated = {k: v for k, v in decisions.items() if len(v) > 1}
+    assert repeated  # the crash made the daemon re-read some instances
+    assert all(all(d == v[0] for d in v) for v in repeated.values())
+    daemon.checkpoint(final=True)
+    restored = make_daemon(broker, tmp_path, clock)  # counts as the checkpoint saw them
+    c = restored.counters
+    assert c.feedback["joined"] == len(caller.feedback_ids) == N
+    assert c.applied_checksum == id_checksum(caller.feedback_ids)
+    assert restored.learner.n_updated_ == N
+    weights, _ = direct_weights()
+    np.testing.assert_allclose(weights_of(restored.learner), weights, rtol=0, atol=1e-9)
+
+
+HOSTILE_INSTANCES = [
+    (b"\xc3\x28", "invalid_utf8"), (b"{nope", "invalid_json"), (b"[" * 5000, "nesting_too_deep"),
+    (b'{"id": "h1", "x": [1, 2]}', "wrong_dimension"),
+    (b'{"id": "h2", "x": [' + b"0," * 399 + b'"NaN"]}', "non_finite"),
+    (b'{"id": "h3", "x": [' + b"0," * 399 + b'0], "actions": [-1]}', "bad_actions"),
+    (b'{"id": "e0", "x": [' + b"0," * 399 + b"0]}", "duplicate_id"),
+    (b'{"id": "big", "pad": "' + b"x" * 300_000 + b'"}', "too_large"),
+]
+HOSTILE_FEEDBACK = [
+    (b'{"id": "e1", "reward": 2}', "bad_reward"), (b'{"id": "e1", "reward": -1}', "bad_reward"),
+    (b'{"id": "nobody", "reward": 1}', "unknown_id"), (b'{"id": "e2", "reward": 1}',
+                                                       "duplicate_id"),
+]
+
+
+def test_bad_input_goes_to_the_dead_letter_topic_and_changes_nothing(tmp_path: Path) -> None:
+    clean_broker, dirty_broker = InMemoryBroker(2), InMemoryBroker(2)
+    runs = []
+    for broker, hostile in ((clean_broker, False), (dirty_broker, True)):
+        clock = Clock()
+        caller = Caller(broker)
+        daemon = make_daemon(broker, tmp_path / str(hostile), clock,
+                             limits_max_message_bytes=200_000, join_backward_window_seconds=1.0)
+        blocks = range(N // BLOCK)
+        for b in blocks:
+            clock.t += 1.0
+            caller.publish(b * BLOCK, (b + 1) * BLOCK, ts=clock.t)
+            if hostile and b == 1:
+                for value, _ in HOSTILE_INSTANCES:
+                    caller.writer.append_instance(b"h", value)
+            drain(daemon)
+            caller.answer(ts=clock.t)
+            if hostile and b == 1:
+                for value, _ in HOSTILE_FEEDBACK:
+                    caller.writer.append_feedback(b"e2" if b"e2" in value else b"h", value)
+            drain(daemon)
+        clock.t += 10.0
+        daemon.step()
+        runs.append(daemon)
+    clean, dirty = runs
+    np.testing.assert_allclose(weights_of(dirty.learner), weights_of(clean.learner),
+                               rtol=0, atol=1e-9)
+    letters = [orjson.loads(m.value or b"") for m in dirty_broker.messages("dead-letter")]
+    expected = sorted(r for _, r in HOSTILE_INSTANCES + HOSTILE_FEEDBACK)
+    assert sorted(d["reason"] for d in letters) == expected
+    by_reason = {d["reason"]: d for d in letters}
+    big = by_reason["too_large"]
+    assert big["truncated"] and big["size"] > 300_000
+    assert len(base64.b64decode(big["value_b64"])) == 65_536
+    assert base64.b64decode(by_reason["invalid_json"]["value_b64"]) == b"{nope"
+    assert dirty.counters.invalid["instances"]["duplicate_id"] == 1
+    assert clean_broker.messages("dead-letter") == []
+
+
+def test_graceful_stop_checkpoints_and_commits(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    Caller(broker).publish(0, 300, ts=clock.t)
+    transport = InMemoryTransport(broker=broker, partitions=2)
+    daemon = Daemon(settings(tmp_path, limits_poll_timeout_seconds=0.01), transport, learner(),
+                    wall_clock=clock)
+    runner = threading.Thread(target=daemon.run)
+    runner.start()
+    while daemon.counters.messages < 300:
+        runner.join(0.01)
+    daemon.request_stop()
+    runner.join(10)
+    assert not runner.is_alive()
+    consumed = {tp: end for tp, end in transport.end_offsets().items() if end}
+    assert broker.group_offsets["streamlearn"] == consumed
+    assert make_daemon(broker, tmp_path, clock).counters.decisions == 300
+
+
+class FlakyTransport(InMemoryTransport):
+    """Fails the first few polls and flushes, as a broker outage does."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.poll_failures, self.flush_failures = 3, 2
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Any]:
+        if self.poll_failures:
+            self.poll_failures -= 1
+            raise TransportError("connection refused")
+        return super().poll(max_records, timeout_s)
+
+    def flush(self, timeout_s: float) -> None:
+        if self.flush_failures:
+            self.flush_failures -= 1
+            raise TransportError("flush timed out")
+        super().flush(timeout_s)
+
+
+def test_transport_errors_do_not_stop_the_loop(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    Caller(broker).publish(0, 500, ts=clock.t)
+    transport = FlakyTransport(broker=broker, partitions=2)
+    daemon = Daemon(settings(tmp_path, checkpoint_every_events=100, retry_seconds=0.0,
+                             limits_poll_max_records=50),
+                    transport, learner(), wall_clock=clock)
+    daemon.run(max_events=500)
+    assert transport.poll_failures == transport.flush_failures == 0
+    assert daemon.counters.decisions == 500
+    consumed = {tp: end for tp, end in transport.end_offsets().items() if end}
+    assert broker.group_offsets["streamlearn"] == consumed
