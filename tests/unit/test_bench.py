@@ -181,3 +181,18 @@ def test_unknown_dataset_and_exclusive_stream_options_exit_2(capsys: pytest.Capt
         main(["bench", "--dataset", "synsep", "--passes", "1", "--rounds", "10"])
     assert exc.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_without_vowpalwabbit_the_vw_rows_say_skipped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("simulators.bench.import_vw", lambda: None)
+    assert main(["bench", "--dataset", "synsep", "--rounds", "300", "--systems",
+                 "streamlearn-banditron,vw-bag"]) == 0
+    table = capsys.readouterr().out
+    assert "| vw-bag | 1 | skipped: vowpalwabbit not installed" in table
+    assert main(["bench", "--dataset", "synsep", "--rounds", "300", "--systems", "vw-cover",
+                 "--json"]) == 0
+    (row,) = orjson.loads(capsys.readouterr().out)["results"]
+    assert row["skipped"].startswith("vowpalwabbit not installed")
+    assert row["events_per_second"] is None and row["error_rate"] is None and row["ratio"] is None
