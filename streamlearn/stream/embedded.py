@@ -43,7 +43,7 @@ from streamlearn.errors import ConfigError, TransportError
 from streamlearn.features import SparseBatch
 from streamlearn.stream.transport import Message, Offsets, check_offsets
 
-__all__ = ["EmbeddedTransport", "SimulatorStats", "StreamSource"]
+__all__ = ["EmbeddedTransport", "SimulatorStats", "StreamSource", "encode_instances"]
 
 LABEL_RING = 1 << 20  # labels kept for decisions this many instances behind the newest
 KEEP_OUTPUTS = 1000  # last decisions / dead letters kept for inspection
@@ -112,9 +112,9 @@ class StreamSource:
         return np.concatenate(parts_X), np.concatenate(parts_y)
 
 
-def _encode_instances(start: int, X: np.ndarray, y: np.ndarray,
-                      now: float) -> list[tuple[bytes, bytes]]:
-    """(key, JSON value) per row; features sparse ``{"idx", "val"}`` when under 30 % non-zero."""
+def encode_instances(start: int, X: np.ndarray, y: np.ndarray, now: float,
+                     prefix: str = "e") -> list[tuple[bytes, bytes]]:
+    """(key, JSON value) per row, ids ``<prefix><n>``; sparse ``{"idx", "val"}`` under 30 % dense."""
     sparse = np.count_nonzero(X) < 0.3 * X.size
     out = []
     for i in range(len(y)):
@@ -124,7 +124,7 @@ def _encode_instances(start: int, X: np.ndarray, y: np.ndarray,
             x: object = {"idx": idx.tolist(), "val": row[idx].astype(float).tolist()}
         else:
             x = row.astype(float).tolist()
-        event_id = f"e{start + i}"
+        event_id = f"{prefix}{start + i}"
         out.append((event_id.encode(),
                     orjson.dumps({"id": event_id, "ts": now, "x": x, "label": int(y[i])})))
     return out
@@ -249,7 +249,7 @@ class EmbeddedTransport:
         start = log.end
         X, y = self.source.take(start, count)
         self._labels[np.arange(start, start + count) % LABEL_RING] = y
-        for key, value in _encode_instances(start, X, y, now):
+        for key, value in encode_instances(start, X, y, now):
             log.append(key, value, now)
         self.stats.instances_sent += count
         self._rate_sent += count

@@ -1,0 +1,220 @@
+"""``streamlearn simulate``: the stand-in for the ad server, against a real Kafka.
+
+It publishes instance events from a dataset (with ``label``, used only for
+metrics) at ``--rate`` events per second, reads the decisions streamlearn
+publishes, and answers each one of its own events with feedback
+``reward = 1[action == label]`` after an exponential delay of mean
+``--delay-mean`` seconds — or never, with probability ``--drop``. Event ids are
+``<run-id>-<n>`` so several runs against one daemon never collide. At the end
+it prints a summary: instances sent, decisions received, feedback sent,
+dropped, and the reward rate of the played actions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from streamlearn.commands.serve import add_config_arguments, cli_overrides
+from streamlearn.config import load_config
+from streamlearn.errors import ConfigError, TransportError
+
+__all__ = ["SimulationSummary", "add_parser", "run", "simulate"]
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "simulate", help="publish a dataset as instances and answer decisions with feedback",
+        description=(__doc__ or "").replace("``", ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    group = parser.add_argument_group("simulation")
+    group.add_argument("--config", metavar="FILE", help="TOML file for [kafka] and [topics]")
+    group.add_argument("--dataset", default="synnonsep", metavar="NAME",
+                       help="dataset to stream (synsep, synnonsep, letter, pendigits, ...; "
+                            "default synnonsep)")
+    group.add_argument("--data-dir", metavar="DIR", help="dataset directory")
+    group.add_argument("--rate", type=float, required=True, metavar="EV_PER_S",
+                       help="instances per second; 0 = as fast as possible")
+    group.add_argument("--events", type=int, default=10_000, metavar="N",
+                       help="instances to send (default 10000)")
+    group.add_argument("--delay-mean", type=float, default=1.0, metavar="S",
+                       help="mean feedback delay in seconds, exponential (default 1)")
+    group.add_argument("--drop", type=float, default=0.0, metavar="P",
+                       help="probability that a decision gets no feedback (default 0)")
+    group.add_argument("--seed", type=int, default=1, metavar="S", help="seed (default 1)")
+    group.add_argument("--run-id", metavar="TEXT",
+                       help="event id prefix (default: a fresh random one)")
+    group.add_argument("--wait-seconds", type=float, default=30.0, metavar="S",
+                       help="after the last instance, wait this long for missing decisions "
+                            "(default 30)")
+    group.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_config_arguments(parser, sections=("kafka", "topics"))
+    parser.set_defaults(run=run)
+
+
+@dataclass
+class SimulationSummary:
+    """What one simulation run did."""
+
+    run_id: str
+    instances_sent: int = 0
+    decisions_received: int = 0
+    foreign_decisions: int = 0  # decisions for ids this run did not send
+    feedback_sent: int = 0
+    dropped: int = 0
+    rewards: float = 0.0
+    missing_decisions: int = 0
+    seconds: float = 0.0
+
+    def text(self) -> str:
+        rate = self.instances_sent / self.seconds if self.seconds > 0 else 0.0
+        answered = self.feedback_sent
+        reward_rate = self.rewards / answered if answered else float("nan")
+        return (f"streamlearn simulate: run {self.run_id}: sent {self.instances_sent} instances "
+                f"in {self.seconds:.1f} s ({rate:,.0f}/s); decisions received "
+                f"{self.decisions_received}; feedback sent {self.feedback_sent}; dropped "
+                f"{self.dropped}; missing decisions {self.missing_decisions}; reward rate "
+                f"{reward_rate:.4f}")
+
+
+def _check(args: argparse.Namespace) -> None:
+    problems = [(args.rate < 0, f"--rate must be a number >= 0. Got {args.rate}."),
+                (args.events < 1, f"--events must be an integer >= 1. Got {args.events}."),
+                (args.delay_mean < 0, f"--delay-mean must be a number >= 0. Got {args.delay_mean}."),
+                (not 0 <= args.drop <= 1, f"--drop must be a number in [0, 1]. Got {args.drop}."),
+                (args.wait_seconds < 0,
+                 f"--wait-seconds must be a number >= 0. Got {args.wait_seconds}.")]
+    for bad, message in problems:
+        if bad:
+            raise ConfigError(message)
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    config = load_config(args.config, cli=cli_overrides(args))
+    if config.kafka.bootstrap is None:
+        raise ConfigError("kafka.bootstrap must be HOST:PORT[,HOST:PORT...] for simulate. Got "
+                          "nothing (use --bootstrap or STREAMLEARN_KAFKA_BOOTSTRAP).")
+    summary = simulate(config, dataset=args.dataset, data_dir=args.data_dir, rate=args.rate,
+                       events=args.events, delay_mean_s=args.delay_mean, drop=args.drop,
+                       seed=args.seed, run_id=args.run_id, wait_s=args.wait_seconds)
+    print(orjson.dumps(asdict(summary)).decode() if args.json else summary.text())
+    return 0
+
+
+def _clients(config: Any) -> tuple[Any, Any]:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from streamlearn.stream.transport import ensure_topics
+
+    k, t = config.kafka, config.topics
+    options = k.client_options()
+    ensure_topics(k.bootstrap, [t.instances, t.feedback, t.decisions, t.dead_letter],
+                  t.partitions, client_options=options)
+    producer = KafkaProducer(bootstrap_servers=k.bootstrap, acks="all", enable_idempotence=True,
+                             linger_ms=5, client_id="streamlearn-simulate",
+                             **{o: v for o, v in options.items()
+                                if o in KafkaProducer.DEFAULT_CONFIG})
+    consumer = KafkaConsumer(bootstrap_servers=k.bootstrap, group_id=None,
+                             enable_auto_commit=False, client_id="streamlearn-simulate",
+                             **{o: v for o, v in options.items()
+                                if o in KafkaConsumer.DEFAULT_CONFIG})
+    partitions = consumer.partitions_for_topic(t.decisions) or {0}
+    assigned = [TopicPartition(t.decisions, p) for p in sorted(partitions)]
+    consumer.assign(assigned)
+    consumer.seek_to_end(*assigned)
+    for tp in assigned:  # resolve the lazy seek now: only decisions made from here on count
+        consumer.position(tp)
+    return producer, consumer
+
+
+def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = None,
+             rate: float = 0.0, events: int = 10_000, delay_mean_s: float = 1.0,
+             drop: float = 0.0, seed: int = 1, run_id: str | None = None,
+             wait_s: float = 30.0, chunk: int = 500) -> SimulationSummary:
+    """Run one simulation against ``config.kafka.bootstrap``; see the module docstring."""
+    from kafka.errors import KafkaError
+
+    from streamlearn.stream.embedded import StreamSource, encode_instances
+
+    source = StreamSource(dataset, data_dir, seed)
+    rng = np.random.default_rng([seed, 3])
+    summary = SimulationSummary(run_id or uuid.uuid4().hex[:8])
+    prefix = f"{summary.run_id}-"
+    topics = config.topics
+    try:
+        producer, consumer = _clients(config)
+    except KafkaError as exc:
+        raise TransportError(f"cannot reach Kafka at {config.kafka.bootstrap}: {exc}") from exc
+    labels: dict[str, int] = {}  # id → label, for decisions not received yet
+    scheduled: list[tuple[float, str, float]] = []  # heap of (due, id, reward)
+    started = time.monotonic()
+    last_sent_at = None
+    try:
+        while True:
+            now = time.monotonic()
+            if summary.instances_sent < events:
+                owed = events - summary.instances_sent if rate == 0 else (
+                    int((now - started) * rate) - summary.instances_sent)
+                count = min(owed, chunk, events - summary.instances_sent)
+                if count > 0:
+                    X, y = source.take(summary.instances_sent, count)
+                    for (key, value), label in zip(
+                            encode_instances(summary.instances_sent, X, y, time.time(), prefix),
+                            y.tolist(), strict=True):
+                        labels[key.decode()] = int(label)
+                        producer.send(topics.instances, key=key, value=value)
+                    summary.instances_sent += count
+                    if summary.instances_sent == events:
+                        last_sent_at = now
+            for records in consumer.poll(timeout_ms=20, max_records=5000).values():
+                for record in records:
+                    _on_decision(record.value, labels, scheduled, summary, rng, delay_mean_s,
+                                 drop, now)
+            while scheduled and scheduled[0][0] <= now:
+                _, event_id, reward = heapq.heappop(scheduled)
+                producer.send(topics.feedback, key=event_id.encode(), value=orjson.dumps(
+                    {"id": event_id, "reward": reward, "ts": time.time()}))
+                summary.feedback_sent += 1
+                summary.rewards += reward
+            if last_sent_at is not None and not scheduled and (
+                    not labels or now - last_sent_at > wait_s):
+                break
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=10)
+        consumer.close()
+    summary.missing_decisions = len(labels)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _on_decision(value: bytes | None, labels: dict[str, int],
+                 scheduled: list[tuple[float, str, float]], summary: SimulationSummary,
+                 rng: np.random.Generator, delay_mean_s: float, drop: float,
+                 now: float) -> None:
+    """Schedule (or drop) the feedback of one decision of this run."""
+    try:
+        decision = orjson.loads(value or b"")
+        event_id, action = str(decision["id"]), int(decision["action"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        summary.foreign_decisions += 1
+        return
+    label = labels.pop(event_id, None)
+    if label is None:
+        summary.foreign_decisions += 1
+        return
+    summary.decisions_received += 1
+    if rng.random() < drop:
+        summary.dropped += 1
+        return
+    delay = float(rng.exponential(delay_mean_s)) if delay_mean_s > 0 else 0.0
+    heapq.heappush(scheduled, (now + delay, event_id, float(action == label)))
+
