@@ -147,6 +147,8 @@ class CheckpointConfig:
     every_events: int = spec(10_000, "checkpoint after this many instances", ge=1)
     every_seconds: float = spec(60.0, "checkpoint at least this often", gt=0)
     keep: int = spec(2, "snapshots kept", ge=1)
+    fsync_journal: bool = spec(False, "fsync the decision journal after every batch (survives "
+                               "power loss, costs latency)")
 
 
 @dataclass(frozen=True)

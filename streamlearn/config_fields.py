@@ -55,7 +55,7 @@ class FieldSpec:
 
     section: str
     name: str
-    base: type  # int, float, str or Path
+    base: type  # bool, int, float, str or Path
     optional: bool
     default: Any
     help: str
@@ -87,6 +87,8 @@ class FieldSpec:
             text = "HOST:PORT[,HOST:PORT...]"
         elif self.kind == "file":
             text = "the path of an existing file"
+        elif self.base is bool:
+            text = "true or false"
         elif self.base is Path:
             text = "a path"
         elif self.base is str:
@@ -139,6 +141,17 @@ def _parse_number(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> int | fl
     return value
 
 
+def _parse_bool(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    word = raw.strip().lower() if isinstance(raw, str) and parse else None
+    if word in ("true", "1", "yes", "on"):
+        return True
+    if word in ("false", "0", "no", "off"):
+        return False
+    raise _fail(fs, raw, origin)
+
+
 def _check_hostports(fs: FieldSpec, raw: Any, origin: str, text: str) -> str:
     for part in text.split(","):
         host, sep, port = part.strip().rpartition(":")
@@ -157,6 +170,8 @@ def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
         if fs.optional:
             return None
         raise _fail(fs, raw, origin)
+    if fs.base is bool:
+        return _parse_bool(fs, raw, origin, text)
     if fs.base in (int, float):
         return _parse_number(fs, raw, origin, text)
     if not isinstance(raw, (str, Path)):

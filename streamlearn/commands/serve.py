@@ -49,7 +49,7 @@ def _metavar(fs: Any) -> str:
         return "FILE"
     if fs.kind == "path":
         return "DIR"
-    return {int: "N", float: "X"}.get(fs.base, "TEXT")
+    return {int: "N", float: "X", bool: "{true,false}"}.get(fs.base, "TEXT")
 
 
 def add_config_arguments(parser: argparse.ArgumentParser,
@@ -124,6 +124,8 @@ def to_toml(config: Config) -> str:
         for key, value in values.items():
             if value is None:
                 lines.append(f"# {key} =  (unset)")
+            elif isinstance(value, bool):
+                lines.append(f"{key} = {'true' if value else 'false'}")
             elif isinstance(value, str):
                 escaped = value.replace("\\", "\\\\").replace('"', '\\"')
                 lines.append(f'{key} = "{escaped}"')

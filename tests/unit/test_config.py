@@ -171,3 +171,29 @@ def test_unrelated_environment_is_ignored() -> None:
 def test_unknown_cli_setting_rejected() -> None:
     with pytest.raises(ConfigError, match="Unknown setting"):
         load_config(environ={}, cli={"join.nope": "1"})
+
+
+def test_booleans_from_env_file_and_cli(tmp_path: Path) -> None:
+    assert load_config(environ={}).checkpoint.fsync_journal is False
+    assert load_config(environ={"STREAMLEARN_CHECKPOINT_FSYNC_JOURNAL": "yes"}
+                       ).checkpoint.fsync_journal is True
+    path = write(tmp_path, "[checkpoint]\nfsync_journal = true\n")
+    assert load_config(path, environ={}).checkpoint.fsync_journal is True
+    assert load_config(path, environ={}, cli={"checkpoint.fsync_journal": "off"}
+                       ).checkpoint.fsync_journal is False
+    with pytest.raises(ConfigError, match=r"checkpoint\.fsync_journal must be true or false"):
+        load_config(environ={}, cli={"checkpoint.fsync_journal": "maybe"})
+    with pytest.raises(ConfigError, match="true or false"):
+        load_config(write(tmp_path, "[checkpoint]\nfsync_journal = 'true'\n"), environ={})
+
+
+def test_daemon_settings_carry_the_config() -> None:
+    cfg = load_config(environ={}, cli={"join.window_seconds": "30", "checkpoint.dir": "/tmp/x",
+                                       "limits.poll_max_records": "64",
+                                       "checkpoint.fsync_journal": "true"})
+    settings = cfg.to_daemon_settings()
+    assert settings.join_window_seconds == 30.0
+    assert settings.checkpoint_dir == "/tmp/x"
+    assert settings.limits_poll_max_records == 64
+    assert settings.checkpoint_fsync_journal is True
+    assert settings.join_expiry_policy == "default_reward"
