@@ -59,6 +59,9 @@ def write_snapshot(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],
                    meta: dict[str, Any]) -> None:
     """Write ``arrays`` + ``meta`` atomically to the directory ``path`` (replacing it)."""
     target = Path(path)
+    objects = sorted(k for k, v in arrays.items() if np.asarray(v).dtype.hasobject)
+    if objects:
+        raise StateError(f"Snapshots hold plain numeric arrays only; {objects} are object arrays.")
     target.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     np.savez(buffer, **{k: np.ascontiguousarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
