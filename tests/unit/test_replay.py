@@ -57,7 +57,7 @@ def test_drift_permutes_labels_after_the_given_round() -> None:
     y = np.arange(100) % 5
     drifted, keep = apply_drift(y, 5, Drift(at=50, kind="permute", seed=3))
     assert keep is None and (drifted[:50] == y[:50]).all()
-    assert len(set(zip(y[50:].tolist(), drifted[50:].tolist()))) == 5  # a bijection
+    assert len(set(zip(y[50:].tolist(), drifted[50:].tolist(), strict=True))) == 5  # bijection
     _, keep = apply_drift(y, 5, Drift(at=50, kind="prior", seed=3))
     assert keep is not None and keep[:50].all() and 0 < keep[50:].sum() < 50
 
