@@ -24,7 +24,7 @@ from contextlib import ExitStack, contextmanager
 from types import FrameType
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, disable_created_metrics
 
 from streamlearn.config import Config, env_name, field_specs, flag_name, load_config
 from streamlearn.errors import ConfigError
@@ -280,6 +280,7 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
     from streamlearn.service.daemon import Daemon
 
     out = out if out is not None else sys.stdout
+    disable_created_metrics()  # *_created series double the count and carry nothing we use
     registry = registry if registry is not None else CollectorRegistry()
     observer = _ServeObserver(registry, max_events)
     stopping = threading.Event()

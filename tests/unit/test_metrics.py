@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 import numpy as np
 import pytest
@@ -174,3 +175,81 @@ def test_two_observers_on_two_registries_do_not_clash() -> None:
     PrometheusObserver(b).on_instances(2)
     assert a.get_sample_value("streamlearn_instances_total") == 1
     assert b.get_sample_value("streamlearn_instances_total") == 2
+
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+def _exported_names() -> set[str]:
+    registry = CollectorRegistry()
+    obs = PrometheusObserver(registry)
+    obs.on_action_decisions(np.array([0]))
+    obs.on_invalid("instances", "bad_json")
+    obs.on_ranker_metric("auc", 0.5)
+    obs.on_offpolicy("p", 0.5)
+    obs.on_start("L", "E", "T")
+    return {s.name for family in registry.collect() for s in family.samples}
+
+
+def test_rules_only_use_metrics_that_exist() -> None:
+    import re
+
+    rules = (REPO / "deploy" / "prometheus" / "streamlearn-rules.yml").read_text()
+    exported = _exported_names()
+    used = set(re.findall(r"\b(streamlearn_[a-z_]+)", rules))
+    assert used, "no metric names found in the rules"
+    assert used <= exported, sorted(used - exported)
+
+
+def test_rules_pass_promtool() -> None:
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (deploy/prometheus/install.sh)")
+    folder = REPO / "deploy" / "prometheus"
+    for args in (["check", "rules", "streamlearn-rules.yml"],
+                 ["test", "rules", "streamlearn-rules-test.yml"]):
+        done = subprocess.run([promtool, *args], cwd=folder, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_docs_describe_every_metric() -> None:
+    text = (REPO / "docs" / "metrics.md").read_text()
+    families = set()
+    for name in _exported_names():
+        for suffix in ("_bucket", "_count", "_sum", "_created", "_total"):
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
+                break
+        families.add(name)
+    missing = sorted(f for f in families if f not in text)
+    assert not missing, missing
+
+
+def test_grafana_dashboard_queries_use_existing_metrics_and_parse(tmp_path: Any) -> None:
+    import json
+    import re
+    import shutil
+    import subprocess
+
+    dashboard = json.loads((REPO / "deploy" / "grafana" / "streamlearn-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(exprs) >= 10
+    exported = _exported_names()
+    for expr in exprs:
+        used = set(re.findall(r"\b(streamlearn_[a-z_]+)", expr))
+        assert used and used <= exported, (expr, sorted(used - exported))
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed; names checked, syntax not")
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:q{i}", "expr": e.replace("$job", ".*").replace("$instance", ".*")}
+        for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "dashboard-rules.yml"
+    path.write_text(json.dumps(rules))  # JSON is valid YAML
+    done = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
