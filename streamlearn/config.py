@@ -97,17 +97,21 @@ class TopicsConfig:
 class LearnerConfig:
     """The online learner and its hyperparameters (unset ones: the learner's default)."""
 
-    name: str = spec("banditron", "learner name (see `streamlearn replay --help`)")
+    # perceptron is left out: it is a full-information comparator for replays, not a bandit
+    name: str = spec("banditron", "bandit learner", choices=("banditron", "pnorm", "eg",
+                                                             "epsilon-greedy"))
     n_actions: int = spec(9, "number of actions K", ge=2)
     n_features: int = spec(400, "feature dimension d (hashing buckets for named features)", ge=1)
-    q: float | None = spec(None, "p-norm learners: the dual norm q", gt=0)
-    eta: float | None = spec(None, "learning rate", gt=0)
-    epsilon: float | None = spec(None, "smoothing / mixing parameter of the learner", gt=0)
+    q: float | None = spec(None, "pnorm: the dual norm q (unset: max(2, 2 ln(K d)))", gt=0)
+    eta: float | None = spec(None, "pnorm / eg: learning rate (unset: the learner's default)",
+                             gt=0)
+    lr: float | None = spec(None, "epsilon-greedy: learning rate of its regressors (its ε is "
+                            "exploration.gamma)", gt=0)
     seed: int = spec(0, "seed of the exploration randomness (with the event key)", ge=0)
 
     def hyperparameters(self) -> dict[str, float]:
         """The hyperparameters that were set (passed as keywords to the learner)."""
-        values = {"q": self.q, "eta": self.eta, "epsilon": self.epsilon}
+        values = {"q": self.q, "eta": self.eta, "lr": self.lr}
         return {k: v for k, v in values.items() if v is not None}
 
 

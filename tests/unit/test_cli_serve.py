@@ -46,7 +46,10 @@ def test_help_documents_every_config_field_in_groups() -> None:
      "join.window_seconds must be a number > 0. Got 'abc' (from --join-window-seconds)."),
     (["--bootstrap", "nohost"], "kafka.bootstrap must be HOST:PORT"),
     (["--metrics-port", "-5"], "metrics.port must be an integer in [-1, 65535]"),
-    (["--learner", "nope", "--max-events", "1"], "--learner must be one of"),
+    (["--learner", "nope"], "learner.name must be one of 'banditron', 'pnorm', 'eg', "
+                            "'epsilon-greedy'. Got 'nope' (from --learner-name)."),
+    (["--learner", "banditron", "--learner-eta", "0.5", "--max-events", "1"],
+     "Learner 'banditron' does not take ['eta']"),
     (["--max-events", "0"], "--max-events must be an integer >= 1. Got 0."),
 ])
 def test_bad_value_is_one_line_error_exit_2(argv: list[str], expected: str,
@@ -67,7 +70,7 @@ def test_env_value_error_names_the_variable(monkeypatch: pytest.MonkeyPatch,
 def test_print_config_round_trips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("STREAMLEARN_JOIN_WINDOW_SECONDS", "42")
-    assert main(["serve", "--print-config", "--learner", "perceptron", "--gamma", "0.1"]) == 0
+    assert main(["serve", "--print-config", "--learner", "pnorm", "--gamma", "0.1"]) == 0
     printed = capsys.readouterr().out
     tomllib.loads(printed)  # valid TOML
     path = tmp_path / "effective.toml"
@@ -75,7 +78,7 @@ def test_print_config_round_trips(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.delenv("STREAMLEARN_JOIN_WINDOW_SECONDS")
     again = load_config(path, environ={})
     assert again.join.window_seconds == 42.0
-    assert again.learner.name == "perceptron" and again.exploration.gamma == 0.1
+    assert again.learner.name == "pnorm" and again.exploration.gamma == 0.1
     assert to_toml(again) == printed
 
 

@@ -35,13 +35,13 @@ def test_defaults_without_any_source() -> None:
 
 def test_precedence_cli_over_env_over_file(tmp_path: Path) -> None:
     path = write(tmp_path, "[join]\nwindow_seconds = 10\nmax_pending = 7\n"
-                           "[learner]\nname = 'perceptron'\neta = 0.5\n")
+                           "[learner]\nname = 'pnorm'\neta = 0.5\n")
     env = {"STREAMLEARN_JOIN_WINDOW_SECONDS": "20", "STREAMLEARN_LEARNER_ETA": "0.25"}
     cfg = load_config(path, environ=env, cli={"join.window_seconds": "30"})
     assert cfg.join.window_seconds == 30.0  # CLI
     assert cfg.learner.eta == 0.25  # env beats file
     assert cfg.join.max_pending == 7  # file beats default
-    assert cfg.learner.name == "perceptron"
+    assert cfg.learner.name == "pnorm"
     assert cfg.learner.hyperparameters() == {"eta": 0.25}
     assert cfg.source == str(path)
 
