@@ -43,8 +43,12 @@ cmd_fetch() {
     fi
     command -v mvn >/dev/null || die "mvn not found (apt-get install -y maven)"
     rm -rf "$LIB"
-    (cd "$HERE" && mvn -q -B -Dstyle.color=never dependency:copy-dependencies \
-        -DoutputDirectory="$LIB" -DincludeScope=runtime) || die "maven could not fetch the jars"
+    mkdir -p "$LIB"
+    if ! (cd "$HERE" && mvn -B -Dstyle.color=never dependency:copy-dependencies \
+        -DoutputDirectory="$LIB" -DincludeScope=runtime) >"$LIB/.fetch.log" 2>&1; then
+        tail -n 40 "$LIB/.fetch.log" >&2
+        die "maven could not fetch the jars (log: $LIB/.fetch.log)"
+    fi
     echo "$want" > "$STAMP"
     echo "kafka.sh: $(ls "$LIB"/*.jar | wc -l) jars in $LIB ($(basename "$LIB"/kafka_2.13-*.jar))"
 }

@@ -124,8 +124,10 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBrok
     try:
         broker.start()
     except RuntimeError as exc:
+        problem = str(exc)
+    if problem:
         broker.stop()
-        unavailable(f"no Kafka broker: {exc}", "STREAMLEARN_REQUIRE_KAFKA")
+        unavailable(f"no Kafka broker: {problem}", "STREAMLEARN_REQUIRE_KAFKA")
     yield broker
     broker.stop()
 
