@@ -197,3 +197,13 @@ def test_daemon_settings_carry_the_config() -> None:
     assert settings.limits_poll_max_records == 64
     assert settings.checkpoint_fsync_journal is True
     assert settings.join_expiry_policy == "default_reward"
+
+
+def test_docs_list_every_setting_with_env_and_flag() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    for fs in field_specs():
+        row = next((line for line in text.splitlines()
+                    if line.startswith(f"| `{fs.name}` |") and env_name(fs.section, fs.name)
+                    in line), None)
+        assert row is not None, fs.key
+        assert f"`{flag_name(fs.section, fs.name)}`" in row, fs.key
