@@ -168,9 +168,11 @@ class Learner(abc.ABC):
     ) -> np.ndarray:
         """P(r) = (1-γ)·1[r=ŷ] + γ/|allowed| over the allowed actions."""
         B, K = len(exploit), self.n_actions
-        allowed = np.ones((B, K), dtype=bool) if mask is None else mask
-        n_allowed = allowed.sum(axis=1)
-        probs = allowed * (gammas / n_allowed)[:, None]
+        if mask is None:
+            probs = np.empty((B, K))
+            probs[:] = (gammas / K)[:, None]
+        else:
+            probs = mask * (gammas / mask.sum(axis=1))[:, None]
         probs[np.arange(B), exploit] += 1.0 - gammas
         return probs
 

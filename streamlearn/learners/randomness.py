@@ -27,12 +27,13 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
-    z = x.astype(np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        z = z + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    """The splitmix64 finaliser, elementwise on uint64 arrays (wrapping arithmetic).
+
+    Array arithmetic on uint64 wraps silently, so no ``errstate`` is needed here.
+    """
+    z = np.asarray(x, dtype=np.uint64) + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
 
 
@@ -40,7 +41,7 @@ def hash_keys(keys: object) -> np.ndarray:
     """One uint64 per key: integers are used as they are, strings/bytes are FNV-1a hashed."""
     arr = np.asarray(keys)
     if arr.dtype.kind in "iu":
-        return arr.astype(np.int64).astype(np.uint64).reshape(-1)
+        return arr.astype(np.uint64).reshape(-1)  # negative keys wrap, still one value per key
     if arr.dtype.kind == "U":
         arr = np.char.encode(arr, "utf-8")
     elif arr.dtype.kind == "O":
@@ -64,13 +65,13 @@ def uniforms(seed: int, keys: object) -> np.ndarray:
 
 
 def sample(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """Inverse-CDF sampling of one action per row; never returns a zero-probability action."""
+    """Inverse-CDF sampling of one action per row; never returns a zero-probability action.
+
+    The action is the first index whose CDF exceeds u·total; a zero-probability
+    action never raises the CDF, so it can never be that first index. The
+    threshold is kept strictly below the total so rounding cannot run past the end.
+    """
     cdf = np.cumsum(probs, axis=1)
-    actions = (cdf <= u[:, None] * cdf[:, -1:]).sum(axis=1)
-    actions = np.minimum(actions, probs.shape[1] - 1)
-    # rounding can land on a trailing zero-probability action: step back to the last allowed one
-    bad = probs[np.arange(len(actions)), actions] <= 0.0
-    if bad.any():
-        last_allowed = probs.shape[1] - 1 - np.argmax(probs[:, ::-1] > 0.0, axis=1)
-        actions = np.where(bad, last_allowed, actions)
-    return actions.astype(np.int64)
+    total = cdf[:, -1]
+    threshold = np.minimum(u * total, np.nextafter(total, 0.0))
+    return np.argmax(cdf > threshold[:, None], axis=1)
