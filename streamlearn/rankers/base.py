@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import abc
 import inspect
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -75,7 +75,7 @@ class Ranker(abc.ABC):
         sig = inspect.signature(type(self).__init__)
         return {p: getattr(self, p) for p in sig.parameters if p != "self"}
 
-    def clone(self) -> Ranker:
+    def clone(self) -> Self:
         """A fresh, unfitted ranker with the same hyperparameters."""
         return type(self)(**self.get_params())
 
@@ -86,7 +86,7 @@ class Ranker(abc.ABC):
     # --------------------------------------------------------------------- fit
     def fit(
         self, X: object, y: object, qid: object = None, sample_weight: object = None
-    ) -> Ranker:
+    ) -> Self:
         """Learn from rows ``X`` with relevance ``y``; returns ``self``."""
         data = self._validate(X, y, qid, sample_weight)
         self.n_features_in_ = data.X.shape[1]
