@@ -207,3 +207,16 @@ def test_docs_list_every_setting_with_env_and_flag() -> None:
                     in line), None)
         assert row is not None, fs.key
         assert f"`{flag_name(fs.section, fs.name)}`" in row, fs.key
+
+
+def test_k8s_configmap_holds_a_valid_config(tmp_path: Path) -> None:
+    yaml = pytest.importorskip("yaml")
+    manifest = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "streamlearn.yaml"
+    docs = list(yaml.safe_load_all(manifest.read_text()))
+    text = next(d for d in docs if d["kind"] == "ConfigMap")["data"]["streamlearn.toml"]
+    ca = tmp_path / "ca.crt"
+    ca.write_text("x")
+    path = write(tmp_path, text.replace("/etc/streamlearn/tls/ca.crt", str(ca)))
+    cfg = load_config(path, environ={"STREAMLEARN_KAFKA_SASL_PASSWORD": "secret"})
+    assert cfg.kafka.security_protocol == "SASL_SSL" and not cfg.embedded_mode
+    assert cfg.metrics.host == "0.0.0.0"
