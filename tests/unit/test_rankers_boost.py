@@ -179,3 +179,48 @@ def test_get_params_and_clone() -> None:
     assert model.get_params() == {"n_rounds": 7, "learning_rate": 0.5, "max_bins": 256}
     twin = model.clone()
     assert twin is not model and twin.get_params() == model.get_params()
+
+
+# ------------------------------------------------------------- LETOR reader + CLI
+
+
+def write_fake_letor(root, seed: int = 13) -> None:
+    """A tiny LETOR-layout collection: QueryLevelNorm/Fold1/{train,vali,test}.txt."""
+    X, y, qid = ranking_problem(seed, n_queries=18, per_query=12, d=5)
+    folder = root / "QueryLevelNorm" / "Fold1"
+    folder.mkdir(parents=True)
+    for name, queries in (("train", range(0, 10)), ("vali", range(10, 14)),
+                          ("test", range(14, 18))):
+        lines = []
+        for i in np.flatnonzero(np.isin(qid, list(queries))):
+            feats = " ".join(f"{j + 1}:{v:.6f}" for j, v in enumerate(X[i]))
+            lines.append(f"{int(y[i])} qid:{qid[i] + 1} {feats} #docid = {i}")
+        (folder / f"{name}.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_load_fold_reads_letor_lines(tmp_path) -> None:
+    from streamlearn.rankers.letor import load_fold
+
+    write_fake_letor(tmp_path)
+    data = load_fold(tmp_path, 1)
+    assert data["train"].X.shape == (120, 5) and data["test"].n_queries == 4
+    assert data["vali"].docid[0] == "120"
+    with pytest.raises(DataError, match="Fold2"):
+        load_fold(tmp_path, 2)
+
+
+def test_rank_letor_cli_json(tmp_path, capsys) -> None:
+    import json
+
+    from streamlearn.cli import main
+
+    write_fake_letor(tmp_path)
+    code = main(["rank", "letor", str(tmp_path), "--folds", "1", "--algo", "rankboost,adarank",
+                 "--peers", "none", "--rounds", "20", "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["results"]) == {"rankboost", "adarank-map", "adarank-ndcg"}
+    for entry in out["results"].values():
+        assert 0.0 <= entry["mean"]["MAP"] <= 1.0 and len(entry["curve"]) == 10
+        assert 1 <= entry["folds"][0]["selected"]["rounds"] <= 20
+    assert main(["rank", "letor", str(tmp_path), "--folds", "7"]) == 2
