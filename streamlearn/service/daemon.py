@@ -258,14 +258,15 @@ class Daemon:
         B = len(batch)
         if B == 0:
             return
-        batch.ts = self._clamp(batch.ts, wall)
-        self.counters.clock.observe(batch.ts, wall)
         self.observer.on_instances(B)
         actions, probs, records = self._decide(batch.ids, batch.X, batch.mask, wall)
+        # a decision's window opens when it is made (journaled ones: when first made)
+        decided_at = np.array([r["ts"] for r in records], dtype=np.float64)
+        self.counters.clock.observe(decided_at, wall)
         for event_id, record in zip(batch.ids, records, strict=True):
             self.transport.produce(self.transport.decisions_topic, event_id.encode("utf-8"),
                                    orjson.dumps(record))
-        self.join.add_decisions(batch.ids, batch.X, actions, probs, batch.labels, batch.ts,
+        self.join.add_decisions(batch.ids, batch.X, actions, probs, batch.labels, decided_at,
                                 batch.partitions, self.join_now(wall))
         explored = actions != np.argmax(probs, axis=1)
         self.counters.instances += B

@@ -1,0 +1,168 @@
+"""Shared pieces of the daemon's acceptance tests against a real broker.
+
+The *caller* is what an application around streamlearn does: it publishes
+instance events, reads the decisions, and answers each decision once with a
+reward (1 when the chosen action is the label). It records every decision
+it sees per id, so a test can check that re-emitted decisions are identical.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import orjson
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+
+from streamlearn.stream.transport import KafkaTransport
+
+PARTITIONS = 2
+
+
+def make_topics(bootstrap: str, partitions: int = PARTITIONS,
+                configs: dict[str, str] | None = None) -> dict[str, str]:
+    """Fresh topic names for one run, created with ``partitions`` partitions."""
+    run = uuid.uuid4().hex[:8]
+    names = {"instances_topic": f"in-{run}", "feedback_topic": f"fb-{run}",
+             "decisions_topic": f"dec-{run}", "dead_letter_topic": f"dlq-{run}"}
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        admin.create_topics([NewTopic(n, partitions, 1, topic_configs=dict(configs or {}))
+                             for n in names.values()], timeout_ms=30_000)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            described = admin.describe_topics(list(names.values()))
+            if all(t["partitions"] and all(p["leader_id"] >= 0 for p in t["partitions"])
+                   for t in described):
+                break
+            time.sleep(0.2)
+    finally:
+        admin.close()
+    return names
+
+
+def transport(bootstrap: str, topics: dict[str, str], group: str = "streamlearn") -> KafkaTransport:
+    return KafkaTransport(bootstrap, group_id=group, request_timeout_s=30, **topics)
+
+
+def producer(bootstrap: str, **kw: Any) -> KafkaProducer:
+    return KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all",
+                         reconnect_backoff_max_ms=1000, **kw)
+
+
+def instance_value(i: int, x: np.ndarray, label: int) -> bytes:
+    """The sparse form ``{"idx", "val"}`` (the synthetic rows are ~10 % non-zero)."""
+    nz = np.flatnonzero(x)
+    return orjson.dumps({"id": f"e{i}", "x": {"idx": nz.tolist(), "val": x[nz].tolist()},
+                         "label": int(label)})
+
+
+def publish_instances(prod: KafkaProducer, topic: str, X: np.ndarray, y: np.ndarray,
+                      rows: Iterable[int]) -> None:
+    for i in rows:
+        prod.send(topic, key=f"e{i}".encode(), value=instance_value(i, X[i], int(y[i])))
+
+
+def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]:
+    """Every record of ``topic`` up to its current end."""
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             group_id=None, consumer_timeout_ms=1000)
+    try:
+        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        end = consumer.end_offsets(parts)
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < end[tp] for tp in parts):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"could not read {topic} to its end in {timeout_s} s")
+            for records in consumer.poll(timeout_ms=500).values():
+                out.extend(records)
+        return out
+    finally:
+        consumer.close()
+
+
+class Caller(threading.Thread):
+    """Answers decisions with rewards, once per id; records every decision seen."""
+
+    def __init__(self, bootstrap: str, topics: dict[str, str], y: np.ndarray,
+                 drop_every: int = 0) -> None:
+        super().__init__(daemon=True, name="caller")
+        self.bootstrap, self.topics, self.y, self.drop_every = bootstrap, topics, y, drop_every
+        self.first: dict[str, bytes] = {}  # id → first decision value
+        self.mismatches: list[tuple[str, bytes, bytes]] = []
+        self.n_decisions = 0
+        self.feedback_ids: list[str] = []
+        self.dropped_ids: list[str] = []
+        self.hold = threading.Event()  # set → decisions are recorded but not answered yet
+        self._stop_event = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def _run(self) -> None:
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False,
+                                 group_id=None, reconnect_backoff_max_ms=1000)
+        topic = self.topics["decisions_topic"]
+        deadline = time.monotonic() + 60
+        while not consumer.partitions_for_topic(topic) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        prod = producer(self.bootstrap)
+        waiting: list[tuple[str, bytes]] = []
+        while not self._stop_event.is_set():
+            for records in consumer.poll(timeout_ms=200, max_records=2000).values():
+                for r in records:
+                    self.n_decisions += 1
+                    d = orjson.loads(r.value)
+                    seen = self.first.get(d["id"])
+                    if seen is None:
+                        self.first[d["id"]] = r.value
+                        waiting.append((d["id"], r.value))
+                    elif seen != r.value:
+                        self.mismatches.append((d["id"], seen, r.value))
+            if self.hold.is_set():
+                continue
+            for event_id, value in waiting:
+                d = orjson.loads(value)
+                i = int(event_id[1:])
+                if self.drop_every and i % self.drop_every == 0:
+                    self.dropped_ids.append(event_id)
+                    continue
+                reward = float(d["action"] == self.y[i])
+                prod.send(self.topics["feedback_topic"], key=event_id.encode(),
+                          value=orjson.dumps({"id": event_id, "reward": reward}))
+                self.feedback_ids.append(event_id)
+            waiting = []
+            prod.flush()
+        prod.close()
+        consumer.close()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(30)
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str, detail: Any = None,
+               interval_s: float = 0.2) -> float:
+    """Wait for ``predicate()``; return the seconds waited, or fail saying what was missing."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout_s:
+            extra = f"; {detail()}" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{extra}")
+        time.sleep(interval_s)
+    return time.monotonic() - started

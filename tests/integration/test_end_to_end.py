@@ -1,0 +1,116 @@
+"""Acceptance: 50,000 instances through a real broker, decided, joined, learned, counted."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from daemon_harness import (
+    Caller,
+    make_topics,
+    producer,
+    publish_instances,
+    read_all,
+    transport,
+    wait_until,
+)
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+
+from simulators.replay import replay
+from simulators.synthetic import synthetic_stream
+from streamlearn.learners.banditron import Banditron
+from streamlearn.learners.exploration import FixedGamma
+from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.http import MetricsServer
+from streamlearn.service.metrics import PrometheusObserver
+
+pytestmark = pytest.mark.integration
+
+N = 50_000
+BATCH = 500
+DROP_EVERY = 20  # 5 % of the decisions never get feedback; they expire to reward 0
+
+
+def learner() -> Banditron:
+    return Banditron(9, 400, FixedGamma(0.05), seed=5)
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_end_to_end_through_the_broker(kafka_bootstrap: str, tmp_path: Path) -> None:
+    X, y = synthetic_stream(N, noise=0.05, seed=21)
+    topics = make_topics(kafka_bootstrap)
+    settings = DaemonSettings(checkpoint_dir=str(tmp_path / "ckpt"),
+                              checkpoint_every_events=20_000, join_window_seconds=15.0,
+                              limits_poll_max_records=BATCH)
+    registry = CollectorRegistry()
+    daemon = Daemon(settings, transport(kafka_bootstrap, topics), learner(),
+                    PrometheusObserver(registry))
+    server = MetricsServer(registry, port=0)
+    server.start()
+    caller = Caller(kafka_bootstrap, topics, y, drop_every=DROP_EVERY)
+    caller.start()
+    runner = threading.Thread(target=daemon.run, name="daemon")
+    runner.start()
+    try:
+        prod = producer(kafka_bootstrap)
+        publish_instances(prod, topics["instances_topic"], X, y, range(N))
+        prod.flush()
+        prod.close()
+        decided_s = wait_until(lambda: len(caller.first) == N, 300, "a decision for every id",
+                               lambda: f"{len(caller.first)} decided")
+        n_dropped = len(range(0, N, DROP_EVERY))
+        joined_s = wait_until(lambda: daemon.counters.feedback["joined"] == N - n_dropped
+                              and daemon.counters.feedback["expired"] == n_dropped, 120,
+                              "every feedback joined and every dropped decision expired",
+                              lambda: f"counters {daemon.counters.to_json()}")
+        print(f"all decided after {decided_s:.1f} s, all joined/expired {joined_s:.1f} s later")
+        metrics = scrape(server.url)
+    finally:
+        daemon.request_stop()
+        runner.join(60)
+        caller.stop()
+        server.stop()
+        daemon.transport.close()
+    assert not runner.is_alive() and caller.error is None
+
+    decisions = read_all(kafka_bootstrap, topics["decisions_topic"])
+    feedback = read_all(kafka_bootstrap, topics["feedback_topic"])
+    instances = read_all(kafka_bootstrap, topics["instances_topic"])
+    dead = read_all(kafka_bootstrap, topics["dead_letter_topic"])
+    ids = {orjson.loads(r.value)["id"] for r in decisions}
+    assert ids == {f"e{i}" for i in range(N)} and len(decisions) == N
+    assert sorted(orjson.loads(r.value)["id"] for r in feedback) == sorted(caller.feedback_ids)
+    assert len(caller.feedback_ids) == N - len(caller.dropped_ids)
+
+    def metric(name: str, **labels: str) -> float:
+        return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert metric("streamlearn_instances_total") == len(instances) == N
+    assert (metric("streamlearn_decisions_total", explored="true")
+            + metric("streamlearn_decisions_total", explored="false")) == len(decisions)
+    assert metric("streamlearn_feedback_total", outcome="joined") == len(feedback)
+    assert metric("streamlearn_feedback_total", outcome="expired") == len(caller.dropped_ids)
+    for outcome in ("late", "unknown", "duplicate"):
+        assert metric("streamlearn_feedback_total", outcome=outcome) == 0
+    assert len(dead) == 0
+    assert not any(name == "streamlearn_invalid_events_total" for name, _ in metrics)
+
+    actions = np.empty(N, dtype=np.int64)
+    for r in decisions:
+        d = orjson.loads(r.value)
+        actions[int(d["id"][1:])] = d["action"]
+    daemon_error = float(np.mean(actions != y))
+    reference = replay(learner(), X, y, batch_size=BATCH, drop=1 / DROP_EVERY, seed=5)
+    print(f"daemon error {daemon_error:.4f}, in-process replay {reference.error_rate:.4f}")
+    assert abs(daemon_error - reference.error_rate) <= 0.02
