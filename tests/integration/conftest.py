@@ -5,8 +5,9 @@ loopback port in a temporary directory, and stopped at the end. Prometheus
 instances are started per test by ``deploy/prometheus/run.sh``.
 
 When a service cannot start, its tests are skipped with the reason, unless
-``STREAMLEARN_REQUIRE_KAFKA=1`` (or ``STREAMLEARN_REQUIRE_PROMETHEUS=1``) is
-set, as CI does: then they fail with the tail of the service's log.
+``STREAMLEARN_REQUIRE_KAFKA=1`` is set, as CI does: then they fail with the
+tail of the service's log. ``STREAMLEARN_REQUIRE_KAFKA=1`` requires Prometheus
+too; ``STREAMLEARN_REQUIRE_PROMETHEUS=1`` requires Prometheus alone.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
-def unavailable(reason: str, require_env: str) -> NoReturn:
-    """Skip, or fail when ``require_env`` is set to 1."""
-    if os.environ.get(require_env) == "1":
-        pytest.fail(f"{reason}\n({require_env}=1, so this is a failure)", pytrace=False)
+def unavailable(reason: str, *require_envs: str) -> NoReturn:
+    """Skip, or fail when any of ``require_envs`` is set to 1."""
+    for name in require_envs:
+        if os.environ.get(name) == "1":
+            pytest.fail(f"{reason}\n({name}=1, so this is a failure)", pytrace=False)
     pytest.skip(reason)
 
 
@@ -220,11 +222,14 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            unavailable(f"no Prometheus: {exc}", "STREAMLEARN_REQUIRE_PROMETHEUS")
+            unavailable(
+                f"no Prometheus: {exc}", "STREAMLEARN_REQUIRE_PROMETHEUS", "STREAMLEARN_REQUIRE_KAFKA"
+            )
         if done.returncode != 0:
             unavailable(
                 f"no Prometheus: run.sh exited {done.returncode}: {done.stderr.strip()}",
                 "STREAMLEARN_REQUIRE_PROMETHEUS",
+                "STREAMLEARN_REQUIRE_KAFKA",
             )
         server = PrometheusServer(done.stdout.strip(), workdir)
         started.append(server)
