@@ -100,10 +100,9 @@ def _progress(message: str) -> None:
 
 def _load(args: argparse.Namespace) -> tuple[list[list[str]], list[list[str]], list[set[str]],
                                               list[set[str]]]:
-    from simulators.datasets.base import resolve_data_dir
     from simulators.datasets.reuters import load_reuters, modapte_split, tokenize
 
-    docs = load_reuters(resolve_data_dir(args.data_dir))
+    docs = load_reuters(args.data_dir)
     train, test = modapte_split(docs)
     tokens_train = [tokenize(d.title + " " + d.body) for d in train]
     tokens_test = [tokenize(d.title + " " + d.body) for d in test]
@@ -223,7 +222,7 @@ def _plot(result: dict[str, Any], path: str) -> None:
     ax.set_xticks(np.arange(len(methods)), methods)
     ax.set_ylabel("mean non-interpolated AP")
     ax.set_title(f"Reuters-21578 ModApte routing, {len(result['topics'])} topics")
-    ax.legend(title="features")
+    ax.legend(title="features", loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
