@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import signal
 import sys
 import threading
@@ -98,6 +99,9 @@ def add_parser(subparsers: Any) -> None:
                             "reads the final values (a signal ends it early; default 0)")
     group.add_argument("--print-config", action="store_true",
                        help="print the effective configuration as TOML and exit")
+    group.add_argument("--log-level", default="INFO", type=str.upper,
+                       choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                       help="log level of the daemon's messages on stderr (default INFO)")
     add_config_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -112,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(to_toml(config), end="")
         return 0
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return serve(config, max_events=args.max_events, progress_s=args.progress_seconds,
                  linger_s=args.linger_seconds)
 
