@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,14 @@ def test_prometheus_scrapes_final_counts_exactly(prometheus: Callable[..., Any])
         # the histograms made it too: one latency observation per decision
         assert _value(server.query("streamlearn_decision_latency_seconds_count")) == own_instances
         assert 0 <= _value(server.query("streamlearn_window_error_rate")) < 1
+        # lingering after the loop: alive, but no longer ready
+        base = f"http://127.0.0.1:{port}"
+        assert urllib.request.urlopen(base + "/healthz", timeout=5).status == 200
+        try:
+            urllib.request.urlopen(base + "/readyz", timeout=5)
+            raise AssertionError("/readyz answered 200 after the loop stopped")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503 and b"not serving" in exc.read()
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)  # ends the linger
