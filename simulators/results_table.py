@@ -33,13 +33,13 @@ from streamlearn.learners.exploration import (
 
 GAMMAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 #: dataset → passes over it (synthetic sets: rounds of fresh examples instead)
-PROTOCOL: dict[str, dict[str, int]] = {
+PROTOCOL: dict[str, dict[str, Any]] = {
     "synnonsep": {"rounds": 100_000},
-    "letter": {"passes": 5},
-    "pendigits": {"passes": 5},
-    "optdigits": {"passes": 10},
+    "letter": {"passes": 5, "standardise": "yes"},
+    "pendigits": {"passes": 5, "standardise": "yes"},
+    "optdigits": {"passes": 10, "standardise": "yes"},
     "nursery": {"passes": 5},
-    "mnist": {"passes": 3},
+    "mnist": {"passes": 3, "standardise": "yes"},
     "reuters4": {"passes": 5},
 }
 
@@ -52,6 +52,8 @@ def configurations(batch_size: int) -> Iterator[tuple[str, str, dict[str, Any], 
     yield "banditron sqrt", "banditron", {}, SqrtSchedule(), batch_size
     yield "banditron cuberoot", "banditron", {}, CubeRootSchedule(), batch_size
     yield "banditron adaptive", "banditron", {}, Adaptive(), batch_size
+    yield "banditron adaptive c=1", "banditron", {}, Adaptive(c=1.0), batch_size
+    yield "banditron adaptive c=2", "banditron", {}, Adaptive(c=2.0), batch_size
     yield "banditron margin", "banditron", {}, MarginAware(), batch_size
     yield "pnorm adaptive", "pnorm", {}, Adaptive(), batch_size
     yield "eg adaptive", "eg", {}, Adaptive(), batch_size
@@ -67,7 +69,8 @@ def run_grid(datasets: list[str], seeds: list[int], batch_size: int, data_dir: s
         protocol = PROTOCOL.get(dataset, {"passes": 1})
         for seed in seeds:
             stream = prepare_stream(dataset, data_dir=data_dir, seed=seed,
-                                    passes=protocol.get("passes", 1), rounds=protocol.get("rounds"))
+                                    passes=protocol.get("passes", 1), rounds=protocol.get("rounds"),
+                                    standardise_mode=protocol.get("standardise", "auto"))
             for label, name, hyper, exploration, batch in configurations(batch_size):
                 if only and only not in label:
                     continue
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run")
     run.add_argument("--datasets", nargs="+", default=list(PROTOCOL))
     run.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    run.add_argument("--batch-size", type=int, default=1)
+    run.add_argument("--batch-size", type=int, default=16)
     run.add_argument("--data-dir")
     run.add_argument("--only", help="run only configurations whose label contains this text")
     md = sub.add_parser("markdown")

@@ -182,7 +182,7 @@ class Adaptive(Exploration):
 
     name = "adaptive"
 
-    def __init__(self, c: float = 1.0, c_floor: float = 0.05, window: int = 0) -> None:
+    def __init__(self, c: float = 1.5, c_floor: float = 0.05, window: int = 0) -> None:
         self.c = _check_positive("Adaptive", "c", c)
         self.c_floor = _check_positive("Adaptive", "c_floor", c_floor)
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
