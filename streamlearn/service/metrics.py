@@ -27,21 +27,14 @@ thread scrapes; the custom collectors hold a lock for that.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 
 from streamlearn import __version__
+from streamlearn.service.collectors import ActionCollector, ArrayHistogram, CheckpointAge
 
 __all__ = [
     "FEEDBACK_OUTCOMES",
@@ -135,105 +128,6 @@ class Observer:
         """Quality of the current ranker; ``name`` in :data:`RANKER_METRICS`."""
 
 
-def _as_array(values: np.ndarray | float | Sequence[float]) -> np.ndarray:
-    return np.atleast_1d(np.asarray(values, dtype=np.float64)).reshape(-1)
-
-
-class ArrayHistogram(Collector):
-    """A histogram fed whole arrays at once (vectorised), exposed at scrape time."""
-
-    def __init__(self, name: str, documentation: str, buckets: Iterable[float]) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.bounds = np.asarray(sorted(float(b) for b in buckets), dtype=np.float64)
-        self._counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)  # last one: +Inf
-        self._sum = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, values: np.ndarray | float | Sequence[float]) -> None:
-        v = _as_array(values)
-        v = v[np.isfinite(v)]
-        if v.size == 0:
-            return
-        # bucket i counts v <= bounds[i] (Prometheus "le" is inclusive)
-        binned = np.bincount(np.searchsorted(self.bounds, v, side="left"),
-                             minlength=len(self._counts))
-        with self._lock:
-            self._counts += binned
-            self._sum += float(v.sum())
-
-    def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            cumulative = np.cumsum(self._counts)
-            total = self._sum
-        buckets = [(_le(b), float(c)) for b, c in zip(self.bounds, cumulative[:-1], strict=True)]
-        buckets.append(("+Inf", float(cumulative[-1])))
-        family = HistogramMetricFamily(self.name, self.documentation)
-        family.add_metric([], buckets, total)
-        yield family
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))
-
-
-class ActionCollector(Collector):
-    """Per-action decision and reward counters, bounded to ``max_actions`` label values."""
-
-    def __init__(self, max_actions: int = 64) -> None:
-        if max_actions < 1:
-            raise ValueError(f"max_actions must be >= 1. Got {max_actions}.")
-        self.max_actions = max_actions
-        self._decisions = np.zeros(max_actions + 1, dtype=np.int64)  # last slot: "other"
-        self._rewards = np.zeros(max_actions + 1, dtype=np.float64)
-        self._lock = threading.Lock()
-
-    def _slots(self, actions: np.ndarray) -> np.ndarray:
-        a = np.asarray(actions, dtype=np.int64).reshape(-1)
-        return np.where((a >= 0) & (a < self.max_actions), a, self.max_actions)
-
-    def add_decisions(self, actions: np.ndarray) -> None:
-        counts = np.bincount(self._slots(actions), minlength=self.max_actions + 1)
-        with self._lock:
-            self._decisions += counts
-
-    def add_rewards(self, actions: np.ndarray, rewards: np.ndarray) -> None:
-        sums = np.bincount(self._slots(actions), weights=_as_array(rewards),
-                           minlength=self.max_actions + 1)
-        with self._lock:
-            self._rewards += sums
-
-    def collect(self) -> Iterator[Metric]:
-        with self._lock:
-            decisions, rewards = self._decisions.copy(), self._rewards.copy()
-        seen = np.flatnonzero((decisions > 0) | (rewards > 0))  # only actions ever used
-        dec = CounterMetricFamily("streamlearn_action_decisions",
-                                  "Decisions per chosen action.", labels=["action"])
-        rew = CounterMetricFamily("streamlearn_action_rewards",
-                                  "Rewards per chosen action (joined feedback).", labels=["action"])
-        for slot in seen:
-            label = "other" if slot == self.max_actions else str(int(slot))
-            dec.add_metric([label], float(decisions[slot]))
-            rew.add_metric([label], float(rewards[slot]))
-        yield dec
-        yield rew
-
-
-class _CheckpointAge(Collector):
-    """Seconds since the last checkpoint (since start before the first one), read at scrape."""
-
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
-        self._clock = clock
-        self.last = float(clock())
-
-    def collect(self) -> Iterator[Metric]:
-        now = float(self._clock())
-        yield GaugeMetricFamily("streamlearn_checkpoint_age_seconds",
-                                "Seconds since the last completed checkpoint "
-                                "(since process start before the first one).",
-                                value=max(0.0, now - self.last))
-
-
 class PrometheusObserver(Observer):
     """Owns every streamlearn metric, registered on ``registry``.
 
@@ -313,7 +207,7 @@ class PrometheusObserver(Observer):
             "Time from a decision to its joined feedback.", DELAY_BUCKETS)
         self.actions = ActionCollector(max_actions)
         self._clock = clock
-        self.checkpoint_age = _CheckpointAge(clock)
+        self.checkpoint_age = CheckpointAge(clock)
         for collector in (self.decision_latency, self.feedback_delay, self.actions,
                           self.checkpoint_age):
             r.register(collector)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import re
@@ -26,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 def serve_help() -> str:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    return sub.choices["serve"].format_help()  # type: ignore[union-attr]
+    choices: dict[str, argparse.ArgumentParser] = sub.choices  # type: ignore[assignment]
+    return choices["serve"].format_help()
 
 
 def test_help_documents_every_config_field_in_groups() -> None:

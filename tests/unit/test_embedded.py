@@ -25,7 +25,7 @@ class FakeClock:
 def decide(t: EmbeddedTransport, messages: list, action_of: object) -> None:
     for m in messages:
         if m.topic == INST:
-            event = orjson.loads(m.value)
+            event = orjson.loads(m.value or b"")
             action = action_of(event)  # type: ignore[operator]
             t.produce(DEC, m.key, orjson.dumps({"id": event["id"], "action": action}))
 
@@ -38,7 +38,7 @@ def test_instances_have_offset_ids_sparse_features_and_labels() -> None:
     t = EmbeddedTransport(chunk=8, seed=2)
     batch = t.poll(100, 0.0)
     assert [m.offset for m in batch] == list(range(8))
-    events = [orjson.loads(m.value) for m in batch]
+    events = [orjson.loads(m.value or b"") for m in batch]
     assert [e["id"] for e in events] == [f"e{i}" for i in range(8)]
     assert [m.key for m in batch] == [f"e{i}".encode() for i in range(8)]
     assert all(set(e["x"]) == {"idx", "val"} and 0 <= e["label"] < 9 for e in events)
@@ -50,11 +50,11 @@ def test_feedback_reward_is_one_iff_action_equals_label() -> None:
     t = EmbeddedTransport(chunk=50, delay_mean_s=0.0, seed=3, clock=clock)
     labels = {}
     for m in t.poll(100, 0.0):
-        event = orjson.loads(m.value)
+        event = orjson.loads(m.value or b"")
         labels[event["id"]] = event["label"]
         action = event["label"] if int(event["id"][1:]) % 2 == 0 else (event["label"] + 1) % 9
         t.produce(DEC, m.key, orjson.dumps({"id": event["id"], "action": action}))
-    feedback = [orjson.loads(m.value) for m in t.poll(1000, 0.0) if m.topic == FEED]
+    feedback = [orjson.loads(m.value or b"") for m in t.poll(1000, 0.0) if m.topic == FEED]
     assert len(feedback) == 50
     for fb in feedback:
         assert fb["reward"] == (1.0 if int(fb["id"][1:]) % 2 == 0 else 0.0)
@@ -132,7 +132,7 @@ def test_commit_seek_and_trimming() -> None:
     t2 = EmbeddedTransport(chunk=5)
     t2.seek({(INST, 0): 1000, (FEED, 0): 700})
     batch = t2.poll(100, 0.0)
-    assert [orjson.loads(m.value)["id"] for m in batch] == [f"e{i}" for i in range(1000, 1005)]
+    assert [orjson.loads(m.value or b"")["id"] for m in batch] == [f"e{i}" for i in range(1000, 1005)]
 
 
 def test_dead_letters_kept_bounded_and_unknown_topic_rejected() -> None:
