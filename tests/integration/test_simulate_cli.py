@@ -6,12 +6,30 @@ import os
 import re
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 import uuid
 from pathlib import Path
 
 import orjson
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _becomes_ready(url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200 and orjson.loads(response.read())["ready"]:
+                    return True
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503, exc.code
+        except urllib.error.URLError:
+            pass  # the loop stopped and the server is gone
+        time.sleep(0.2)
+    return False
 
 
 def test_simulate_feeds_serve_through_kafka(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -22,21 +40,30 @@ def test_simulate_feeds_serve_through_kafka(kafka_bootstrap: str, tmp_path: Path
     n = 1500
     server = subprocess.Popen(
         [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", kafka_bootstrap, *topics,
-         "--max-events", str(n), "--metrics-port", "-1", "--progress-seconds", "0",
+         "--max-events", str(n), "--metrics-port", "0", "--progress-seconds", "0",
          "--checkpoint-dir", str(tmp_path / "ckpt")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    simulator: subprocess.Popen[str] | None = None
     try:
-        sim = subprocess.run(
+        assert server.stdout is not None
+        head = [server.stdout.readline() for _ in range(2)]
+        port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", "".join(head))
+        assert port, head
+        simulator = subprocess.Popen(
             [sys.executable, "-m", "streamlearn", "simulate", "--bootstrap", kafka_bootstrap,
-             *topics, "--rate", "0", "--events", str(n), "--delay-mean", "0.05", "--drop", "0.2",
+             *topics, "--rate", "500", "--events", str(n), "--delay-mean", "0.05", "--drop", "0.2",
              "--seed", "3", "--wait-seconds", "60", "--json"],
-            capture_output=True, text=True, env=env, timeout=180)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        # while it serves a real broker, the lag measured in the poll thread makes it ready
+        assert _becomes_ready(f"http://127.0.0.1:{port.group(1)}/readyz", timeout_s=60)
+        sim_out, sim_err = simulator.communicate(timeout=180)
         out, err = server.communicate(timeout=60)
     finally:
-        if server.poll() is None:
-            server.kill()
-    assert sim.returncode == 0, sim.stderr
-    summary = orjson.loads(sim.stdout)
+        for proc in (server, simulator):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert simulator is not None and simulator.returncode == 0, sim_err
+    summary = orjson.loads(sim_out)
     assert summary["instances_sent"] == n
     assert summary["decisions_received"] == n  # every instance got exactly one decision
     assert summary["missing_decisions"] == 0 and summary["foreign_decisions"] == 0
