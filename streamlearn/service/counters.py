@@ -63,14 +63,13 @@ class Counters:
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in vars(self).items() if k != "clock"}
         out["applied_checksum"] = str(self.applied_checksum)  # JSON numbers are not uint64-safe
-        out["clock"] = [self.clock.event_time, self.clock._now]
+        out["clock"] = self.clock.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Counters:
         data = dict(data)
-        clock = EventClock()
-        clock.event_time, clock._now = (float(v) for v in data.pop("clock"))
+        clock = EventClock.from_json(data.pop("clock"))
         data["applied_checksum"] = int(data["applied_checksum"])
         return cls(**data, clock=clock)
 

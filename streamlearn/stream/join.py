@@ -74,22 +74,36 @@ class JoinSettings:
 
 
 class EventClock:
-    """Monotone event time; while no newer event arrives it advances with the wall clock."""
+    """Monotone event time; while no newer event arrives it advances with the wall clock.
+
+    Its whole state is three numbers (:meth:`to_json`), checkpointed with the joins.
+    """
 
     def __init__(self) -> None:
         self.event_time = -np.inf
-        self._wall_at_event = 0.0
+        self.wall_at_event = -np.inf  # wall time when event_time last advanced
         self._now = -np.inf
 
     def observe(self, ts: np.ndarray, wall: float) -> None:
         if len(ts) and float(ts.max()) > self.event_time:
             self.event_time = float(ts.max())
-            self._wall_at_event = wall
+            self.wall_at_event = wall
 
     def now(self, wall: float) -> float:
         if np.isfinite(self.event_time):
-            self._now = max(self._now, self.event_time + max(0.0, wall - self._wall_at_event))
+            self._now = max(self._now, self.event_time + max(0.0, wall - self.wall_at_event))
         return self._now
+
+    def to_json(self) -> list[float | None]:
+        return [v if np.isfinite(v) else None
+                for v in (self.event_time, self.wall_at_event, self._now)]
+
+    @classmethod
+    def from_json(cls, values: list[float | None]) -> EventClock:
+        clock = cls()
+        clock.event_time, clock.wall_at_event, clock._now = (
+            -np.inf if v is None else float(v) for v in values)
+        return clock
 
 
 @dataclass

@@ -300,3 +300,18 @@ def test_transport_errors_do_not_stop_the_loop(tmp_path: Path) -> None:
     assert daemon.counters.decisions == 500
     consumed = {tp: end for tp, end in transport.end_offsets().items() if end}
     assert broker.group_offsets["streamlearn"] == consumed
+
+
+def test_restored_daemon_keeps_its_pending_joins_while_idle(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    Caller(broker).publish(0, 100, ts=clock.t)
+    first = make_daemon(broker, tmp_path, clock)
+    drain(first)
+    first.checkpoint()
+    clock.t += 1.0
+    second = make_daemon(broker, tmp_path, clock)  # a new process: only the snapshot's clock
+    second.step()  # nothing to read: only the join clock moves
+    assert len(second.join) == 100 and second.counters.feedback["expired"] == 0
+    clock.t += 5.0  # the 5 s window has passed since the decisions
+    second.step()
+    assert len(second.join) == 0 and second.counters.feedback["expired"] == 100

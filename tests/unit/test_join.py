@@ -164,6 +164,9 @@ def test_event_clock_is_monotone_and_moves_while_idle() -> None:
     assert c.now(1005.0) == 105.0  # idle: moves with the wall clock
     c.observe(np.array([101.0]), wall=1005.0)  # older than the extrapolated time
     assert c.now(1005.0) == 105.0  # never goes back
+    again = EventClock.from_json(c.to_json())  # e.g. in a new process after a restart
+    assert again.now(1010.0) == c.now(1010.0) == 106.0
+    assert EventClock.from_json(EventClock().to_json()).now(1e9) == -np.inf
 
 
 def test_settings_are_validated() -> None:
