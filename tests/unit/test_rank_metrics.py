@@ -91,7 +91,7 @@ def test_auc_population_rows_match_single_calls() -> None:
     w = rng.uniform(0.5, 2, size=40)
     many = metrics.auc(y, S, w)
     assert isinstance(many, np.ndarray)
-    np.testing.assert_allclose(many, [metrics.auc(y, row, w) for row in S], atol=1e-12)
+    np.testing.assert_allclose(many, [float(metrics.auc(y, row, w)) for row in S], atol=1e-12)
 
 
 def test_auc_needs_both_classes() -> None:
@@ -146,7 +146,8 @@ def test_ndcg_matches_ranx_burges() -> None:
     qid, rel, _ = random_queries(rng, 30)
     rel[np.r_[0, np.cumsum(np.bincount(np.unique(qid, return_inverse=True)[1]))[:-1]]] = 2
     score = rng.normal(size=len(qid))  # ranx breaks ties its own way: no ties here
-    qrels, run = {}, {}
+    qrels: dict[str, dict[str, int]] = {}
+    run: dict[str, dict[str, float]] = {}
     for i, (q, r, s) in enumerate(zip(qid, rel, score, strict=True)):
         if r > 0:
             qrels.setdefault(str(q), {})[f"d{i}"] = int(r)

@@ -150,10 +150,10 @@ def test_listwise_rankers_beat_random_on_held_out_queries(make) -> None:
     X, y, qid = ranking_problem(11, n_queries=40)
     train = qid < 25
     model = make().fit(X[train], y[train], qid[train])
-    learned = ndcg(y[~train], model.score(X[~train]), qid[~train], k=10)
+    learned = float(ndcg(y[~train], model.score(X[~train]), qid[~train], k=10))
     rng = np.random.default_rng(12)
-    random = np.mean([ndcg(y[~train], rng.random((~train).sum()), qid[~train], k=10)
-                      for _ in range(20)])
+    random = float(np.mean([ndcg(y[~train], rng.random((~train).sum()), qid[~train], k=10)
+                            for _ in range(20)]))
     assert learned > random + 0.15
 
 
