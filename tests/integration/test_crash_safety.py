@@ -92,12 +92,15 @@ def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path:
     rng = np.random.default_rng(20261130)
     proc = serve(kafka_bootstrap, topics, ckpt, log)
     kill_log = []
-    for _ in range(KILLS):
-        # kill while it is deciding: once it has emitted new decisions, after a random delay
-        seen = caller.n_decisions
-        wait_until(lambda seen=seen: caller.n_decisions > seen + 500, 60, "the daemon to serve",
+    marks = np.sort(rng.uniform(0.05, 0.9, size=KILLS)) * N  # spread over the whole stream
+    for mark in marks:
+        # kill while it is deciding: past the mark, once it emits new decisions, after a delay
+        wait_until(lambda mark=mark: len(caller.first) >= mark, 120, "the stream to progress",
                    lambda: log.read_text()[-2000:])
-        time.sleep(float(rng.uniform(0.2, 3.0)))
+        seen = caller.n_decisions
+        wait_until(lambda seen=seen: caller.n_decisions > seen + 200, 60, "the daemon to serve",
+                   lambda: log.read_text()[-2000:])
+        time.sleep(float(rng.uniform(0.0, 1.5)))
         assert proc.poll() is None, log.read_text()[-3000:]
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
