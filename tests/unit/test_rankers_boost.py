@@ -140,6 +140,17 @@ def test_ndcg_boost_weighted_equals_repeated_rows() -> None:
     np.testing.assert_allclose(a.train_bound_, b.train_bound_, rtol=1e-9)
 
 
+def test_pointwise_logistic_weighted_equals_repeated() -> None:
+    from streamlearn.rankers.letor_eval import PointwiseLogistic
+
+    X, y, _ = ranking_problem(14, n_queries=4, per_query=15, d=4)
+    counts = np.random.default_rng(15).integers(1, 4, size=len(y))
+    a = PointwiseLogistic(ridge=0.5).fit(X, y, sample_weight=counts)
+    b = PointwiseLogistic(ridge=0.5).fit(np.repeat(X, counts, axis=0), np.repeat(y, counts))
+    np.testing.assert_allclose(a.coef_, b.coef_, rtol=1e-8, atol=1e-10)
+    assert np.std(a.coef_) > 0.01
+
+
 # ----------------------------------------------------- better than random ranking
 
 
