@@ -231,14 +231,24 @@ class Roger(Ranker):
     def feature_weights(self) -> tuple[np.ndarray, np.ndarray | None]:
         """Per-feature weights (on [0, 1]-scaled features, unit L1 norm) and centres.
 
-        Centres are in the original feature units (``None`` for the linear hypothesis).
+        Centres are in the original feature units (``None`` for the linear
+        hypothesis), in a canonical form: on the training range ``[min, max]`` a
+        centre below the range acts like ``min`` and one above it like ``max`` with
+        the weight's sign flipped (``w|x − c| = −w|x − min| + const`` for ``c ≥ max``),
+        so such centres are reported as ``min`` with the matching weight sign. Every
+        run then describes a monotone feature effect the same way, which makes the
+        n'Roger medians meaningful; the ranking of training rows is unchanged.
         """
         _check_fitted(self)
-        norm = np.abs(self.weights_).sum()
-        weights = self.weights_ / norm if norm > 0 else self.weights_.copy()
-        if self.centres_scaled_ is None:
-            return weights, None
-        return weights, self.offset_ + self.centres_scaled_ * self.scale_
+        weights = self.weights_.copy()
+        centres = None
+        if self.centres_scaled_ is not None:
+            above = self.centres_scaled_ >= 1.0
+            weights[above] = -weights[above]
+            centres = np.where(above, 0.0, np.clip(self.centres_scaled_, 0.0, 1.0))
+            centres = self.offset_ + centres * self.scale_
+        norm = np.abs(weights).sum()
+        return (weights / norm if norm > 0 else weights), centres
 
 
 class NRoger(Ranker):

@@ -144,3 +144,18 @@ def test_parameter_validation() -> None:
         Roger(mu=0).fit(X, y)
     with pytest.raises(ConfigError, match="queries"):
         Roger().fit(X, y, qid=np.repeat([1, 2], 15))
+
+
+def test_l1_explanation_is_canonical_and_ranks_like_the_model() -> None:
+    X, y = separable_toy(8)
+    model = Roger(hypothesis="l1", generations=20, seed=5)
+    model.fit(X, y)
+    weights, centres = model.feature_weights()
+    assert centres is not None
+    low, high = X.min(axis=0), X.max(axis=0)
+    assert np.all((centres >= low) & (centres < high))
+    # the canonical (weight, centre) pairs rank the training rows exactly as the model does
+    span = high - low
+    canonical = (np.abs(X - centres) / span) @ weights
+    assert auc(y, canonical) == pytest.approx(model.fitness_, abs=1e-12)
+    assert auc(y, canonical) == pytest.approx(auc(y, model.score(X)), abs=1e-12)
