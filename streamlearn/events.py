@@ -37,16 +37,8 @@ import orjson
 
 from streamlearn.features import Batch, SparseBatch, hash_names
 
-__all__ = [
-    "REASONS",
-    "DecodeLimits",
-    "FeedbackBatch",
-    "InstanceBatch",
-    "RawMessage",
-    "Rejection",
-    "decode_feedback",
-    "decode_instances",
-]
+__all__ = ["REASONS", "DecodeLimits", "FeedbackBatch", "InstanceBatch", "RawMessage",
+           "Rejection", "decode_feedback", "decode_instances"]
 
 REASONS = (
     "invalid_utf8", "invalid_json", "not_object", "too_large", "nesting_too_deep",
@@ -130,6 +122,10 @@ class _Reject(Exception):
     def __init__(self, reason: str, detail: str, event_id: str | None = None) -> None:
         self.reason, self.detail, self.event_id = reason, detail, event_id
 
+    def of(self, msg: RawMessage) -> Rejection:
+        return Rejection(self.reason, self.detail, msg.topic, msg.partition, msg.offset, msg.key,
+                         msg.value, self.event_id)
+
 
 def _depth_exceeds(value: bytes, limit: int) -> bool:
     """Whether bracket nesting (counted on raw bytes, strings included) exceeds ``limit``."""
@@ -151,14 +147,9 @@ def _parse(msg: RawMessage, limits: DecodeLimits) -> dict[str, Any]:
         raise _Reject("nesting_too_deep", f"expected nesting depth <= {limits.max_depth}")
     try:
         obj = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        try:
-            value.decode("utf-8")
-        except UnicodeDecodeError:
-            raise _Reject("invalid_utf8", "value is not valid UTF-8") from None
-        if "UTF-8" in str(exc):
-            raise _Reject("invalid_utf8", str(exc)) from None
-        raise _Reject("invalid_json", str(exc)[:200]) from None
+    except orjson.JSONDecodeError as exc:  # orjson names UTF-8 problems (also surrogates)
+        reason = "invalid_utf8" if "UTF-8" in str(exc) else "invalid_json"
+        raise _Reject(reason, str(exc)[:200]) from None
     if not isinstance(obj, dict):
         raise _Reject("not_object", f"expected a JSON object, got {type(obj).__name__}")
     return obj
@@ -188,11 +179,6 @@ def _timestamp(obj: dict[str, Any], msg: RawMessage, event_id: str) -> float:
         raise _Reject("bad_timestamp", f"expected 'ts' to be a finite number, got {ts!r:.40}",
                       event_id)
     return float(ts)
-
-
-def _rejection(msg: RawMessage, err: _Reject) -> Rejection:
-    return Rejection(err.reason, err.detail, msg.topic, msg.partition, msg.offset, msg.key,
-                     msg.value, err.event_id)
 
 
 def _check_features(x: object, n_features: int, event_id: str) -> tuple[str, Any]:
@@ -286,13 +272,12 @@ def decode_instances(
                                            f"got {label!r:.40}", event_id)
             kept.append((msg, event_id, ts, kind, payload, actions, int(label)))
         except _Reject as err:
-            rejections.append(_rejection(msg, err))
+            rejections.append(err.of(msg))
     ok, X = _feature_batch(kept, n_features)
     for row in np.flatnonzero(~ok):
         msg, event_id, _ts, kind, payload, _a, _l = kept[row]
         reason = _feature_reason(kind, payload, n_features)
-        rejections.append(_rejection(msg, _Reject(reason, f"features of {event_id!r}: {reason}",
-                                                  event_id)))
+        rejections.append(_Reject(reason, f"features of {event_id!r}: {reason}", event_id).of(msg))
     rows = [k for k, good in zip(kept, ok, strict=True) if good]
     mask = None
     if any(k[5] is not None for k in rows):
@@ -408,6 +393,6 @@ def decode_feedback(
             stamps.append(ts)
             kept.append(msg)
         except _Reject as err:
-            rejections.append(_rejection(msg, err))
+            rejections.append(err.of(msg))
     return FeedbackBatch(ids, np.array(rewards, dtype=np.float64),
                          np.array(stamps, dtype=np.float64), kept), rejections

@@ -37,7 +37,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -45,67 +44,19 @@ import orjson
 
 from streamlearn.errors import TransportError
 from streamlearn.evaluation.online import OnlineErrorTracker
-from streamlearn.events import DecodeLimits, Rejection, decode_feedback, decode_instances
+from streamlearn.events import Rejection, decode_feedback, decode_instances
 from streamlearn.features import take_rows
 from streamlearn.learners.base import Learner
 from streamlearn.service.counters import Counters, tracker_arrays, tracker_load
 from streamlearn.service.metrics import Observer
+from streamlearn.service.settings import DaemonSettings, dead_letter_value
 from streamlearn.stream.checkpoint import Checkpointer, Offsets
-from streamlearn.stream.join import EXPIRED, JOINED, SHED, JoinSettings, PendingJoins
+from streamlearn.stream.join import EXPIRED, JOINED, SHED, PendingJoins
 from streamlearn.stream.transport import Message, Transport
 
 __all__ = ["Daemon", "DaemonSettings", "dead_letter_value"]
 
 log = logging.getLogger("streamlearn.daemon")
-
-
-@dataclass(frozen=True)
-class DaemonSettings:
-    """What the loop needs (field names follow ``Config``: ``<section>_<field>``)."""
-
-    learner_n_actions: int = 9
-    learner_n_features: int = 400
-    join_window_seconds: float = 600.0
-    join_backward_window_seconds: float = 10.0
-    join_expiry_policy: str = "default_reward"
-    join_default_reward: float = 0.0
-    join_duplicate_policy: str = "earliest"
-    join_max_pending: int = 200_000
-    join_max_early: int = 100_000
-    join_max_clock_skew_seconds: float = 60.0
-    checkpoint_dir: str | None = None
-    checkpoint_every_events: int = 10_000
-    checkpoint_every_seconds: float = 60.0
-    checkpoint_keep: int = 2
-    checkpoint_fsync_journal: bool = False
-    limits_max_message_bytes: int = 1 << 20
-    limits_max_id_length: int = 256
-    limits_poll_max_records: int = 500
-    limits_poll_timeout_seconds: float = 0.1
-    limits_dead_letter_max_bytes: int = 65_536
-    metrics_window: int = 1000
-    model_name: str = ""
-    flush_timeout_seconds: float = 10.0
-    retry_seconds: float = 1.0
-
-    def join_settings(self) -> JoinSettings:
-        return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,
-                            self.join_duplicate_policy, self.join_expiry_policy,
-                            self.join_default_reward, self.join_max_pending, self.join_max_early)
-
-    def limits(self) -> DecodeLimits:
-        return DecodeLimits(self.limits_max_message_bytes, self.limits_max_id_length)
-
-
-def dead_letter_value(rejection: Rejection, max_bytes: int) -> bytes:
-    """``{"reason","detail","topic","partition","offset","id","value_b64","truncated","size"}``."""
-    value = rejection.value or b""
-    return orjson.dumps({
-        "reason": rejection.reason, "detail": rejection.detail, "topic": rejection.topic,
-        "partition": rejection.partition, "offset": rejection.offset, "id": rejection.event_id,
-        "value_b64": base64.b64encode(value[:max_bytes]).decode("ascii"),
-        "truncated": len(value) > max_bytes, "size": len(value),
-    })
 
 
 class Daemon:

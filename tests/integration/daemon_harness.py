@@ -47,7 +47,9 @@ def make_topics(bootstrap: str, partitions: int = PARTITIONS,
 
 
 def transport(bootstrap: str, topics: dict[str, str], group: str = "streamlearn") -> KafkaTransport:
-    return KafkaTransport(bootstrap, group_id=group, request_timeout_s=30, **topics)
+    return KafkaTransport(bootstrap, topics["instances_topic"], topics["feedback_topic"],
+                          topics["decisions_topic"], topics["dead_letter_topic"], group_id=group,
+                          request_timeout_s=30)
 
 
 def producer(bootstrap: str, **kw: Any) -> KafkaProducer:

@@ -1,0 +1,234 @@
+"""Benchmark of ``streamlearn serve`` through a real Kafka broker.
+
+Three measurements, each on fresh topics (2 partitions):
+
+1. **Bare consumer**: a kafka-python consume + ``orjson.loads`` loop over a
+   backlog of instance events: the ceiling any Python consumer has here.
+2. **Throughput**: the daemon (a ``python -m streamlearn serve`` process)
+   decides the same kind of backlog; events/s from the first to the last
+   decision's broker timestamp. The ratio to (1) is the daemon's efficiency.
+3. **Latency at a fixed offered load**: instances are produced at ``--rate``
+   events/s while a caller answers every decision with feedback (the full
+   loop: decide, publish, join, learn, checkpoint); latency = decision's
+   timestamp − instance's timestamp (both set by the producing clients on this
+   machine), reported as p50 / p99 / max after a warm-up.
+
+Usage::
+
+    python -m simulators.bench_daemon [--bootstrap HOST:PORT] [--events 30000] [--rate 2000]
+
+Without ``--bootstrap`` a broker is started with deploy/kafka/kafka.sh in a
+temporary directory and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
+
+
+def start_broker(stack: ExitStack) -> str:
+    work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
+    port = _free_port()
+    done = subprocess.run([str(KAFKA_SH), "start", "--port", str(port), "--dir", str(work)],
+                          capture_output=True, text=True, check=True)
+    stack.callback(subprocess.run, [str(KAFKA_SH), "stop", "--dir", str(work)],
+                   capture_output=True, check=False)
+    return done.stdout.strip()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_topics(bootstrap: str, partitions: int = 2) -> dict[str, str]:
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    run = uuid.uuid4().hex[:8]
+    names = {"instances": f"bench-in-{run}", "feedback": f"bench-fb-{run}",
+             "decisions": f"bench-dec-{run}", "dead_letter": f"bench-dlq-{run}"}
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin.create_topics([NewTopic(n, partitions, 1) for n in names.values()], timeout_ms=30_000)
+    admin.close()
+    time.sleep(1.0)
+    return names
+
+
+def encode(i: int, x: np.ndarray, label: int, form: str) -> bytes:
+    if form == "sparse":
+        nz = np.flatnonzero(x)
+        return orjson.dumps({"id": f"e{i}", "x": {"idx": nz.tolist(), "val": x[nz].tolist()},
+                             "label": label})
+    return orjson.dumps({"id": f"e{i}", "x": x.tolist(), "label": label})
+
+
+def producer(bootstrap: str) -> Any:
+    from kafka import KafkaProducer
+
+    return KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
+
+
+def consumer_for(bootstrap: str, topic: str) -> Any:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    while not c.partitions_for_topic(topic):
+        time.sleep(0.1)
+    parts = [TopicPartition(topic, p) for p in c.partitions_for_topic(topic)]
+    c.assign(parts)
+    c.seek_to_beginning(*parts)
+    return c
+
+
+def serve(bootstrap: str, topics: dict[str, str], ckpt: Path) -> subprocess.Popen[bytes]:
+    args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
+            "--topics-instances", topics["instances"], "--topics-feedback", topics["feedback"],
+            "--topics-decisions", topics["decisions"],
+            "--topics-dead-letter", topics["dead_letter"], "--checkpoint-dir", str(ckpt),
+            "--metrics-port", "-1", "--progress-seconds", "0", "--learner", "banditron",
+            "--exploration", "fixed", "--gamma", "0.05"]
+    return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def bare_rate(bootstrap: str, topic: str, n: int) -> float:
+    c = consumer_for(bootstrap, topic)
+    got, started = 0, None
+    while got < n:
+        for records in c.poll(timeout_ms=500, max_records=500).values():
+            if started is None:
+                started = time.perf_counter()
+            for r in records:
+                orjson.loads(r.value)
+            got += len(records)
+    elapsed = time.perf_counter() - (started or time.perf_counter())
+    c.close()
+    return n / elapsed
+
+
+def throughput(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str,
+               work: Path) -> tuple[float, float]:
+    topics = make_topics(bootstrap)
+    prod = producer(bootstrap)
+    for i in range(len(y)):
+        prod.send(topics["instances"], key=f"e{i}".encode(), value=encode(i, X[i], int(y[i]), form))
+    prod.flush()
+    prod.close()
+    bare = bare_rate(bootstrap, topics["instances"], len(y))
+    proc = serve(bootstrap, topics, work / f"ckpt-{topics['instances']}")
+    c = consumer_for(bootstrap, topics["decisions"])
+    stamps: list[int] = []
+    while len(stamps) < len(y):
+        for records in c.poll(timeout_ms=500).values():
+            stamps.extend(r.timestamp for r in records)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    c.close()
+    daemon = len(y) / ((max(stamps) - min(stamps)) / 1000.0)
+    return daemon, bare
+
+
+def latency(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str, rate: float,
+            work: Path, warmup: int) -> dict[str, float]:
+    topics = make_topics(bootstrap)
+    proc = serve(bootstrap, topics, work / f"ckpt-{topics['instances']}")
+    time.sleep(5.0)  # let the daemon start before the clock runs
+    sent_ms: dict[str, int] = {}
+    decided_ms: dict[str, int] = {}
+    done = threading.Event()
+
+    def answer() -> None:  # the caller: read decisions, send feedback
+        c = consumer_for(bootstrap, topics["decisions"])
+        fb = producer(bootstrap)
+        while not done.is_set():
+            for records in c.poll(timeout_ms=200).values():
+                for r in records:
+                    d = orjson.loads(r.value)
+                    decided_ms.setdefault(d["id"], r.timestamp)
+                    reward = float(d["action"] == y[int(d["id"][1:])])
+                    fb.send(topics["feedback"], key=r.key,
+                            value=orjson.dumps({"id": d["id"], "reward": reward}))
+        fb.close()
+        c.close()
+
+    caller = threading.Thread(target=answer, daemon=True)
+    caller.start()
+    prod = producer(bootstrap)
+    futures = []
+    start = time.perf_counter()
+    for i in range(len(y)):
+        due = start + i / rate
+        pause = due - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        futures.append((f"e{i}", prod.send(topics["instances"], key=f"e{i}".encode(),
+                                           value=encode(i, X[i], int(y[i]), form))))
+    offered = len(y) / (time.perf_counter() - start)
+    prod.flush()
+    for event_id, future in futures:
+        sent_ms[event_id] = future.get(timeout=30).timestamp
+    deadline = time.monotonic() + 120
+    while len(decided_ms) < len(y) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    done.set()
+    caller.join(10)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+    ids = [f"e{i}" for i in range(warmup, len(y))]
+    lat = np.array([decided_ms[i] - sent_ms[i] for i in ids if i in decided_ms]) / 1000.0
+    return {"offered": offered, "decided": len(decided_ms), "p50": float(np.percentile(lat, 50)),
+            "p99": float(np.percentile(lat, 99)), "max": float(lat.max()), "n": len(lat)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from simulators.synthetic import synthetic_stream
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--bootstrap", help="HOST:PORT of a running broker (default: start one)")
+    parser.add_argument("--events", type=int, default=30_000, help="backlog for throughput")
+    parser.add_argument("--rate", type=float, default=2_000.0, help="offered load, events/s")
+    parser.add_argument("--latency-events", type=int, default=30_000)
+    parser.add_argument("--format", choices=("dense", "sparse"), default="dense")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    with ExitStack() as stack:
+        bootstrap = args.bootstrap or start_broker(stack)
+        work = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
+        X, y = synthetic_stream(max(args.events, args.latency_events), noise=0.05, seed=args.seed)
+        print(f"broker {bootstrap}; SynNonSep d=400 K=9, {args.format} JSON "
+              f"(~{len(encode(0, X[0], int(y[0]), args.format))} bytes/event), 2 partitions")
+        daemon, bare = throughput(bootstrap, X[:args.events], y[:args.events], args.format, work)
+        print(f"throughput  daemon {daemon:,.0f} events/s (backlog of {args.events:,}); bare "
+              f"kafka-python consume+orjson {bare:,.0f} events/s; ratio {daemon / bare:.2f}")
+        n = args.latency_events
+        res = latency(bootstrap, X[:n], y[:n], args.format, args.rate, work, warmup=n // 10)
+        print(f"latency     offered {res['offered']:,.0f} events/s, {res['decided']:,} decided; "
+              f"instance→decision p50 {res['p50'] * 1e3:.1f} ms, p99 {res['p99'] * 1e3:.1f} ms, "
+              f"max {res['max'] * 1e3:.1f} ms (after {n // 10:,} warm-up events, "
+              f"n={res['n']:,}; feedback for every decision)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
