@@ -129,7 +129,8 @@ class Daemon:
         if self.checkpointer is None:
             return
         restored = self.checkpointer.restore()
-        if restored is None:
+        if restored is None:  # a crash before the first checkpoint still left its journal
+            self._journaled = self.checkpointer.journal.load(0)
             return
         arrays, meta = restored.arrays, restored.meta
         self.learner = type(self.learner).from_state(
@@ -339,17 +340,12 @@ class Daemon:
                 "settings": dataclasses.asdict(self.settings)}
         try:
             seq = self.checkpointer.save(self.transport, arrays, meta, dict(self.offsets),
-                                         self.settings.flush_timeout_seconds)
+                                         self.settings.flush_timeout_seconds,
+                                         carry=self._journaled.values())
         except TransportError as exc:
             log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
             self._retry_checkpoint_at = wall + self.settings.retry_seconds
             return None
-        # journaled decisions of input not yet re-read must survive the rotation
-        if self._journaled:
-            items = list(self._journaled.values())
-            self.checkpointer.journal.append([o.message["id"] for o in items],
-                                             np.array([o.probs for o in items]),
-                                             [o.message for o in items])
         self.observer.on_checkpoint(time.perf_counter() - started, wall)
         return seq
 

@@ -12,8 +12,11 @@ state into plain arrays + JSON):
 2. write ``ckpt-<seq>`` — learner arrays, pending joins, next offsets of both
    input topics, counters; atomic, so a crash leaves the old or the new one;
 3. ``transport.commit(offsets)`` — only now may the group skip that input;
-4. start ``journal-<seq>``, delete snapshots and segments older than the
-   ``keep`` newest snapshots.
+4. delete snapshots and journal segments older than the ``keep`` newest snapshots.
+
+Before step 2 the next journal segment ``journal-<seq>`` is started with the
+journaled decisions whose input has not been re-read yet (``carry``), so that
+the new snapshot never lacks a decision the previous one could replay.
 
 Invariants: the offsets in a snapshot are exactly the input whose effect the
 snapshot's state contains; offsets only move forward; at start the newest
@@ -38,6 +41,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -196,21 +200,26 @@ class Checkpointer:
                 or time.monotonic() - self.last_time >= self.every_s)
 
     def save(self, transport: Any, arrays: dict[str, np.ndarray], meta: dict[str, Any],
-             offsets: Offsets, flush_timeout_s: float = 30.0) -> int:
-        """Flush → write snapshot → commit offsets → rotate (see module docstring)."""
+             offsets: Offsets, flush_timeout_s: float = 30.0,
+             carry: Iterable[JournaledDecision] = ()) -> int:
+        """Flush → next journal segment (+ ``carry``) → snapshot → commit → prune."""
         for key, previous in self.last_offsets.items():
             if offsets.get(key, previous) < previous:
                 raise StateError(f"offsets must only move forward: {key[0]}[{key[1]}] "
                                  f"would go from {previous} back to {offsets[key]}.")
         transport.flush(flush_timeout_s)
         seq = self.seq + 1
+        self.journal.open_segment(seq)
+        carried = list(carry)
+        if carried:
+            self.journal.append([c.message["id"] for c in carried],
+                                np.array([c.probs for c in carried]), [c.message for c in carried])
         write_snapshot(self.directory / f"ckpt-{seq:08d}", arrays,
                        {**meta, "seq": seq, "offsets": offsets_to_json(offsets)})
         self.seq = seq
         self.last_offsets = dict(offsets)
         if offsets:
             transport.commit(offsets)
-        self.journal.open_segment(seq)
         self._prune()
         self.events_since = 0
         self.last_time = time.monotonic()

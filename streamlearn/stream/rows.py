@@ -90,20 +90,35 @@ class RowStore:
             self.sparse_idx[slot] = self.sparse_val[slot] = None
 
     def export(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """The rows of ``slots`` as plain arrays (dense block + CSR block + which is which)."""
+        """The rows of ``slots`` as plain arrays (dense block + CSR block + which is which).
+
+        Dense rows that are mostly zeros are saved in CSR form too (a snapshot of
+        many pending 0/1 rows would otherwise be mostly zeros).
+        """
         sparse = self.is_sparse[slots]
         dense_slots = slots[~sparse]
         dense = (self.dense[dense_slots] if self.dense is not None
                  else np.zeros((len(dense_slots), self.n_features)))
         csr = as_sparse(self.take(slots[sparse])) if sparse.any() else _csr([], [], self.n_features)
-        return {"is_sparse": sparse, "dense": dense, "indptr": csr.indptr,
-                "indices": csr.indices, "values": csr.values}
+        out = {"is_sparse": sparse, "indptr": csr.indptr, "indices": csr.indices,
+               "values": csr.values}
+        if dense.size and np.count_nonzero(dense) < 0.5 * dense.size:
+            packed = as_sparse(dense)
+            out.update({"dense_indptr": packed.indptr, "dense_indices": packed.indices,
+                        "dense_values": packed.values, "dense": np.zeros((0, self.n_features))})
+        else:
+            out["dense"] = dense
+        return out
 
     @staticmethod
     def imported(arrays: dict[str, np.ndarray], n_features: int) -> Batch:
         """The batch of rows saved by :meth:`export`, in the saved order."""
         sparse = arrays["is_sparse"].astype(bool)
-        dense = arrays["dense"].reshape(-1, n_features)
+        if "dense_indptr" in arrays:
+            dense = SparseBatch(arrays["dense_indptr"], arrays["dense_indices"],
+                                arrays["dense_values"], n_features).to_dense()
+        else:
+            dense = arrays["dense"].reshape(-1, n_features)
         if not sparse.any():
             return dense
         csr = SparseBatch(arrays["indptr"], arrays["indices"], arrays["values"], n_features)

@@ -315,3 +315,26 @@ def test_restored_daemon_keeps_its_pending_joins_while_idle(tmp_path: Path) -> N
     clock.t += 5.0  # the 5 s window has passed since the decisions
     second.step()
     assert len(second.join) == 0 and second.counters.feedback["expired"] == 100
+
+
+def test_journaled_decisions_survive_a_checkpoint_taken_while_replaying(tmp_path: Path) -> None:
+    """Crash → restart → checkpoint before re-reading everything → crash → restart."""
+    broker, clock = InMemoryBroker(1), Clock()
+    caller = Caller(broker)
+    caller.publish(0, 300, ts=clock.t)
+    first = make_daemon(broker, tmp_path, clock)
+    drain(first)  # 300 decisions journaled, no checkpoint yet; then the process dies
+    original = {k: v[0] for k, v in decisions_by_id(broker).items()}
+    for i in range(100):  # feedback that changes the weights while the input is re-read
+        caller.writer.append_feedback(f"e{i}".encode(),
+                                      orjson.dumps({"id": f"e{i}", "reward": 1.0}))
+    second = make_daemon(broker, tmp_path, clock, limits_poll_max_records=50)
+    while second.counters.instances < 150:
+        second.step()
+    assert second.counters.feedback["joined"] > 0  # the weights moved
+    second.checkpoint()  # 150 instances not re-read yet: their decisions must be carried
+    third = make_daemon(broker, tmp_path, clock)
+    drain(third)
+    for event_id, decisions in decisions_by_id(broker).items():
+        assert all(d == original[event_id] for d in decisions), event_id
+    assert third.counters.instances == 300 and third.counters.feedback["joined"] == 100

@@ -157,6 +157,22 @@ def test_export_restore_round_trip_with_sparse_and_dense_rows() -> None:
     assert [fb.event_id for fb in q.advance(30.0)] == []  # "gone" expired in both already
 
 
+def test_mostly_zero_dense_rows_are_saved_compactly_and_exactly() -> None:
+    p = PendingJoins(K, 1000, JoinSettings())
+    X = np.zeros((50, 1000))
+    X[np.arange(50), np.arange(50) * 7] = np.linspace(-1.0, 1.0, 50)
+    probs = np.full((50, K), 1.0 / K)
+    ids = [f"e{i}" for i in range(50)]
+    p.add_decisions(ids, X, np.zeros(50, np.int64), probs, np.full(50, -1), np.zeros(50),
+                    np.zeros(50, np.int64), now=0.0)
+    arrays, meta = p.export()
+    assert sum(a.nbytes for a in arrays.values()) < X.nbytes / 20
+    q = PendingJoins.restore(K, 1000, p.settings, arrays, meta)
+    q.advance(1e9)
+    closed = q.drain()
+    assert isinstance(closed.X, np.ndarray) and np.array_equal(closed.X, X)
+
+
 def test_event_clock_is_monotone_and_moves_while_idle() -> None:
     c = EventClock()
     c.observe(np.array([100.0]), wall=1000.0)
