@@ -16,7 +16,7 @@ import numpy as np
 
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.learners.randomness import hash_keys
-from streamlearn.stream.join import EventClock
+from streamlearn.stream.clock import PartitionClocks
 
 __all__ = ["Counters", "id_checksum", "tracker_arrays", "tracker_load"]
 
@@ -45,7 +45,7 @@ class Counters:
     applied_checksum: int = 0
     feedback: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     invalid: dict[str, dict[str, int]] = field(default_factory=dict)  # topic → reason → n
-    clock: EventClock = field(default_factory=EventClock)
+    clocks: PartitionClocks = field(default_factory=PartitionClocks)
 
     def count_invalid(self, topic: str, reason: str) -> None:
         per_topic = self.invalid.setdefault(topic, {})
@@ -61,17 +61,17 @@ class Counters:
         self.applied_checksum = (self.applied_checksum + id_checksum(applied)) % (1 << 64)
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in vars(self).items() if k != "clock"}
+        out = {k: v for k, v in vars(self).items() if k != "clocks"}
         out["applied_checksum"] = str(self.applied_checksum)  # JSON numbers are not uint64-safe
-        out["clock"] = self.clock.to_json()
+        out["clocks"] = self.clocks.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Counters:
         data = dict(data)
-        clock = EventClock.from_json(data.pop("clock"))
+        clocks = PartitionClocks.from_json(data.pop("clocks"))
         data["applied_checksum"] = int(data["applied_checksum"])
-        return cls(**data, clock=clock)
+        return cls(**data, clocks=clocks)
 
 
 def tracker_arrays(tracker: OnlineErrorTracker) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

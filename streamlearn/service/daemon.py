@@ -7,8 +7,8 @@ Each iteration works on one micro-batch (what one poll returns):
 2. decide all new instances with one ``learner.decide`` call (keys = event ids,
    so a decision is a pure function of seed, id and learner state), journal
    the decisions, publish them keyed by id, record them as pending joins;
-3. join the feedback (:mod:`streamlearn.stream.join`), advance the join clock,
-   and apply every decision that closed with one ``learner.update`` call;
+3. join the feedback (:mod:`streamlearn.stream.join`), advance the join clocks
+   (:mod:`streamlearn.stream.clock`), and apply every decision that closed with one ``learner.update`` call;
 4. checkpoint every N input messages or T seconds (:mod:`streamlearn.stream.checkpoint`).
 
 Invariants (what makes ``kill -9`` at any moment lose nothing and apply
@@ -164,7 +164,10 @@ class Daemon:
             self._on_instances(instances, wall)
         if feedback:
             self._on_feedback(feedback, wall)
-        for fb in self.join.advance(self.join_now(wall)):
+        if len(messages) < s.limits_poll_max_records:  # the consumer had nothing more buffered
+            self._mark_idle(messages, wall)
+        clocks = self.counters.clocks
+        for fb in self.join.advance(clocks.now("feedback", wall), clocks.now("instances", wall)):
             self._dead_letter(Rejection("unknown_id", "no decision with this id", fb.source["topic"],
                                         fb.source["partition"], fb.source["offset"],
                                         _b64(fb.source["key_b64"]), _b64(fb.source["value_b64"]),
@@ -186,9 +189,12 @@ class Daemon:
         """
         return np.minimum(ts, wall + self.settings.join_max_clock_skew_seconds)
 
-    def join_now(self, wall: float) -> float:
-        """Join time: event time, moving on with the wall clock while input is idle."""
-        return self.counters.clock.now(wall)
+    def _mark_idle(self, messages: list[Message], wall: float) -> None:
+        """Input partitions that returned nothing in a non-full poll: their clocks follow the wall."""
+        seen = {(m.topic, m.partition) for m in messages}
+        for topic, partition in self.transport.assignment() - seen:
+            stream = "instances" if topic == self.transport.instances_topic else "feedback"
+            self.counters.clocks.mark_idle(stream, [partition], wall)
 
     def _on_instances(self, messages: list[Message], wall: float) -> None:
         batch, rejected = decode_instances(messages, self.n_features, self.n_actions, self.limits)
@@ -214,12 +220,14 @@ class Daemon:
         actions, probs, records = self._decide(batch.ids, batch.X, batch.mask, wall)
         # a decision's window opens when it is made (journaled ones: when first made)
         decided_at = np.array([r["ts"] for r in records], dtype=np.float64)
-        self.counters.clock.observe(decided_at, wall)
+        clocks = self.counters.clocks
+        clocks.observe("instances", batch.partitions, decided_at)
+        clocks.observe("feedback", batch.partitions, decided_at, floor_only=True)
         for event_id, record in zip(batch.ids, records, strict=True):
             self.transport.produce(self.transport.decisions_topic, event_id.encode("utf-8"),
                                    orjson.dumps(record))
         self.join.add_decisions(batch.ids, batch.X, actions, probs, batch.labels, decided_at,
-                                batch.partitions, self.join_now(wall))
+                                batch.partitions, clocks.latest(wall))
         explored = actions != np.argmax(probs, axis=1)
         self.counters.instances += B
         self.counters.decisions += B
@@ -263,8 +271,10 @@ class Daemon:
         batch, rejected = decode_feedback(messages, self.limits)
         self.observer.on_batch(len(messages), "feedback")
         batch.ts = self._clamp(batch.ts, wall)
-        self.counters.clock.observe(batch.ts, wall)
-        now = self.join_now(wall)
+        partitions = np.array([m.partition for m in batch.messages], dtype=np.int64)
+        self.counters.clocks.observe("feedback", partitions, batch.ts)
+        self.counters.clocks.observe("instances", partitions, batch.ts, floor_only=True)
+        now = self.counters.clocks.latest(wall)
         for i, outcome in self.join.add_feedback(batch.ids, batch.rewards, batch.ts,
                                                  batch.messages, now):
             if outcome in ("duplicate", "unknown"):

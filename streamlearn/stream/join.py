@@ -19,8 +19,10 @@ A decision waits for feedback for an *experimental-unit window* (``window_s``).
 
 Every decision closes exactly once; closed decisions are collected by
 :meth:`PendingJoins.drain` as one :class:`Closed` batch (one learner update).
-Time is the caller's clock (:class:`EventClock`): event time that keeps moving
-with the wall clock while the streams are idle, so expiry never stalls.
+Time is event time per partition (:mod:`streamlearn.stream.clock`): a decision
+expires by the clock of its partition's feedback stream, early feedback by
+the clock of its partition's instance stream; idle streams follow the wall
+clock, so expiry never stalls.
 
 Storage is a struct of arrays indexed by slot, with ``slot_of[id]``; expiry and
 the gathers of closed rows are numpy operations.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import base64
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +42,7 @@ from streamlearn.errors import ConfigError, StateError
 from streamlearn.features import Batch
 from streamlearn.stream.rows import RowStore
 
-__all__ = ["Closed", "EarlyFeedback", "EventClock", "JoinSettings", "PendingJoins"]
+__all__ = ["Closed", "EarlyFeedback", "JoinSettings", "PendingJoins"]
 
 JOINED, EXPIRED, SHED = 0, 1, 2
 POLICIES = ("earliest", "latest", "max")
@@ -71,39 +74,6 @@ class JoinSettings:
         if self.max_pending < 1 or self.max_early < 0:
             raise ConfigError(f"max_pending must be >= 1 and max_early >= 0. "
                               f"Got {self.max_pending} and {self.max_early}.")
-
-
-class EventClock:
-    """Monotone event time; while no newer event arrives it advances with the wall clock.
-
-    Its whole state is three numbers (:meth:`to_json`), checkpointed with the joins.
-    """
-
-    def __init__(self) -> None:
-        self.event_time = -np.inf
-        self.wall_at_event = -np.inf  # wall time when event_time last advanced
-        self._now = -np.inf
-
-    def observe(self, ts: np.ndarray, wall: float) -> None:
-        if len(ts) and float(ts.max()) > self.event_time:
-            self.event_time = float(ts.max())
-            self.wall_at_event = wall
-
-    def now(self, wall: float) -> float:
-        if np.isfinite(self.event_time):
-            self._now = max(self._now, self.event_time + max(0.0, wall - self.wall_at_event))
-        return self._now
-
-    def to_json(self) -> list[float | None]:
-        return [v if np.isfinite(v) else None
-                for v in (self.event_time, self.wall_at_event, self._now)]
-
-    @classmethod
-    def from_json(cls, values: list[float | None]) -> EventClock:
-        clock = cls()
-        clock.event_time, clock.wall_at_event, clock._now = (
-            -np.inf if v is None else float(v) for v in values)
-        return clock
 
 
 @dataclass
@@ -290,19 +260,30 @@ class PendingJoins:
             self._close(np.array([slot]), np.array([JOINED]), ts)
 
     # ------------------------------------------------------------------ expiry
-    def advance(self, now: float) -> list[EarlyFeedback]:
-        """Expire what is due at ``now``; return early feedback that became ``unknown``."""
+    def advance(self, feedback_now: float | Mapping[int, float],
+                instance_now: float | Mapping[int, float] | None = None) -> list[EarlyFeedback]:
+        """Expire what is due; return early feedback that became ``unknown``.
+
+        ``feedback_now`` (per partition, or one time for all) closes the decisions
+        whose window ended; ``instance_now`` (default: the same) ends the wait of
+        early feedback.
+        """
+        instance_now = feedback_now if instance_now is None else instance_now
         live = np.flatnonzero(self.active)
-        due = live[self.decided_at[live] + self.settings.window_s <= now]
-        if len(due):
-            self._close(due, np.where(self.n_feedback[due] > 0, JOINED, EXPIRED), now)
+        if len(live):
+            due = live[self.decided_at[live] + self.settings.window_s
+                       <= _per_partition(feedback_now, self.partition[live])]
+            if len(due):
+                now = _latest(feedback_now)
+                self._close(due, np.where(self.n_feedback[due] > 0, JOINED, EXPIRED), now)
         unknown: list[EarlyFeedback] = []
-        while self.early:
-            fb = next(iter(self.early.values()))
-            if fb.held_at + self.settings.early_window_s > now:
-                break
-            unknown.append(self.early.popitem(last=False)[1])
-        horizon = now - self.settings.window_s
+        if self.early:
+            parts = np.array([fb.source["partition"] for fb in self.early.values()], np.int64)
+            ts = np.array([fb.ts for fb in self.early.values()])
+            gone = ts + self.settings.early_window_s <= _per_partition(instance_now, parts)
+            for event_id in [k for k, g in zip(self.early, gone.tolist(), strict=True) if g]:
+                unknown.append(self.early.pop(event_id))
+        horizon = _latest(feedback_now) - self.settings.window_s
         while self.recent and next(iter(self.recent.values()))[0] < horizon:
             self.recent.popitem(last=False)
         return unknown
@@ -385,6 +366,20 @@ class PendingJoins:
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"Pending joins in the checkpoint are invalid: {exc!r}") from exc
         return store
+
+
+def _per_partition(now: float | Mapping[int, float], partitions: np.ndarray) -> np.ndarray:
+    """The time of each row's partition (-inf for a partition without a clock)."""
+    if not isinstance(now, Mapping):
+        return np.full(len(partitions), float(now))
+    uniq, inverse = np.unique(partitions, return_inverse=True)
+    return np.array([now.get(int(p), -np.inf) for p in uniq], dtype=np.float64)[inverse]
+
+
+def _latest(now: float | Mapping[int, float]) -> float:
+    if not isinstance(now, Mapping):
+        return float(now)
+    return max(now.values(), default=-np.inf)
 
 
 def _aggregate(policy: str, old: float, new: float) -> float:

@@ -108,7 +108,8 @@ def lockstep(broker: InMemoryBroker, daemon: Daemon, caller: Caller, clock: Cloc
             drain(daemon)
             caller.answer(ts=clock.t)
             drain(daemon)
-    clock.t += 10.0  # let dropped feedback expire
+    daemon.step()  # an empty poll: the input is idle from now on
+    clock.t += 10.0  # ... for 10 s, so the join clocks move on and dropped feedback expires
     daemon.step()
     return daemon
 
@@ -232,6 +233,7 @@ def test_bad_input_goes_to_the_dead_letter_topic_and_changes_nothing(tmp_path: P
                 for value, _ in HOSTILE_FEEDBACK:
                     caller.writer.append_feedback(b"e2" if b"e2" in value else b"h", value)
             drain(daemon)
+        daemon.step()
         clock.t += 10.0
         daemon.step()
         runs.append(daemon)
@@ -338,3 +340,19 @@ def test_journaled_decisions_survive_a_checkpoint_taken_while_replaying(tmp_path
     for event_id, decisions in decisions_by_id(broker).items():
         assert all(d == original[event_id] for d in decisions), event_id
     assert third.counters.instances == 300 and third.counters.feedback["joined"] == 100
+
+
+def test_a_feedback_backlog_after_downtime_joins_instead_of_expiring(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    caller = Caller(broker)
+    caller.publish(0, 200, ts=clock.t)
+    first = make_daemon(broker, tmp_path, clock)
+    drain(first)
+    first.checkpoint()  # 200 decisions wait (5 s window); then the daemon is down for a minute
+    clock.t += 1.0
+    caller.answer(ts=clock.t)  # the feedback arrives in time, while nobody reads it
+    clock.t += 60.0
+    second = make_daemon(broker, tmp_path, clock, limits_poll_max_records=50)
+    drain(second)
+    c = second.counters
+    assert c.feedback["joined"] == 200 and c.feedback["expired"] == c.feedback["late"] == 0

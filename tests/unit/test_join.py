@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 
 from streamlearn.errors import ConfigError
 from streamlearn.features import SparseBatch
+from streamlearn.stream.clock import EventClock, PartitionClocks
 from streamlearn.stream.join import (
     EXPIRED,
     JOINED,
     SHED,
-    EventClock,
     JoinSettings,
     PendingJoins,
 )
@@ -173,16 +173,38 @@ def test_mostly_zero_dense_rows_are_saved_compactly_and_exactly() -> None:
     assert isinstance(closed.X, np.ndarray) and np.array_equal(closed.X, X)
 
 
-def test_event_clock_is_monotone_and_moves_while_idle() -> None:
+def test_event_clock_follows_event_time_and_the_wall_only_while_idle() -> None:
     c = EventClock()
-    c.observe(np.array([100.0]), wall=1000.0)
-    assert c.now(1000.0) == 100.0
+    c.observe(100.0)
+    assert c.now(wall=5000.0) == 100.0  # data flowing (a backlog): event time only
+    c.mark_idle(wall=1000.0)
     assert c.now(1005.0) == 105.0  # idle: moves with the wall clock
-    c.observe(np.array([101.0]), wall=1005.0)  # older than the extrapolated time
-    assert c.now(1005.0) == 105.0  # never goes back
+    c.observe(101.0)  # older than the extrapolated time
+    assert c.now(1006.0) == 105.0  # never goes back
     again = EventClock.from_json(c.to_json())  # e.g. in a new process after a restart
-    assert again.now(1010.0) == c.now(1010.0) == 106.0
+    assert again.now(99_999.0) == 105.0  # downtime is not idle time
     assert EventClock.from_json(EventClock().to_json()).now(1e9) == -np.inf
+
+
+def test_partition_clocks_are_independent_and_floors_only_start_a_clock() -> None:
+    clocks = PartitionClocks()
+    clocks.observe("feedback", np.array([0, 1, 0]), np.array([5.0, 7.0, 6.0]))
+    clocks.observe("feedback", np.array([0, 2]), np.array([50.0, 3.0]), floor_only=True)
+    assert clocks.now("feedback", wall=0.0) == {0: 6.0, 1: 7.0, 2: 3.0}
+    clocks.mark_idle("feedback", [1], wall=100.0)
+    assert clocks.now("feedback", wall=110.0)[1] == 17.0
+    restored = PartitionClocks.from_json(clocks.to_json())
+    assert restored.now("feedback", wall=500.0) == {0: 6.0, 1: 17.0, 2: 3.0}
+
+
+def test_a_decision_expires_by_the_feedback_clock_of_its_own_partition() -> None:
+    p = store()
+    p.add_decisions(["a", "b"], np.ones((2, D)), np.zeros(2, np.int64), np.full((2, K), 1 / K),
+                    np.full(2, -1), np.zeros(2), np.array([0, 1]), now=0.0)
+    p.advance({0: 3.0, 1: 50.0})  # partition 1's feedback is far ahead, partition 0's is not
+    assert p.drain().ids == ["b"]
+    p.advance({0: 10.0})
+    assert p.drain().ids == ["a"]
 
 
 def test_settings_are_validated() -> None:
