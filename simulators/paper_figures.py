@@ -29,7 +29,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=float, default=0.006)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--noise", type=float, default=0.05, help="0.05 = SynNonSep, 0 = SynSep")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="with --from: draw mean error vs rounds of a finished run's JSON lines")
+    parser.add_argument("--from", dest="source", metavar="RUNS.jsonl")
     args = parser.parse_args(argv)
+    if args.source:
+        return plot_from(args.source, args.plot)
     errors: dict[str, list[float]] = {"perceptron": [], "banditron": []}
     for seed in args.seeds:
         X, y = synthetic_stream(args.rounds, noise=args.noise, seed=seed)
@@ -51,6 +56,27 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in errors.items():
         print(f"# {name}: mean error {np.mean(values):.4f} ± {np.std(values):.4f} over "
               f"{len(values)} seeds", flush=True)
+    return 0
+
+
+def plot_from(source: str, path: str | None) -> int:
+    """Summarise (and optionally plot) the JSON lines of an earlier run."""
+    from streamlearn.commands.replay import plot_curves
+
+    with open(source, encoding="utf-8") as fh:
+        runs = [orjson.loads(line) for line in fh if line.startswith("{")]
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for name in sorted({r["learner"] for r in runs}):
+        mine = [r for r in runs if r["learner"] == name]
+        errors = [r["error_rate"] for r in mine]
+        print(f"{name}: mean error {np.mean(errors):.4f} ± {np.std(errors):.4f} over {len(mine)} "
+              f"seeds ({', '.join(f'{e:.4f}' for e in errors)})")
+        points = np.array([[x for x, _ in r["curve"]] for r in mine])
+        values = np.array([[y for _, y in r["curve"]] for r in mine]).mean(axis=0)
+        curves[f"{name} (mean of {len(mine)} seeds)"] = list(zip(points[0].tolist(),
+                                                                 values.tolist(), strict=True))
+    if path:
+        plot_curves(path, "SynNonSep, 10⁶ rounds, batch size 1", curves)
     return 0
 
 
