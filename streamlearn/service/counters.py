@@ -37,6 +37,7 @@ class Counters:
 
     messages: int = 0  # input messages consumed (both topics, valid or not)
     instances: int = 0  # instances decided
+    instance_batches: int = 0  # micro-batches that decided at least one instance
     decisions: int = 0
     explored: int = 0
     learned: int = 0  # rows applied to the learner (joined + expired with default reward)

@@ -230,6 +230,7 @@ class Daemon:
                                 batch.partitions, clocks.latest(wall))
         explored = actions != np.argmax(probs, axis=1)
         self.counters.instances += B
+        self.counters.instance_batches += 1
         self.counters.decisions += B
         self.counters.explored += int(explored.sum())
         produced_at = np.array([m.timestamp_ms for m in batch.messages], dtype=np.float64) / 1e3

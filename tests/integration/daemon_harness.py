@@ -126,7 +126,7 @@ class Caller(threading.Thread):
         prod = producer(self.bootstrap)
         waiting: list[tuple[str, bytes]] = []
         while not self._stop_event.is_set():
-            for records in consumer.poll(timeout_ms=200, max_records=2000).values():
+            for records in consumer.poll(timeout_ms=50, max_records=2000).values():
                 for r in records:
                     self.n_decisions += 1
                     d = orjson.loads(r.value)
