@@ -32,11 +32,12 @@ nothing twice):
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -113,10 +114,11 @@ class Daemon:
                                type(self.transport).__name__)
         self.ready = True
         try:
-            while not self._stop.is_set():
-                if max_events is not None and self.counters.messages >= max_events:
-                    break
-                self.step()
+            with _blas_threads(self.settings.blas_threads):
+                while not self._stop.is_set():
+                    if max_events is not None and self.counters.messages >= max_events:
+                        break
+                    self.step()
             self.ready = False
             self.checkpoint(final=True)
         finally:
@@ -359,6 +361,24 @@ class Daemon:
             return None
         self.observer.on_checkpoint(time.perf_counter() - started, wall)
         return seq
+
+
+@contextlib.contextmanager
+def _blas_threads(n: int) -> Iterator[None]:
+    """Limit BLAS threads while serving (``n <= 0``: leave them).
+
+    Micro-batch products are small; on a busy machine multi-threaded BLAS
+    spins more than it computes (2.5x slower loop measured, docs/performance.md).
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional: without it the library default stays
+        n = 0
+    if n <= 0:
+        yield
+        return
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield
 
 
 def _b64(text: str | None) -> bytes | None:

@@ -45,6 +45,7 @@ class DaemonSettings:
     model_name: str = ""
     flush_timeout_seconds: float = 10.0
     retry_seconds: float = 1.0
+    blas_threads: int = 1  # BLAS threads while serving; 0 leaves the library default
 
     def join_settings(self) -> JoinSettings:
         return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,
