@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamlearn.features import Batch, add_outer
-from streamlearn.learners.base import Learner
-from streamlearn.learners.exploration import Exploration
+from streamlearn.learners.base import LinearLearner
 
 __all__ = ["Banditron", "banditron_coefficients"]
 
@@ -28,7 +27,7 @@ def banditron_coefficients(
     return coef
 
 
-class Banditron(Learner):
+class Banditron(LinearLearner):
     """The Banditron: a Perceptron that learns from bandit feedback.
 
     Parameters
@@ -51,24 +50,5 @@ class Banditron(Learner):
     0.04
     """
 
-    def __init__(
-        self,
-        n_actions: int,
-        n_features: int,
-        exploration: Exploration | None = None,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(n_actions, n_features, exploration, seed)
-        self.weights_ = np.zeros((self.n_actions, self.n_features))
-
-    def _weights(self) -> np.ndarray:
-        return self.weights_
-
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         add_outer(self.weights_, banditron_coefficients(actions, rewards, probs), X)
-
-    def _arrays(self) -> dict[str, np.ndarray]:
-        return {"weights": self.weights_}
-
-    def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        self.weights_ = arrays["weights"]

@@ -286,6 +286,29 @@ class Learner(abc.ABC):
         return f"{type(self).__name__}({params})"
 
 
+class LinearLearner(Learner):
+    """A learner whose whole learned state is the (K, d) matrix ``weights_`` it scores with."""
+
+    def __init__(
+        self,
+        n_actions: int,
+        n_features: int,
+        exploration: Exploration | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(n_actions, n_features, exploration, seed)
+        self.weights_ = np.zeros((self.n_actions, self.n_features))
+
+    def _weights(self) -> np.ndarray:
+        return self.weights_
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        return {"weights": self.weights_}
+
+    def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.weights_ = arrays["weights"]
+
+
 def full_or_positive(chosen_p: np.ndarray, full_information: bool) -> bool:
     """Full-information learners accept any logged probability; bandit learners need p > 0."""
     return full_information or bool(np.all(chosen_p > 0.0))

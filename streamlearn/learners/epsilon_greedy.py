@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from streamlearn.features import Batch, add_outer, row_norms, scores
-from streamlearn.learners.base import Learner, check_float
+from streamlearn.learners.base import LinearLearner, check_float
 from streamlearn.learners.exploration import Exploration
 
 __all__ = ["EpsilonGreedy"]
 
 
-class EpsilonGreedy(Learner):
+class EpsilonGreedy(LinearLearner):
     """ε-greedy over per-action linear reward estimates (NLMS updates).
 
     Examples
@@ -41,10 +41,6 @@ class EpsilonGreedy(Learner):
     ) -> None:
         super().__init__(n_actions, n_features, exploration, seed)
         self.lr = check_float("EpsilonGreedy", "lr", lr, 0.0, 2.0, high_open=True)
-        self.weights_ = np.zeros((self.n_actions, self.n_features))
-
-    def _weights(self) -> np.ndarray:
-        return self.weights_
 
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         rows = np.arange(len(actions))
@@ -55,9 +51,3 @@ class EpsilonGreedy(Learner):
         coef = np.zeros_like(probs)
         coef[rows, actions] = step
         add_outer(self.weights_, coef, X)
-
-    def _arrays(self) -> dict[str, np.ndarray]:
-        return {"weights": self.weights_}
-
-    def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        self.weights_ = arrays["weights"]

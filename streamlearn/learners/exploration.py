@@ -67,7 +67,6 @@ class Exploration(abc.ABC):
 
     name: ClassVar[str]
 
-    @abc.abstractmethod
     def gammas(
         self,
         scores: np.ndarray,
@@ -76,7 +75,16 @@ class Exploration(abc.ABC):
         mask: np.ndarray | None,
         n_actions: int,
     ) -> np.ndarray:
-        """γ for each event of a batch; ``rounds`` are the 1-based round numbers t."""
+        """γ for each event of a batch; ``rounds`` are the 1-based round numbers t.
+
+        Strategies that depend only on t (and past feedback) implement ``rule``;
+        per-instance strategies override this method.
+        """
+        return self.rule(np.asarray(rounds, dtype=float), n_actions)
+
+    def rule(self, t: np.ndarray, n_actions: int) -> np.ndarray:
+        """γ as a function of the round numbers t alone."""
+        raise NotImplementedError(f"{type(self).__name__} must implement rule() or gammas().")
 
     def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:  # noqa: B027
         """Feedback of past rounds (only adaptive strategies use it)."""
@@ -112,15 +120,8 @@ class FixedGamma(Exploration):
     def __init__(self, gamma: float = 0.05) -> None:
         self.gamma = _check_positive("FixedGamma", "gamma", gamma, GAMMA_MAX)
 
-    def gammas(
-        self,
-        scores: np.ndarray,
-        exploit: np.ndarray,
-        rounds: np.ndarray,
-        mask: np.ndarray | None,
-        n_actions: int,
-    ) -> np.ndarray:
-        return np.full(len(rounds), self.gamma)
+    def rule(self, t: np.ndarray, n_actions: int) -> np.ndarray:
+        return np.full(len(t), self.gamma)
 
     def params(self) -> dict[str, Any]:
         return {"gamma": self.gamma}
@@ -134,15 +135,8 @@ class SqrtSchedule(Exploration):
     def __init__(self, c: float = 0.1) -> None:
         self.c = _check_positive("SqrtSchedule", "c", c)
 
-    def gammas(
-        self,
-        scores: np.ndarray,
-        exploit: np.ndarray,
-        rounds: np.ndarray,
-        mask: np.ndarray | None,
-        n_actions: int,
-    ) -> np.ndarray:
-        return np.minimum(GAMMA_MAX, self.c * np.sqrt(n_actions / np.asarray(rounds, float)))
+    def rule(self, t: np.ndarray, n_actions: int) -> np.ndarray:
+        return np.minimum(GAMMA_MAX, self.c * np.sqrt(n_actions / t))
 
     def params(self) -> dict[str, Any]:
         return {"c": self.c}
@@ -156,15 +150,8 @@ class CubeRootSchedule(Exploration):
     def __init__(self, c: float = 0.5) -> None:
         self.c = _check_positive("CubeRootSchedule", "c", c)
 
-    def gammas(
-        self,
-        scores: np.ndarray,
-        exploit: np.ndarray,
-        rounds: np.ndarray,
-        mask: np.ndarray | None,
-        n_actions: int,
-    ) -> np.ndarray:
-        return np.minimum(GAMMA_MAX, self.c * np.cbrt(n_actions / np.asarray(rounds, float)))
+    def rule(self, t: np.ndarray, n_actions: int) -> np.ndarray:
+        return np.minimum(GAMMA_MAX, self.c * np.cbrt(n_actions / t))
 
     def params(self) -> dict[str, Any]:
         return {"c": self.c}
@@ -205,15 +192,7 @@ class Adaptive(Exploration):
             mean = self._sum / self._count
         return float(np.clip(1.0 - mean, 0.0, 1.0))
 
-    def gammas(
-        self,
-        scores: np.ndarray,
-        exploit: np.ndarray,
-        rounds: np.ndarray,
-        mask: np.ndarray | None,
-        n_actions: int,
-    ) -> np.ndarray:
-        t = np.asarray(rounds, dtype=float)
+    def rule(self, t: np.ndarray, n_actions: int) -> np.ndarray:
         r_hat = self.exploit_error()
         target = self.c * np.cbrt(n_actions * r_hat / t)
         floor = self.c_floor * np.sqrt(n_actions / t)

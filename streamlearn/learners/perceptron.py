@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from streamlearn.features import Batch, add_outer
-from streamlearn.learners.base import Learner
-from streamlearn.learners.exploration import Exploration
+from streamlearn.learners.base import LinearLearner
 
 __all__ = ["Perceptron"]
 
 
-class Perceptron(Learner):
+class Perceptron(LinearLearner):
     """The multiclass Perceptron (Crammer-Singer style additive update).
 
     A full-information learner: ``update`` takes the *correct* action in
@@ -33,19 +32,6 @@ class Perceptron(Learner):
 
     full_information = True
 
-    def __init__(
-        self,
-        n_actions: int,
-        n_features: int,
-        exploration: Exploration | None = None,
-        seed: int = 0,
-    ) -> None:
-        super().__init__(n_actions, n_features, exploration, seed)
-        self.weights_ = np.zeros((self.n_actions, self.n_features))
-
-    def _weights(self) -> np.ndarray:
-        return self.weights_
-
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         rows = np.arange(len(actions))
         exploit = np.argmax(probs, axis=1)
@@ -54,9 +40,3 @@ class Perceptron(Learner):
         coef[rows, actions] += step
         coef[rows, exploit] -= step
         add_outer(self.weights_, coef, X)
-
-    def _arrays(self) -> dict[str, np.ndarray]:
-        return {"weights": self.weights_}
-
-    def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
-        self.weights_ = arrays["weights"]
