@@ -108,7 +108,8 @@ def serve(bootstrap: str, topics: dict[str, str], ckpt: Path) -> subprocess.Pope
             "--topics-dead-letter", topics["dead_letter"], "--checkpoint-dir", str(ckpt),
             "--metrics-port", "-1", "--progress-seconds", "0", "--learner", "banditron",
             "--exploration", "fixed", "--gamma", "0.05"]
-    return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": path},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -216,8 +217,12 @@ def main(argv: list[str] | None = None) -> int:
         bootstrap = args.bootstrap or start_broker(stack)
         work = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
         X, y = synthetic_stream(max(args.events, args.latency_events), noise=0.05, seed=args.seed)
+        from kafka.record import util as record_util
+
+        crc = "C (crc32c package)" if record_util.crc32c_c is not None else "pure Python"
         print(f"broker {bootstrap}; SynNonSep d=400 K=9, {args.format} JSON "
-              f"(~{len(encode(0, X[0], int(y[0]), args.format))} bytes/event), 2 partitions")
+              f"(~{len(encode(0, X[0], int(y[0]), args.format))} bytes/event), 2 partitions; "
+              f"kafka-python CRC32C: {crc}")
         daemon, bare = throughput(bootstrap, X[:args.events], y[:args.events], args.format, work)
         print(f"throughput  daemon {daemon:,.0f} events/s (backlog of {args.events:,}); bare "
               f"kafka-python consume+orjson {bare:,.0f} events/s; ratio {daemon / bare:.2f}")
