@@ -203,3 +203,23 @@ def test_roger_eval_runs_a_small_task() -> None:
     assert all(r["test_auc"] > 0.5 for r in result["results"])
     with pytest.raises(ConfigError, match="--task"):
         roger_eval.build_task(parser.parse_args(["--dataset", "nursery", "--task", "nope"]))
+
+
+def test_roger_eval_names_the_bench_extra_when_scikit_learn_is_missing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from streamlearn.rankers import roger_eval
+
+    monkeypatch.setitem(sys.modules, "sklearn.linear_model", None)
+    monkeypatch.setitem(sys.modules, "sklearn.svm", None)
+    with pytest.raises(ConfigError, match=r"streamlearn\[bench\]"):
+        roger_eval._sklearn_model("linearsvc", 0)
+
+
+def test_rank_cli_reports_a_bad_option_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from streamlearn.cli import main
+
+    assert main(["rank", "routing", "--features", "lsi,bogus"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--features" in err and "bogus" in err
