@@ -46,6 +46,21 @@ class FitData:
         self.X, self.y, self.w, self.groups = X, y, w, groups
 
 
+def merge_duplicate_rows(x: np.ndarray, y: np.ndarray,
+                         weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge identical ``(x, y)`` rows, summing their weights; drop zero-weight rows.
+
+    Rows come out in a canonical (sorted) order, so data given with integer
+    weights and the same data with rows repeated that many times merge to the
+    same arrays: fitting on the merged rows makes both fits identical.
+    """
+    keep = weight > 0
+    rows = np.concatenate([x[keep], y[keep, None].astype(np.float64)], axis=1)
+    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
+    merged = np.bincount(inverse.ravel(), weights=weight[keep], minlength=unique.shape[0])
+    return unique[:, :-1], unique[:, -1], merged
+
+
 def as_matrix(X: object, n_features: int | None = None) -> np.ndarray:
     """``X`` as a finite float64 (n, d) array; checks d against ``n_features`` if given."""
     arr = np.asarray(X, dtype=np.float64)

@@ -29,7 +29,14 @@ from typing import Any
 import numpy as np
 
 from streamlearn.errors import ConfigError, DataError
-from streamlearn.rankers.base import FitData, Ranker, check_choice, check_float, check_int
+from streamlearn.rankers.base import (
+    FitData,
+    Ranker,
+    check_choice,
+    check_float,
+    check_int,
+    merge_duplicate_rows,
+)
 from streamlearn.rankers.metrics import auc
 
 __all__ = [
@@ -64,12 +71,9 @@ def select_best(fitness: np.ndarray, mu: int) -> np.ndarray:
 
 def _compress(x: np.ndarray, y: np.ndarray,
               weight: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Merge identical ``(x, y)`` rows, summing their weights; drop zero-weight rows."""
-    keep = weight > 0
-    rows = np.concatenate([x[keep], y[keep, None].astype(np.float64)], axis=1)
-    unique, inverse = np.unique(rows, axis=0, return_inverse=True)
-    merged = np.bincount(inverse.ravel(), weights=weight[keep], minlength=unique.shape[0])
-    return unique[:, :-1], unique[:, -1] > 0.5, merged
+    """Merge identical ``(x, y)`` rows (``y`` as a positive flag), summing their weights."""
+    unique_x, unique_y, merged = merge_duplicate_rows(x, y, weight)
+    return unique_x, unique_y > 0.5, merged
 
 
 def _check_fitted(ranker: Ranker) -> None:

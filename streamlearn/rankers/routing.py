@@ -16,7 +16,8 @@
 
 All are :class:`~streamlearn.rankers.base.Ranker` s on binary labels (``y > 0``).
 Rocchio, LDA and logistic regression treat integer sample weights as row
-multiplicities exactly; the networks' random held-out split does not.
+multiplicities exactly; the networks merge identical rows before their seeded held-out
+split, so they do too.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import math
 import numpy as np
 
 from streamlearn.errors import ConfigError, DataError
-from streamlearn.rankers.base import FitData, Ranker, check_float, check_int
+from streamlearn.rankers.base import FitData, Ranker, check_float, check_int, merge_duplicate_rows
 
 __all__ = ["LDA", "LocalRegion", "LogisticRegression", "Network", "Rocchio"]
 
@@ -267,6 +268,9 @@ class Network(Ranker):
         max_epochs = check_int("Network", "max_epochs", self.max_epochs)
         patience = check_int("Network", "patience", self.patience)
         fraction = check_float("Network", "holdout", self.holdout, 0.0, 1.0, high_open=True)
+        # merging identical rows first makes the held-out split, and so the whole fit, the
+        # same for integer weights as for rows repeated that many times
+        data = FitData(*merge_duplicate_rows(data.X, data.y, data.w), data.groups)
         _class_weights(data)
         rng = np.random.default_rng(self.seed)
         y = (data.y > 0).astype(np.float64)

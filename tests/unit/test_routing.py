@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from streamlearn.errors import ConfigError, DataError
+from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.metrics import auc
 from streamlearn.rankers.routing import (
     LDA,
@@ -125,12 +127,14 @@ def test_irls_logistic_regression_matches_scikit_learn(ridge: float) -> None:
     assert ours.n_iter_ < 30  # Newton converges in a handful of steps
 
 
-@pytest.mark.parametrize("model_class", [Rocchio, LDA, LogisticRegression])
-def test_weighted_fit_equals_repeated_rows(model_class: type) -> None:
+@pytest.mark.parametrize("make_model", [Rocchio, LDA, LogisticRegression,
+                                        lambda: Network(hidden=0, max_epochs=200, seed=3),
+                                        lambda: Network(hidden=4, max_epochs=200, seed=3)])
+def test_weighted_fit_equals_repeated_rows(make_model: Callable[[], Ranker]) -> None:
     X, y = toy(5, n=60)
     w = np.random.default_rng(1).integers(0, 4, size=60)
-    a = model_class().fit(X, y, sample_weight=w.astype(float)).score(X)
-    b = model_class().fit(np.repeat(X, w, axis=0), np.repeat(y, w)).score(X)
+    a = make_model().fit(X, y, sample_weight=w.astype(float)).score(X)
+    b = make_model().fit(np.repeat(X, w, axis=0), np.repeat(y, w)).score(X)
     np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
 
 
