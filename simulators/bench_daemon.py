@@ -3,7 +3,9 @@
 Three measurements, each on fresh topics (2 partitions):
 
 1. **Bare consumer**: a kafka-python consume + ``orjson.loads`` loop over a
-   backlog of instance events: the ceiling any Python consumer has here.
+   backlog of instance events: the ceiling any Python consumer has here; and
+   a **bare relay** that also produces one small reply per event (what the
+   daemon must do at least: it publishes one decision per event).
 2. **Throughput**: the daemon (a ``python -m streamlearn serve`` process)
    decides the same kind of backlog; events/s from the first to the last
    decision's broker timestamp. The ratio to (1) is the daemon's efficiency.
@@ -113,23 +115,30 @@ def serve(bootstrap: str, topics: dict[str, str], ckpt: Path) -> subprocess.Pope
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def bare_rate(bootstrap: str, topic: str, n: int) -> float:
+def bare_rate(bootstrap: str, topic: str, n: int, relay_to: str | None = None) -> float:
+    """Consume + ``orjson.loads`` (+ produce one small reply per event with ``relay_to``)."""
     c = consumer_for(bootstrap, topic)
+    prod = producer(bootstrap) if relay_to else None
     got, started = 0, None
     while got < n:
         for records in c.poll(timeout_ms=500, max_records=500).values():
             if started is None:
                 started = time.perf_counter()
             for r in records:
-                orjson.loads(r.value)
+                event = orjson.loads(r.value)
+                if prod is not None:
+                    prod.send(relay_to, key=r.key, value=orjson.dumps({"id": event["id"]}))
             got += len(records)
+    if prod is not None:
+        prod.flush()
+        prod.close()
     elapsed = time.perf_counter() - (started or time.perf_counter())
     c.close()
     return n / elapsed
 
 
 def throughput(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str,
-               work: Path) -> tuple[float, float]:
+               work: Path) -> tuple[float, float, float]:
     topics = make_topics(bootstrap)
     prod = producer(bootstrap)
     for i in range(len(y)):
@@ -137,6 +146,7 @@ def throughput(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str,
     prod.flush()
     prod.close()
     bare = bare_rate(bootstrap, topics["instances"], len(y))
+    relay = bare_rate(bootstrap, topics["instances"], len(y), relay_to=topics["dead_letter"])
     proc = serve(bootstrap, topics, work / f"ckpt-{topics['instances']}")
     c = consumer_for(bootstrap, topics["decisions"])
     stamps: list[int] = []
@@ -147,7 +157,7 @@ def throughput(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str,
     proc.wait(60)
     c.close()
     daemon = len(y) / ((max(stamps) - min(stamps)) / 1000.0)
-    return daemon, bare
+    return daemon, bare, relay
 
 
 def latency(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str, rate: float,
@@ -202,6 +212,23 @@ def latency(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str, rate: float
             "p99": float(np.percentile(lat, 99)), "max": float(lat.max()), "n": len(lat)}
 
 
+def in_memory_rate(X: np.ndarray, y: np.ndarray, form: str, blas_threads: int) -> float:
+    """The loop alone (decode, decide, publish, join) on the in-memory transport."""
+    from streamlearn.learners.banditron import Banditron
+    from streamlearn.learners.exploration import FixedGamma
+    from streamlearn.service.daemon import Daemon, DaemonSettings
+    from streamlearn.stream.transport import InMemoryTransport
+
+    transport = InMemoryTransport(partitions=2)
+    for i in range(len(y)):
+        transport.append_instance(f"e{i}".encode(), encode(i, X[i], int(y[i]), form))
+    settings = DaemonSettings(limits_poll_timeout_seconds=0.0, blas_threads=blas_threads)
+    daemon = Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.05)))
+    started = time.perf_counter()
+    daemon.run(max_events=len(y))
+    return len(y) / (time.perf_counter() - started)
+
+
 def main(argv: list[str] | None = None) -> int:
     from simulators.synthetic import synthetic_stream
 
@@ -212,7 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-events", type=int, default=30_000)
     parser.add_argument("--format", choices=("dense", "sparse"), default="dense")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--in-memory", action="store_true",
+                        help="only time the loop on the in-memory transport (no broker), with "
+                             "one BLAS thread and with the library's default")
     args = parser.parse_args(argv)
+    if args.in_memory:
+        from simulators.synthetic import synthetic_stream as stream
+
+        X, y = stream(args.events, noise=0.05, seed=args.seed)
+        for threads, label in ((1, "1 BLAS thread (default)"), (0, "BLAS library default")):
+            rate = in_memory_rate(X, y, args.format, threads)
+            print(f"in-memory loop, {args.format} JSON, {label}: {rate:,.0f} events/s "
+                  f"({args.events:,} instances, no feedback)")
+        return 0
     with ExitStack() as stack:
         bootstrap = args.bootstrap or start_broker(stack)
         work = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
@@ -223,9 +262,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"broker {bootstrap}; SynNonSep d=400 K=9, {args.format} JSON "
               f"(~{len(encode(0, X[0], int(y[0]), args.format))} bytes/event), 2 partitions; "
               f"kafka-python CRC32C: {crc}")
-        daemon, bare = throughput(bootstrap, X[:args.events], y[:args.events], args.format, work)
+        daemon, bare, relay = throughput(bootstrap, X[:args.events], y[:args.events],
+                                         args.format, work)
         print(f"throughput  daemon {daemon:,.0f} events/s (backlog of {args.events:,}); bare "
-              f"kafka-python consume+orjson {bare:,.0f} events/s; ratio {daemon / bare:.2f}")
+              f"kafka-python consume+orjson {bare:,.0f} events/s (ratio {daemon / bare:.2f}); "
+              f"bare consume+orjson+produce one reply {relay:,.0f} events/s "
+              f"(ratio {daemon / relay:.2f})")
         n = args.latency_events
         res = latency(bootstrap, X[:n], y[:n], args.format, args.rate, work, warmup=n // 10)
         print(f"latency     offered {res['offered']:,.0f} events/s, {res['decided']:,} decided; "

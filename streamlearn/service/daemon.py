@@ -368,7 +368,7 @@ def _blas_threads(n: int) -> Iterator[None]:
     """Limit BLAS threads while serving (``n <= 0``: leave them).
 
     Micro-batch products are small; on a busy machine multi-threaded BLAS
-    spins more than it computes (2.5x slower loop measured, docs/performance.md).
+    spins more than it computes (2.4x slower loop measured under load, docs/performance.md).
     """
     try:
         from threadpoolctl import threadpool_limits
