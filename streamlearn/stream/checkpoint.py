@@ -21,7 +21,8 @@ the new snapshot never lacks a decision the previous one could replay.
 Invariants: the offsets in a snapshot are exactly the input whose effect the
 snapshot's state contains; offsets only move forward; at start the newest
 snapshot that reads back cleanly is restored (a corrupt one is reported and
-the previous one used) and the transport seeks to its offsets.
+the previous one used; the corrupt one is renamed ``corrupt-ckpt-<seq>-<time>``)
+and the transport seeks to its offsets.
 
 The **decision journal** makes re-emitted decisions identical after a crash.
 Before a decision is produced, its record (full probability row + the exact
@@ -184,7 +185,11 @@ class Checkpointer:
                 arrays, meta = read_snapshot(path)
                 offsets = offsets_from_json(meta["offsets"])
             except (StateError, KeyError, TypeError, ValueError) as exc:
-                log.error("checkpoint %s is unusable, falling back to an older one: %s", path, exc)
+                # set aside (not deleted: it is evidence), so it never counts as a kept snapshot
+                aside = path.with_name(f"corrupt-{path.name}-{int(time.time())}")
+                log.error("checkpoint %s is unusable, falling back to an older one (moved to %s): "
+                          "%s", path, aside.name, exc)
+                os.rename(path, aside)
                 continue
             restored = Restored(seq, arrays, meta, offsets)
             self.last_offsets = dict(offsets)

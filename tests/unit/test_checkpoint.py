@@ -72,6 +72,9 @@ def test_corrupt_newest_falls_back_with_a_clear_log_line(
     assert restored is not None and restored.seq == 1 and restored.meta["value"] == 1.0
     assert any("ckpt-00000002" in r.getMessage() and "corrupt" in r.getMessage()
                for r in caplog.records)
+    # set aside, so that it never counts as one of the kept snapshots
+    assert [p.name for p in tmp_path.glob("ckpt-*")] == ["ckpt-00000001"]
+    assert len(list(tmp_path.glob("corrupt-ckpt-00000002-*"))) == 1
 
 
 def test_next_snapshot_after_a_fallback_gets_a_new_number(tmp_path: Path) -> None:
@@ -82,7 +85,9 @@ def test_next_snapshot_after_a_fallback_gets_a_new_number(tmp_path: Path) -> Non
     again = Checkpointer(tmp_path)
     assert again.restore().seq == 1  # type: ignore[union-attr]
     assert save(again, t, 15, 3.0) == 3
-    assert Checkpointer(tmp_path).restore().meta["value"] == 3.0  # type: ignore[union-attr]
+    assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == ["ckpt-00000001", "ckpt-00000003"]
+    (tmp_path / "ckpt-00000003" / "meta.json").write_text("{")  # corrupt again: 1 is still there
+    assert Checkpointer(tmp_path).restore().meta["value"] == 1.0  # type: ignore[union-attr]
 
 
 def test_offsets_only_move_forward(tmp_path: Path) -> None:
