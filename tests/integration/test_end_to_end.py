@@ -1,4 +1,13 @@
-"""Acceptance: 50,000 instances through a real broker, decided, joined, learned, counted."""
+"""Acceptance: 50,000 instances through a real broker, decided, joined, learned, counted.
+
+The caller works in lockstep blocks of BATCH instances (publish a block, wait
+for all its decisions, answer them, wait until the daemon joined them), so the
+daemon learns exactly as the in-process replay with ``batch_size=BATCH`` does,
+however its polls split a block; the error rates then differ only by the
+exploration draws (event ids vs row numbers as keys) and by when the dropped
+decisions expire (15 s later here, at once in the replay). Free-running streams
+are covered by the crash-safety and outage tests.
+"""
 
 from __future__ import annotations
 
