@@ -5,8 +5,9 @@ for all its decisions, answer them, wait until the daemon joined them), so the
 daemon learns exactly as the in-process replay with ``batch_size=BATCH`` does,
 however its polls split a block; the error rates then differ only by the
 exploration draws (event ids vs row numbers as keys) and by when the dropped
-decisions expire (15 s later here, at once in the replay). Free-running streams
-are covered by the crash-safety and outage tests.
+decisions expire (15 s later here, at once in the replay; a reward-0 update is
+a large perturbation, so only 1 % are dropped). Free-running streams are
+covered by the crash-safety and outage tests.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.integration
 
 N = 50_000
 BATCH = 1_000  # instances per block: decided, then answered, then learned, as replay does
-DROP_EVERY = 20  # 5 % of the decisions never get feedback; they expire to reward 0
+DROP_EVERY = 100  # 1 % of the decisions never get feedback; they expire to reward 0
 
 
 def learner() -> Banditron:
