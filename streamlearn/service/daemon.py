@@ -75,6 +75,19 @@ class Daemon:
         Metrics sink (no-op by default).
     wall_clock
         Unix seconds (injectable for tests).
+
+    Examples
+    --------
+    >>> from streamlearn.learners.banditron import Banditron
+    >>> from streamlearn.stream.transport import InMemoryTransport
+    >>> transport = InMemoryTransport()
+    >>> _ = transport.append_instance(b"ev-1", b'{"id": "ev-1", "x": [1.0, 0.0, 2.0]}')
+    >>> settings = DaemonSettings(learner_n_actions=2, learner_n_features=3)
+    >>> daemon = Daemon(settings, transport, Banditron(2, 3, seed=1))
+    >>> daemon.run(max_events=1)
+    >>> decision = orjson.loads(transport.broker.messages("decisions")[0].value)
+    >>> sorted(decision), decision["id"], daemon.counters.decisions
+    (['action', 'explored', 'id', 'model', 'prob', 'ts'], 'ev-1', 1)
     """
 
     def __init__(self, settings: DaemonSettings, transport: Transport, learner: Learner,
