@@ -32,12 +32,11 @@ nothing twice):
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,7 +49,7 @@ from streamlearn.features import take_rows
 from streamlearn.learners.base import Learner
 from streamlearn.service.counters import Counters, tracker_arrays, tracker_load
 from streamlearn.service.metrics import Observer
-from streamlearn.service.settings import DaemonSettings, dead_letter_value
+from streamlearn.service.settings import DaemonSettings, blas_threads, dead_letter_value
 from streamlearn.stream.checkpoint import Checkpointer, Offsets
 from streamlearn.stream.join import EXPIRED, JOINED, SHED, PendingJoins
 from streamlearn.stream.transport import Message, Transport
@@ -127,7 +126,7 @@ class Daemon:
                                type(self.transport).__name__)
         self.ready = True
         try:
-            with _blas_threads(self.settings.blas_threads):
+            with blas_threads(self.settings.blas_threads):
                 while not self._stop.is_set():
                     if max_events is not None and self.counters.messages >= max_events:
                         break
@@ -239,8 +238,8 @@ class Daemon:
         clocks.observe("instances", batch.partitions, decided_at)
         clocks.observe("feedback", batch.partitions, decided_at, floor_only=True)
         for event_id, record in zip(batch.ids, records, strict=True):
-            self.transport.produce(self.transport.decisions_topic, event_id.encode("utf-8"),
-                                   orjson.dumps(record))
+            self._produce(self.transport.decisions_topic, event_id.encode("utf-8"),
+                          orjson.dumps(record))
         self.join.add_decisions(batch.ids, batch.X, actions, probs, batch.labels, decided_at,
                                 batch.partitions, clocks.latest(wall))
         explored = actions != np.argmax(probs, axis=1)
@@ -343,10 +342,24 @@ class Daemon:
             self._dead_letter(rejection)
 
     def _dead_letter(self, rejection: Rejection) -> None:
-        self.transport.produce(self.transport.dead_letter_topic, rejection.key,
-                               dead_letter_value(rejection, self.settings.limits_dead_letter_max_bytes))
+        self._produce(self.transport.dead_letter_topic, rejection.key,
+                      dead_letter_value(rejection, self.settings.limits_dead_letter_max_bytes))
         self.counters.count_invalid(rejection.topic, rejection.reason)
         self.observer.on_invalid(rejection.topic, rejection.reason)
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Queue one message; while the transport refuses, wait and retry (the batch is
+        half-done, so giving up is only allowed on a stop request: nothing is committed)."""
+        while True:
+            try:
+                self.transport.produce(topic, key, value)
+                return
+            except TransportError as exc:
+                if self._stop.is_set():
+                    raise
+                log.warning("cannot queue a message for %s, retrying in %.1f s: %s", topic,
+                            self.settings.retry_seconds, exc)
+                self._stop.wait(self.settings.retry_seconds)
 
     # -------------------------------------------------------------- checkpoints
     def checkpoint(self, final: bool = False) -> int | None:
@@ -368,30 +381,12 @@ class Daemon:
             seq = self.checkpointer.save(self.transport, arrays, meta, dict(self.offsets),
                                          self.settings.flush_timeout_seconds,
                                          carry=self._journaled.values())
-        except TransportError as exc:
+        except TransportError as exc:  # the flush failed: nothing written, nothing committed
             log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
             self._retry_checkpoint_at = wall + self.settings.retry_seconds
             return None
         self.observer.on_checkpoint(time.perf_counter() - started, wall)
         return seq
-
-
-@contextlib.contextmanager
-def _blas_threads(n: int) -> Iterator[None]:
-    """Limit BLAS threads while serving (``n <= 0``: leave them).
-
-    Micro-batch products are small; on a busy machine multi-threaded BLAS
-    spins more than it computes (2.4x slower loop measured under load, docs/performance.md).
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # optional: without it the library default stays
-        n = 0
-    if n <= 0:
-        yield
-        return
-    with threadpool_limits(limits=n, user_api="blas"):
-        yield
 
 
 def _b64(text: str | None) -> bytes | None:

@@ -1,4 +1,4 @@
-"""The serving loop's settings and the dead-letter format.
+"""The serving loop's settings, the dead-letter format, and the BLAS thread limit.
 
 Field names follow :class:`streamlearn.config.Config` flattened as
 ``<section>_<field>``, so ``Config.to_daemon_settings()`` maps them by name.
@@ -7,6 +7,8 @@ Field names follow :class:`streamlearn.config.Config` flattened as
 from __future__ import annotations
 
 import base64
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
@@ -14,7 +16,7 @@ import orjson
 from streamlearn.events import DecodeLimits, Rejection
 from streamlearn.stream.join import JoinSettings
 
-__all__ = ["DaemonSettings", "dead_letter_value"]
+__all__ = ["DaemonSettings", "blas_threads", "dead_letter_value"]
 
 
 @dataclass(frozen=True)
@@ -65,3 +67,21 @@ def dead_letter_value(rejection: Rejection, max_bytes: int) -> bytes:
         "value_b64": base64.b64encode(value[:max_bytes]).decode("ascii"),
         "truncated": len(value) > max_bytes, "size": len(value),
     })
+
+
+@contextlib.contextmanager
+def blas_threads(n: int) -> Iterator[None]:
+    """Limit BLAS threads while serving (``n <= 0``: leave them).
+
+    Micro-batch products are small; on a busy machine multi-threaded BLAS
+    spins more than it computes (2.4x slower loop measured under load, docs/performance.md).
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # optional: without it the library default stays
+        n = 0
+    if n <= 0:
+        yield
+        return
+    with threadpool_limits(limits=n, user_api="blas"):
+        yield

@@ -11,7 +11,9 @@ state into plain arrays + JSON):
    is acknowledged by the broker;
 2. write ``ckpt-<seq>`` — learner arrays, pending joins, next offsets of both
    input topics, counters; atomic, so a crash leaves the old or the new one;
-3. ``transport.commit(offsets)`` — only now may the group skip that input;
+3. ``transport.commit(offsets)`` — only now may the group skip that input (a
+   failed commit is logged: restore uses the snapshot's offsets, and the next
+   checkpoint commits again);
 4. delete snapshots and journal segments older than the ``keep`` newest snapshots.
 
 Before step 2 the next journal segment ``journal-<seq>`` is started with the
@@ -50,7 +52,7 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
-from streamlearn.errors import StateError
+from streamlearn.errors import StateError, TransportError
 from streamlearn.snapshot import read_snapshot, write_snapshot
 
 __all__ = ["Checkpointer", "DecisionJournal", "JournaledDecision", "Restored",
@@ -224,7 +226,10 @@ class Checkpointer:
         self.seq = seq
         self.last_offsets = dict(offsets)
         if offsets:
-            transport.commit(offsets)
+            try:
+                transport.commit(offsets)
+            except TransportError as exc:  # the snapshot is the truth; the group catches up later
+                log.warning("snapshot %d written but committing its offsets failed: %s", seq, exc)
         self._prune()
         self.events_since = 0
         self.last_time = time.monotonic()

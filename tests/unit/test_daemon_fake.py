@@ -271,23 +271,32 @@ def test_graceful_stop_checkpoints_and_commits(tmp_path: Path) -> None:
 
 
 class FlakyTransport(InMemoryTransport):
-    """Fails the first few polls and flushes, as a broker outage does."""
+    """Fails the first few polls, produces, flushes and commits, as a broker outage does."""
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
-        self.poll_failures, self.flush_failures = 3, 2
+        self.failures = {"poll": 3, "produce": 2, "flush": 2, "commit": 1}
+
+    def _fail(self, what: str) -> None:
+        if self.failures[what]:
+            self.failures[what] -= 1
+            raise TransportError(f"{what}: connection refused")
 
     def poll(self, max_records: int, timeout_s: float) -> list[Any]:
-        if self.poll_failures:
-            self.poll_failures -= 1
-            raise TransportError("connection refused")
+        self._fail("poll")
         return super().poll(max_records, timeout_s)
 
+    def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self._fail("produce")
+        super().produce(topic, key, value)
+
     def flush(self, timeout_s: float) -> None:
-        if self.flush_failures:
-            self.flush_failures -= 1
-            raise TransportError("flush timed out")
+        self._fail("flush")
         super().flush(timeout_s)
+
+    def commit(self, offsets: Any) -> None:
+        self._fail("commit")
+        super().commit(offsets)
 
 
 def test_transport_errors_do_not_stop_the_loop(tmp_path: Path) -> None:
@@ -298,8 +307,9 @@ def test_transport_errors_do_not_stop_the_loop(tmp_path: Path) -> None:
                              limits_poll_max_records=50),
                     transport, learner(), wall_clock=clock)
     daemon.run(max_events=500)
-    assert transport.poll_failures == transport.flush_failures == 0
+    assert not any(transport.failures.values())  # every kind of failure happened
     assert daemon.counters.decisions == 500
+    assert len(broker.messages("decisions")) == 500  # refused produces were retried
     consumed = {tp: end for tp, end in transport.end_offsets().items() if end}
     assert broker.group_offsets["streamlearn"] == consumed
 
