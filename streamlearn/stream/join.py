@@ -26,6 +26,18 @@ clock, so expiry never stalls.
 
 Storage is a struct of arrays indexed by slot, with ``slot_of[id]``; expiry and
 the gathers of closed rows are numpy operations.
+
+>>> joins = PendingJoins(n_actions=2, n_features=2, settings=JoinSettings(window_s=10.0))
+>>> joins.add_decisions(["a", "b"], np.eye(2), np.array([0, 1]), np.full((2, 2), 0.5),
+...                     labels=np.array([-1, -1]), ts=np.zeros(2), partitions=np.zeros(2, int),
+...                     now=0.0)
+>>> joins.add_feedback(["a"], np.array([1.0]), np.array([3.0]), [None], now=3.0)
+[]
+>>> closed = joins.drain(); closed.ids, closed.rewards.tolist()  # joined at once ("earliest")
+(['a'], [1.0])
+>>> _ = joins.advance(10.0); closed = joins.drain()  # "b" expired: default reward 0
+>>> closed.ids, closed.rewards.tolist(), bool(closed.outcome[0] == EXPIRED)
+(['b'], [0.0], True)
 """
 
 from __future__ import annotations
