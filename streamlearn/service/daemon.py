@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from streamlearn.errors import TransportError
+from streamlearn.errors import StateError, TransportError
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.events import Rejection, decode_feedback, decode_instances
 from streamlearn.features import take_rows
@@ -147,13 +147,21 @@ class Daemon:
             self._journaled = self.checkpointer.journal.load(0)
             return
         arrays, meta = restored.arrays, restored.meta
-        self.learner = type(self.learner).from_state(
-            {k: v for k, v in arrays.items() if k.startswith(("learner.", "exploration."))},
-            meta["learner"])
-        self.join = PendingJoins.restore(self.n_actions, self.n_features,
-                                         self.settings.join_settings(), arrays, meta["join"])
-        tracker_load(self.tracker, arrays, meta["tracker"])
-        self.counters = Counters.from_json(meta["counters"])
+        try:
+            self.learner = type(self.learner).from_state(
+                {k: v for k, v in arrays.items() if k.startswith(("learner.", "exploration."))},
+                meta["learner"])
+            got = (self.learner.n_actions, self.learner.n_features)
+            if got != (self.n_actions, self.n_features):
+                raise ValueError(f"it holds a learner with (K, d) = {got}; "
+                                 f"{(self.n_actions, self.n_features)} are configured")
+            self.join = PendingJoins.restore(self.n_actions, self.n_features,
+                                             self.settings.join_settings(), arrays, meta["join"])
+            tracker_load(self.tracker, arrays, meta["tracker"])
+            self.counters = Counters.from_json(meta["counters"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateError(f"checkpoint {restored.seq} in {self.settings.checkpoint_dir} does "
+                             f"not fit this daemon: {exc!r}") from exc
         self.offsets = dict(restored.offsets)
         self._journaled = self.checkpointer.journal.load(restored.seq)
         assigned = self.transport.assignment()
@@ -182,10 +190,11 @@ class Daemon:
             self._mark_idle(messages, wall)
         clocks = self.counters.clocks
         for fb in self.join.advance(clocks.now("feedback", wall), clocks.now("instances", wall)):
-            self._dead_letter(Rejection("unknown_id", "no decision with this id", fb.source["topic"],
-                                        fb.source["partition"], fb.source["offset"],
-                                        _b64(fb.source["key_b64"]), _b64(fb.source["value_b64"]),
-                                        fb.event_id))
+            src = fb.source
+            key, value = (None if src[k] is None else base64.b64decode(src[k])
+                          for k in ("key_b64", "value_b64"))
+            self._dead_letter(Rejection("unknown_id", "no decision with this id", src["topic"],
+                                        src["partition"], src["offset"], key, value, fb.event_id))
             self.counters.feedback["unknown"] += 1
             self.observer.on_feedback("unknown", 1)
         self._learn()
@@ -388,6 +397,3 @@ class Daemon:
         self.observer.on_checkpoint(time.perf_counter() - started, wall)
         return seq
 
-
-def _b64(text: str | None) -> bytes | None:
-    return None if text is None else base64.b64decode(text)

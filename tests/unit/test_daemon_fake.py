@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from simulators.synthetic import synthetic_stream
-from streamlearn.errors import TransportError
+from streamlearn.errors import StateError, TransportError
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.base import Learner
 from streamlearn.learners.exploration import FixedGamma
@@ -366,3 +366,16 @@ def test_a_feedback_backlog_after_downtime_joins_instead_of_expiring(tmp_path: P
     drain(second)
     c = second.counters
     assert c.feedback["joined"] == 200 and c.feedback["expired"] == c.feedback["late"] == 0
+
+
+def test_a_checkpoint_of_another_learner_shape_is_a_clear_state_error(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    Caller(broker).publish(0, 10, ts=clock.t)
+    first = make_daemon(broker, tmp_path, clock)
+    drain(first)
+    first.checkpoint()
+    transport = InMemoryTransport(broker=broker, partitions=2)
+    other = Daemon(settings(tmp_path, learner_n_actions=5), transport,
+                   Banditron(5, 400, FixedGamma(0.05)), wall_clock=clock)
+    with pytest.raises(StateError, match=r"does not fit this daemon.*\(9, 400\); \(5, 400\) are configured"):
+        other.restore()
