@@ -217,7 +217,7 @@ def in_memory_rate(X: np.ndarray, y: np.ndarray, form: str, blas_threads: int) -
     from streamlearn.learners.banditron import Banditron
     from streamlearn.learners.exploration import FixedGamma
     from streamlearn.service.daemon import Daemon, DaemonSettings
-    from streamlearn.stream.transport import InMemoryTransport
+    from streamlearn.stream.memory import InMemoryTransport
 
     transport = InMemoryTransport(partitions=2)
     for i in range(len(y)):

@@ -169,7 +169,7 @@ def build_transport(config: Config, max_instances: int | None = None) -> Any:
                                  else str(e.data_dir), rate=e.rate, chunk=e.chunk,
                                  delay_mean_s=e.delay_mean_seconds, drop=e.drop, seed=e.seed,
                                  max_instances=max_instances)
-    from streamlearn.stream.transport import KafkaTransport, ensure_topics
+    from streamlearn.stream.kafka import KafkaTransport, ensure_topics
 
     k = config.kafka
     assert k.bootstrap is not None

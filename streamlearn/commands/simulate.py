@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 def _clients(config: Any) -> tuple[Any, Any]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    from streamlearn.stream.transport import ensure_topics
+    from streamlearn.stream.kafka import ensure_topics
 
     k, t = config.kafka, config.topics
     options = k.client_options()

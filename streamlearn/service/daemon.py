@@ -78,7 +78,7 @@ class Daemon:
     Examples
     --------
     >>> from streamlearn.learners.banditron import Banditron
-    >>> from streamlearn.stream.transport import InMemoryTransport
+    >>> from streamlearn.stream.memory import InMemoryTransport
     >>> transport = InMemoryTransport()
     >>> _ = transport.append_instance(b"ev-1", b'{"id": "ev-1", "x": [1.0, 0.0, 2.0]}')
     >>> settings = DaemonSettings(learner_n_actions=2, learner_n_features=3)

@@ -19,7 +19,7 @@ import orjson
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from streamlearn.stream.transport import KafkaTransport
+from streamlearn.stream.kafka import KafkaTransport
 
 PARTITIONS = 2
 

@@ -10,13 +10,8 @@ from typing import Any
 import pytest
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.transport import (
-    KafkaTransport,
-    Message,
-    Transport,
-    ensure_topics,
-    partition_for_key,
-)
+from streamlearn.stream.kafka import KafkaTransport, ensure_topics
+from streamlearn.stream.transport import Message, Transport, partition_for_key
 
 pytestmark = pytest.mark.integration
 

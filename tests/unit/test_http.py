@@ -116,7 +116,7 @@ def test_stop_is_idempotent_and_frees_the_port() -> None:
 
 def test_lag_tracker_measures_lag_in_the_polling_thread() -> None:
     from streamlearn.service.http import LagTracker
-    from streamlearn.stream.transport import InMemoryTransport
+    from streamlearn.stream.memory import InMemoryTransport
 
     inner = InMemoryTransport(partitions=2)
     for i in range(30):
@@ -143,7 +143,7 @@ def test_lag_tracker_measures_lag_in_the_polling_thread() -> None:
 
 def test_lag_tracker_counts_unread_partitions_from_committed_offsets() -> None:
     from streamlearn.service.http import LagTracker
-    from streamlearn.stream.transport import InMemoryBroker, InMemoryTransport
+    from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
 
     broker = InMemoryBroker()
     first = InMemoryTransport(broker=broker)

@@ -1,0 +1,362 @@
+"""The Kafka transport (kafka-python): one assigned consumer, an idempotent producer."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from streamlearn.errors import TransportError
+from streamlearn.stream.transport import Message, Offsets, check_offsets
+
+__all__ = ["KafkaTransport", "ensure_topics"]
+
+
+_OWNED_OPTIONS = frozenset(
+    {
+        "bootstrap_servers",
+        "group_id",
+        "enable_auto_commit",
+        "enable_idempotence",
+        "acks",
+        "key_serializer",
+        "value_serializer",
+        "key_deserializer",
+        "value_deserializer",
+        "transactional_id",
+    }
+)
+
+
+def _split_options(options: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
+    """Route each client option to the consumer and/or the producer that knows it."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    owned = sorted(_OWNED_OPTIONS.intersection(options))
+    if owned:
+        raise TransportError(
+            f"client_options may not set {owned}: the transport fixes them "
+            "(manual commits, idempotent acks=all producer, raw bytes)"
+        )
+    unknown = sorted(set(options) - set(KafkaConsumer.DEFAULT_CONFIG) - set(KafkaProducer.DEFAULT_CONFIG))
+    if unknown:
+        raise TransportError(f"unknown kafka-python client options {unknown}")
+    consumer = {k: v for k, v in options.items() if k in KafkaConsumer.DEFAULT_CONFIG}
+    producer = {k: v for k, v in options.items() if k in KafkaProducer.DEFAULT_CONFIG}
+    return consumer, producer
+
+
+def ensure_topics(
+    bootstrap_servers: str,
+    names: Iterable[str],
+    partitions: int,
+    replication_factor: int = 1,
+    client_options: Mapping[str, object] | None = None,
+    timeout_s: float = 30.0,
+) -> dict[str, int]:
+    """Create the missing topics among ``names``; return every topic's partition count.
+
+    Existing topics are left as they are, so a returned count may differ from
+    ``partitions``; :class:`KafkaTransport` refuses input topics that are not
+    co-partitioned.
+    """
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import KafkaError, TopicAlreadyExistsError
+
+    wanted = list(dict.fromkeys(names))
+    admin_keys = set(KafkaAdminClient.DEFAULT_CONFIG)
+    options = {k: v for k, v in (client_options or {}).items() if k in admin_keys}
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, **options)
+    except KafkaError as exc:
+        raise TransportError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from exc
+    try:
+        missing = [n for n in wanted if n not in set(admin.list_topics())]
+        if missing:
+            # A concurrent creator is fine: the counts are read below.
+            with contextlib.suppress(TopicAlreadyExistsError):
+                admin.create_topics(
+                    [NewTopic(n, partitions, replication_factor) for n in missing],
+                    timeout_ms=int(timeout_s * 1000),
+                )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            described = {
+                t.get("name", t.get("topic")): len(t["partitions"])
+                for t in admin.describe_topics(wanted)
+                if all(p["leader_id"] >= 0 for p in t["partitions"])
+            }
+            if all(described.get(n, 0) > 0 for n in wanted) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    except KafkaError as exc:
+        raise TransportError(f"could not create topics {wanted} on {bootstrap_servers}: {exc}") from exc
+    finally:
+        admin.close()
+    absent = [n for n in wanted if described.get(n, 0) == 0]
+    if absent:
+        raise TransportError(f"topics {absent} not visible on {bootstrap_servers} after {timeout_s} s")
+    return {n: described[n] for n in wanted}
+
+
+@dataclass(slots=True)
+class _Pending:
+    topic: str
+    key: bytes | None
+    value: bytes
+    future: object
+
+
+class KafkaTransport:
+    """A :class:`Transport` on kafka-python: one consumer, one idempotent producer.
+
+    The consumer is *assigned* (not subscribed) every partition of both input
+    topics, or the ``partitions`` subset of them, so positions exist as soon as
+    the object is built: ``seek`` right after construction is exact, with no
+    rebalance to wait for or to undo it. ``group_id`` names where offsets are
+    committed (a standalone group, visible to lag tools); start positions are
+    the committed offsets, else ``auto_offset_reset``. Several replicas split the
+    partitions with disjoint ``partitions`` lists. Instances and feedback must
+    have the same partition count and be keyed by the same event id, so that an
+    event's decision and its feedback reach the same replica.
+
+    Parameters
+    ----------
+    bootstrap_servers : str
+        ``host:port[,host:port...]``.
+    instances_topic, feedback_topic, decisions_topic, dead_letter_topic : str
+        Topic names.
+    group_id : str
+        Consumer group for committed offsets.
+    client_options : mapping, optional
+        kafka-python options passed to the consumer and/or producer that know
+        them, e.g. ``security_protocol``, ``sasl_mechanism``,
+        ``sasl_plain_username``, ``sasl_plain_password``, ``ssl_cafile``.
+    partitions : list of int, optional
+        The input partitions this replica reads; all by default.
+    auto_offset_reset : {"earliest", "latest"}
+        Start position of a partition without a committed offset.
+    request_timeout_s : float
+        Bound on metadata discovery, commit and end-offset requests.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        instances_topic: str,
+        feedback_topic: str,
+        decisions_topic: str,
+        dead_letter_topic: str,
+        group_id: str,
+        client_options: Mapping[str, object] | None = None,
+        partitions: list[int] | None = None,
+        auto_offset_reset: str = "earliest",
+        request_timeout_s: float = 30.0,
+    ) -> None:
+        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+        from kafka.errors import KafkaError
+
+        self.instances_topic = instances_topic
+        self.feedback_topic = feedback_topic
+        self.decisions_topic = decisions_topic
+        self.dead_letter_topic = dead_letter_topic
+        self.bootstrap_servers = bootstrap_servers
+        self._timeout_ms = int(request_timeout_s * 1000)
+        self._pending: list[_Pending] = []
+        self._closed = False
+        consumer_opts, producer_opts = _split_options(client_options or {})
+        common: dict[str, object] = {"client_id": "streamlearn", "reconnect_backoff_max_ms": 2000}
+        try:
+            self._consumer = KafkaConsumer(
+                **{**common, **consumer_opts},
+                bootstrap_servers=bootstrap_servers,
+                group_id=group_id,
+                enable_auto_commit=False,
+                auto_offset_reset=auto_offset_reset,
+            )
+            self._producer = KafkaProducer(
+                **{"linger_ms": 5, **common, **producer_opts},
+                bootstrap_servers=bootstrap_servers,
+                enable_idempotence=True,
+                acks="all",
+            )
+        except KafkaError as exc:
+            raise TransportError(f"cannot connect to Kafka at {bootstrap_servers}: {exc}") from exc
+        counts = {t: self._partition_count(t, request_timeout_s) for t in (instances_topic, feedback_topic)}
+        n_inst, n_feed = counts[instances_topic], counts[feedback_topic]
+        if n_inst != n_feed:
+            self.close()
+            raise TransportError(
+                f"instances and feedback must be co-partitioned: {instances_topic!r} has "
+                f"{n_inst} partitions, {feedback_topic!r} has {n_feed}"
+            )
+        chosen = list(range(n_inst)) if partitions is None else sorted(set(partitions))
+        if not chosen or not all(0 <= p < n_inst for p in chosen):
+            self.close()
+            raise TransportError(f"expected partitions within 0..{n_inst - 1}, got {partitions}")
+        self._assigned = {(t, p) for t in (instances_topic, feedback_topic) for p in chosen}
+        self._tp = {tp: TopicPartition(*tp) for tp in self._assigned}
+        self._consumer.assign(list(self._tp.values()))
+        for topic in (decisions_topic, dead_letter_topic):
+            # Fetch output metadata now, so that a later send never blocks on it.
+            try:
+                self._producer.partitions_for(topic)
+            except KafkaError as exc:
+                self.close()
+                raise TransportError(f"output topic {topic!r} is not available: {exc!r}") from exc
+
+    def _partition_count(self, topic: str, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self._consumer.partitions_for_topic(topic)
+            if found:
+                return len(found)
+            if time.monotonic() > deadline:
+                self.close()
+                raise TransportError(
+                    f"topic {topic!r} not found on {self.bootstrap_servers} within {timeout_s} s; "
+                    "create it (streamlearn.stream.transport.ensure_topics)"
+                )
+            time.sleep(0.2)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("the transport is closed")
+
+    @property
+    def producer_id(self) -> int:
+        """The idempotent producer id the broker assigned (-1 until the first send)."""
+        manager = self._producer._transaction_manager
+        return -1 if manager is None else int(manager.producer_id_and_epoch.producer_id)
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Message]:
+        """Fetch up to ``max_records``; while the broker is away this returns ``[]``."""
+        from kafka.errors import KafkaError
+
+        self._check_open()
+        try:
+            batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
+        except KafkaError as exc:
+            if getattr(exc, "retriable", False):
+                return []  # kafka-python reconnects on its own; the next poll resumes
+            raise TransportError(f"poll failed on {self.bootstrap_servers}: {exc!r}") from exc
+        return [
+            Message(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp)
+            for records in batches.values()
+            for r in records
+        ]
+
+    def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Queue one message; kafka-python retries it until the broker acknowledges it."""
+        from kafka.errors import KafkaError
+
+        self._check_open()
+        try:
+            future = self._producer.send(topic, value=value, key=key)
+        except KafkaError as exc:
+            raise TransportError(f"could not queue a message for {topic}: {exc!r}") from exc
+        self._pending.append(_Pending(topic, key, value, future))
+        if len(self._pending) >= 50_000:
+            self._reap()
+
+    def _reap(self) -> int:
+        """Drop acknowledged messages, re-send failed ones; return how many are in flight."""
+        kept: list[_Pending] = []
+        for item in self._pending:
+            future = item.future
+            if not future.is_done:  # type: ignore[attr-defined]
+                kept.append(item)
+            elif future.failed():  # type: ignore[attr-defined]
+                item.future = self._producer.send(item.topic, value=item.value, key=item.key)
+                kept.append(item)
+        self._pending = kept
+        return len(kept)
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until every produced message is acknowledged, else raise TransportError.
+
+        Messages not acknowledged are kept (failed ones are sent again), so a
+        later ``flush`` can still deliver them; nothing is dropped.
+        """
+        from kafka.errors import KafkaError
+
+        self._check_open()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(KafkaError):  # a timeout: in-flight messages counted below
+                self._producer.flush(timeout=max(deadline - time.monotonic(), 0.0))
+            in_flight = self._reap()
+            if in_flight == 0:
+                return
+            if time.monotonic() >= deadline:
+                raise TransportError(
+                    f"{in_flight} produced messages not acknowledged by {self.bootstrap_servers} "
+                    f"within {timeout_s} s; they are kept and retried by the next flush"
+                )
+
+    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Commit the next offsets to read (synchronously)."""
+        from kafka import OffsetAndMetadata
+        from kafka.errors import KafkaError
+
+        self._check_open()
+        check_offsets(offsets, self._assigned, "commit")
+        payload = {self._tp[tp]: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
+        try:
+            self._consumer.commit(payload, timeout_ms=self._timeout_ms)
+        except KafkaError as exc:
+            raise TransportError(f"commit of {dict(offsets)} failed: {exc!r}") from exc
+
+    def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Set the positions the next ``poll`` reads from."""
+        self._check_open()
+        check_offsets(offsets, self._assigned, "seek")
+        for tp, off in offsets.items():
+            self._consumer.seek(self._tp[tp], off)
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """The assigned input partitions."""
+        return set(self._assigned)
+
+    def committed(self) -> Offsets:
+        """Committed offsets of the group for the assigned partitions that have one."""
+        from kafka.errors import KafkaError
+
+        self._check_open()
+        found: Offsets = {}
+        try:
+            for tp, kafka_tp in self._tp.items():
+                off = self._consumer.committed(kafka_tp, timeout_ms=self._timeout_ms)
+                if off is not None:
+                    found[tp] = off
+        except KafkaError as exc:
+            raise TransportError(f"could not read committed offsets: {exc!r}") from exc
+        return found
+
+    def end_offsets(self) -> Offsets:
+        """Log-end offsets of the assigned partitions."""
+        from kafka.errors import KafkaError
+
+        self._check_open()
+        try:
+            ends = self._consumer.end_offsets(list(self._tp.values()), timeout_ms=self._timeout_ms)
+        except KafkaError as exc:
+            raise TransportError(f"could not read end offsets: {exc!r}") from exc
+        return {(tp.topic, tp.partition): off for tp, off in ends.items()}
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush (best effort), then close the consumer without committing and the producer."""
+        if self._closed:
+            return
+        try:
+            if hasattr(self, "_producer"):
+                self.flush(timeout_s)
+        except TransportError:
+            pass  # the error already says how many messages are lost; close anyway
+        self._closed = True
+        if hasattr(self, "_consumer"):
+            self._consumer.close(autocommit=False)
+        if hasattr(self, "_producer"):
+            self._producer.close(timeout=timeout_s)

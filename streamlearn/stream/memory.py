@@ -1,0 +1,218 @@
+"""An in-memory transport with Kafka's offset semantics (unit tests, embedded mode)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Mapping
+
+from streamlearn.errors import TransportError
+from streamlearn.stream.transport import (
+    Message,
+    Offsets,
+    check_offsets,
+    partition_for_key,
+)
+
+__all__ = ["InMemoryBroker", "InMemoryTransport"]
+
+
+class InMemoryBroker:
+    """Topics as lists of messages per partition, plus committed offsets per group.
+
+    Several :class:`InMemoryTransport` objects can share one broker, as
+    several consumers share one Kafka cluster: a new transport on the same
+    group resumes at the committed offsets. Thread-safe; appending wakes
+    waiting polls.
+
+    Parameters
+    ----------
+    default_partitions : int
+        Partition count of topics created implicitly (by ``append`` or ``produce``).
+    """
+
+    def __init__(self, default_partitions: int = 1) -> None:
+        if default_partitions < 1:
+            raise TransportError(f"expected default_partitions >= 1, got {default_partitions}")
+        self.default_partitions = default_partitions
+        self.topics: dict[str, list[list[Message]]] = {}
+        self.group_offsets: dict[str, Offsets] = {}
+        self.changed = threading.Condition()
+        self._round_robin = itertools.count()
+
+    def create_topic(self, name: str, partitions: int | None = None) -> int:
+        """Create ``name`` unless it exists; return its partition count."""
+        with self.changed:
+            if name not in self.topics:
+                count = self.default_partitions if partitions is None else partitions
+                if count < 1:
+                    raise TransportError(f"topic {name!r}: expected partitions >= 1, got {count}")
+                self.topics[name] = [[] for _ in range(count)]
+            return len(self.topics[name])
+
+    def append(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> Message:
+        """Append one message (creating the topic if needed) and return it with its offset."""
+        with self.changed:
+            n_partitions = self.create_topic(topic)
+            if partition is None:
+                partition = partition_for_key(key, n_partitions, next(self._round_robin))
+            elif not 0 <= partition < n_partitions:
+                raise TransportError(f"topic {topic!r} has partitions 0..{n_partitions - 1}, got {partition}")
+            log = self.topics[topic][partition]
+            stamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+            message = Message(topic, partition, len(log), key, value, stamp)
+            log.append(message)
+            self.changed.notify_all()
+            return message
+
+    def messages(self, topic: str) -> list[Message]:
+        """Every message of ``topic``, partition by partition, in offset order."""
+        with self.changed:
+            return [m for log in self.topics.get(topic, []) for m in log]
+
+
+class InMemoryTransport:
+    """A :class:`Transport` over an :class:`InMemoryBroker`, with Kafka's offset semantics.
+
+    Parameters
+    ----------
+    instances_topic, feedback_topic, decisions_topic, dead_letter_topic : str
+        Topic names, as for the Kafka transport.
+    group_id : str
+        Consumer group whose committed offsets are the starting positions.
+    partitions : int
+        Partition count of the two input topics when this creates them.
+    broker : InMemoryBroker, optional
+        Shared broker; a private one by default.
+
+    Examples
+    --------
+    >>> t = InMemoryTransport(partitions=2)
+    >>> _ = t.append_instance(b"e1", b'{"x": 1}')
+    >>> [(m.topic, m.offset) for m in t.poll(10, 0.0)]
+    [('instances', 0)]
+    """
+
+    def __init__(
+        self,
+        instances_topic: str = "instances",
+        feedback_topic: str = "feedback",
+        decisions_topic: str = "decisions",
+        dead_letter_topic: str = "dead-letter",
+        group_id: str = "streamlearn",
+        partitions: int = 1,
+        broker: InMemoryBroker | None = None,
+    ) -> None:
+        self.instances_topic = instances_topic
+        self.feedback_topic = feedback_topic
+        self.decisions_topic = decisions_topic
+        self.dead_letter_topic = dead_letter_topic
+        self.group_id = group_id
+        self.broker = broker if broker is not None else InMemoryBroker(partitions)
+        n_inst = self.broker.create_topic(instances_topic, partitions)
+        n_feed = self.broker.create_topic(feedback_topic, partitions)
+        if n_inst != n_feed:
+            raise TransportError(
+                f"instances and feedback must be co-partitioned: {instances_topic!r} has "
+                f"{n_inst} partitions, {feedback_topic!r} has {n_feed}"
+            )
+        self._assigned = [(t, p) for t in (instances_topic, feedback_topic) for p in range(n_inst)]
+        committed = self.broker.group_offsets.get(group_id, {})
+        self._positions: Offsets = {tp: committed.get(tp, 0) for tp in self._assigned}
+        self._next_start = 0
+        self._closed = False
+
+    def append_instance(self, key: bytes | None, value: bytes) -> Message:
+        """Write a message to the instances topic (as an upstream producer would)."""
+        return self.broker.append(self.instances_topic, key, value)
+
+    def append_feedback(self, key: bytes | None, value: bytes) -> Message:
+        """Write a message to the feedback topic (as an upstream producer would)."""
+        return self.broker.append(self.feedback_topic, key, value)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("the transport is closed")
+
+    def _take(self, max_records: int) -> list[Message]:
+        taken: list[Message] = []
+        n = len(self._assigned)
+        for i in range(n):
+            tp = self._assigned[(self._next_start + i) % n]
+            log = self.broker.topics[tp[0]][tp[1]]
+            start = self._positions[tp]
+            batch = log[start : start + max_records - len(taken)]
+            if batch:
+                taken.extend(batch)
+                self._positions[tp] = start + len(batch)
+            if len(taken) >= max_records:
+                break
+        self._next_start = (self._next_start + 1) % n
+        return taken
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Message]:
+        """Return up to ``max_records`` messages, waiting up to ``timeout_s`` for the first."""
+        self._check_open()
+        if max_records < 1:
+            raise TransportError(f"expected max_records >= 1, got {max_records}")
+        deadline = time.monotonic() + max(timeout_s, 0.0)
+        with self.broker.changed:
+            while True:
+                taken = self._take(max_records)
+                remaining = deadline - time.monotonic()
+                if taken or remaining <= 0:
+                    return taken
+                self.broker.changed.wait(remaining)
+
+    def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Append to ``topic`` at once (the fake acknowledges every write)."""
+        self._check_open()
+        self.broker.append(topic, key, value)
+
+    def flush(self, timeout_s: float) -> None:
+        """Nothing is ever pending in memory."""
+        self._check_open()
+
+    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Store ``offsets`` as the group's committed offsets."""
+        self._check_open()
+        check_offsets(offsets, set(self._assigned), "commit")
+        with self.broker.changed:
+            self.broker.group_offsets.setdefault(self.group_id, {}).update(offsets)
+
+    def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Set the read positions; an offset past the end waits for messages to reach it."""
+        self._check_open()
+        check_offsets(offsets, set(self._assigned), "seek")
+        self._positions.update(offsets)
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """Every partition of the instances and feedback topics."""
+        return set(self._assigned)
+
+    def committed(self) -> Offsets:
+        """The group's committed offsets for the assigned partitions."""
+        stored = self.broker.group_offsets.get(self.group_id, {})
+        return {tp: off for tp, off in stored.items() if tp in self._positions}
+
+    def end_offsets(self) -> Offsets:
+        """Number of messages in each assigned partition."""
+        self._check_open()
+        with self.broker.changed:
+            return {tp: len(self.broker.topics[tp[0]][tp[1]]) for tp in self._assigned}
+
+    def positions(self) -> Offsets:
+        """The next offset ``poll`` reads per assigned partition."""
+        return dict(self._positions)
+
+    def close(self) -> None:
+        """Mark the transport closed; later calls raise TransportError."""
+        self._closed = True
