@@ -154,6 +154,7 @@ def test_bad_parameters() -> None:
         EmbeddedTransport(drop=2.0)
 
 
+@pytest.mark.needs_data
 def test_real_dataset_source_cycles_with_fresh_permutations() -> None:
     source = StreamSource("optdigits", seed=1, block=1000)
     n = source._rows

@@ -68,6 +68,7 @@ def test_add_bias_dense_and_sparse_agree() -> None:
     np.testing.assert_array_equal(add_bias(sparse).to_dense(), add_bias(dense))
 
 
+@pytest.mark.needs_data
 def test_prepare_stream_standardises_dense_data_and_adds_bias() -> None:
     s = prepare_stream("letter", passes=2, seed=0)
     assert s.rounds == 40_000 and s.n_features == 17 and s.standardised

@@ -1,0 +1,26 @@
+"""Suite-wide pytest hooks.
+
+``@pytest.mark.needs_data`` marks tests that read the real datasets of
+``../shared/datasets`` (present beside the repository in development and CI):
+where that folder is absent — e.g. a clone in a bare temporary directory — they
+are skipped with the reason, never failed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from simulators.datasets.base import SHARED_DATA_DIR
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_data: reads the real datasets in ../shared/datasets")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if SHARED_DATA_DIR.is_dir():
+        return
+    skip = pytest.mark.skip(reason=f"real-data test: the shared data folder {SHARED_DATA_DIR} is absent")
+    for item in items:
+        if item.get_closest_marker("needs_data"):
+            item.add_marker(skip)
