@@ -35,11 +35,11 @@ GAMMAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 #: dataset → passes over it (synthetic sets: rounds of fresh examples instead)
 PROTOCOL: dict[str, dict[str, Any]] = {
     "synnonsep": {"rounds": 100_000},
-    "letter": {"passes": 5, "standardise": "yes"},
-    "pendigits": {"passes": 5, "standardise": "yes"},
-    "optdigits": {"passes": 10, "standardise": "yes"},
+    "letter": {"passes": 5},
+    "pendigits": {"passes": 5},
+    "optdigits": {"passes": 10},
     "nursery": {"passes": 5},
-    "mnist": {"passes": 3, "standardise": "yes"},
+    "mnist": {"passes": 3},
     "reuters4": {"passes": 5},
 }
 
@@ -69,8 +69,7 @@ def run_grid(datasets: list[str], seeds: list[int], batch_size: int, data_dir: s
         protocol = PROTOCOL.get(dataset, {"passes": 1})
         for seed in seeds:
             stream = prepare_stream(dataset, data_dir=data_dir, seed=seed,
-                                    passes=protocol.get("passes", 1), rounds=protocol.get("rounds"),
-                                    standardise_mode=protocol.get("standardise", "auto"))
+                                    passes=protocol.get("passes", 1), rounds=protocol.get("rounds"))
             for label, name, hyper, exploration, batch in configurations(batch_size):
                 if only and only not in label:
                     continue

@@ -41,10 +41,10 @@ def _sparse(ds: Dataset) -> SparseBatch:
 
 BUILTIN_SHAPES = {  # name: (rows, features, classes, test_start, standardise)
     "letter": (20000, 16, 26, 16000, True),
-    "pendigits": (7494 + 3498, 16, 10, 7494, False),
-    "optdigits": (3823 + 1797, 64, 10, 3823, False),
+    "pendigits": (7494 + 3498, 16, 10, 7494, True),
+    "optdigits": (3823 + 1797, 64, 10, 3823, True),
     "nursery": (12960 - 2, 3 + 5 + 4 + 4 + 3 + 2 + 3 + 3, 4, None, False),
-    "mnist": (10000, 784, 10, None, False),
+    "mnist": (10000, 784, 10, None, True),
 }
 
 
