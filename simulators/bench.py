@@ -6,10 +6,12 @@ Every system sees the same stream: the dataset's rows in the order given by
 way — the error rate is the fraction of rounds whose *played* action was wrong
 (progressive validation: each event is decided before its label is used).
 
-Preprocessing (done once, before any timer): dense data sets flagged
-``standardise`` are centred and scaled by the mean and standard deviation of
-the streamed rows; streamlearn learners and the per-event loop get an extra
-constant 1 feature (the bias; VW adds its own constant feature).
+Preprocessing (done once, before any timer), the same as ``streamlearn replay``
+(:func:`simulators.experiment.standardise` / :func:`~simulators.experiment.add_bias`):
+dense data sets flagged ``standardise`` are centred and scaled by the mean and
+standard deviation of the data set's rows; streamlearn learners and the
+per-event loop get an extra constant 1 feature (the bias; VW adds its own
+constant feature).
 
 What each system's seconds cover:
 
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from simulators.datasets import load_dataset
+from simulators.experiment import add_bias, standardise
 from simulators.peers import VW_EXPLORERS, import_vw, python_loop_banditron, run_vw, vw_lines
 from simulators.replay import replay, stream_order
 from streamlearn.errors import ConfigError, DataError
@@ -145,28 +148,6 @@ def parse_systems(text: str) -> list[str]:
     if not chosen:
         raise ConfigError(f"--systems expects at least one system name. Got {text!r} instead.")
     return chosen
-
-
-def standardise(X: np.ndarray) -> np.ndarray:
-    """Columns centred and scaled to unit variance (constant columns are only centred)."""
-    mean = X.mean(axis=0)
-    std = X.std(axis=0)
-    return (X - mean) / np.where(std > 0, std, 1.0)
-
-
-def add_bias(X: Batch) -> Batch:
-    """Append a constant 1 feature (the last column)."""
-    if isinstance(X, SparseBatch):
-        n, d = X.shape
-        counts = np.diff(X.indptr)
-        indptr = np.concatenate([[0], np.cumsum(counts + 1)])
-        # every row's entries, then its bias entry
-        slot = np.arange(len(X.indices)) + np.repeat(np.arange(n), counts)
-        indices = np.full(int(indptr[-1]), d, dtype=np.int64)
-        values = np.ones(int(indptr[-1]))
-        indices[slot], values[slot] = X.indices, X.values
-        return SparseBatch(indptr.astype(np.int64), indices, values, d + 1)
-    return np.hstack([np.asarray(X, dtype=np.float64), np.ones((X.shape[0], 1))])
 
 
 def _replay_progress(system: str, say: Progress) -> Callable[[int, int, float], None]:
