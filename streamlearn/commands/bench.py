@@ -85,6 +85,6 @@ def run(args: argparse.Namespace) -> int:
         stream = f"{report.passes} pass(es)" if report.passes else "--rounds"
         print(f"{report.dataset}: {report.rounds:,} rounds ({stream}), {report.n_classes} classes, "
               f"{report.n_features} features{' (standardised)' if report.standardised else ''}, "
-              f"gamma {report.gamma:g}, seed {report.seed}")
+              f"gamma {report.gamma:g}, seed {report.seed}\n")
         print(report.to_markdown())
     return 0
