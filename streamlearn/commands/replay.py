@@ -12,6 +12,7 @@ import orjson
 from streamlearn.errors import ConfigError
 from streamlearn.learners import LEARNERS, make_learner
 from streamlearn.learners.exploration import STRATEGIES, exploration_from_name
+from streamlearn.plotting import pyplot
 
 __all__ = ["add_parser", "run"]
 
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     exploration = exploration_from_name(args.exploration or "fixed", args.gamma)
     hyper = hyperparameters(args)
     if args.plot:
-        _require_matplotlib()
+        pyplot()  # fail before the run, not after it
     stream = prepare_stream(
         args.dataset, data_dir=args.data_dir, passes=args.passes or 1, rounds=args.rounds,
         seed=args.seed, shuffle=not args.no_shuffle, standardise_mode=args.standardise,
@@ -194,20 +195,9 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"{key:<{width}}  {shown}")
 
 
-def _require_matplotlib() -> None:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError("--plot needs matplotlib: pip install 'streamlearn[plot]'.") from exc
-
-
 def plot_curves(path: str, title: str, curves: dict[str, list[tuple[int, float]]]) -> None:
     """Cumulative error rate vs rounds (log x), one line per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, curve in curves.items():
         if curve:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from streamlearn.errors import ConfigError, DataError
+from streamlearn.plotting import pyplot
 from streamlearn.rankers.adarank import AdaRank
 from streamlearn.rankers.base import FitData, Ranker, check_float
 from streamlearn.rankers.letor import LetorData, default_letor_dir, load_fold
@@ -286,13 +287,7 @@ def _print_table(summary: dict[str, Any]) -> None:
 
 
 def _plot(summary: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot needs matplotlib: pip install 'streamlearn[plot]'.") from None
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, entry in summary.items():
         ax.plot(range(1, 11), entry["curve"], marker="o", label=name)

@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 
 from streamlearn.errors import ConfigError
+from streamlearn.plotting import pyplot
 from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.metrics import average_precision, precision_at_k
 from streamlearn.rankers.routing import LDA, LocalRegion, LogisticRegression, Network, Rocchio
@@ -202,13 +203,7 @@ def _print_tables(result: dict[str, Any]) -> None:
 
 
 def _plot(result: dict[str, Any], path: str) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise ConfigError("--plot needs matplotlib: pip install 'streamlearn[plot]'.") from exc
+    plt = pyplot()
     summary = result["summary"]
     features = list(dict.fromkeys(r["features"] for r in summary))
     methods = list(dict.fromkeys(r["method"] for r in summary))
