@@ -167,7 +167,9 @@ def replay(
         np.zeros(n, dtype=np.int64))
     dropped = rng.random(n) < drop if drop else np.zeros(n, dtype=bool)
     tracker = OnlineErrorTracker(window=max(1000, batch_size))
-    checkpoints = set(np.unique(np.geomspace(1, n, curve_points).astype(np.int64)).tolist())
+    # curve points, ascending; next_point indexes the first one not yet passed
+    curve_rounds = np.unique(np.geomspace(1, n, curve_points).astype(np.int64)).tolist()
+    next_point = 0
     curve: list[tuple[int, float]] = []
 
     pending = _PendingFeedback(learner.n_actions)
@@ -202,8 +204,10 @@ def replay(
                 learner.update(_as_float(take_rows(X, due_rows)), due_actions, due_rewards,
                                due_probs)
                 applied += len(due_rows)
-        if checkpoints.intersection(range(lo + 1, hi + 1)):
+        if next_point < len(curve_rounds) and curve_rounds[next_point] <= hi:
             curve.append((hi, tracker.error_rate))
+            while next_point < len(curve_rounds) and curve_rounds[next_point] <= hi:
+                next_point += 1
         now = time.perf_counter()
         if progress is not None and now - last_report >= 2.0:
             progress(hi, n, tracker.error_rate)
