@@ -69,9 +69,10 @@ class OnlineErrorTracker:
             values = np.asarray(rewards) * (chosen == exploit) / probs[rows, exploit]
             self._exploit_value_sum += float(values.sum())
             self._exploit_value_rounds += B
-            if labels is not None:
-                self.exploit_mistakes += int((exploit != labels).sum())
-                self.labelled_rounds += B
+            if labels is not None:  # rows with label -1 (unknown) are left out
+                known = np.asarray(labels) >= 0
+                self.exploit_mistakes += int(((exploit != labels) & known).sum())
+                self.labelled_rounds += int(known.sum())
 
     @property
     def error_rate(self) -> float:

@@ -8,9 +8,11 @@ whole batch of bandit feedback with one product.
 
 Invariants every learner keeps:
 
-* ``probs`` returned by ``decide`` is the full sampling distribution (rows sum
-  to 1, zero outside the mask) and its row maximum is at the exploit action
-  ``argmax(W x)`` (ties → lowest index). ``update`` therefore recovers the
+* ``probs`` returned by ``decide`` is the full sampling distribution: finite,
+  rows sum to 1, zero outside the mask — *whatever the weights* (scores that
+  overflow to ±inf or NaN are ranked, never propagated; a row that still comes
+  out broken falls back to uniform over its allowed actions). Its row maximum
+  is at the exploit action ``argmax(W x)`` (ties → lowest index). ``update`` therefore recovers the
   exploit action of decision time as ``argmax(probs)`` even when the weights
   moved while the feedback was delayed.
 * A batch is decided with the weights as they were at the start of the batch
@@ -18,6 +20,9 @@ Invariants every learner keeps:
   algorithm of ALGORITHMS.md.
 * ``decide`` never changes learned weights; it only advances the round counter
   the exploration schedules use.
+* Learned state stays finite: an update that would make it NaN or infinite is
+  rolled back; its rows are retried one by one and only the offending ones are
+  skipped (counted in ``n_skipped_updates_``).
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from streamlearn.errors import ConfigError, StateError
-from streamlearn.features import Batch, as_batch, batch_size, scores
+from streamlearn.features import Batch, SparseBatch, as_batch, batch_size, scores, take_rows
 from streamlearn.learners import randomness
-from streamlearn.learners.exploration import Exploration, FixedGamma
+from streamlearn.learners.exploration import GAMMA_MAX, Exploration, FixedGamma
 
 __all__ = ["Learner", "check_float", "check_int", "exploit_actions", "masked_argmax"]
 
@@ -63,11 +68,41 @@ def check_float(
     return float(value)  # type: ignore[arg-type]
 
 
+_HUGE = np.finfo(np.float64).max
+
+
+def rankable(score_matrix: np.ndarray) -> np.ndarray:
+    """Scores with NaN → the lowest and ±inf → ±the largest finite float (order kept otherwise)."""
+    if np.isfinite(score_matrix).all():
+        return score_matrix
+    return np.nan_to_num(score_matrix, nan=-_HUGE, posinf=_HUGE, neginf=-_HUGE)
+
+
 def masked_argmax(score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """Row argmax over allowed actions; ties go to the lowest index."""
+    """Row argmax over allowed actions; ties go to the lowest index; never a masked action.
+
+    Non-finite scores are ranked (see :func:`rankable`), so an allowed action
+    always beats a masked one, even when every allowed score is -inf or NaN.
+    """
+    ranked = rankable(score_matrix)
     if mask is None:
-        return np.argmax(score_matrix, axis=1)
-    return np.argmax(np.where(mask, score_matrix, -np.inf), axis=1)
+        return np.argmax(ranked, axis=1)
+    return np.argmax(np.where(mask, ranked, -np.inf), axis=1)
+
+
+def safe_distribution(probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """``probs`` where each row is finite, non-negative, zero outside the mask and sums to 1;
+    any other row is replaced by the uniform distribution over its allowed actions."""
+    with np.errstate(invalid="ignore"):
+        good = np.isfinite(probs).all(axis=1) & (probs >= 0).all(axis=1)
+        good &= np.abs(probs.sum(axis=1) - 1.0) <= 1e-9
+        if mask is not None:
+            good &= ~(probs * ~mask).any(axis=1)
+    if good.all():
+        return probs
+    allowed = np.ones_like(probs, dtype=bool) if mask is None else mask
+    uniform = allowed / allowed.sum(axis=1, keepdims=True)
+    return np.where(good[:, None], probs, uniform)
 
 
 def exploit_actions(probs: np.ndarray) -> np.ndarray:
@@ -118,6 +153,7 @@ class Learner(abc.ABC):
         self.seed = check_int(name, "seed", seed, low=0)
         self.n_decided_ = 0  # rounds decided so far (the t of the exploration schedules)
         self.n_updated_ = 0  # feedback events applied so far
+        self.n_skipped_updates_ = 0  # feedback events not applied: they made the state non-finite
 
     # ------------------------------------------------------------------ params
     def get_params(self) -> dict[str, Any]:
@@ -143,11 +179,13 @@ class Learner(abc.ABC):
         batch = as_batch(X, self.n_features)
         B = batch_size(batch)
         m = _check_mask(mask, B, self.n_actions)
-        score_matrix = self.decision_scores(batch)
+        with np.errstate(over="ignore", invalid="ignore"):
+            score_matrix = rankable(self.decision_scores(batch))
         exploit = masked_argmax(score_matrix, m)
         rounds = self.n_decided_ + 1 + np.arange(B)
         gammas = self.exploration.gammas(score_matrix, exploit, rounds, m, self.n_actions)
-        probs = self._distribution(exploit, gammas, m)
+        gammas = np.clip(np.nan_to_num(gammas, nan=GAMMA_MAX), 0.0, GAMMA_MAX)
+        probs = safe_distribution(self._distribution(exploit, gammas, m), m)
         uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
         actions = randomness.sample(probs, uniforms)
         self.n_decided_ += B
@@ -204,9 +242,52 @@ class Learner(abc.ABC):
         chosen_p = p[np.arange(B), a]
         if not full_or_positive(chosen_p, self.full_information):
             raise ConfigError("The logged probability of every chosen action must be > 0.")
+        if not all_finite(batch):
+            raise ConfigError("Features must be finite (no NaN or inf).")
         self.exploration.observe(a, r, p)
-        self._update(batch, a, r, p)
-        self.n_updated_ += B
+        applied = self._guarded_update(batch, a, r, p)
+        self.n_updated_ += applied
+        self.n_skipped_updates_ += B - applied
+
+    def _guarded_update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray,
+                        probs: np.ndarray) -> int:
+        """Apply the batch unless it makes the state non-finite; return the rows applied.
+
+        Cold path on failure: restore, find the rows that fail on their own,
+        apply the others together (if even that fails, skip the whole batch).
+        """
+        saved = self._snapshot()
+        with np.errstate(over="ignore", invalid="ignore"):
+            self._update(X, actions, rewards, probs)
+        if self._state_finite():
+            return len(actions)
+        self._restore(saved)
+        good = np.ones(len(actions), dtype=bool)
+        for i in range(len(actions)):
+            one = np.array([i])
+            with np.errstate(over="ignore", invalid="ignore"):
+                self._update(take_rows(X, one), actions[one], rewards[one], probs[one])
+            good[i] = self._state_finite()
+            self._restore(saved)
+        rows = np.flatnonzero(good)
+        if len(rows):
+            with np.errstate(over="ignore", invalid="ignore"):
+                self._update(take_rows(X, rows), actions[rows], rewards[rows], probs[rows])
+            if not self._state_finite():
+                self._restore(saved)
+                return 0
+        return len(rows)
+
+    def _snapshot(self) -> dict[str, np.ndarray]:
+        """A copy of the learned arrays, taken before every update (override if cheaper exists)."""
+        return {k: np.array(v, copy=True) for k, v in self._arrays().items()}
+
+    def _restore(self, saved: dict[str, np.ndarray]) -> None:
+        self._load_arrays({k: np.array(v, copy=True) for k, v in saved.items()})
+
+    def _state_finite(self) -> bool:
+        """Whether every learned array and the scoring matrix are finite."""
+        return all(np.isfinite(v).all() for v in (*self._arrays().values(), self._weights()))
 
     @abc.abstractmethod
     def _weights(self) -> np.ndarray:
@@ -235,7 +316,8 @@ class Learner(abc.ABC):
         meta = {
             "class": type(self).__name__,
             "params": params,
-            "counters": {"n_decided": self.n_decided_, "n_updated": self.n_updated_},
+            "counters": {"n_decided": self.n_decided_, "n_updated": self.n_updated_,
+                         "n_skipped_updates": self.n_skipped_updates_},
             "exploration_state": self.exploration.scalars(),
         }
         return arrays, meta
@@ -254,6 +336,7 @@ class Learner(abc.ABC):
             counters = meta["counters"]
             learner.n_decided_ = int(counters["n_decided"])
             learner.n_updated_ = int(counters["n_updated"])
+            learner.n_skipped_updates_ = int(counters.get("n_skipped_updates", 0))
             learner.exploration.load(
                 {k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith("exploration.")},
                 meta["exploration_state"],
@@ -307,6 +390,11 @@ class LinearLearner(Learner):
 
     def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.weights_ = arrays["weights"]
+
+
+def all_finite(X: Batch) -> bool:
+    values = X.values if isinstance(X, SparseBatch) else X
+    return bool(np.isfinite(values).all())
 
 
 def full_or_positive(chosen_p: np.ndarray, full_information: bool) -> bool:

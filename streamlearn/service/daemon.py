@@ -50,6 +50,7 @@ from streamlearn.learners.base import Learner
 from streamlearn.service.counters import Counters, tracker_arrays, tracker_load
 from streamlearn.service.metrics import Observer
 from streamlearn.service.settings import DaemonSettings, blas_threads, dead_letter_value
+from streamlearn.stream.align import InputAligner
 from streamlearn.stream.checkpoint import Checkpointer, Offsets
 from streamlearn.stream.join import EXPIRED, JOINED, SHED, PendingJoins
 from streamlearn.stream.transport import Message, Transport
@@ -109,6 +110,7 @@ class Daemon:
                                           settings.checkpoint_fsync_journal)
                              if settings.checkpoint_dir else None)
         self._journaled: dict[str, Any] = {}
+        self.aligner = InputAligner(transport, settings.limits_poll_order_wait_seconds)
         self._stop = threading.Event()
         self._retry_checkpoint_at = 0.0
         self.ready = False
@@ -174,20 +176,24 @@ class Daemon:
         """One iteration on one micro-batch."""
         s = self.settings
         try:
-            messages = self.transport.poll(s.limits_poll_max_records, s.limits_poll_timeout_seconds)
+            messages = self.aligner.poll(s.limits_poll_max_records, s.limits_poll_timeout_seconds)
         except TransportError as exc:
             log.warning("poll failed, retrying in %.1f s: %s", s.retry_seconds, exc)
             self._stop.wait(s.retry_seconds)
             messages = []
         wall = self.wall_clock()
-        instances = [m for m in messages if m.topic == self.transport.instances_topic]
-        feedback = [m for m in messages if m.topic == self.transport.feedback_topic]
-        if instances:
-            self._on_instances(instances, wall)
+        # The batch is in event-time order. Instances before its first feedback are decided
+        # first; the feedback is learned before the later instances are decided, so no
+        # instance is decided without the feedback that came before it (a replayed backlog).
+        instances_topic = self.transport.instances_topic
+        cut = next((i for i, m in enumerate(messages) if m.topic != instances_topic), len(messages))
+        later = [m for m in messages[cut:] if m.topic == instances_topic]
+        feedback = [m for m in messages[cut:] if m.topic == self.transport.feedback_topic]
+        if cut:
+            self._on_instances(messages[:cut], wall)
         if feedback:
             self._on_feedback(feedback, wall)
-        if len(messages) < s.limits_poll_max_records:  # the consumer had nothing more buffered
-            self._mark_idle(messages, wall)
+        self._mark_idle(messages, wall)
         clocks = self.counters.clocks
         for fb in self.join.advance(clocks.now("feedback", wall), clocks.now("instances", wall)):
             src = fb.source
@@ -198,6 +204,9 @@ class Daemon:
             self.counters.feedback["unknown"] += 1
             self.observer.on_feedback("unknown", 1)
         self._learn()
+        if later:
+            self._on_instances(later, wall)
+            self._learn()  # feedback held for these decisions (arrived first) joined on arrival
         self.offsets.update({(m.topic, m.partition): m.offset + 1 for m in messages})
         self.counters.messages += len(messages)
         self.observer.on_pending(len(self.join) + len(self.join.early))
@@ -213,9 +222,9 @@ class Daemon:
         return np.minimum(ts, wall + self.settings.join_max_clock_skew_seconds)
 
     def _mark_idle(self, messages: list[Message], wall: float) -> None:
-        """Input partitions that returned nothing in a non-full poll: their clocks follow the wall."""
+        """Input partitions caught up with nothing waiting: their clocks follow the wall."""
         seen = {(m.topic, m.partition) for m in messages}
-        for topic, partition in self.transport.assignment() - seen:
+        for topic, partition in self.aligner.idle - seen:
             stream = "instances" if topic == self.transport.instances_topic else "feedback"
             self.counters.clocks.mark_idle(stream, [partition], wall)
 
@@ -240,7 +249,7 @@ class Daemon:
         if B == 0:
             return
         self.observer.on_instances(B)
-        actions, probs, records = self._decide(batch.ids, batch.X, batch.mask, wall)
+        actions, probs, records, fresh = self._decide(batch.ids, batch.X, batch.mask, wall)
         # a decision's window opens when it is made (journaled ones: when first made)
         decided_at = np.array([r["ts"] for r in records], dtype=np.float64)
         clocks = self.counters.clocks
@@ -256,16 +265,23 @@ class Daemon:
         self.counters.instance_batches += 1
         self.counters.decisions += B
         self.counters.explored += int(explored.sum())
-        produced_at = np.array([m.timestamp_ms for m in batch.messages], dtype=np.float64) / 1e3
+        # latency of decisions made now; re-emitted (journaled) ones keep their first ts
+        produced_at = np.array([batch.messages[i].timestamp_ms for i in fresh.tolist()],
+                               dtype=np.float64) / 1e3
         self.observer.on_decisions(B, int(explored.sum()), self.wall_clock() - produced_at)
+        if len(fresh) < B:
+            self.observer.on_reemitted(B - len(fresh))
         self.observer.on_action_decisions(actions)
         allowed = probs.shape[1] if batch.mask is None else batch.mask.sum(axis=1)
         gammas = (1.0 - probs.max(axis=1)) * allowed / np.maximum(allowed - 1, 1)
         self.observer.on_gamma(float(gammas.mean()))
 
     def _decide(self, ids: list[str], X: Any, mask: np.ndarray | None,
-                wall: float) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
-        """Decide a batch: journaled decisions are reused, the rest decided in one call."""
+                wall: float) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]], np.ndarray]:
+        """Decide a batch: journaled decisions are reused, the rest decided in one call.
+
+        Returns actions, probabilities, decision records and the rows decided now.
+        """
         B = len(ids)
         actions = np.zeros(B, dtype=np.int64)
         probs = np.zeros((B, self.n_actions))
@@ -289,7 +305,7 @@ class Daemon:
                 records[j] = new[n]
             if self.checkpointer is not None:
                 self.checkpointer.journal.append([ids[j] for j in fresh], p, new)
-        return actions, probs, records
+        return actions, probs, records, fresh
 
     def _on_feedback(self, messages: list[Message], wall: float) -> None:
         batch, rejected = decode_feedback(messages, self.limits)
@@ -331,16 +347,21 @@ class Daemon:
         if not len(rows):
             return
         a, r, p = closed.actions[rows], closed.rewards[rows], closed.probs[rows]
+        skipped_before = self.learner.n_skipped_updates_
         self.learner.update(take_rows(closed.X, rows), a, r, p)
+        skipped = self.learner.n_skipped_updates_ - skipped_before
+        if skipped:
+            log.warning("%d updates skipped: they would have made the model non-finite", skipped)
+            self.observer.on_skipped_updates(skipped)
         self.counters.model_version += 1
-        labels = closed.labels[rows]
-        has_labels = bool(len(labels)) and bool((labels >= 0).all())
-        self.tracker.observe(a, r, labels if has_labels else None, p)
+        labels = closed.labels[rows]  # -1 where the instance carried no label
+        labelled = labels >= 0
+        self.tracker.observe(a, r, labels, p)
         self.observer.on_action_rewards(a, r)
         self.observer.on_rewards(float(r.sum()))
         self.observer.on_mistakes(float((1.0 - r).sum()))
-        if has_labels:
-            self.observer.on_regret(float((a != labels).sum()))
+        if labelled.any():
+            self.observer.on_regret(float(((a != labels) & labelled).sum()))
         self.observer.on_error_rates(self.tracker.error_rate, self.tracker.window_error_rate,
                                      self.tracker.exploit_error_estimate)
         self.observer.on_model_version(self.counters.model_version)

@@ -269,5 +269,8 @@ class LagTracker:
     def end_offsets(self) -> dict[tuple[str, int], int]:
         return dict(self.inner.end_offsets())
 
+    def unread(self) -> dict[tuple[str, int], int | None]:
+        return dict(self.inner.unread())
+
     def close(self) -> None:
         self.inner.close()

@@ -109,6 +109,12 @@ class Observer:
     def on_shed(self, n: int) -> None:
         """``n`` pending joins were shed because the pending store was full."""
 
+    def on_skipped_updates(self, n: int) -> None:
+        """``n`` feedback events were not learned: they would have made the model non-finite."""
+
+    def on_reemitted(self, n: int) -> None:
+        """``n`` journaled decisions were published again for input re-read after a restart."""
+
     def on_lag(self, lag: int) -> None:
         """Total consumer lag (messages) over the assigned partitions."""
 
@@ -167,6 +173,14 @@ class PrometheusObserver(Observer):
                                 "Sum of (1 - reward) of the played actions.", registry=r)
         self.regret = Counter("streamlearn_regret",
                               "Regret against the labels (only when labels are known).", registry=r)
+        self.skipped_updates = Counter(
+            "streamlearn_learner_updates_skipped",
+            "Feedback events not learned because they would have made the model non-finite.",
+            registry=r)
+        self.reemitted = Counter(
+            "streamlearn_decisions_reemitted",
+            "Journaled decisions published again after a restart (not in the latency histogram).",
+            registry=r)
         self.shed = Counter("streamlearn_pending_shed", "Pending joins shed (store full).",
                             registry=r)
         self.error_rate = Gauge("streamlearn_error_rate",
@@ -201,7 +215,8 @@ class PrometheusObserver(Observer):
                                     buckets=BATCH_BUCKETS, registry=r)
         self.decision_latency = ArrayHistogram(
             "streamlearn_decision_latency_seconds",
-            "Time from receiving an instance to publishing its decision.", LATENCY_BUCKETS)
+            "Time from the instance message's timestamp (when it was produced) to publishing its "
+            "decision; re-emitted decisions are not included.", LATENCY_BUCKETS)
         self.feedback_delay = ArrayHistogram(
             "streamlearn_feedback_delay_seconds",
             "Time from a decision to its joined feedback.", DELAY_BUCKETS)
@@ -233,6 +248,12 @@ class PrometheusObserver(Observer):
 
     def on_action_decisions(self, actions: np.ndarray) -> None:
         self.actions.add_decisions(actions)
+
+    def on_skipped_updates(self, n: int) -> None:
+        self.skipped_updates.inc(n)
+
+    def on_reemitted(self, n: int) -> None:
+        self.reemitted.inc(n)
 
     def on_feedback(self, outcome: str, n: int, delays_s: np.ndarray | float | None = None) -> None:
         if outcome not in FEEDBACK_OUTCOMES:

@@ -42,6 +42,9 @@ class DaemonSettings:
     limits_max_id_length: int = 256
     limits_poll_max_records: int = 500
     limits_poll_timeout_seconds: float = 0.1
+    limits_poll_order_wait_seconds: float = 0.05
+    limits_max_abs_feature: float = 1e12
+    limits_max_row_squared_norm: float = 1e26
     limits_dead_letter_max_bytes: int = 65_536
     metrics_window: int = 1000
     model_name: str = ""
@@ -55,7 +58,9 @@ class DaemonSettings:
                             self.join_default_reward, self.join_max_pending, self.join_max_early)
 
     def limits(self) -> DecodeLimits:
-        return DecodeLimits(self.limits_max_message_bytes, self.limits_max_id_length)
+        return DecodeLimits(self.limits_max_message_bytes, self.limits_max_id_length,
+                            max_abs_feature=self.limits_max_abs_feature,
+                            max_row_squared_norm=self.limits_max_row_squared_norm)
 
 
 def dead_letter_value(rejection: Rejection, max_bytes: int) -> bytes:

@@ -375,6 +375,10 @@ class EmbeddedTransport:
         with self._lock:
             return {(t, 0): log.end for t, log in self._logs.items()}
 
+    def unread(self) -> dict[tuple[str, int], int | None]:
+        with self._lock:
+            return {(t, 0): max(0, log.end - self._positions[(t, 0)]) for t, log in self._logs.items()}
+
     def positions(self) -> Offsets:
         with self._lock:
             return dict(self._positions)

@@ -346,6 +346,23 @@ class KafkaTransport:
             raise TransportError(f"could not read end offsets: {exc!r}") from exc
         return {(tp.topic, tp.partition): off for tp, off in ends.items()}
 
+    def unread(self) -> dict[tuple[str, int], int | None]:
+        """High watermark of the last fetch response minus the consumer's position, per partition.
+
+        Both are kept by kafka-python's subscription state (no network call);
+        ``None`` before the first fetch response of a partition.
+        """
+        out: dict[tuple[str, int], int | None] = {}
+        for tp, kafka_tp in self._tp.items():
+            try:
+                state = self._consumer._subscription.assignment[kafka_tp]
+                position = state.position.offset if state.has_valid_position else None
+                highwater = state.highwater
+            except (AttributeError, KeyError):  # the client's internals moved: say "not known"
+                position = highwater = None
+            out[tp] = None if position is None or highwater is None else max(0, highwater - position)
+        return out
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush (best effort), then close the consumer without committing and the producer."""
         if self._closed:

@@ -209,6 +209,12 @@ class InMemoryTransport:
         with self.broker.changed:
             return {tp: len(self.broker.topics[tp[0]][tp[1]]) for tp in self._assigned}
 
+    def unread(self) -> dict[tuple[str, int], int | None]:
+        """Messages after the read position, per assigned partition."""
+        with self.broker.changed:
+            return {tp: max(0, len(self.broker.topics[tp[0]][tp[1]]) - self._positions[tp])
+                    for tp in self._assigned}
+
     def positions(self) -> Offsets:
         """The next offset ``poll`` reads per assigned partition."""
         return dict(self._positions)

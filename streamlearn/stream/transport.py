@@ -90,6 +90,14 @@ class Transport(Protocol):
         """The log-end offset (offset of the next message written) per assigned partition."""
         ...
 
+    def unread(self) -> dict[tuple[str, int], int | None]:
+        """Per assigned partition: records on the broker that ``poll`` has not returned yet.
+
+        Known without a network call (Kafka: the high watermark of the last fetch
+        response minus the position); ``None`` while not known yet.
+        """
+        ...
+
     def close(self) -> None:
         """Flush what can be flushed and release the connections; idempotent."""
         ...

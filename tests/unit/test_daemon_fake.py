@@ -338,8 +338,10 @@ def test_journaled_decisions_survive_a_checkpoint_taken_while_replaying(tmp_path
     drain(first)  # 300 decisions journaled, no checkpoint yet; then the process dies
     original = {k: v[0] for k, v in decisions_by_id(broker).items()}
     for i in range(100):  # feedback that changes the weights while the input is re-read
-        caller.writer.append_feedback(f"e{i}".encode(),
-                                      orjson.dumps({"id": f"e{i}", "reward": 1.0}))
+        # (stamped between the instances, so the event-time order interleaves them)
+        broker.append(caller.writer.feedback_topic, f"e{i}".encode(),
+                      orjson.dumps({"id": f"e{i}", "reward": 1.0}),
+                      timestamp_ms=broker.messages(caller.writer.instances_topic)[i].timestamp_ms)
     second = make_daemon(broker, tmp_path, clock, limits_poll_max_records=50)
     while second.counters.instances < 150:
         second.step()
@@ -379,3 +381,53 @@ def test_a_checkpoint_of_another_learner_shape_is_a_clear_state_error(tmp_path: 
                    Banditron(5, 400, FixedGamma(0.05)), wall_clock=clock)
     with pytest.raises(StateError, match=r"does not fit this daemon.*\(9, 400\); \(5, 400\) are configured"):
         other.restore()
+
+
+def test_regret_counts_the_labelled_rows_of_a_mixed_batch(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from streamlearn.service.metrics import PrometheusObserver
+
+    broker, clock = InMemoryBroker(1), Clock()
+    writer = InMemoryTransport(broker=broker, partitions=1, group_id="caller")
+    for i in range(200):  # every other instance carries its label
+        value: dict[str, Any] = {"id": f"e{i}", "x": X[i].tolist(), "ts": clock.t}
+        if i % 2 == 0:
+            value["label"] = int(Y[i])
+        writer.append_instance(f"e{i}".encode(), orjson.dumps(value))
+    registry = CollectorRegistry()
+    daemon = Daemon(settings(None), InMemoryTransport(broker=broker, partitions=1), learner(),
+                    observer=PrometheusObserver(registry), wall_clock=clock)
+    drain(daemon)
+    decided = {orjson.loads(m.value or b"")["id"]: orjson.loads(m.value or b"")["action"]
+               for m in broker.messages("decisions")}
+    for event_id, action in decided.items():  # answered in one batch: labelled and not mixed
+        i = int(event_id[1:])
+        writer.append_feedback(event_id.encode(), orjson.dumps(
+            {"id": event_id, "reward": float(action == Y[i]), "ts": clock.t}))
+    drain(daemon)
+    expected = sum(decided[f"e{i}"] != Y[i] for i in range(0, 200, 2))
+    assert expected > 0
+    assert registry.get_sample_value("streamlearn_regret_total") == expected
+    assert daemon.tracker.labelled_rounds == 100
+
+
+def test_reemitted_decisions_stay_out_of_the_latency_histogram(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from streamlearn.service.metrics import PrometheusObserver
+
+    broker, clock = InMemoryBroker(2), Clock()
+    Caller(broker).publish(0, 100, ts=clock.t)
+    first = make_daemon(broker, tmp_path, clock)
+    drain(first)  # 100 decisions journaled, no checkpoint; then the process dies
+    clock.t += 120.0  # the restart comes two minutes later
+    registry = CollectorRegistry()
+    second = Daemon(settings(tmp_path), InMemoryTransport(broker=broker, partitions=2), learner(),
+                    observer=PrometheusObserver(registry), wall_clock=clock)
+    second.restore()
+    drain(second)
+    assert registry.get_sample_value("streamlearn_decisions_reemitted_total") == 100
+    assert registry.get_sample_value("streamlearn_decision_latency_seconds_count") == 0
+    assert registry.get_sample_value("streamlearn_decisions_total", {"explored": "false"}) + \
+        registry.get_sample_value("streamlearn_decisions_total", {"explored": "true"}) == 100

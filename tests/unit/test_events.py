@@ -74,7 +74,12 @@ def test_sparse_named_and_dense_rows_in_one_batch() -> None:
     (b'{"id": "e", "x": [1e999, 0, 0, 0]}', "invalid_json"),
     (inst(x={"idx": [0, 9], "val": [1.0, 1.0]}), "wrong_dimension"),
     (inst(x={"idx": [0, 1], "val": [1.0]}), "bad_features"),
-    (inst(x={"idx": [0.5], "val": [1.0]}), "wrong_dimension"),
+    (inst(x={"idx": [0.5], "val": [1.0]}), "bad_features"),  # a float index is no dimension
+    (b"null", "not_object"),
+    (inst(x=[1e308, 0, 0, 0]), "value_out_of_range"),
+    (inst(x=[0, -1e13, 0, 0]), "value_out_of_range"),
+    (inst(x={"idx": [1], "val": [-1.7e308]}), "value_out_of_range"),
+    (inst(x={"price": 3e200}), "value_out_of_range"),
     (inst(x={"a": "b"}), "bad_features"),
     (inst(actions=[]), "bad_actions"),
     (inst(actions=[0, 3]), "bad_actions"),
@@ -153,10 +158,60 @@ def test_arbitrary_input_is_accepted_or_rejected_never_raises(values: list[bytes
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32),
-                         min_size=D, max_size=D), min_size=1, max_size=6))
+@given(st.lists(st.lists(st.floats(-999999995904.0, 999999995904.0, width=32), min_size=D, max_size=D),
+                min_size=1, max_size=6))
 def test_valid_dense_rows_round_trip_exactly(rows: list[list[float]]) -> None:
     values = [orjson.dumps({"id": f"e{i}", "x": r}) for i, r in enumerate(rows)]
     batch, rejected = decode_instances(msgs(*values), D, K)
     assert rejected == []
     assert np.array_equal(np.asarray(batch.X), np.array(rows, dtype=np.float64))
+
+
+@pytest.mark.parametrize(("x", "reason", "detail"), [
+    ([1.0, 2.0, 1e308, 0.0], "value_out_of_range",
+     "x[2] = 1e+308 is beyond ±1e+12 (limits.max_abs_feature)"),
+    ({"idx": [3, 1], "val": [1.0, 5e15]}, "value_out_of_range",
+     "x.val[1] (feature 1) = 5e+15 is beyond ±1e+12 (limits.max_abs_feature)"),
+    ({"price": 1.0, "count": -2e13}, "value_out_of_range",
+     "x['count'] = -2e+13 is beyond ±1e+12 (limits.max_abs_feature)"),
+    ([9e11, 9e11, 0.0, 0.0], "value_out_of_range",
+     "the squared norm of x, 1.62e+24, exceeds 1e+24 (limits.max_row_squared_norm)"),
+    ({"idx": [1.5], "val": [1.0]}, "bad_features", "x.idx[0] = 1.5 is not an integer index"),
+    ({"idx": [0, 7], "val": [1.0, 1.0]}, "wrong_dimension",
+     "x.idx[1] = 7 is outside the 4 features [0, 4)"),
+    ([1, 2, 3], "wrong_dimension", "expected 4 features in the dense 'x', got 3"),
+    ([1, "a", 3, 4], "bad_features", "x[1] is not a number: 'a'"),
+    ([1, "nan", 3, 4], "non_finite", "x[1] is nan"),
+])
+def test_dead_letter_details_say_what_was_wrong(x: object, reason: str, detail: str) -> None:
+    limits = DecodeLimits(max_row_squared_norm=1e24)
+    _, rejected = decode_instances(msgs(inst(x=x)), D, K, limits)
+    assert [(r.reason, r.detail) for r in rejected] == [(reason, detail)]
+
+
+extreme = st.sampled_from([1e308, -1e308, 1.7976931348623157e308, 5e-324, 1e-320, -0.0, 0.0,
+                           1e12, -1e12, 1e12 * (1 + 1e-15), 3.0, 1e200])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(extreme | st.floats(allow_nan=False, allow_infinity=False),
+                         min_size=D, max_size=D), min_size=1, max_size=6),
+       st.sampled_from(["dense", "sparse", "named"]))
+def test_accepted_rows_are_always_within_the_limits(rows: list[list[float]], form: str) -> None:
+    def x_of(row: list[float]) -> object:
+        if form == "dense":
+            return row
+        if form == "sparse":
+            return {"idx": list(range(D)), "val": row}
+        return {f"f{i}": v for i, v in enumerate(row)}
+    limits = DecodeLimits()
+    values = [orjson.dumps({"id": f"e{i}", "x": x_of(r)}) for i, r in enumerate(rows)]
+    batch, rejected = decode_instances(msgs(*values), D, K, limits)
+    X = batch.X.to_dense() if isinstance(batch.X, SparseBatch) else np.asarray(batch.X)
+    assert np.all(np.abs(X) <= limits.max_abs_feature)
+    assert np.all((X ** 2).sum(axis=1) <= limits.max_row_squared_norm * (1 + 1e-12))
+    for r in rejected:
+        assert r.reason == "value_out_of_range" and r.detail
+    within = [all(abs(v) <= limits.max_abs_feature for v in r) and sum(v * v for v in r)
+              <= limits.max_row_squared_norm for r in rows]
+    assert len(batch) == sum(within)

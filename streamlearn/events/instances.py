@@ -1,0 +1,108 @@
+"""Instance values → an :class:`InstanceBatch` of the accepted ones, plus rejections."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from streamlearn.events.payload import classify, explain, feature_batch
+from streamlearn.events.raw import (
+    DEFAULT_LIMITS,
+    DecodeLimits,
+    RawMessage,
+    Reject,
+    Rejection,
+    event_id_of,
+    parse_object,
+    timestamp_of,
+)
+from streamlearn.features import Batch
+
+__all__ = ["InstanceBatch", "decode_instances"]
+
+
+@dataclass
+class InstanceBatch:
+    """Accepted instances of one micro-batch, in arrival order."""
+
+    ids: list[str]
+    X: Batch
+    mask: np.ndarray | None  # (B, K) bool, None when no event restricted its actions
+    labels: np.ndarray  # int64 (B,), -1 when absent
+    ts: np.ndarray  # float64 (B,) event time in seconds
+    partitions: np.ndarray  # int64 (B,)
+    offsets: np.ndarray  # int64 (B,)
+    messages: list[Any] = field(default_factory=list, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class _Row:
+    msg: RawMessage
+    event_id: str
+    ts: float
+    form: str
+    payload: Any
+    actions: list[int] | None
+    label: int
+
+
+def _row(msg: RawMessage, n_features: int, n_actions: int, limits: DecodeLimits) -> _Row:
+    obj = parse_object(msg, limits)
+    event_id = event_id_of(obj, limits)
+    ts = timestamp_of(obj, msg, event_id)
+    form, payload = classify(obj.get("x"), n_features, event_id)
+    actions = obj.get("actions")
+    if actions is not None and not (
+        isinstance(actions, list) and actions
+        and all(type(a) is int and 0 <= a < n_actions for a in actions)
+    ):
+        raise Reject("bad_actions", f"expected a non-empty list of integer actions in "
+                                    f"[0, {n_actions}), got {actions!r:.60}", event_id)
+    label = obj.get("label", -1)
+    if label != -1 and not (isinstance(label, int) and not isinstance(label, bool)
+                            and 0 <= label < n_actions):
+        raise Reject("bad_label", f"expected 'label' in [0, {n_actions}), got {label!r:.40}",
+                     event_id)
+    return _Row(msg, event_id, ts, form, payload, actions, int(label))
+
+
+def decode_instances(
+    messages: Sequence[RawMessage], n_features: int, n_actions: int,
+    limits: DecodeLimits = DEFAULT_LIMITS,
+) -> tuple[InstanceBatch, list[Rejection]]:
+    """Decode instance values into an :class:`InstanceBatch` plus rejections."""
+    rejections: list[Rejection] = []
+    kept: list[_Row] = []
+    for msg in messages:
+        try:
+            kept.append(_row(msg, n_features, n_actions, limits))
+        except Reject as err:
+            rejections.append(err.of(msg))
+    ok, X = feature_batch([(r.form, r.payload) for r in kept], n_features, limits)
+    for i in np.flatnonzero(~ok).tolist():
+        r = kept[i]
+        reason, detail = explain(r.form, r.payload, n_features, limits)
+        rejections.append(Reject(reason, detail, r.event_id).of(r.msg))
+    rows = [r for r, good in zip(kept, ok.tolist(), strict=True) if good]
+    mask = None
+    if any(r.actions is not None for r in rows):
+        mask = np.ones((len(rows), n_actions), dtype=bool)
+        for i, r in enumerate(rows):
+            if r.actions is not None:
+                mask[i] = False
+                mask[i, np.asarray(r.actions, dtype=np.int64)] = True
+    batch = InstanceBatch(
+        ids=[r.event_id for r in rows], X=X, mask=mask,
+        labels=np.array([r.label for r in rows], dtype=np.int64),
+        ts=np.array([r.ts for r in rows], dtype=np.float64),
+        partitions=np.array([r.msg.partition for r in rows], dtype=np.int64),
+        offsets=np.array([r.msg.offset for r in rows], dtype=np.int64),
+        messages=[r.msg for r in rows],
+    )
+    return batch, rejections

@@ -1,0 +1,198 @@
+"""The ``x`` payload of instances: classify, convert a whole batch at once, explain rejections.
+
+Forms: a dense list of ``d`` numbers; ``{"idx": [int], "val": [float]}``
+(sparse; the only object with exactly these two keys); any other object is
+named features ``{"name": value}`` hashed into ``d`` buckets. Numbers are
+converted the way numpy converts them (booleans count as 0/1).
+
+The hot path (:func:`feature_batch`) converts every row of a micro-batch in a
+few numpy calls and flags the rows that are not numeric, not finite, or out of
+range (:class:`~streamlearn.events.raw.DecodeLimits`). Only the rejected rows
+go through :func:`explain`, which names the first offending entry.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from streamlearn.events.raw import DecodeLimits, Reject
+from streamlearn.features import Batch, SparseBatch, hash_names
+
+__all__ = ["classify", "explain", "feature_batch"]
+
+
+def classify(x: object, n_features: int, event_id: str) -> tuple[str, Any]:
+    """The form of ``x`` and its payload, checking the cheap structural rules."""
+    if isinstance(x, list):
+        if len(x) != n_features:
+            raise Reject("wrong_dimension", f"expected {n_features} features in the dense 'x', "
+                                            f"got {len(x)}", event_id)
+        return "dense", x
+    if isinstance(x, dict):
+        if x.keys() == {"idx", "val"}:
+            idx, val = x["idx"], x["val"]
+            if not (isinstance(idx, list) and isinstance(val, list) and len(idx) == len(val)):
+                got = (f"{len(idx)} and {len(val)} entries" if isinstance(idx, list)
+                       and isinstance(val, list) else f"{type(idx).__name__} and {type(val).__name__}")
+                raise Reject("bad_features", f"expected 'idx' and 'val' lists of equal length, "
+                                             f"got {got}", event_id)
+            return "sparse", (idx, val)
+        return "named", x
+    got = "nothing" if x is None else type(x).__name__
+    raise Reject("bad_features", f"expected 'x' as a list, an idx/val object or a name→value "
+                                 f"object, got {got}", event_id)
+
+
+def _row_flags(values: np.ndarray, row_of: np.ndarray, n_rows: int,
+               limits: DecodeLimits) -> np.ndarray:
+    """Per row: every value finite, within ±max_abs_feature, squared norm within the limit."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = ~(np.abs(values) <= limits.max_abs_feature)  # NaN and inf are out of range too
+        sq = np.bincount(row_of, weights=np.where(bad, 0.0, values) ** 2, minlength=n_rows)
+    return (np.bincount(row_of, weights=bad, minlength=n_rows) == 0) & (
+        sq <= limits.max_row_squared_norm)
+
+
+def _dense_flags(dense: np.ndarray, limits: DecodeLimits) -> np.ndarray:
+    """:func:`_row_flags` for a dense (n, d) block."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        within = (np.abs(dense) <= limits.max_abs_feature).all(axis=1)
+        sq = np.einsum("ij,ij->i", dense, dense)
+    return within & (sq <= limits.max_row_squared_norm)
+
+
+def _as_float_rows(rows: list[Any], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Convert equal-length rows in one shot (fall back per row to find non-numeric ones).
+
+    Returns the (n, width) array and a per-row flag: every entry a number.
+    """
+    try:
+        out = np.array(rows, dtype=np.float64)
+        if out.shape == (len(rows), width):
+            return out, np.ones(len(rows), dtype=bool)
+    except (ValueError, TypeError, OverflowError):
+        pass
+    numeric = np.ones(len(rows), dtype=bool)
+    out = np.zeros((len(rows), width))
+    for i, row in enumerate(rows):  # cold: only when a batch holds a non-numeric row
+        try:
+            out[i] = np.array(row, dtype=np.float64)
+        except (ValueError, TypeError, OverflowError):
+            numeric[i] = False
+    return out, numeric
+
+
+def _flat_floats(values: list[Any], lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Flat entries of several rows → (float64 entries, per-row flag: every entry a number)."""
+    n_rows = len(lengths)
+    try:
+        flat = np.array(values, dtype=np.float64).reshape(-1)
+        if len(flat) == sum(lengths):
+            return flat, np.ones(n_rows, dtype=bool)
+    except (ValueError, TypeError, OverflowError):
+        pass
+    flat = np.zeros(sum(lengths))
+    numeric = np.ones(n_rows, dtype=bool)
+    pos = 0
+    for r, length in enumerate(lengths):  # cold: only when a batch holds a non-numeric entry
+        try:
+            flat[pos:pos + length] = np.array(values[pos:pos + length], dtype=np.float64)
+        except (ValueError, TypeError, OverflowError):
+            numeric[r] = False
+        pos += length
+    return flat, numeric
+
+
+def feature_batch(forms: list[tuple[str, Any]], n_features: int,
+                  limits: DecodeLimits) -> tuple[np.ndarray, Batch]:
+    """Build the feature batch of ``(form, payload)`` rows; return (row ok flags, batch of ok rows)."""
+    n = len(forms)
+    if all(form == "dense" for form, _ in forms):
+        dense, numeric = _as_float_rows([p for _, p in forms], n_features)
+        ok = numeric & _dense_flags(dense, limits)
+        return ok, dense if ok.all() else dense[ok]
+    ok = np.ones(n, dtype=bool)
+    idx_rows: list[np.ndarray] = [np.zeros(0, np.int64)] * n
+    val_rows: list[np.ndarray] = [np.zeros(0)] * n
+    for form in ("dense", "sparse", "named"):
+        members = [i for i, (f, _) in enumerate(forms) if f == form]
+        if not members:
+            continue
+        if form == "dense":
+            dense, good = _as_float_rows([forms[i][1] for i in members], n_features)
+            good &= _dense_flags(dense, limits)
+            for j, i in enumerate(members):
+                nz = np.flatnonzero(dense[j])
+                idx_rows[i], val_rows[i], ok[i] = nz, dense[j, nz], bool(good[j])
+            continue
+        if form == "sparse":
+            lengths = [len(forms[i][1][0]) for i in members]
+            row_of = np.repeat(np.arange(len(members)), lengths)
+            idx, idx_ok = _flat_floats([v for i in members for v in forms[i][1][0]], lengths)
+            val, val_ok = _flat_floats([v for i in members for v in forms[i][1][1]], lengths)
+            in_range = (idx >= 0) & (idx < n_features) & (idx == np.floor(idx))
+            idx_ok &= np.bincount(row_of, weights=~in_range, minlength=len(members)) == 0
+            good = idx_ok & val_ok & _row_flags(val, row_of, len(members), limits)
+        else:
+            lengths = [len(forms[i][1]) for i in members]
+            row_of = np.repeat(np.arange(len(members)), lengths)
+            names = [list(forms[i][1].keys()) for i in members]
+            val, good = _flat_floats([v for i in members for v in forms[i][1].values()], lengths)
+            good &= _row_flags(val, row_of, len(members), limits)
+            hashed = hash_names(names, n_features,
+                                values=np.split(np.where(np.isfinite(val), val, 0.0),
+                                                np.cumsum(lengths)[:-1]))  # type: ignore[arg-type]
+            idx = hashed.indices.astype(np.float64)
+            val = hashed.values
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        for j, i in enumerate(members):
+            ok[i] = bool(good[j])
+            idx_rows[i] = idx[starts[j]:starts[j + 1]].astype(np.int64)
+            val_rows[i] = val[starts[j]:starts[j + 1]]
+    keep = np.flatnonzero(ok)
+    indptr = np.zeros(len(keep) + 1, dtype=np.int64)
+    np.cumsum([len(idx_rows[i]) for i in keep], out=indptr[1:])
+    if len(keep) == 0:
+        return ok, SparseBatch(indptr, np.zeros(0, np.int64), np.zeros(0), n_features)
+    indices = np.concatenate([idx_rows[i] for i in keep]).astype(np.int64)
+    values = np.concatenate([val_rows[i] for i in keep]).astype(np.float64)
+    return ok, SparseBatch(indptr, indices, values, n_features)
+
+
+def _entries(form: str, payload: Any) -> list[tuple[str, object]]:
+    """(where, value) of every feature value of a rejected row, for the detail text."""
+    if form == "dense":
+        return [(f"x[{i}]", v) for i, v in enumerate(payload)]
+    if form == "sparse":
+        return [(f"x.val[{j}] (feature {i!r:.20})", v) for j, (i, v) in
+                enumerate(zip(payload[0], payload[1], strict=True))]
+    return [(f"x[{name!r:.40}]", v) for name, v in payload.items()]
+
+
+def explain(form: str, payload: Any, n_features: int, limits: DecodeLimits) -> tuple[str, str]:
+    """``(reason, detail)`` for a row :func:`feature_batch` refused (cold path)."""
+    if form == "sparse":
+        for j, i in enumerate(payload[0]):
+            if not (isinstance(i, (int, float)) and not isinstance(i, bool)):
+                return "bad_features", f"x.idx[{j}] is not a number: {i!r:.40}"
+            if i != int(i):
+                return "bad_features", f"x.idx[{j}] = {i!r} is not an integer index"
+            if not 0 <= i < n_features:
+                return ("wrong_dimension", f"x.idx[{j}] = {int(i)} is outside the "
+                                           f"{n_features} features [0, {n_features})")
+    square_sum = 0.0
+    for where, v in _entries(form, payload):
+        try:
+            value = float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
+            return "bad_features", f"{where} is not a number: {v!r:.40}"
+        if not np.isfinite(value):
+            return "non_finite", f"{where} is {value}"
+        if abs(value) > limits.max_abs_feature:
+            return ("value_out_of_range", f"{where} = {value:.6g} is beyond ±"
+                                          f"{limits.max_abs_feature:.6g} (limits.max_abs_feature)")
+        square_sum += value * value
+    return ("value_out_of_range", f"the squared norm of x, {square_sum:.6g}, exceeds "
+                                  f"{limits.max_row_squared_norm:.6g} (limits.max_row_squared_norm)")

@@ -1,0 +1,134 @@
+"""One raw message → a JSON object, or a :class:`Rejection` naming what was wrong.
+
+The checks here are the same for instances and feedback: size, nesting depth
+(checked on the raw bytes, because a deep enough nesting crashes the JSON
+parser itself), UTF-8, JSON, object, id and timestamp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+__all__ = ["DEFAULT_LIMITS", "DecodeLimits", "RawMessage", "Reject", "Rejection", "event_id_of",
+           "is_number", "parse_object", "timestamp_of"]
+
+
+class RawMessage(Protocol):
+    """What decoding needs from a transport message (``stream.transport.Message``)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def timestamp_ms(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """Input limits: a message beyond them is rejected, never learned from.
+
+    The feature limits keep one absurd value (``1e308`` is a valid JSON
+    number) from poisoning a model: real features such as prices, counts or
+    embeddings stay far below them.
+    """
+
+    max_message_bytes: int = 1 << 20
+    max_id_length: int = 256
+    max_depth: int = 32  # brackets deeper than this are refused before parsing (orjson recursion)
+    max_abs_feature: float = 1e12
+    max_row_squared_norm: float = 1e26
+
+
+DEFAULT_LIMITS = DecodeLimits()
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """One refused message: the reason code, a human detail and where it came from."""
+
+    reason: str
+    detail: str
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    event_id: str | None = None
+
+
+class Reject(Exception):
+    """Raised inside decoding; turned into a :class:`Rejection` with the message's origin."""
+
+    def __init__(self, reason: str, detail: str, event_id: str | None = None) -> None:
+        self.reason, self.detail, self.event_id = reason, detail, event_id
+
+    def of(self, msg: RawMessage) -> Rejection:
+        return Rejection(self.reason, self.detail, msg.topic, msg.partition, msg.offset, msg.key,
+                         msg.value, self.event_id)
+
+
+def _depth_exceeds(value: bytes, limit: int) -> bool:
+    """Whether bracket nesting (counted on raw bytes, strings included) exceeds ``limit``."""
+    if value.count(b"[") + value.count(b"{") <= limit:
+        return False
+    b = np.frombuffer(value, dtype=np.uint8)
+    step = ((b == 91) | (b == 123)).astype(np.int32) - ((b == 93) | (b == 125))
+    return bool(np.cumsum(step).max() > limit)
+
+
+def parse_object(msg: RawMessage, limits: DecodeLimits) -> dict[str, Any]:
+    """The message's JSON object (a JSON ``null`` or any other non-object is ``not_object``)."""
+    value = msg.value
+    if value is None:
+        raise Reject("invalid_json", "expected a JSON object, got an empty (null) message value")
+    if len(value) > limits.max_message_bytes:
+        raise Reject("too_large", f"expected at most {limits.max_message_bytes} bytes, "
+                                  f"got {len(value)}")
+    if _depth_exceeds(value, limits.max_depth):
+        raise Reject("nesting_too_deep", f"expected nesting depth <= {limits.max_depth}")
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:  # orjson names UTF-8 problems (also surrogates)
+        reason = "invalid_utf8" if "UTF-8" in str(exc) else "invalid_json"
+        raise Reject(reason, str(exc)[:200]) from None
+    if not isinstance(obj, dict):
+        got = "null" if obj is None else type(obj).__name__
+        raise Reject("not_object", f"expected a JSON object, got {got}")
+    return obj
+
+
+def event_id_of(obj: dict[str, Any], limits: DecodeLimits) -> str:
+    event_id = obj.get("id")
+    if event_id is None or event_id == "":
+        raise Reject("missing_id", "expected a non-empty string 'id'")
+    if not isinstance(event_id, str):
+        raise Reject("bad_id_type", f"expected 'id' to be a string, got {type(event_id).__name__}")
+    if len(event_id) > limits.max_id_length:
+        raise Reject("id_too_long", f"expected an id of at most {limits.max_id_length} "
+                                    f"characters, got {len(event_id)}")
+    return event_id
+
+
+def is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def timestamp_of(obj: dict[str, Any], msg: RawMessage, event_id: str) -> float:
+    ts = obj.get("ts")
+    if ts is None:
+        return msg.timestamp_ms / 1000.0
+    if not is_number(ts) or not np.isfinite(ts):
+        raise Reject("bad_timestamp", f"expected 'ts' to be a finite number, got {ts!r:.40}",
+                     event_id)
+    return float(ts)
