@@ -147,7 +147,7 @@ class CheckpointConfig:
     """Snapshots of learner + pending joins + offsets (DESIGN.md §6)."""
 
     dir: Path | None = spec(None, "checkpoint directory; unset = no checkpoints (state is lost "  # noqa: RUF009
-                            "on exit)", kind="path")
+                            "on exit)", kind="dir")
     every_events: int = spec(10_000, "checkpoint after this many input messages (instances + "
                              "feedback)", ge=1)
     every_seconds: float = spec(60.0, "checkpoint at least this often", gt=0)

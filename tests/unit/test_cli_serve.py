@@ -53,6 +53,9 @@ def test_help_documents_every_config_field_in_groups() -> None:
     (["--learner", "banditron", "--learner-eta", "0.5", "--max-events", "1"],
      "Learner 'banditron' does not take ['eta']"),
     (["--max-events", "0"], "--max-events must be an integer >= 1. Got 0."),
+    (["--checkpoint-dir", str(REPO / "README.md"), "--max-events", "1"],
+     "checkpoint.dir must be a directory (existing, or one that can be created) (or unset). "
+     f"Got '{REPO / 'README.md'}' (from --checkpoint-dir): it exists and is not a directory."),
 ])
 def test_bad_value_is_one_line_error_exit_2(argv: list[str], expected: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:

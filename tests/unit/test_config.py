@@ -220,3 +220,17 @@ def test_k8s_configmap_holds_a_valid_config(tmp_path: Path) -> None:
     cfg = load_config(path, environ={"STREAMLEARN_KAFKA_SASL_PASSWORD": "secret"})
     assert cfg.kafka.security_protocol == "SASL_SSL" and not cfg.embedded_mode
     assert cfg.metrics.host == "0.0.0.0"
+
+
+def test_checkpoint_dir_must_be_usable_as_a_directory(tmp_path: Path) -> None:
+    a_file = tmp_path / "state"
+    a_file.write_text("not a directory")
+    for given, why in ((a_file, "it exists and is not a directory"),
+                       (a_file / "sub", f"{str(a_file)!r} is not a directory")):
+        with pytest.raises(ConfigError) as exc:
+            load_config(environ={}, cli={"checkpoint.dir": str(given)})
+        assert str(exc.value) == (
+            "checkpoint.dir must be a directory (existing, or one that can be created) (or "
+            f"unset). Got {str(given)!r} (from --checkpoint-dir): {why}.")
+    fresh = tmp_path / "new" / "state"  # created later by the checkpointer
+    assert load_config(environ={}, cli={"checkpoint.dir": str(fresh)}).checkpoint.dir == fresh
