@@ -99,7 +99,7 @@ def test_cli_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) ->
 @pytest.mark.parametrize(("argv", "message"), [
     (["--dataset", "nope"], "Expected a dataset in"),
     (["--dataset", "letter", "--learner", "foo"], "--learner must be one of"),
-    (["--dataset", "letter", "--gamma", "0.7"], "--gamma expects a number in (0, 0.5], got '0.7'"),
+    (["--dataset", "letter", "--gamma", "0.7"], "--gamma: expected a number in (0, 0.5], got '0.7'"),
     (["--dataset", "letter", "--data-dir", "/nonexistent"], "not found in /nonexistent"),
     (["--dataset", "letter", "--exploration", "boltzmann"], "--exploration must be one of"),
     (["--dataset", "letter", "--learner", "banditron", "--q", "3"], "--q does not apply"),
