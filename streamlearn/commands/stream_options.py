@@ -124,7 +124,8 @@ def loader_options(args: argparse.Namespace) -> dict[str, Any]:
                if getattr(args, name) is not None}
     if options and not args.dataset.startswith("csv:"):
         given = ", ".join("--" + name.replace("_", "-") for name in options)
-        raise ConfigError(f"{given} apply to csv:PATH datasets only. Got --dataset "
+        verb = "applies" if len(options) == 1 else "apply"
+        raise ConfigError(f"{given} {verb} to csv:PATH datasets only. Got --dataset "
                           f"{args.dataset!r}.")
     return options
 

@@ -182,7 +182,7 @@ def test_bad_stream_options_exit_2_with_one_line_in_bench_and_replay(
 
 @pytest.mark.parametrize("command", ["bench", "replay"])
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--delimiter", ";"], "--delimiter apply to csv:PATH datasets only. Got --dataset 'synsep'."),
+    (["--delimiter", ";"], "--delimiter applies to csv:PATH datasets only. Got --dataset 'synsep'."),
     (["--label-column", "y", "--header", "no"],
      "--label-column, --header apply to csv:PATH datasets only."),
 ])
