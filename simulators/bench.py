@@ -1,9 +1,10 @@
 """The ``streamlearn bench`` harness: several learners and peers on one stream, compared.
 
-Every system sees the same stream: the dataset's rows in the order given by
-:func:`simulators.replay.stream_order` (``passes`` passes, each reshuffled with
-``seed``, or cut/extended to ``rounds``), and every system is scored the same
-way — the error rate is the fraction of rounds whose *played* action was wrong
+Every system sees the same stream — the one ``streamlearn replay`` would run,
+built by :func:`simulators.experiment.prepare_stream` from the same options
+(``passes`` passes, each reshuffled with ``seed`` unless ``--no-shuffle``, or
+cut/extended to ``rounds``) — and every system is scored the same way: the
+error rate is the fraction of rounds whose *played* action was wrong
 (progressive validation: each event is decided before its label is used).
 
 Preprocessing (done once, before any timer), the same as ``streamlearn replay``
@@ -32,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from simulators.datasets import load_dataset
-from simulators.experiment import add_bias, standardise
+from simulators.experiment import PreparedStream, add_bias, standardise
 from simulators.peers import VW_EXPLORERS, import_vw, python_loop_banditron, run_vw, vw_lines
-from simulators.replay import replay, stream_order
+from simulators.replay import replay
 from streamlearn.errors import ConfigError, DataError
-from streamlearn.features import Batch, SparseBatch, take_rows
+from streamlearn.features import SparseBatch
 from streamlearn.learners import FixedGamma, make_learner
+from streamlearn.learners.exploration import Exploration
 
 __all__ = [
     "DEFAULT_SYSTEMS",
@@ -95,7 +96,8 @@ class BenchReport:
     n_features: int
     n_classes: int
     standardised: bool
-    gamma: float
+    gamma: float | None  # None: the streamlearn learners used another exploration strategy
+    exploration: dict[str, Any]
     seed: int
     results: list[BenchResult]
 
@@ -157,40 +159,35 @@ def _replay_progress(system: str, say: Progress) -> Callable[[int, int, float], 
 
 
 def run_bench(
-    dataset: str,
-    data_dir: str | None = None,
+    stream: PreparedStream,
     *,
-    passes: int | None = None,
-    rounds: int | None = None,
     batch_size: int = 64,
-    gamma: float = 0.05,
+    exploration: Exploration | None = None,
     systems: Sequence[str] = DEFAULT_SYSTEMS,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> BenchReport:
-    """Run every system of ``systems`` on the same stream of ``dataset`` and measure it."""
+    """Run every system of ``systems`` on ``stream`` and measure it.
+
+    ``stream`` is built by :func:`simulators.experiment.prepare_stream`, as
+    for ``streamlearn replay``. The streamlearn learners explore with
+    ``exploration`` (default a fixed γ = 0.05); the per-event loop needs a
+    fixed γ (it is skipped otherwise); VW uses its own explorers.
+    """
     say: Progress = progress if progress is not None else (lambda _msg: None)
+    exploration = exploration if exploration is not None else FixedGamma(0.05)
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise ConfigError(f"--systems expects names in {sorted(SYSTEMS)}. Got {unknown} instead.")
-    options: dict[str, Any] = {}
-    if dataset in ("synsep", "synnonsep") and rounds is not None:
-        options = {"n_rows": rounds, "seed": seed}
-    ds = load_dataset(dataset, data_dir, **options)
-    if ds.n_rows == 0:
-        raise DataError(f"Dataset {dataset!r} has no rows.")
-    X: Batch = ds.X
-    scaled = bool(ds.standardise and not isinstance(X, SparseBatch))
-    if scaled:
-        X = standardise(np.asarray(X, dtype=np.float64))
-    elif not isinstance(X, SparseBatch):
-        X = np.asarray(X, dtype=np.float64)
-    order = stream_order(ds.n_rows, passes or 1, rounds, seed)
-    y_stream = ds.y[order]
-    X_stream = add_bias(take_rows(X, order))
-    K, d = ds.n_classes, X_stream.shape[1]
-    say(f"bench: {dataset}: {len(order):,} rounds, {K} classes, {d - 1} features + bias"
-        f"{', standardised' if scaled else ''}")
+    if stream.rounds == 0:
+        raise DataError(f"Dataset {stream.dataset!r} has no rows.")
+    X_stream, y_stream = stream.materialise()  # every system needs the whole stream
+    if not isinstance(X_stream, SparseBatch):
+        X_stream = np.asarray(X_stream, dtype=np.float64)
+    K, d = stream.n_classes, stream.n_features
+    gamma = exploration.spec().get("gamma") if exploration.spec()["name"] == "fixed" else None
+    say(f"bench: {stream.dataset}: {stream.rounds:,} rounds, {K} classes, {d - 1} features + bias"
+        f"{', standardised' if stream.standardised else ''}, exploration {exploration.spec()}")
 
     results: list[BenchResult] = []
     lines: list[str] | None = None
@@ -199,14 +196,18 @@ def run_bench(
         kind, algo, fixed_batch = SYSTEMS[system]
         b = fixed_batch if fixed_batch is not None else batch_size
         if kind == "streamlearn":
-            learner = make_learner(algo, K, d, FixedGamma(gamma), seed=seed)
+            learner = make_learner(algo, K, d, exploration.clone(), seed=seed)
             cpu_start = time.process_time()
             res = replay(learner, X_stream, y_stream, batch_size=b,
                          progress=_replay_progress(system, say))
             results.append(BenchResult(system, b, res.events_per_second, res.error_rate, res.seconds,
                                        details={"cpu_seconds": time.process_time() - cpu_start}))
         elif kind == "python":
-            run = python_loop_banditron(X_stream, y_stream, K, gamma, seed,
+            if gamma is None:
+                results.append(BenchResult(system, b, None, None, None,
+                                           skipped="explores with a fixed γ only (use --gamma)"))
+                continue
+            run = python_loop_banditron(X_stream, y_stream, K, float(gamma), seed,
                                         progress=_replay_progress(system, say))
             results.append(_peer_result(system, b, run.actions, y_stream, run.seconds, run.extra))
         else:
@@ -219,10 +220,13 @@ def run_bench(
                 continue
             if lines is None:
                 t0 = time.perf_counter()
-                lines = vw_lines(X, ds.y)
+                rows = stream.data_rows()
+                lines = vw_lines(rows if isinstance(rows, SparseBatch)
+                                 else np.asarray(rows, dtype=np.float64), stream.row_labels)
                 say(f"bench: formatted {len(lines):,} VW lines in {time.perf_counter() - t0:.1f} s "
                     "(untimed)")
-            run = run_vw(pyvw, algo, K, lines, order, seed, progress=_replay_progress(system, say))
+            run = run_vw(pyvw, algo, K, lines, stream.order, seed,
+                         progress=_replay_progress(system, say))
             extra = {k: v for k, v in run.extra.items() if k != "labels"}
             if not np.array_equal(run.extra["labels"], y_stream):
                 raise DataError(f"{system}: the labels VW parsed differ from the stream's labels.")
@@ -232,11 +236,11 @@ def run_bench(
                                              < 1e-9)
         last = results[-1]
         say(f"bench: {system}: {last.events_per_second:,.0f} events/s "
-            f"({len(order) / max(last.details['cpu_seconds'], 1e-9):,.0f} per CPU second), "
+            f"({stream.rounds / max(last.details['cpu_seconds'], 1e-9):,.0f} per CPU second), "
             f"error {last.error_rate:.4f}")
-    return BenchReport(dataset=dataset, rounds=len(order), passes=None if rounds else (passes or 1),
-                       n_features=ds.n_features, n_classes=K, standardised=scaled, gamma=gamma,
-                       seed=seed, results=results)
+    return BenchReport(dataset=stream.dataset, rounds=stream.rounds, passes=stream.passes,
+                       n_features=d - 1, n_classes=K, standardised=stream.standardised,
+                       gamma=gamma, exploration=exploration.spec(), seed=seed, results=results)
 
 
 def _peer_result(system: str, b: int, actions: np.ndarray, y: np.ndarray, seconds: float,

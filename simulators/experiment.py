@@ -15,14 +15,23 @@ Preprocessing protocol (stated in docs/results.md):
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from simulators.datasets import Dataset, load_dataset
-from simulators.replay import Drift, ReplayResult, apply_drift, replay, stream_order
+from simulators.datasets.synth import synthetic_rows
+from simulators.replay import (
+    BLOCK_ROUNDS,
+    Drift,
+    ReplayResult,
+    apply_drift,
+    replay_stream,
+    stream_order,
+)
+from simulators.synthetic import N_CLASSES, N_FEATURES, SyntheticRows
 from streamlearn.errors import ConfigError
 from streamlearn.features import Batch, SparseBatch, take_rows
 from streamlearn.learners import Learner, Perceptron
@@ -32,19 +41,54 @@ __all__ = ["PreparedStream", "add_bias", "prepare_stream", "run_with_comparator"
 
 @dataclass
 class PreparedStream:
-    """The stream a replay runs: features, labels, and how they were prepared."""
+    """The stream a replay runs: round ``t`` is row ``order[t]`` of the data, with label ``labels[t]``.
+
+    The rows are either held (``features``: the dataset's rows, standardised
+    when asked, without the bias) or generated on demand (``generated``: the
+    synthetic streams, whose rows are never all in memory). :meth:`blocks`
+    yields the stream a block of rounds at a time, with the bias feature.
+    """
 
     dataset: str
-    X: Batch
-    y: np.ndarray
     n_classes: int
-    n_features: int
+    n_features: int  # with the bias
     standardised: bool
     passes: int
+    order: np.ndarray  # int64 (rounds,): the data row of each round
+    labels: np.ndarray  # int64 (rounds,): the label of each round (after drift)
+    row_labels: np.ndarray  # int64 (n_rows,): the label of each data row (before drift)
+    features: Batch | None = None
+    generated: SyntheticRows | None = None
 
     @property
     def rounds(self) -> int:
-        return len(self.y)
+        return len(self.labels)
+
+    def rows(self, rounds: np.ndarray) -> Batch:
+        """The feature rows (bias included) of the given rounds."""
+        data_rows = self.order[rounds]
+        if self.generated is not None:
+            return add_bias(self.generated.features(data_rows))
+        assert self.features is not None
+        return add_bias(take_rows(self.features, data_rows))
+
+    def blocks(self, batch_size: int = 1) -> Iterator[tuple[Batch, np.ndarray]]:
+        """``(X, y)`` blocks of about :data:`BLOCK_ROUNDS` rounds, a multiple of ``batch_size``."""
+        size = batch_size * max(1, -(-BLOCK_ROUNDS // max(batch_size, 1)))
+        for lo in range(0, self.rounds, size):
+            hi = min(self.rounds, lo + size)
+            yield self.rows(np.arange(lo, hi)), self.labels[lo:hi]
+
+    def materialise(self) -> tuple[Batch, np.ndarray]:
+        """The whole stream in memory, ``(X, y)``."""
+        return self.rows(np.arange(self.rounds)), self.labels
+
+    def data_rows(self) -> Batch:
+        """Every data row (without the bias), in data order (generated ones are generated now)."""
+        if self.generated is not None:
+            return self.generated.features(np.arange(self.generated.n))
+        assert self.features is not None
+        return self.features
 
 
 def standardise(X: np.ndarray) -> np.ndarray:
@@ -86,29 +130,50 @@ def prepare_stream(
     fetch: bool = False,
     loader_options: dict[str, Any] | None = None,
 ) -> PreparedStream:
-    """Load ``dataset`` and build the replay stream (see the module doc for the protocol)."""
+    """Load ``dataset`` and build the replay stream (see the module doc for the protocol).
+
+    The synthetic streams are not generated here: their rows are generated
+    block by block while the stream is read (unless ``standardise_mode`` is
+    "yes", which needs every row first), so memory does not grow with the
+    number of rounds beyond a few index arrays.
+    """
     options = dict(loader_options or {})
+    if standardise_mode not in ("auto", "yes", "no"):
+        raise ConfigError(f"--standardise must be auto, yes or no. Got {standardise_mode!r}.")
     if dataset in ("synsep", "synnonsep"):
         # synthetic streams are generated to length: one pass of fresh examples
         options.setdefault("n_rows", rounds if rounds is not None else 100_000)
         options.setdefault("seed", seed)
+        if standardise_mode != "yes":
+            return _order_stream(dataset, synthetic_rows(dataset, **options), None, N_CLASSES,
+                                 False, passes, rounds, seed if shuffle else None, drift)
     ds: Dataset = load_dataset(dataset, data_dir, fetch=fetch, **options)
-    if standardise_mode not in ("auto", "yes", "no"):
-        raise ConfigError(f"--standardise must be auto, yes or no. Got {standardise_mode!r}.")
     do_standardise = ds.standardise if standardise_mode == "auto" else standardise_mode == "yes"
     X: Batch = ds.X
     if do_standardise:
         if isinstance(X, SparseBatch):
             raise ConfigError(f"Dataset {dataset!r} is sparse; --standardise yes needs dense data.")
         X = standardise(np.asarray(X, dtype=np.float64))
-    X = add_bias(X)
-    order = stream_order(ds.n_rows, passes, rounds, seed if shuffle else None)
-    X, y = take_rows(X, order), ds.y[order]
-    y, keep = apply_drift(y, ds.n_classes, drift)
+    return _order_stream(dataset, X, ds.y, ds.n_classes, do_standardise, passes, rounds,
+                         seed if shuffle else None, drift)
+
+
+def _order_stream(dataset: str, data: Batch | SyntheticRows, y: np.ndarray | None,
+                  n_classes: int, standardised: bool, passes: int, rounds: int | None,
+                  seed: int | None, drift: Drift | None) -> PreparedStream:
+    """Order the data rows into rounds (passes, shuffling, length) and apply the drift."""
+    if isinstance(data, SyntheticRows):
+        generated, features, row_labels, width = data, None, data.labels, N_FEATURES
+    else:
+        assert y is not None
+        generated, features, row_labels, width = None, data, y, data.shape[1]
+    order = stream_order(len(row_labels), passes, rounds, seed)
+    passes_made = max(passes, -(-len(order) // len(row_labels)))
+    labels, keep = apply_drift(row_labels[order], n_classes, drift)
     if keep is not None:
-        X, y = take_rows(X, np.flatnonzero(keep)), y[keep]
-    return PreparedStream(dataset, X, y, ds.n_classes, X.shape[1], do_standardise,
-                          max(passes, -(-len(order) // ds.n_rows)))
+        order, labels = order[keep], labels[keep]
+    return PreparedStream(dataset, n_classes, width + 1, standardised, passes_made, order, labels,
+                          row_labels, features=features, generated=generated)
 
 
 def stderr_progress(label: str) -> Callable[[int, int, float], None]:
@@ -131,13 +196,16 @@ def run_with_comparator(
     seed: int = 0,
     progress: bool = False,
 ) -> tuple[ReplayResult, ReplayResult]:
-    """Replay the learner and the full-information Perceptron on the same stream."""
-    kwargs: dict[str, Any] = {"batch_size": batch_size, "delay_mean": delay_rounds, "drop": drop,
-                              "seed": seed}
-    result = replay(learner, stream.X, stream.y,
-                    progress=stderr_progress(type(learner).__name__) if progress else None,
-                    **kwargs)
-    comparator = replay(Perceptron(stream.n_classes, stream.n_features, seed=seed),
-                        stream.X, stream.y,
-                        progress=stderr_progress("Perceptron") if progress else None, **kwargs)
-    return result, comparator
+    """Replay the learner and the full-information Perceptron on the same stream, in lockstep."""
+    comparator = Perceptron(stream.n_classes, stream.n_features, seed=seed)
+    names = [type(learner).__name__, "Perceptron"]
+
+    def report(done: int, total: int, errors: list[float]) -> None:
+        rates = ", ".join(f"{name} {error:.4f}" for name, error in zip(names, errors, strict=True))
+        print(f"replay: {done:,}/{total:,} rounds ({100 * done / total:.0f}%), error {rates}",
+              file=sys.stderr, flush=True)
+
+    result, reference = replay_stream(
+        [learner, comparator], stream.blocks(batch_size), stream.rounds, batch_size=batch_size,
+        delay_mean=delay_rounds, drop=drop, seed=seed, progress=report if progress else None)
+    return result, reference

@@ -70,13 +70,14 @@ def run_grid(datasets: list[str], seeds: list[int], batch_size: int, data_dir: s
         for seed in seeds:
             stream = prepare_stream(dataset, data_dir=data_dir, seed=seed,
                                     passes=protocol.get("passes", 1), rounds=protocol.get("rounds"))
+            X, y = stream.materialise()  # once for the whole grid
             for label, name, hyper, exploration, batch in configurations(batch_size):
                 if only and only not in label:
                     continue
                 learner = make_learner(name, stream.n_classes, stream.n_features,
                                        exploration.clone(), seed=seed, **hyper)
                 start = time.perf_counter()
-                result = replay(learner, stream.X, stream.y, batch_size=batch, seed=seed)
+                result = replay(learner, X, y, batch_size=batch, seed=seed)
                 error = (result.exploit_error_rate if learner.full_information
                          else result.error_rate)
                 row = {"dataset": dataset, "seed": seed, "config": label, "learner": name,

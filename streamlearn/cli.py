@@ -8,9 +8,11 @@ Each subcommand lives in ``streamlearn/commands/<name>.py`` and provides
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from streamlearn import __version__
 from streamlearn.errors import StreamlearnError
@@ -20,11 +22,68 @@ __all__ = ["main"]
 SUBCOMMANDS = ("serve", "replay", "simulate", "bench", "rank", "inspect")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with usage errors as one line + exit 2 (argparse's own convention)."""
+_REQUIRED = "the following arguments are required"
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+
+class _MissingRequired(Exception):
+    """Raised instead of exiting, so that an unknown option can be reported first."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors as one line + exit 2 (argparse's own convention).
+
+    Options must be spelled in full (``allow_abbrev=False``: ``--max-event``
+    is not ``--max-events``), and an unknown option is named — with the
+    closest known spelling — even when a required option is also missing,
+    since a typo (``--datset``) is the likelier cause of the missing one.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        if message.startswith(_REQUIRED):
+            raise _MissingRequired(message)  # reported by parse_known_args, after unknown options
+        self._fail(message)
+
+    def _fail(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        tokens = list(sys.argv[1:] if args is None else args)
+        try:
+            parsed, extras = super().parse_known_args(tokens, namespace)
+        except _MissingRequired as missing:
+            unknown = self._unknown_options(tokens)
+            self._fail(self._unrecognized(unknown) if unknown else str(missing))
+        unknown = [t for t in extras if t.startswith("-")]
+        if unknown:
+            self._fail(self._unrecognized(unknown))
+        return parsed, extras
+
+    def _unknown_options(self, tokens: list[str]) -> list[str]:
+        """Option-like tokens this parser does not know (``--opt=value`` counts as ``--opt``)."""
+        unknown = []
+        for token in tokens:
+            if token == "--":
+                break
+            if (token.startswith("-") and token != "-"
+                    and not self._negative_number_matcher.match(token)
+                    and token.split("=", 1)[0] not in self._option_string_actions):
+                unknown.append(token.split("=", 1)[0])
+        return unknown
+
+    def _unrecognized(self, options: list[str]) -> str:
+        first = options[0].split("=", 1)[0]
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        close = difflib.get_close_matches(first, known, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        more = f"; also {', '.join(options[1:])}" if len(options) > 1 else ""
+        return (f"unrecognized option {first}{hint}{more}; expected an option listed by "
+                f"{self.prog} --help")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -119,9 +119,11 @@ class LearnerConfig:
 class ExplorationConfig:
     """How much to explore."""
 
-    name: str = spec("fixed", "strategy", choices=("fixed", "sqrt", "cuberoot", "adaptive",
-                                                  "margin"))
-    gamma: float | None = spec(0.05, "γ of the fixed strategy", gt=0, le=0.5)
+    name: str = spec("adaptive", "strategy: adaptive follows an unbiased estimate of the "
+                     "exploit error; fixed keeps γ = gamma", choices=(
+                         "fixed", "sqrt", "cuberoot", "adaptive", "margin"))
+    gamma: float | None = spec(0.05, "γ of the fixed strategy (a gamma given without a "
+                               "strategy selects fixed)", gt=0, le=0.5)
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ class CheckpointConfig:
     """Snapshots of learner + pending joins + offsets (DESIGN.md §6)."""
 
     dir: Path | None = spec(None, "checkpoint directory; unset = no checkpoints (state is lost "  # noqa: RUF009
-                            "on exit)", kind="path")
+                            "on exit)", kind="dir")
     every_events: int = spec(10_000, "checkpoint after this many input messages (instances + "
                              "feedback)", ge=1)
     every_seconds: float = spec(60.0, "checkpoint at least this often", gt=0)
@@ -312,6 +314,7 @@ def load_config(
         Path(env["STREAMLEARN_CONFIG"]) if env.get("STREAMLEARN_CONFIG") else None)
     file_values = _read_file(file_path) if file_path is not None else {}
     sections: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+    given: set[str] = set()  # keys set by the CLI, the environment or the file
     for fs in field_specs():
         key, env_key = f"{fs.section}.{fs.name}", env_name(fs.section, fs.name)
         if key in cli and cli[key] is not None:
@@ -324,6 +327,10 @@ def load_config(
             sections[fs.section][fs.name] = fs.default
             continue
         sections[fs.section][fs.name] = convert(fs, raw, origin, text)
+        given.add(key)
+    if "exploration.gamma" in given and "exploration.name" not in given:
+        # `--gamma 0.1` alone means a fixed γ of 0.1 (as in replay), not an ignored value
+        sections["exploration"]["name"] = "fixed"
     config = Config(**{s: SECTIONS[s](**v) for s, v in sections.items()},
                     source=str(file_path) if file_path is not None else None)
     _check_consistency(config)

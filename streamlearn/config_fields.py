@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass
@@ -43,7 +44,8 @@ def spec(default: Any, help: str, *, gt: float | None = None, ge: float | None =
     """Declare a config field: default, one-line help, and what values are valid.
 
     ``kind`` refines a string/path field: ``"hostports"`` (HOST:PORT list),
-    ``"file"`` (an existing file), ``"path"`` (any path).
+    ``"file"`` (an existing file), ``"dir"`` (a directory, or a path where one
+    can be created), ``"path"`` (any path).
     """
     meta = {"help": help, "gt": gt, "ge": ge, "le": le, "choices": choices, "kind": kind}
     return dataclasses.field(default=default, repr=repr, metadata=meta)
@@ -87,6 +89,8 @@ class FieldSpec:
             text = "HOST:PORT[,HOST:PORT...]"
         elif self.kind == "file":
             text = "the path of an existing file"
+        elif self.kind == "dir":
+            text = "a directory (existing, or one that can be created)"
         elif self.base is bool:
             text = "true or false"
         elif self.base is Path:
@@ -114,8 +118,24 @@ def _fmt(x: float | None) -> str:
     return str(int(x)) if x is not None and float(x).is_integer() else str(x)
 
 
-def _fail(fs: FieldSpec, raw: Any, origin: str) -> ConfigError:
-    return ConfigError(f"{fs.key} must be {fs.expectation()}. Got {raw!r} (from {origin}).")
+def _fail(fs: FieldSpec, raw: Any, origin: str, why: str = "") -> ConfigError:
+    because = f": {why}" if why else ""
+    return ConfigError(f"{fs.key} must be {fs.expectation()}. Got {raw!r} (from {origin})"
+                       f"{because}.")
+
+
+def _directory_problem(path: Path) -> str:
+    """Why ``path`` cannot be used (or created) as a directory; '' when it can."""
+    if path.exists():
+        if not path.is_dir():
+            return "it exists and is not a directory"
+        return "" if os.access(path, os.W_OK | os.X_OK) else "the directory is not writable"
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        return f"{str(parent)!r} is not a directory"
+    if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot create it: {str(parent)!r} is not writable"
+    return ""
 
 
 def _parse_number(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> int | float:
@@ -188,5 +208,7 @@ def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
         path = Path(value).expanduser()
         if fs.kind == "file" and not path.is_file():
             raise _fail(fs, raw, origin)
+        if fs.kind == "dir" and (why := _directory_problem(path)):
+            raise _fail(fs, raw, origin, why)
         return path
     return value

@@ -5,24 +5,34 @@ every label is a number) and fail with a :class:`DataError` naming the file,
 line and column on: a missing or empty file, ragged rows, a non-numeric or
 non-finite value, fewer than 2 classes.
 
+Both read ``.gz``, ``.bz2`` and ``.xz`` files (by suffix) as the built-in
+datasets do.
+
 CSV options: ``label_column`` (header name or 0-based index, negative counts
 from the end; default the last column), ``categorical`` (comma-separated
 names/indices, one-hot encoded with categories in sorted order), ``header``
-(``True``/``False``; default auto: the first row is a header when none of its
-fields is a number while some field of the second row is — so an
-all-categorical file with a header needs ``header=True``), ``delimiter``
-(default ``,``) and ``standardise`` (default: True when there is a numeric
-feature column).
+(yes/no/auto, see :func:`has_header`), ``delimiter`` (one character, or
+``tab``, ``comma``, ``semicolon``, ``space``, ``pipe``; default ``,``) and
+``standardise`` (default: True when there is a numeric feature column). Lines
+that all end with the delimiter (an empty last field) are an error that says
+so.
 
 libsvm options: ``n_features`` (default: largest index + 1). Indices are
 1-based unless some index is 0; ``qid:N`` tokens and ``# comments`` are ignored.
+Each line must start with a label without ``,`` or ``:`` (a CSV file, or a
+file with no label, is refused at its first line), and some line must hold an
+``index:value`` pair.
 """
 
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
 import io
-from collections.abc import Sequence
+import lzma
+import zlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -37,20 +47,38 @@ from simulators.datasets.base import (
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.features import SparseBatch
 
-__all__ = ["load_csv", "load_libsvm"]
+__all__ = ["DELIMITER_NAMES", "has_header", "load_csv", "load_libsvm"]
+
+#: Names accepted for the csv ``delimiter`` option besides a single character.
+DELIMITER_NAMES = {"tab": "\t", "\\t": "\t", "comma": ",", "semicolon": ";", "space": " ",
+                   "pipe": "|"}
+
+_OPENERS: dict[str, Callable[[Path], bytes]] = {
+    ".gz": lambda f: gzip.decompress(f.read_bytes()),
+    ".bz2": lambda f: bz2.decompress(f.read_bytes()),
+    ".xz": lambda f: lzma.decompress(f.read_bytes()),
+}
 
 
 def _read_text(path: str, kind: str) -> str:
     file = Path(path).expanduser()
     if not file.is_file():
         raise DataError(f"{kind} file not found: {path} (looked for {file.resolve()}).")
+    opener = _OPENERS.get(file.suffix.lower())
     try:
-        return file.read_text(encoding="utf-8-sig")
+        data = opener(file) if opener is not None else file.read_bytes()
+    except (EOFError, lzma.LZMAError, zlib.error, gzip.BadGzipFile) as exc:
+        raise DataError(f"{kind} file {path} is not a valid {file.suffix} file: {exc}.") from exc
+    except OSError as exc:
+        # bz2 reports a bad stream as a plain OSError without errno
+        if exc.errno is None:
+            raise DataError(f"{kind} file {path} is not a valid {file.suffix} file: {exc}.") from exc
+        raise DataError(f"Cannot read {kind} file {path}: {exc.strerror or exc}.") from exc
+    try:
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataError(f"{kind} file {path} is not UTF-8 text ({exc.reason} at byte "
                         f"{exc.start}).") from exc
-    except OSError as exc:
-        raise DataError(f"Cannot read {kind} file {path}: {exc.strerror or exc}.") from exc
 
 
 def _is_number(field: str) -> bool:
@@ -105,21 +133,84 @@ def _read_csv_rows(text: str, path: str, delimiter: str) -> tuple[list[list[str]
     return rows, lines
 
 
+def _delimiter(name: str, value: object) -> str:
+    text = str(value)
+    delimiter = DELIMITER_NAMES.get(text.lower(), text)
+    if len(delimiter) != 1 or delimiter in "\"\r\n":
+        raise ConfigError(f"The 'delimiter' option of dataset {name!r} must be one character or "
+                          f"one of {sorted(DELIMITER_NAMES)}. Got {text!r} instead.")
+    return delimiter
+
+
+def has_header(rows: Sequence[Sequence[str]], label: object = -1) -> bool | None:
+    """Whether the first row is a header, judged from the data; None when it cannot be told.
+
+    The first row is a header when
+
+    * some column holds numbers on every other row but not on the first (a
+      name above numbers: ``x1,x2,label`` over ``0.5,1,3``), or
+    * none of its fields is a number while some field of the second row is, or
+    * ``label`` is a name found in it.
+
+    Otherwise it is data — unless its label field occurs on no other row:
+    then it would become a class of one row, which is far likelier a header
+    with numeric names (``0,1,2,3`` over data whose label column holds no
+    ``3``) or an all-text header, so the caller must say (None).
+    """
+    first, rest = rows[0], rows[1:]
+    if isinstance(label, str) and label.strip() in (f.strip() for f in first) and not _is_int(label):
+        return True
+    if not rest:
+        return False
+    numeric_rest = [all(_is_number(r[c]) for r in rest) for c in range(len(first))]
+    if any(numeric and not _is_number(f) for numeric, f in zip(numeric_rest, first, strict=True)):
+        return True
+    if not any(_is_number(f) for f in first) and any(_is_number(f) for f in rest[0]):
+        return True
+    try:
+        column = int(str(label).strip()) % len(first)
+    except ValueError:
+        return None
+    first_label = first[column].strip()
+    if all(r[column].strip() != first_label for r in rest):
+        return None
+    return False
+
+
+def _is_int(text: object) -> bool:
+    try:
+        int(str(text).strip())
+    except ValueError:
+        return False
+    return True
+
+
 def load_csv(path: str, **options: object) -> Dataset:
     """A dense dataset from a CSV file (see the module docstring for the options)."""
     name = f"csv:{path}"
     check_options(name, options, ["label_column", "categorical", "header", "delimiter",
                                   "standardise"])
-    delimiter = str(options.get("delimiter", ","))
+    delimiter = _delimiter(name, options.get("delimiter", ","))
     rows, lines = _read_csv_rows(_read_text(path, "csv"), path, delimiter)
+    data_rows = rows[1:] if len(rows) > 1 else rows
+    if len(rows[-1]) > 1 and all(len(r) > 1 and not r[-1].strip() for r in data_rows):
+        raise DataError(f"{path}: every line ends with the delimiter {delimiter!r}, so the last "
+                        f"column is empty; expected a value after the last {delimiter!r}. Remove "
+                        f"the trailing delimiters.")
     width = len(rows[0])
     for row, line in zip(rows, lines, strict=True):
         if len(row) != width:
             raise DataError(f"{path}: line {line} has {len(row)} fields, expected {width}.")
     header_opt = options.get("header", "auto")
-    if header_opt == "auto":
-        header = not any(_is_number(f) for f in rows[0]) and (
-            len(rows) == 1 or any(_is_number(f) for f in rows[1]))
+    label_opt = options.get("label_column", -1)
+    if str(header_opt).strip().lower() == "auto":
+        judged = has_header(rows, label_opt)
+        if judged is None:
+            raise DataError(f"{path}: cannot tell whether line {lines[0]} is a header: its label "
+                            f"field {rows[0][int(str(label_opt)) % width].strip()!r} occurs on no "
+                            f"other line, so as data it would be a class of one row. Expected "
+                            f"--header yes or --header no (option header); got auto.")
+        header = judged
     else:
         header = option_bool(name, "header", header_opt)
     names = [f.strip() for f in rows[0]] if header else [str(i) for i in range(width)]
@@ -130,7 +221,7 @@ def load_csv(path: str, **options: object) -> Dataset:
     if width < 2:
         raise DataError(f"{path}: expected a label column and at least one feature column. "
                         f"Got {width} column.")
-    label = _column_index(options.get("label_column", -1), names, header, path)
+    label = _column_index(label_opt, names, header, path)
     cat_opt = options.get("categorical", "")
     refs = cat_opt.split(",") if isinstance(cat_opt, str) else (
         list(cat_opt) if isinstance(cat_opt, (list, tuple)) else [cat_opt])
@@ -174,6 +265,10 @@ def load_libsvm(path: str, **options: object) -> Dataset:
         fields = raw.split("#", 1)[0].split()
         if not fields:
             continue
+        if "," in fields[0] or ":" in fields[0]:
+            raise DataError(f"{path}: line {number}: expected a libsvm line 'label index:value "
+                            f"...' starting with a label. Got {raw.strip()[:60]!r} (a CSV file, "
+                            f"a multi-label or a missing label are not supported).")
         pairs = [t for t in fields[1:] if not t.startswith("qid:")]
         labels.append(fields[0])
         label_lines.append(number)
@@ -182,9 +277,12 @@ def load_libsvm(path: str, **options: object) -> Dataset:
         counts.append(len(pairs))
     if not labels:
         raise DataError(f"libsvm file {path} is empty.")
+    if not tokens:
+        raise DataError(f"{path}: expected libsvm lines 'label index:value ...'. Got "
+                        f"{len(labels)} line(s) without any index:value pair, from line "
+                        f"{label_lines[0]} on: {labels[0][:60]!r}.")
     lines = np.array(token_lines, dtype=np.int64)
-    parts = np.char.partition(np.array(tokens, dtype=str), ":") if tokens \
-        else np.zeros((0, 3), dtype=str)
+    parts = np.char.partition(np.array(tokens, dtype=str), ":")
     no_colon = np.flatnonzero((parts[:, 1] != ":") | (parts[:, 0] == "") | (parts[:, 2] == ""))
     if len(no_colon):
         bad = no_colon[0]

@@ -14,17 +14,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from simulators.datasets.base import Dataset, check_options, option_int
-from simulators.synthetic import N_CLASSES, N_FEATURES, synthetic_stream
+from simulators.synthetic import N_CLASSES, N_FEATURES, SyntheticRows, synthetic_stream
 
-__all__ = ["DEFAULT_ROWS", "load_synnonsep", "load_synsep"]
+__all__ = ["DEFAULT_ROWS", "load_synnonsep", "load_synsep", "synthetic_rows"]
 
 DEFAULT_ROWS = 100_000
+NOISE = {"synsep": 0.0, "synnonsep": 0.05}
 
 
-def _load(name: str, noise: float, options: dict[str, object]) -> Dataset:
+def _parse(name: str, options: dict[str, object]) -> tuple[int, int]:
     check_options(name, options, ["n_rows", "seed"])
     n_rows = option_int(name, "n_rows", options.get("n_rows", DEFAULT_ROWS))
     seed = option_int(name, "seed", options.get("seed", 0), low=0)
+    return n_rows, seed
+
+
+def synthetic_rows(name: str, **options: object) -> SyntheticRows:
+    """The rows of ``synsep`` / ``synnonsep`` generated on demand (same options, same rows)."""
+    n_rows, seed = _parse(name, options)
+    return SyntheticRows(n_rows, noise=NOISE[name], seed=seed)
+
+
+def _load(name: str, noise: float, options: dict[str, object]) -> Dataset:
+    n_rows, seed = _parse(name, options)
     X, y = synthetic_stream(n_rows, noise=noise, seed=seed)
     kind = "separable" if noise == 0 else f"label noise {noise:g}"
     return Dataset(

@@ -3,86 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Any
 
 import orjson
 
+from streamlearn.commands.stream_options import (
+    add_exploration_arguments,
+    add_stream_arguments,
+    exploration_from_args,
+    int_at_least,
+    number_in,
+    prepare_from_args,
+)
 from streamlearn.errors import ConfigError
 from streamlearn.learners import LEARNERS, make_learner
-from streamlearn.learners.exploration import STRATEGIES, exploration_from_name
 from streamlearn.plotting import pyplot
 
 __all__ = ["add_parser", "run"]
-
-
-def _positive_int(option: str) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = -1
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{option} expects an integer >= 1, got {text!r}")
-        return value
-
-    return parse
-
-
-def _number(option: str, low: float = -math.inf, high: float = math.inf,
-            low_open: bool = False, high_open: bool = False) -> Any:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
-            value < high if high_open else value <= high)
-        if not ok:
-            lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-            bounds = f"{lo}{low:g}, {high:g}{hi}"
-            raise argparse.ArgumentTypeError(f"{option} expects a number in {bounds}, got {text!r}")
-        return value
-
-    return parse
-
-
-def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by replay and bench: which stream, how long, how prepared."""
-    group = parser.add_argument_group("stream")
-    group.add_argument("--dataset", required=True,
-                       help="synnonsep, synsep, letter, pendigits, optdigits, nursery, mnist, "
-                            "reuters4, csv:PATH or libsvm:PATH")
-    group.add_argument("--data-dir", help="where the datasets live (default: $STREAMLEARN_DATA_DIR, "
-                                          "../shared/datasets, then the user cache)")
-    group.add_argument("--fetch", action="store_true",
-                       help="download missing built-in data (verified by sha256) into the data dir")
-    group.add_argument("--label-column", help="csv: label column name or 0-based index (default last)")
-    group.add_argument("--categorical", help="csv: comma-separated columns to one-hot encode")
-    length = group.add_mutually_exclusive_group()
-    length.add_argument("--passes", type=_positive_int("--passes"), default=None,
-                        help="passes over the data, each reshuffled (default 1)")
-    length.add_argument("--rounds", type=_positive_int("--rounds"), default=None,
-                        help="stream length in rounds (synthetic sets generate this many)")
-    group.add_argument("--batch-size", type=_positive_int("--batch-size"), default=1,
-                       help="micro-batch size (default 1 = the exact per-event algorithm)")
-    group.add_argument("--standardise", choices=("auto", "yes", "no"), default="auto",
-                       help="z-score dense features (auto: as the dataset recommends)")
-    group.add_argument("--no-shuffle", action="store_true", help="keep the file order")
-    group.add_argument("--seed", type=int, default=0, help="seed of shuffling and exploration")
-
-
-def loader_options(args: argparse.Namespace) -> dict[str, Any]:
-    options: dict[str, Any] = {}
-    if args.label_column is not None:
-        options["label_column"] = args.label_column
-    if args.categorical is not None:
-        options["categorical"] = args.categorical
-    if (options and not args.dataset.startswith("csv:")):
-        raise ConfigError(f"--label-column/--categorical apply to csv:PATH datasets only. "
-                          f"Got --dataset {args.dataset!r}.")
-    return options
 
 
 def add_parser(subparsers: Any) -> None:
@@ -91,27 +29,23 @@ def add_parser(subparsers: Any) -> None:
         description="Replay a labelled dataset as a contextual-bandit stream: the learner sees only "
                     "whether its chosen action was right. Reports error, exploit error, regret and "
                     "the full-information Perceptron on the same stream.")
-    add_dataset_arguments(parser)
+    add_stream_arguments(parser, batch_size=1)
     learner = parser.add_argument_group("learner")
     learner.add_argument("--learner", default="banditron", help=f"one of {sorted(LEARNERS)}")
-    explore = learner.add_mutually_exclusive_group()
-    explore.add_argument("--gamma", type=_number("--gamma", 0.0, 0.5, low_open=True),
-                         help="fixed exploration rate γ in (0, 0.5]")
-    explore.add_argument("--exploration", default=None,
-                         help=f"one of {sorted(STRATEGIES)} (untuned defaults)")
-    learner.add_argument("--q", type=_number("--q", 1.0, 1000.0, low_open=True),
+    add_exploration_arguments(learner)
+    learner.add_argument("--q", type=number_in(1.0, 1000.0, low_open=True),
                          help="pnorm: the norm exponent (default 2·ln(K·d))")
-    learner.add_argument("--eta", type=_number("--eta", 0.0, low_open=True), help="eg/pnorm: step")
-    learner.add_argument("--lr", type=_number("--lr", 0.0, 2.0, low_open=True, high_open=True),
+    learner.add_argument("--eta", type=number_in(0.0, low_open=True), help="eg/pnorm: step")
+    learner.add_argument("--lr", type=number_in(0.0, 2.0, low_open=True, high_open=True),
                          help="epsilon-greedy: NLMS step")
     feedback = parser.add_argument_group("feedback")
-    feedback.add_argument("--delay", type=_number("--delay", 0.0), default=0.0,
+    feedback.add_argument("--delay", type=number_in(0.0), default=0.0,
                           help="mean feedback delay in seconds (exponential), at --rate events/s")
-    feedback.add_argument("--rate", type=_number("--rate", 0.0, low_open=True), default=100.0,
+    feedback.add_argument("--rate", type=number_in(0.0, low_open=True), default=100.0,
                           help="simulated arrival rate for --delay (default 100 events/s)")
-    feedback.add_argument("--drop", type=_number("--drop", 0.0, 1.0, high_open=True), default=0.0,
+    feedback.add_argument("--drop", type=number_in(0.0, 1.0, high_open=True), default=0.0,
                           help="probability that feedback never arrives (expires to reward 0)")
-    feedback.add_argument("--drift-at", type=_positive_int("--drift-at"),
+    feedback.add_argument("--drift-at", type=int_at_least(1),
                           help="round at which the concept drifts")
     feedback.add_argument("--drift", choices=("permute", "prior"), default="permute",
                           help="drift kind: label permutation or class-prior shift")
@@ -133,20 +67,17 @@ def hyperparameters(args: argparse.Namespace) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulators.experiment import prepare_stream, run_with_comparator
+    from simulators.experiment import run_with_comparator
     from simulators.replay import Drift
 
     if args.learner not in LEARNERS:
         raise ConfigError(f"--learner must be one of {sorted(LEARNERS)}. Got {args.learner!r}.")
-    exploration = exploration_from_name(args.exploration or "fixed", args.gamma)
+    exploration = exploration_from_args(args)
     hyper = hyperparameters(args)
     if args.plot:
         pyplot()  # fail before the run, not after it
-    stream = prepare_stream(
-        args.dataset, data_dir=args.data_dir, passes=args.passes or 1, rounds=args.rounds,
-        seed=args.seed, shuffle=not args.no_shuffle, standardise_mode=args.standardise,
-        drift=Drift(args.drift_at, args.drift, args.seed) if args.drift_at else None,
-        fetch=args.fetch, loader_options=loader_options(args))
+    stream = prepare_from_args(
+        args, drift=Drift(args.drift_at, args.drift, args.seed) if args.drift_at else None)
     learner = make_learner(args.learner, stream.n_classes, stream.n_features, exploration,
                            seed=args.seed, **hyper)
     result, comparator = run_with_comparator(

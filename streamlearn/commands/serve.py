@@ -27,12 +27,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
+from streamlearn.commands.progress import ProgressLine, number_or_dash
 from streamlearn.config import Config, env_name, field_specs, flag_name, load_config
 from streamlearn.errors import ConfigError
 from streamlearn.service.http import LagTracker, MetricsServer
 from streamlearn.service.metrics import PrometheusObserver
 
-__all__ = ["add_config_arguments", "add_parser", "cli_overrides", "run", "serve"]
+__all__ = ["add_config_arguments", "add_logging_arguments", "add_parser", "cli_overrides",
+           "configure_logging", "run", "serve"]
 
 #: Short spellings for the most used settings (the long --<section>-<field> forms also work).
 ALIASES = {"kafka.bootstrap": ["--bootstrap"], "learner.name": ["--learner"],
@@ -54,8 +56,13 @@ def _metavar(fs: Any) -> str:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser,
-                         sections: tuple[str, ...] | None = None) -> None:
-    """One flag per Config field, grouped by section; values are validated by load_config."""
+                         sections: tuple[str, ...] | None = None,
+                         help_overrides: dict[str, str] | None = None) -> None:
+    """One flag per Config field, grouped by section; values are validated by load_config.
+
+    ``help_overrides`` replaces the help of some fields (``{"section.field": text}``) for
+    a command where the generic text is wrong (``simulate`` needs ``kafka.bootstrap``).
+    """
     groups: dict[str, Any] = {}
     for fs in field_specs():
         if sections is not None and fs.section not in sections:
@@ -64,7 +71,9 @@ def add_config_arguments(parser: argparse.ArgumentParser,
             groups[fs.section] = parser.add_argument_group(
                 f"[{fs.section}]", f"config file table [{fs.section}]")
         default = "unset" if fs.default is None else fs.default
-        help_text = (f"{fs.help} (default {default}; env {env_name(fs.section, fs.name)})"
+        override = (help_overrides or {}).get(fs.key)
+        help_text = (f"{override} (env {env_name(fs.section, fs.name)})" if override else
+                     f"{fs.help} (default {default}; env {env_name(fs.section, fs.name)})"
                      ).replace("%", "%%")
         groups[fs.section].add_argument(
             flag_name(fs.section, fs.name), *ALIASES.get(fs.key, []),
@@ -99,11 +108,32 @@ def add_parser(subparsers: Any) -> None:
                             "reads the final values (a signal ends it early; default 0)")
     group.add_argument("--print-config", action="store_true",
                        help="print the effective configuration as TOML and exit")
-    group.add_argument("--log-level", default="INFO", type=str.upper,
-                       choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                       help="log level of the daemon's messages on stderr (default INFO)")
+    add_logging_arguments(group)
     add_config_arguments(parser)
     parser.set_defaults(run=run)
+
+
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def add_logging_arguments(group: Any) -> None:
+    group.add_argument("--log-level", default="INFO", type=str.upper, choices=_LEVELS,
+                       help="level of streamlearn's own log lines on stderr (default INFO)")
+    group.add_argument("--library-log-level", default="WARNING", type=str.upper, choices=_LEVELS,
+                       help="level of the libraries' log lines (kafka-python, ...) on stderr "
+                            "(default WARNING)")
+
+
+def configure_logging(level: str, library_level: str = "WARNING") -> None:
+    """streamlearn's loggers at ``level``; every other logger (kafka-python's) at ``library_level``.
+
+    kafka-python logs ~70 INFO lines per start and one per reconnect attempt;
+    they are noise unless a connection problem is being debugged.
+    """
+    logging.basicConfig(stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(library_level)
+    logging.getLogger("streamlearn").setLevel(level)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,8 +146,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(to_toml(config), end="")
         return 0
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level, args.library_log_level)
     return serve(config, max_events=args.max_events, progress_s=args.progress_seconds,
                  linger_s=args.linger_seconds)
 
@@ -209,27 +238,27 @@ class Progress:
 
     def __init__(self, registry: CollectorRegistry, out: Any, stats: Any = None) -> None:
         self.registry, self.out, self.stats = registry, out, stats
-        self.started = self._last_t = time.monotonic()
-        self._last_n = 0.0
+        self.progress = ProgressLine("events")
 
     def _get(self, name: str, labels: dict[str, str] | None = None) -> float:
         value = self.registry.get_sample_value(name, labels)
         return float("nan") if value is None else value
 
     def line(self) -> str:
-        now = time.monotonic()
-        n = self._get("streamlearn_instances_total")
-        rate = (n - self._last_n) / max(now - self._last_t, 1e-9)
-        self._last_n, self._last_t = n, now
-        text = (f"{now - self.started:7.1f}s  events {n:>11,.0f}  {rate:>8,.0f}/s  "
-                f"error {self._get('streamlearn_error_rate'):.4f} cum "
-                f"{self._get('streamlearn_window_error_rate'):.4f} window  "
-                f"γ {self._get('streamlearn_exploration_gamma'):.4f}  "
-                f"joined {self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}  "
-                f"pending {self._get('streamlearn_pending_joins'):,.0f}")
+        mistakes = self._get("streamlearn_mistakes_total")
+        rounds = self._get("streamlearn_rewards_total") + mistakes  # each round: r + (1 - r)
+        decided = sum(self._get("streamlearn_decisions_total", {"explored": e})
+                      for e in ("true", "false"))
+        gamma = self._get("streamlearn_exploration_gamma") if decided > 0 else None
+        extra = [("γ", number_or_dash(gamma)),
+                 ("joined", f"{self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}"),
+                 ("pending", f"{self._get('streamlearn_pending_joins'):,.0f}")]
         if self.stats is not None and self.stats.dropped:
-            text += f"  dropped {self.stats.dropped:,}"
-        return text
+            extra.append(("dropped", f"{self.stats.dropped:,}"))
+        # cum: the tracker's rate, which a restored checkpoint carries over (NaN before any round)
+        cumulative = self._get("streamlearn_error_rate") if rounds > 0 else None
+        return self.progress.line(self._get("streamlearn_instances_total"), rounds, mistakes,
+                                  extra, cumulative=cumulative)
 
     @contextmanager
     def every(self, seconds: float) -> Iterator[None]:
@@ -248,15 +277,18 @@ class Progress:
             done.set()
             thread.join(timeout=2)
 
-    @staticmethod
-    def summary(daemon: Any, seen: int, elapsed: float) -> str:
+    def summary(self, daemon: Any, seen: int, elapsed: float) -> str:
         c, tracker = daemon.counters, daemon.tracker
         seq = daemon.checkpointer.seq if daemon.checkpointer is not None else None
+        mistakes = self._get("streamlearn_mistakes_total")
+        ewma = self.progress.ewma.update(self._get("streamlearn_rewards_total") + mistakes,
+                                         mistakes)
         return (f"streamlearn serve: stopped after {seen} instances in {elapsed:.1f} s "
                 f"({seen / max(elapsed, 1e-9):,.0f}/s); daemon totals: instances "
                 f"{c.instances}, feedback joined {c.feedback['joined']}, expired "
-                f"{c.feedback['expired']}; error rate {tracker.error_rate:.4f} "
-                f"(window {tracker.window_error_rate:.4f}); last checkpoint "
+                f"{c.feedback['expired']}; cum-error {tracker.error_rate:.4f}, ewma-error "
+                f"{number_or_dash(ewma)}, window-error {tracker.window_error_rate:.4f}; last "
+                f"checkpoint "
                 f"{seq or 'none'}")
 
 

@@ -7,13 +7,19 @@ publishes, and answers each one of its own events with feedback
 ``--delay-mean`` seconds — or never, with probability ``--drop``. Event ids are
 ``<run-id>-<n>`` so several runs against one daemon never collide. At the end
 it prints a summary: instances sent, decisions received, feedback sent,
-dropped, and the reward rate of the played actions.
+dropped, and the reward rate of the played actions; while it runs, a progress
+line every ``--progress-seconds`` (on stderr with ``--json``).
+
+Required: ``--rate``, and the broker — ``--bootstrap`` (or
+STREAMLEARN_KAFKA_BOOTSTRAP, or ``bootstrap`` in the ``[kafka]`` table of
+``--config``). ``simulate`` has no embedded mode.
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -22,7 +28,13 @@ from typing import Any
 import numpy as np
 import orjson
 
-from streamlearn.commands.serve import add_config_arguments, cli_overrides
+from streamlearn.commands.progress import ProgressLine
+from streamlearn.commands.serve import (
+    add_config_arguments,
+    add_logging_arguments,
+    cli_overrides,
+    configure_logging,
+)
 from streamlearn.config import load_config
 from streamlearn.errors import ConfigError, TransportError
 
@@ -41,7 +53,8 @@ def add_parser(subparsers: Any) -> None:
                             "default synnonsep)")
     group.add_argument("--data-dir", metavar="DIR", help="dataset directory")
     group.add_argument("--rate", type=float, required=True, metavar="EV_PER_S",
-                       help="instances per second; 0 = as fast as possible")
+                       help="required, no default: instances per second; 0 = as fast as "
+                            "possible")
     group.add_argument("--events", type=int, default=10_000, metavar="N",
                        help="instances to send (default 10000)")
     group.add_argument("--delay-mean", type=float, default=1.0, metavar="S",
@@ -54,8 +67,14 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--wait-seconds", type=float, default=30.0, metavar="S",
                        help="after the last instance, wait this long for missing decisions "
                             "(default 30)")
-    group.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_config_arguments(parser, sections=("kafka", "topics"))
+    group.add_argument("--json", action="store_true",
+                       help="print the summary as JSON (progress lines then go to stderr)")
+    group.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
+                       help="print a progress line every S seconds; 0 = never (default 5)")
+    add_logging_arguments(group)
+    add_config_arguments(parser, sections=("kafka", "topics"), help_overrides={
+        "kafka.bootstrap": "required (here, in STREAMLEARN_KAFKA_BOOTSTRAP or in the config "
+                           "file): Kafka bootstrap servers HOST:PORT[,HOST:PORT]"})
     parser.set_defaults(run=run)
 
 
@@ -90,7 +109,9 @@ def _check(args: argparse.Namespace) -> None:
                 (args.delay_mean < 0, f"--delay-mean must be a number >= 0. Got {args.delay_mean}."),
                 (not 0 <= args.drop <= 1, f"--drop must be a number in [0, 1]. Got {args.drop}."),
                 (args.wait_seconds < 0,
-                 f"--wait-seconds must be a number >= 0. Got {args.wait_seconds}.")]
+                 f"--wait-seconds must be a number >= 0. Got {args.wait_seconds}."),
+                (args.progress_seconds < 0,
+                 f"--progress-seconds must be a number >= 0. Got {args.progress_seconds}.")]
     for bad, message in problems:
         if bad:
             raise ConfigError(message)
@@ -102,9 +123,12 @@ def run(args: argparse.Namespace) -> int:
     if config.kafka.bootstrap is None:
         raise ConfigError("kafka.bootstrap must be HOST:PORT[,HOST:PORT...] for simulate. Got "
                           "nothing (use --bootstrap or STREAMLEARN_KAFKA_BOOTSTRAP).")
+    configure_logging(args.log_level, args.library_log_level)
     summary = simulate(config, dataset=args.dataset, data_dir=args.data_dir, rate=args.rate,
                        events=args.events, delay_mean_s=args.delay_mean, drop=args.drop,
-                       seed=args.seed, run_id=args.run_id, wait_s=args.wait_seconds)
+                       seed=args.seed, run_id=args.run_id, wait_s=args.wait_seconds,
+                       progress_s=args.progress_seconds,
+                       progress_out=sys.stderr if args.json else sys.stdout)
     print(orjson.dumps(asdict(summary)).decode() if args.json else summary.text())
     return 0
 
@@ -138,8 +162,13 @@ def _clients(config: Any) -> tuple[Any, Any]:
 def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = None,
              rate: float = 0.0, events: int = 10_000, delay_mean_s: float = 1.0,
              drop: float = 0.0, seed: int = 1, run_id: str | None = None,
-             wait_s: float = 30.0, chunk: int = 500) -> SimulationSummary:
-    """Run one simulation against ``config.kafka.bootstrap``; see the module docstring."""
+             wait_s: float = 30.0, chunk: int = 500, progress_s: float = 0.0,
+             progress_out: Any = None) -> SimulationSummary:
+    """Run one simulation against ``config.kafka.bootstrap``; see the module docstring.
+
+    With ``progress_s > 0`` a progress line goes to ``progress_out`` (default
+    stdout) every ``progress_s`` seconds.
+    """
     from kafka.errors import KafkaError
 
     from streamlearn.stream.embedded import StreamSource, encode_instances
@@ -157,9 +186,15 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
     scheduled: list[tuple[float, str, float]] = []  # heap of (due, id, reward)
     started = time.monotonic()
     last_sent_at = None
+    progress = ProgressLine("sent")
+    next_progress = started + progress_s
     try:
         while True:
             now = time.monotonic()
+            if progress_s > 0 and now >= next_progress:
+                print(_progress_line(progress, summary, len(labels), len(scheduled)),
+                      file=progress_out or sys.stdout, flush=True)
+                next_progress = now + progress_s
             if summary.instances_sent < events:
                 owed = events - summary.instances_sent if rate == 0 else (
                     int((now - started) * rate) - summary.instances_sent)
@@ -194,6 +229,16 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
     summary.missing_decisions = len(labels)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _progress_line(progress: ProgressLine, summary: SimulationSummary, awaiting: int,
+                   scheduled: int) -> str:
+    """The serve-style progress line; the error is that of the decisions answered so far."""
+    answered = summary.feedback_sent
+    return progress.line(summary.instances_sent, answered, answered - summary.rewards, extra=[
+        ("decisions", f"{summary.decisions_received:,}"), ("feedback", f"{answered:,}"),
+        ("dropped", f"{summary.dropped:,}"), ("awaiting-decision", f"{awaiting:,}"),
+        ("awaiting-feedback", f"{scheduled:,}")])
 
 
 def _on_decision(value: bytes | None, labels: dict[str, int],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -10,7 +11,10 @@ from dataclasses import dataclass
 from streamlearn.errors import TransportError
 from streamlearn.stream.transport import Message, Offsets, check_offsets
 
-__all__ = ["KafkaTransport", "ensure_topics"]
+__all__ = ["CONNECT_TIMEOUT_S", "KafkaTransport", "check_reachable", "ensure_topics"]
+
+#: How long :func:`check_reachable` waits for some bootstrap server to accept a connection.
+CONNECT_TIMEOUT_S = 5.0
 
 
 _OWNED_OPTIONS = frozenset(
@@ -47,6 +51,46 @@ def _split_options(options: Mapping[str, object]) -> tuple[dict[str, object], di
     return consumer, producer
 
 
+def _host_port(server: str) -> tuple[str, int]:
+    host, _, port = server.strip().rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(bootstrap_servers: str, timeout_s: float | None = None) -> None:
+    """Return once some bootstrap server accepts a TCP connection; else raise TransportError.
+
+    kafka-python, given an address where nothing listens, retries for its
+    ``bootstrap_timeout_ms`` (30 s) and logs every attempt; this check fails
+    within ``timeout_s`` (default :data:`CONNECT_TIMEOUT_S`) with one message
+    instead. Refused connections are retried until then, so a broker that is
+    still starting is waited for.
+    """
+    timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
+    servers = [s for s in bootstrap_servers.split(",") if s.strip()]
+    problems: dict[str, str] = {}
+    while True:
+        for server in servers:
+            remaining = deadline - time.monotonic()
+            try:
+                host, port = _host_port(server)
+                with socket.create_connection((host, port), timeout=max(min(remaining, 2.0), 0.1)):
+                    return
+            except ValueError:
+                problems[server] = "not HOST:PORT"
+            except socket.gaierror as exc:
+                problems[server] = f"unknown host ({exc.strerror or exc})"
+            except TimeoutError:
+                problems[server] = "connection timed out"
+            except OSError as exc:
+                problems[server] = (exc.strerror or str(exc)).lower()
+        if time.monotonic() >= deadline:
+            details = "; ".join(f"{server}: {why}" for server, why in problems.items())
+            raise TransportError(f"cannot reach Kafka at {bootstrap_servers}: expected a broker "
+                                 f"accepting connections within {timeout_s:g} s, got {details}")
+        time.sleep(min(0.25, max(deadline - time.monotonic(), 0.0)))
+
+
 def ensure_topics(
     bootstrap_servers: str,
     names: Iterable[str],
@@ -66,6 +110,7 @@ def ensure_topics(
     from kafka.errors import KafkaError, TopicAlreadyExistsError
 
     wanted = list(dict.fromkeys(names))
+    check_reachable(bootstrap_servers)
     admin_keys = set(KafkaAdminClient.DEFAULT_CONFIG)
     options = {k: v for k, v in (client_options or {}).items() if k in admin_keys}
     try:
@@ -167,6 +212,7 @@ class KafkaTransport:
         self._pending: list[_Pending] = []
         self._closed = False
         consumer_opts, producer_opts = _split_options(client_options or {})
+        check_reachable(bootstrap_servers)
         common: dict[str, object] = {"client_id": "streamlearn", "reconnect_backoff_max_ms": 2000}
         try:
             self._consumer = KafkaConsumer(

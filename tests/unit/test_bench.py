@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import orjson
 import pytest
@@ -156,22 +158,77 @@ def test_bench_table_lists_the_chosen_systems(capsys: pytest.CaptureFixture[str]
     assert "bench: synsep" in captured.err  # progress on stderr, not stdout
 
 
+@pytest.mark.parametrize("command", ["bench", "replay"])
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--batch-size", "0"], "--batch-size must be an int >= 1. Got '0' instead."),
-    (["--passes", "two"], "--passes must be an int >= 1. Got 'two' instead."),
-    (["--rounds", "-5"], "--rounds must be an int >= 1. Got '-5' instead."),
-    (["--gamma", "0.7"], "--gamma must be a float in (0, 0.5]. Got '0.7' instead."),
-    (["--seed", "-1"], "--seed must be an int >= 0. Got '-1' instead."),
-    (["--systems", "vw-softmax"], "Got 'vw-softmax' instead."),
+    (["--batch-size", "0"], "argument --batch-size: expected an integer >= 1, got '0'"),
+    (["--passes", "two"], "argument --passes: expected an integer >= 1, got 'two'"),
+    (["--rounds", "-5"], "argument --rounds: expected an integer >= 1, got '-5'"),
+    (["--gamma", "0.7"], "argument --gamma: expected a number in (0, 0.5], got '0.7'"),
+    (["--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'"),
+    (["--header", "maybe"], "argument --header: invalid choice: 'maybe'"),
+    (["--gamma", "0.1", "--exploration", "adaptive"], "not allowed with argument --gamma"),
 ])
-def test_bad_arguments_exit_2_with_one_line(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+def test_bad_stream_options_exit_2_with_one_line_in_bench_and_replay(
+    command: str, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["bench", "--dataset", "synsep", *argv]) == 2
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--dataset", "synsep", *argv])
+    assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("streamlearn bench: error: ")
+    assert err.startswith(f"streamlearn {command}: error: ")
     assert message in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["bench", "replay"])
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--delimiter", ";"], "--delimiter applies to csv:PATH datasets only. Got --dataset 'synsep'."),
+    (["--label-column", "y", "--header", "no"],
+     "--label-column, --header apply to csv:PATH datasets only."),
+])
+def test_csv_options_on_another_dataset_exit_2(command: str, argv: list[str], message: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--dataset", "synsep", "--rounds", "100", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_bad_systems_exit_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--dataset", "synsep", "--systems", "vw-softmax"]) == 2
+    err = capsys.readouterr().err
+    assert "Got 'vw-softmax' instead." in err and err.count("\n") == 1
+
+
+def _time_ordered_csv(tmp_path: Any) -> str:
+    """A ;-separated file with a header, whose label depends on time (so order matters)."""
+    rng = np.random.default_rng(0)
+    rows = ["t;a;b;label"]
+    for t in range(600):
+        a, b = rng.normal(size=2)
+        label = ("up" if a > 0 else "down") if t < 300 else ("down" if a > 0 else "up")
+        rows.append(f"{t};{a:.3f};{b:.3f};{label}")
+    path = tmp_path / "events.csv"
+    path.write_text("\n".join(rows) + "\n")
+    return str(path)
+
+
+def test_bench_runs_a_time_ordered_user_file_like_replay(
+        tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _time_ordered_csv(tmp_path)
+    options = ["--dataset", f"csv:{path}", "--label-column", "label", "--delimiter", "semicolon",
+               "--header", "yes", "--no-shuffle", "--standardise", "yes", "--seed", "3"]
+    assert main(["bench", *options, "--exploration", "adaptive", "--batch-size", "1",
+                 "--systems", "streamlearn-banditron,python-loop-banditron", "--json"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    assert report["rounds"] == 600 and report["standardised"] and report["n_features"] == 3
+    assert report["exploration"]["name"] == "adaptive" and report["gamma"] is None
+    banditron, loop = report["results"]
+    assert loop["skipped"].startswith("explores with a fixed γ only")
+    assert main(["replay", *options, "--exploration", "adaptive", "--json"]) == 0
+    replayed = orjson.loads(capsys.readouterr().out)
+    assert replayed["rounds"] == 600 and replayed["standardised"]
+    # the same stream and learner: bench's streamlearn-banditron is replay's learner
+    assert banditron["error_rate"] == replayed["error_rate"]
 
 
 def test_unknown_dataset_and_exclusive_stream_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import io
+import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -53,6 +55,9 @@ def test_help_documents_every_config_field_in_groups() -> None:
     (["--learner", "banditron", "--learner-eta", "0.5", "--max-events", "1"],
      "Learner 'banditron' does not take ['eta']"),
     (["--max-events", "0"], "--max-events must be an integer >= 1. Got 0."),
+    (["--checkpoint-dir", str(REPO / "README.md"), "--max-events", "1"],
+     "checkpoint.dir must be a directory (existing, or one that can be created) (or unset). "
+     f"Got '{REPO / 'README.md'}' (from --checkpoint-dir): it exists and is not a directory."),
 ])
 def test_bad_value_is_one_line_error_exit_2(argv: list[str], expected: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -138,3 +143,54 @@ def test_sigterm_stops_with_final_checkpoint_exit_0(tmp_path: Path) -> None:
     offsets = {row["topic"]: row["next_offset"] for row in info["offsets"]}
     assert offsets["streamlearn.instances"] > 0  # the only checkpoint is the final one
     assert info["learner"]["counters"]["n_decided"] == offsets["streamlearn.instances"]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("command", [["serve", "--metrics-port", "-1"],
+                                     ["simulate", "--rate", "0", "--events", "1"]])
+def test_no_broker_at_bootstrap_fails_fast_with_one_line(
+        command: list[str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import streamlearn.stream.kafka as kafka_transport
+
+    monkeypatch.setattr(kafka_transport, "CONNECT_TIMEOUT_S", 0.5)
+    port = _closed_port()
+    started = time.monotonic()
+    assert main([*command, "--bootstrap", f"127.0.0.1:{port}"]) == 2
+    assert time.monotonic() - started < 3.0  # not kafka-python's 30 s bootstrap timeout
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"streamlearn {command[0]}: error: cannot reach Kafka at 127.0.0.1:{port}: expected a "
+        f"broker accepting connections within 0.5 s, got 127.0.0.1:{port}: connection refused"]
+
+
+def test_check_reachable_returns_once_a_server_listens() -> None:
+    from streamlearn.stream.kafka import check_reachable
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        check_reachable(f"127.0.0.1:{_closed_port()},127.0.0.1:{port}", timeout_s=1.0)
+
+
+def test_library_loggers_are_quiet_by_default_ours_follow_log_level() -> None:
+    from streamlearn.commands.serve import configure_logging
+
+    root = logging.getLogger()
+    saved = root.level, logging.getLogger("streamlearn").level
+    try:
+        configure_logging("DEBUG")
+        assert logging.getLogger("kafka.net.manager").getEffectiveLevel() == logging.WARNING
+        assert logging.getLogger("streamlearn.daemon").getEffectiveLevel() == logging.DEBUG
+        configure_logging("ERROR", "INFO")
+        assert logging.getLogger("kafka.conn").getEffectiveLevel() == logging.INFO
+        assert logging.getLogger("streamlearn.checkpoint").getEffectiveLevel() == logging.ERROR
+    finally:
+        root.setLevel(saved[0])
+        logging.getLogger("streamlearn").setLevel(saved[1])

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import io
+import re
+from types import SimpleNamespace
+from typing import Any
+
 import numpy as np
 import orjson
 import pytest
 
-from streamlearn.cli import main
-from streamlearn.commands.simulate import SimulationSummary, _on_decision
+import streamlearn.commands.simulate as simulate_module
+from streamlearn.cli import build_parser, main
+from streamlearn.commands.simulate import SimulationSummary, _on_decision, simulate
+from streamlearn.config import load_config
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
@@ -15,12 +22,22 @@ from streamlearn.commands.simulate import SimulationSummary, _on_decision
     (["--rate", "5", "--drop", "1.5"], "--drop must be a number in [0, 1]. Got 1.5."),
     (["--rate", "5", "--events", "0"], "--events must be an integer >= 1. Got 0."),
     (["--rate", "5", "--bootstrap", "bad"], "kafka.bootstrap must be HOST:PORT"),
+    (["--rate", "5", "--progress-seconds", "-1"], "--progress-seconds must be a number >= 0."),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv: list[str], expected: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", *argv]) == 2
     err = capsys.readouterr().err
     assert expected in err and len(err.strip().splitlines()) == 1
+
+
+def test_help_says_what_is_required() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    text = " ".join(sub.choices["simulate"].format_help().split())  # type: ignore[index]
+    assert "--rate EV_PER_S required, no default" in text
+    assert "--kafka-bootstrap HOST:PORT, --bootstrap HOST:PORT required" in text
+    assert "embedded" not in text.split("[kafka]:")[1]  # simulate has no embedded mode
 
 
 def test_decisions_are_answered_with_reward_one_iff_action_is_label() -> None:
@@ -55,3 +72,44 @@ def test_drop_and_delay() -> None:
     assert 330 < summary.dropped < 470  # Binomial(4000, 0.1): mean 400, sd 19
     delays = np.array([due for due, _, _ in scheduled])
     assert 1.8 < delays.mean() < 2.2  # Exp(mean 2): sd of the mean ≈ 0.033
+
+
+class _FakeKafka:
+    """Producer + consumer stand-ins: every instance sent gets a decision for action 0."""
+
+    def __init__(self) -> None:
+        self.unanswered: list[bytes] = []
+        self.feedback: list[bytes] = []
+
+    def send(self, topic: str, key: bytes, value: bytes) -> None:
+        if topic == "streamlearn.instances":
+            self.unanswered.append(value)
+        else:
+            self.feedback.append(value)
+
+    def poll(self, timeout_ms: int, max_records: int) -> dict[str, list[Any]]:
+        batch, self.unanswered = self.unanswered, []
+        return {"tp": [SimpleNamespace(value=orjson.dumps(
+            {"id": orjson.loads(v)["id"], "action": 0})) for v in batch]}
+
+    def flush(self, timeout: float) -> None:
+        pass
+
+    def close(self, timeout: float = 0.0) -> None:
+        pass
+
+
+def test_simulate_prints_the_serve_style_progress_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeKafka()
+    monkeypatch.setattr(simulate_module, "_clients", lambda config: (fake, fake))
+    config = load_config(environ={}, cli={"kafka.bootstrap": "127.0.0.1:9"})
+    out = io.StringIO()
+    summary = simulate(config, dataset="synsep", rate=0, events=600, delay_mean_s=0.0,
+                       seed=1, run_id="t", chunk=100, progress_s=1e-9, progress_out=out)
+    lines = out.getvalue().splitlines()
+    assert summary.feedback_sent == 600 and len(lines) >= 2
+    assert re.search(r"sent +0 .* cum-error –  ewma-error –  decisions 0  feedback 0", lines[0])
+    error = 1 - summary.rewards / summary.feedback_sent  # action 0 is right for class 0 only
+    last = lines[-1]
+    assert re.search(r"\bsent +\d", last) and "awaiting-decision" in last
+    assert 0.5 < error < 1.0 and "cum-error" in last

@@ -220,3 +220,31 @@ def test_k8s_configmap_holds_a_valid_config(tmp_path: Path) -> None:
     cfg = load_config(path, environ={"STREAMLEARN_KAFKA_SASL_PASSWORD": "secret"})
     assert cfg.kafka.security_protocol == "SASL_SSL" and not cfg.embedded_mode
     assert cfg.metrics.host == "0.0.0.0"
+
+
+def test_checkpoint_dir_must_be_usable_as_a_directory(tmp_path: Path) -> None:
+    a_file = tmp_path / "state"
+    a_file.write_text("not a directory")
+    for given, why in ((a_file, "it exists and is not a directory"),
+                       (a_file / "sub", f"{str(a_file)!r} is not a directory")):
+        with pytest.raises(ConfigError) as exc:
+            load_config(environ={}, cli={"checkpoint.dir": str(given)})
+        assert str(exc.value) == (
+            "checkpoint.dir must be a directory (existing, or one that can be created) (or "
+            f"unset). Got {str(given)!r} (from --checkpoint-dir): {why}.")
+    fresh = tmp_path / "new" / "state"  # created later by the checkpointer
+    assert load_config(environ={}, cli={"checkpoint.dir": str(fresh)}).checkpoint.dir == fresh
+
+
+def test_exploration_defaults_to_adaptive_and_a_lone_gamma_means_fixed(tmp_path: Path) -> None:
+    from streamlearn.commands.serve import build_learner
+
+    default = load_config(environ={})
+    assert default.exploration.name == "adaptive"
+    assert build_learner(default, 9, 400).exploration.spec()["name"] == "adaptive"
+    lone = load_config(environ={"STREAMLEARN_EXPLORATION_GAMMA": "0.1"})
+    assert (lone.exploration.name, lone.exploration.gamma) == ("fixed", 0.1)
+    assert build_learner(lone, 9, 400).exploration.spec() == {"name": "fixed", "gamma": 0.1}
+    both = load_config(write(tmp_path, "[exploration]\nname = 'margin'\ngamma = 0.2\n"),
+                       environ={})
+    assert both.exploration.name == "margin"

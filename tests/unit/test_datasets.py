@@ -383,3 +383,85 @@ def test_libsvm_config_errors(tmp_path: Path) -> None:
     path = _write(tmp_path, "a.svm", "1 5:1\n0 1:1\n")
     with pytest.raises(ConfigError, match="at least 5"):
         load_dataset(f"libsvm:{path}", n_features=3)
+
+
+@pytest.mark.parametrize(("delimiter", "sep"), [("tab", "\t"), ("\\t", "\t"), (";", ";"),
+                                                ("semicolon", ";"), ("|", "|")])
+def test_csv_delimiters(tmp_path: Path, delimiter: str, sep: str) -> None:
+    rows = ["a,b,label", "1,2,x", "3,4,y", "5,6,x"]
+    path = _write(tmp_path, "d.csv", "\n".join(r.replace(",", sep) for r in rows) + "\n")
+    ds = load_dataset(f"csv:{path}", delimiter=delimiter)
+    assert ds.class_names == ["x", "y"] and _dense(ds).tolist() == [[1, 2], [3, 4], [5, 6]]
+    with pytest.raises(ConfigError, match=r"'delimiter' option .* must be one character"):
+        load_dataset(f"csv:{path}", delimiter=";;")
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_csv_and_libsvm_read_compressed_files(tmp_path: Path, suffix: str) -> None:
+    import bz2
+    import gzip
+    import lzma
+
+    compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix]
+    csv_path = tmp_path / f"a.csv{suffix}"
+    csv_path.write_bytes(compress(b"a,b,label\n1,2,x\n3,4,y\n"))
+    assert load_dataset(f"csv:{csv_path}").n_rows == 2
+    svm_path = tmp_path / f"a.svm{suffix}"
+    svm_path.write_bytes(compress(b"1 1:0.5\n0 2:1\n"))
+    assert load_dataset(f"libsvm:{svm_path}").X.shape == (2, 2)
+    broken = tmp_path / f"broken.csv{suffix}"
+    broken.write_bytes(b"not compressed at all")
+    with pytest.raises(DataError, match=rf"is not a valid \{suffix} file"):
+        load_dataset(f"csv:{broken}")
+
+
+@pytest.mark.parametrize(("text", "options", "rows", "classes"), [
+    # a header with numeric names above numeric labels: names over numbers → header
+    ("0,1,2,label\n1,2,3,0\n4,5,6,1\n7,8,9,0\n", {}, 3, ["0", "1"]),
+    # numeric feature names, text labels: the label field 'y' occurs nowhere else
+    ("0,1,y\n1,2,a\n3,4,b\n5,6,a\n", {"header": "yes"}, 3, ["a", "b"]),
+    ("0,1,y\n1,2,a\n3,4,b\n5,6,a\n", {"label_column": "y"}, 3, ["a", "b"]),
+    # a first data row whose class occurs again is data
+    ("0,1,a\n1,2,b\n3,4,a\n", {}, 3, ["a", "b"]),
+    ("0,1,y\n1,2,a\n3,4,b\n", {"header": "no"}, 3, ["a", "b", "y"]),
+])
+def test_csv_header_auto_never_makes_a_header_a_class(
+        tmp_path: Path, text: str, options: dict[str, str], rows: int, classes: list[str]) -> None:
+    ds = load_dataset(f"csv:{_write(tmp_path, 'h.csv', text)}", **options)  # type: ignore[arg-type]
+    assert ds.n_rows == rows and ds.class_names == classes
+
+
+@pytest.mark.parametrize("text", ["0,1,y\n1,2,a\n3,4,b\n5,6,a\n",
+                                  "colour,size,label\nred,big,yes\nblue,small,no\nred,small,no\n"])
+def test_csv_header_auto_refuses_when_line_1_would_be_a_one_row_class(
+        tmp_path: Path, text: str) -> None:
+    with pytest.raises(DataError, match=r"cannot tell whether line 1 is a header: its label field "
+                                        r"'(y|label)' occurs on no other line.* Expected --header "
+                                        r"yes or --header no"):
+        load_dataset(f"csv:{_write(tmp_path, 'h.csv', text)}")
+
+
+@pytest.mark.parametrize("text", ["a,b,label,\n1,2,x,\n3,4,y,\n", "a,b,label\n1,2,x,\n3,4,y,\n"])
+def test_csv_trailing_delimiter_is_named(tmp_path: Path, text: str) -> None:
+    with pytest.raises(DataError, match=r"every line ends with the delimiter ',', so the last "
+                                        r"column is empty.*Remove the trailing delimiters"):
+        load_dataset(f"csv:{_write(tmp_path, 't.csv', text)}")
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("sepal,petal,class\n0.1,0.2,a\n0.3,0.4,b\n" + "0.5 1:2\n" * 20, 1),
+    ("# exported\n\n5.1,3.5,setosa\n4.9,3.0,versicolor\n", 3),
+    ("1:0.5 2:1\n0 1:1\n", 1),
+])
+def test_libsvm_refuses_a_non_libsvm_file_at_its_first_line(tmp_path: Path, text: str,
+                                                            line: int) -> None:
+    with pytest.raises(DataError, match=rf": line {line}: expected a libsvm line 'label "
+                                        rf"index:value \.\.\.' starting with a label"):
+        load_dataset(f"libsvm:{_write(tmp_path, 'x.svm', text)}")
+
+
+def test_libsvm_refuses_a_file_without_any_pair(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"Got 3 line\(s\) without any index:value pair, from "
+                                        r"line 1 on: 'alpha'"):
+        path = _write(tmp_path, "x.svm", "alpha\nbeta\ngamma\n")
+        load_dataset(f"libsvm:{path}")

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import orjson
 import pytest
 
-from simulators.experiment import add_bias, prepare_stream
-from simulators.replay import Drift, apply_drift, replay, stream_order
-from simulators.synthetic import synthetic_stream
+from simulators.experiment import add_bias, prepare_stream, run_with_comparator
+from simulators.replay import (
+    Drift,
+    _FeedbackDraws,
+    apply_drift,
+    replay,
+    replay_stream,
+    stream_order,
+)
+from simulators.synthetic import SyntheticRows, synthetic_stream
 from streamlearn.cli import main
-from streamlearn.features import SparseBatch
+from streamlearn.features import Batch, SparseBatch, take_rows
 from streamlearn.learners import Banditron, FixedGamma, Perceptron
 
 
@@ -72,8 +81,9 @@ def test_add_bias_dense_and_sparse_agree() -> None:
 def test_prepare_stream_standardises_dense_data_and_adds_bias() -> None:
     s = prepare_stream("letter", passes=2, seed=0)
     assert s.rounds == 40_000 and s.n_features == 17 and s.standardised
-    assert np.allclose(np.asarray(s.X)[:, -1], 1.0)
-    assert abs(float(np.asarray(s.X)[:, :-1].mean())) < 1e-6
+    X, _ = s.materialise()
+    assert np.allclose(np.asarray(X)[:, -1], 1.0)
+    assert abs(float(np.asarray(X)[:, :-1].mean())) < 1e-6
 
 
 def test_cli_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,7 +99,7 @@ def test_cli_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) ->
 @pytest.mark.parametrize(("argv", "message"), [
     (["--dataset", "nope"], "Expected a dataset in"),
     (["--dataset", "letter", "--learner", "foo"], "--learner must be one of"),
-    (["--dataset", "letter", "--gamma", "0.7"], "--gamma expects a number in (0, 0.5], got '0.7'"),
+    (["--dataset", "letter", "--gamma", "0.7"], "--gamma: expected a number in (0, 0.5], got '0.7'"),
     (["--dataset", "letter", "--data-dir", "/nonexistent"], "not found in /nonexistent"),
     (["--dataset", "letter", "--exploration", "boltzmann"], "--exploration must be one of"),
     (["--dataset", "letter", "--learner", "banditron", "--q", "3"], "--q does not apply"),
@@ -110,3 +120,81 @@ def test_plot_is_written(tmp_path: object, capsys: pytest.CaptureFixture[str]) -
                  "--plot", path]) == 0
     with open(path, "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------- streaming (blocks)
+
+@pytest.mark.parametrize(("n", "chunk", "noise"), [(2500, 1000, 0.05), (2501, 1000, 0.5),
+                                                   (700, 100_000, 0.0)])
+def test_generated_rows_equal_the_generated_matrix_in_any_order(n: int, chunk: int,
+                                                                noise: float) -> None:
+    X, y = synthetic_stream(n, noise=noise, seed=5, chunk=chunk)
+    rows = SyntheticRows(n, noise=noise, seed=5, chunk=chunk)
+    assert rows.labels.tolist() == y.tolist()
+    shuffled = np.random.default_rng(0).permutation(n)
+    for part in (shuffled[:1], shuffled[:300], shuffled, np.arange(n), np.array([n - 1, 0, 0])):
+        np.testing.assert_array_equal(rows.features(part), X[part])
+
+
+def test_feedback_draws_in_blocks_equal_one_draw() -> None:
+    n = 5000
+    rng = np.random.default_rng([3, 7])
+    delays = np.ceil(rng.exponential(4.0, size=n)).astype(np.int64)
+    dropped = rng.random(n) < 0.2
+    draws = _FeedbackDraws(n, 4.0, 0.2, seed=3)
+    parts = [draws.take(m) for m in (1, 999, 3000, 1000)]
+    np.testing.assert_array_equal(np.concatenate([d for d, _ in parts]), delays)
+    np.testing.assert_array_equal(np.concatenate([k for _, k in parts]), dropped)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_lockstep_block_replay_equals_separate_in_memory_replays(
+        stream: tuple[np.ndarray, np.ndarray], sparse: bool) -> None:
+    X, y = stream
+    data: Batch = SparseBatch.from_rows([np.flatnonzero(r) for r in X],
+                                        [r[r != 0] for r in X], 400) if sparse else X
+    kwargs = {"batch_size": 8, "delay_mean": 30.0, "drop": 0.1, "seed": 2}
+    alone = [replay(Banditron(9, 400, FixedGamma(0.05), seed=1), data, y, **kwargs),
+             replay(Perceptron(9, 400), data, y, **kwargs)]
+    blocks = ((take_rows(data, np.arange(lo, min(6000, lo + 24))), y[lo:lo + 24])
+              for lo in range(0, 6000, 24))
+    together = replay_stream([Banditron(9, 400, FixedGamma(0.05), seed=1), Perceptron(9, 400)],
+                             blocks, 6000, **kwargs)  # type: ignore[arg-type]
+    for a, b in zip(alone, together, strict=True):
+        assert (a.error_rate, a.exploit_error_rate, a.window_error_rate, a.feedback_applied,
+                a.feedback_dropped, a.curve) == (b.error_rate, b.exploit_error_rate,
+                                                 b.window_error_rate, b.feedback_applied,
+                                                 b.feedback_dropped, b.curve)
+
+
+def test_synthetic_replay_stream_is_generated_not_held_and_is_the_old_stream() -> None:
+    s = prepare_stream("synnonsep", rounds=3000, seed=4,
+                       drift=Drift(at=1000, kind="prior", seed=4))
+    assert s.features is None and s.generated is not None
+    X, y = synthetic_stream(3000, noise=0.05, seed=4)  # what prepare_stream used to hold
+    order = stream_order(3000, 1, 3000, 4)
+    labels, keep = apply_drift(y[order], 9, Drift(at=1000, kind="prior", seed=4))
+    assert keep is not None
+    X_stream, y_stream = s.materialise()
+    np.testing.assert_array_equal(X_stream, add_bias(X[order][keep]))
+    np.testing.assert_array_equal(y_stream, labels[keep])
+    blocks = list(s.blocks(batch_size=7))
+    assert all(len(b) % 7 == 0 for _, b in blocks[:-1])
+    np.testing.assert_array_equal(np.concatenate([np.asarray(b) for b, _ in blocks]), X_stream)
+
+
+def _peak_bytes(rounds: int) -> int:
+    tracemalloc.start()
+    try:
+        stream = prepare_stream("synnonsep", rounds=rounds, seed=0)
+        run_with_comparator(Banditron(9, 401, FixedGamma(0.05)), stream, batch_size=512)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_replay_memory_does_not_grow_with_the_features_of_every_round() -> None:
+    small, large = _peak_bytes(10_000), _peak_bytes(40_000)
+    # holding the stream would add 30,000 × 401 float32 = 48 MB (and more in copies); the
+    # index arrays of the stream (order, labels: ~40 bytes a round) add ~1.2 MB
+    assert large - small < 8_000_000, (small, large)

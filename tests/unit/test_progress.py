@@ -1,0 +1,71 @@
+"""The progress line of serve and simulate: labels before numbers, an EWMA error, no fake zeros."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from streamlearn.commands.progress import ErrorEwma, ProgressLine
+from streamlearn.commands.serve import Progress
+from streamlearn.service.metrics import PrometheusObserver
+
+
+def naive_ewma(errors: np.ndarray, half_life: float) -> float:
+    """Σ λ^t e_{n-1-t} / Σ λ^t over every round, λ = 2^(-1/half_life)."""
+    weights = 2.0 ** (-np.arange(len(errors))[::-1] / half_life)
+    return float((weights * errors).sum() / weights.sum())
+
+
+def test_ewma_fed_every_round_equals_the_naive_definition() -> None:
+    errors = (np.random.default_rng(0).random(3000) < 0.2).astype(float)
+    ewma = ErrorEwma(half_life=500)
+    for t in range(len(errors)):
+        ewma.update(rounds=t + 1, mistakes=float(errors[: t + 1].sum()))
+    assert ewma.value == pytest.approx(naive_ewma(errors, 500), rel=1e-9)
+
+
+def test_ewma_fed_in_blocks_follows_a_change_the_cumulative_rate_hides() -> None:
+    ewma = ErrorEwma(half_life=1000)
+    ewma.update(rounds=50_000, mistakes=25_000)  # error 0.5 for a long time
+    value = ewma.update(rounds=60_000, mistakes=25_000 + 1_000)  # then 0.1
+    cumulative = 26_000 / 60_000
+    assert value < 0.11 < cumulative
+    assert ErrorEwma().update(rounds=0, mistakes=0) != ErrorEwma().update(rounds=0, mistakes=0)  # NaN
+
+
+def _value(line: str, label: str) -> str:
+    """The text right after ``label`` (labels come first, then their number)."""
+    found = re.search(rf"(?:^|\s){re.escape(label)}\s+(\S+)", line)
+    assert found is not None, (label, line)
+    return found.group(1)
+
+
+def test_every_label_precedes_its_number() -> None:
+    clock = iter([0.0, 5.0]).__next__
+    line = ProgressLine(clock=clock).line(events=5000, rounds=4000, mistakes=800,
+                                          extra=[("γ", "0.0500"), ("joined", "4,000")])
+    assert _value(line, "events") == "5,000" and _value(line, "joined") == "4,000"
+    assert _value(line, "cum-error") == "0.2000" and _value(line, "ewma-error") == "0.2000"
+    assert _value(line, "γ") == "0.0500" and line.split()[-1] == "4,000"
+    # never a number followed by its label (the old 'error 0.21 cum 0.09 window')
+    assert not re.search(r"\d \w", line.replace("/s", ""))
+
+
+def test_serve_progress_before_and_after_the_first_events() -> None:
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+    progress = Progress(registry, out=None)
+    before = progress.line()
+    assert "cum-error –  ewma-error –" in before and "γ –" in before  # not 0.0000
+    observer.on_instances(1000)
+    observer.on_decisions(1000, n_explored=50, latencies_s=np.zeros(1000))
+    observer.on_gamma(0.05)
+    observer.on_rewards(750.0)
+    observer.on_mistakes(250.0)
+    observer.on_error_rates(0.25, 0.3, 0.2)
+    after = progress.line()
+    assert "cum-error 0.2500  ewma-error 0.2500  γ 0.0500" in after
+    assert _value(after, "events") == "1,000"
