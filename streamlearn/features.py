@@ -35,6 +35,7 @@ __all__ = [
     "as_batch",
     "batch_size",
     "hash_names",
+    "hash_strings",
     "row_norms",
     "scores",
     "take_rows",
@@ -177,12 +178,17 @@ def row_norms(X: Batch, order: float = 2) -> np.ndarray:
     return np.sqrt(np.bincount(row_ids, weights=X.values**2, minlength=B))
 
 
-def _fnv1a_64(names: np.ndarray) -> np.ndarray:
-    """Vectorised 64-bit FNV-1a over a fixed-width bytes array (one hash per name)."""
+def _fnv1a_64(names: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
+    """Vectorised 64-bit FNV-1a over a fixed-width bytes array (one hash per name).
+
+    ``lengths`` gives each name's byte length; without it the length stops at the
+    last non-NUL byte, as numpy's ``S`` dtype does (so names ending in NUL need it).
+    """
     width = names.dtype.itemsize
     codes = names.view(np.uint8).reshape(len(names), width) if width else np.zeros((len(names), 0),
                                                                                      np.uint8)
-    lengths = np.char.str_len(names) if len(names) else np.zeros(0, dtype=np.int64)
+    if lengths is None:
+        lengths = np.char.str_len(names) if len(names) else np.zeros(0, dtype=np.int64)
     h = np.full(len(names), 0xCBF29CE484222325, dtype=np.uint64)
     prime = np.uint64(0x100000001B3)
     with np.errstate(over="ignore"):
@@ -191,6 +197,15 @@ def _fnv1a_64(names: np.ndarray) -> np.ndarray:
             mixed = (h ^ codes[:, col].astype(np.uint64)) * prime
             h = np.where(active, mixed, h)
     return h
+
+
+def hash_strings(strings: Sequence[str]) -> np.ndarray:
+    """64-bit FNV-1a of each string's UTF-8 bytes, every byte counted (trailing NULs too)."""
+    if not len(strings):
+        return np.zeros(0, dtype=np.uint64)
+    encoded = [s.encode("utf-8") for s in strings]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    return _fnv1a_64(np.array(encoded, dtype=bytes), lengths)
 
 
 def hash_names(
@@ -223,8 +238,7 @@ def hash_names(
             names.extend(row)
             weights.extend(values[i] if values is not None else [1.0] * len(row))
             lengths.append(len(row))
-    encoded = np.array([n.encode("utf-8") for n in names], dtype=bytes)
-    h = _fnv1a_64(encoded) if len(encoded) else np.zeros(0, dtype=np.uint64)
+    h = hash_strings(names)
     bucket = (h % np.uint64(n_features)).astype(np.int64)
     sign = np.where((h >> np.uint64(63)) == 1, -1.0, 1.0)
     indptr = np.zeros(len(lengths) + 1, dtype=np.int64)

@@ -33,7 +33,7 @@ import orjson
 from streamlearn import __version__
 from streamlearn.errors import StateError
 
-__all__ = ["FORMAT_VERSION", "read_snapshot", "write_snapshot"]
+__all__ = ["FORMAT_VERSION", "pack_strings", "read_snapshot", "unpack_strings", "write_snapshot"]
 
 FORMAT_VERSION = 1
 ARRAYS_FILE = "arrays.npz"
@@ -125,3 +125,31 @@ def read_snapshot(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], 
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
         raise StateError(f"{arrays_path} cannot be read as arrays: {exc}") from exc
     return arrays, meta
+
+
+def pack_strings(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Strings as arrays that round-trip byte for byte: (UTF-8 bytes, end offsets).
+
+    numpy's ``U``/``S`` dtypes strip trailing NULs, so ids like ``"a\\x00"`` are
+    stored as their concatenated UTF-8 bytes plus each string's end offset.
+
+    >>> unpack_strings(*pack_strings(["a\\x00", "\\x00", "é😀", ""]))
+    ['a\\x00', '\\x00', 'é😀', '']
+    """
+    encoded = [s.encode("utf-8") for s in strings]
+    ends = np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded)))
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), ends
+
+
+def unpack_strings(data: np.ndarray, ends: np.ndarray) -> list[str]:
+    """Inverse of :func:`pack_strings` (raises ``StateError`` on inconsistent arrays)."""
+    raw = np.asarray(data, dtype=np.uint8).tobytes()
+    ends = np.asarray(ends, dtype=np.int64)
+    if ends.ndim != 1 or (len(ends) and (ends[-1] != len(raw) or (np.diff(ends) < 0).any()
+                                         or ends[0] < 0)) or (not len(ends) and raw):
+        raise StateError("Packed strings are inconsistent: offsets do not match the bytes.")
+    starts = np.concatenate([[0], ends])[:-1].tolist()
+    try:
+        return [raw[a:b].decode("utf-8") for a, b in zip(starts, ends.tolist(), strict=True)]
+    except UnicodeDecodeError as exc:
+        raise StateError(f"Packed strings are not valid UTF-8: {exc}") from exc

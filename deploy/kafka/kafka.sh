@@ -6,6 +6,7 @@
 #   kafka.sh start [--port N] [--dir D]  format D (first time) and start; prints host:port
 #   kafka.sh stop  [--dir D]             SIGTERM, wait, then SIGKILL
 #   kafka.sh status [--dir D]            exit 0 and print host:port when running, else exit 3
+#   kafka.sh cluster-id [--count N]      print N fresh cluster ids (never starting with '-')
 #
 # D defaults to deploy/kafka/.work. Starting again on a D that already holds a
 # formatted log dir keeps its node, cluster id, ports and data (a restart).
@@ -51,6 +52,29 @@ cmd_fetch() {
     fi
     echo "$want" > "$STAMP"
     echo "kafka.sh: $(ls "$LIB"/*.jar | wc -l) jars in $LIB ($(basename "$LIB"/kafka_2.13-*.jar))"
+}
+
+new_cluster_id() {
+    # 16 random bytes, URL-safe base64 without padding (what Kafka's Uuid prints). Drawn again
+    # while it starts with '-': StorageTool's '-t' would read such an id as an option (about
+    # 1 draw in 64), and Kafka's own Uuid.randomUuid() never hands one out either.
+    local id
+    while :; do
+        id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+        [[ "$id" == -* ]] || { echo "$id"; return 0; }
+    done
+}
+
+cmd_cluster_id() {  # cluster-id [--count N]: print N fresh cluster ids (the generator under test)
+    local count=1
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+            --count) count="$2"; shift 2 ;;
+            *) die "cluster-id: unknown option $1 (expected --count N)" ;;
+        esac
+    done
+    [[ "$count" =~ ^[0-9]+$ ]] || die "cluster-id: expected --count as a whole number, got '$count'"
+    for ((i = 0; i < count; i++)); do new_cluster_id; done
 }
 
 prop() {  # prop FILE KEY -> value
@@ -172,7 +196,7 @@ cmd_start() {
         rm -rf "$dir/data"
         write_config "$dir" "$port"
         local cluster_id
-        cluster_id="$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')"
+        cluster_id="$(new_cluster_id)"
         "$java" -Xmx256m -XX:TieredStopAtLevel=1 -cp "$LIB/*" -Dlog4j2.configurationFile="$dir/log4j2.properties" \
             kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
             >"$dir/format.log" 2>&1 || { cat "$dir/format.log" >&2; die "storage format failed"; }
@@ -263,5 +287,6 @@ case "${1:-}" in
     start) shift; cmd_start "$@" ;;
     stop) shift; cmd_stop "$@" ;;
     status) shift; cmd_status "$@" ;;
-    *) echo "usage: $0 {fetch|start [--port N] [--dir DIR]|stop [--dir DIR]|status [--dir DIR]}" >&2; exit 2 ;;
+    cluster-id) shift; cmd_cluster_id "$@" ;;
+    *) echo "usage: $0 {fetch|start [--port N] [--dir DIR]|stop [--dir DIR]|status [--dir DIR]|cluster-id [--count N]}" >&2; exit 2 ;;
 esac

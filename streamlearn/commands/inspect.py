@@ -81,7 +81,9 @@ def describe(path: Path) -> dict[str, Any]:
     if "offsets" in meta:
         info["offsets"] = [{"topic": t, "partition": p, "next_offset": o}
                            for t, p, o in meta["offsets"]]
-    if "pending.ids" in arrays:
+    if "pending.ids.ends" in arrays:
+        info["pending_joins"] = len(arrays["pending.ids.ends"])
+    elif "pending.ids" in arrays:  # checkpoints written before ids were stored as UTF-8 bytes
         info["pending_joins"] = len(arrays["pending.ids"])
     skip = {"format_version", "package_version", "arrays_sha256", "kind", "seq", "offsets",
             "learner"} | ({"class", "params", "counters", "exploration_state"}

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from streamlearn.features import _fnv1a_64
+from streamlearn.features import _fnv1a_64, hash_strings
 
 __all__ = ["hash_keys", "sample", "splitmix64", "uniforms"]
 
@@ -38,16 +38,24 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
 
 
 def hash_keys(keys: object) -> np.ndarray:
-    """One uint64 per key: integers are used as they are, strings/bytes are FNV-1a hashed."""
+    """One uint64 per key: integers are used as they are, strings/bytes are FNV-1a hashed.
+
+    A list of strings is hashed byte for byte (an id ending in NUL keeps its NUL);
+    a numpy ``U`` array has already lost trailing NULs when it was built.
+    """
+    if isinstance(keys, (list, tuple)) and keys and all(isinstance(k, str) for k in keys):
+        return hash_strings(keys)
     arr = np.asarray(keys)
     if arr.dtype.kind in "iu":
         return arr.astype(np.uint64).reshape(-1)  # negative keys wrap, still one value per key
-    if arr.dtype.kind == "U":
-        arr = np.char.encode(arr, "utf-8")
-    elif arr.dtype.kind == "O":
+    if arr.dtype.kind == "O":
         items: Sequence[object] = arr.reshape(-1).tolist()
+        if all(isinstance(k, str) for k in items):
+            return hash_strings(items)  # type: ignore[arg-type]
         arr = np.array([k.encode("utf-8") if isinstance(k, str) else bytes(k)  # type: ignore[call-overload]
                         for k in items], dtype=bytes)
+    if arr.dtype.kind == "U":
+        arr = np.char.encode(arr, "utf-8")
     if arr.dtype.kind != "S":
         raise TypeError(f"Event keys must be integers or strings. Got dtype {arr.dtype}.")
     return _fnv1a_64(arr.reshape(-1))

@@ -28,7 +28,7 @@ def id_checksum(ids: list[str]) -> int:
     if not ids:
         return 0
     with np.errstate(over="ignore"):
-        return int(np.sum(hash_keys(np.array(ids, dtype=np.str_)), dtype=np.uint64))
+        return int(np.sum(hash_keys(list(ids)), dtype=np.uint64))
 
 
 @dataclass

@@ -52,6 +52,7 @@ import numpy as np
 
 from streamlearn.errors import ConfigError, StateError
 from streamlearn.features import Batch
+from streamlearn.snapshot import pack_strings, unpack_strings
 from streamlearn.stream.rows import RowStore
 
 __all__ = ["Closed", "EarlyFeedback", "JoinSettings", "PendingJoins"]
@@ -339,16 +340,17 @@ class PendingJoins:
             raise StateError("export() needs every closed decision drained first.")
         live = np.flatnonzero(self.active)
         arrays = {
-            "pending.ids": np.array(self.ids[live].tolist(), dtype=np.str_).reshape(-1),
             "pending.action": self.action[live], "pending.probs": self.probs[live],
             "pending.label": self.label[live], "pending.decided_at": self.decided_at[live],
             "pending.partition": self.partition[live], "pending.reward": self.reward[live],
             "pending.n_feedback": self.n_feedback[live],
             "pending.feedback_ts": self.feedback_ts[live],
-            "recent.ids": np.array(list(self.recent.keys()), dtype=np.str_).reshape(-1),
             "recent.closed_at": np.array([v[0] for v in self.recent.values()], dtype=np.float64),
             "recent.how": np.array([v[1] for v in self.recent.values()], dtype=np.int64),
         }
+        # ids as UTF-8 bytes + offsets: numpy string dtypes would drop trailing NULs
+        for name, ids in (("pending.ids", self.ids[live].tolist()), ("recent.ids", list(self.recent))):
+            arrays[f"{name}.utf8"], arrays[f"{name}.ends"] = pack_strings(ids)
         arrays.update({f"pending.x.{k}": v for k, v in self.rows.export(live).items()})
         meta = {"early": [vars(fb) for fb in self.early.values()], "shed_total": self.shed_total}
         return arrays, meta
@@ -359,7 +361,7 @@ class PendingJoins:
         """Rebuild a store from :meth:`export` output; raise StateError if it does not fit."""
         store = cls(n_actions, n_features, settings)
         try:
-            ids = arrays["pending.ids"].tolist()
+            ids = _stored_ids(arrays, "pending.ids")
             X = RowStore.imported({k[len("pending.x."):]: v for k, v in arrays.items()
                                    if k.startswith("pending.x.")}, n_features)
             store.add_decisions(ids, X, arrays["pending.action"], arrays["pending.probs"],
@@ -370,7 +372,7 @@ class PendingJoins:
             store.n_feedback[slots] = arrays["pending.n_feedback"]
             store.feedback_ts[slots] = arrays["pending.feedback_ts"]
             store.recent = OrderedDict(zip(
-                arrays["recent.ids"].tolist(),
+                _stored_ids(arrays, "recent.ids"),
                 zip(arrays["recent.closed_at"].tolist(), arrays["recent.how"].tolist(),
                     strict=True), strict=True))
             store.early = OrderedDict((fb["event_id"], EarlyFeedback(**fb)) for fb in meta["early"])
@@ -378,6 +380,13 @@ class PendingJoins:
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"Pending joins in the checkpoint are invalid: {exc!r}") from exc
         return store
+
+
+def _stored_ids(arrays: dict[str, np.ndarray], name: str) -> list[str]:
+    """Ids written by :meth:`PendingJoins.export` (or, from older checkpoints, a string array)."""
+    if f"{name}.utf8" in arrays:
+        return unpack_strings(arrays[f"{name}.utf8"], arrays[f"{name}.ends"])
+    return [str(i) for i in arrays[name].tolist()]
 
 
 def _per_partition(now: float | Mapping[int, float], partitions: np.ndarray) -> np.ndarray:

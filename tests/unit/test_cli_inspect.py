@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import orjson
 import pytest
 
 from streamlearn.cli import main
 from streamlearn.learners import make_learner, save_learner
-from streamlearn.snapshot import write_snapshot
+from streamlearn.snapshot import pack_strings, write_snapshot
 
 
 def fake_checkpoint(directory: Path, seq: int, n_pending: int) -> Path:
     learner = make_learner("banditron", 3, 5)
     arrays, meta = learner.state()
-    arrays = {**arrays, "pending.ids": np.array([f"e{i}" for i in range(n_pending)])}
+    utf8, ends = pack_strings([f"e{i}" for i in range(n_pending)])
+    arrays = {**arrays, "pending.ids.utf8": utf8, "pending.ids.ends": ends}
     path = directory / f"ckpt-{seq:08d}"
     write_snapshot(path, arrays, {"learner": meta, "seq": seq,
                                   "offsets": [["in", 0, 10 * seq], ["fb", 0, 7 * seq]],

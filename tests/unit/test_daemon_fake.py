@@ -431,3 +431,22 @@ def test_reemitted_decisions_stay_out_of_the_latency_histogram(tmp_path: Path) -
     assert registry.get_sample_value("streamlearn_decision_latency_seconds_count") == 0
     assert registry.get_sample_value("streamlearn_decisions_total", {"explored": "false"}) + \
         registry.get_sample_value("streamlearn_decisions_total", {"explored": "true"}) == 100
+
+
+@pytest.mark.parametrize("event_id", ["a\u0000", "\u0000", "\U0001f600\u0000\u0000"])
+def test_ids_ending_in_nul_keep_their_feedback_across_a_restart(tmp_path: Path,
+                                                                 event_id: str) -> None:
+    broker, clock = InMemoryBroker(1), Clock()
+    writer = InMemoryTransport(broker=broker, partitions=1, group_id="caller")
+    for eid in (event_id, event_id.rstrip("\u0000") or "plain"):  # a neighbour without the NUL
+        writer.append_instance(eid.encode(), orjson.dumps({"id": eid, "x": X[0].tolist(),
+                                                           "ts": clock.t}))
+    first = make_daemon(broker, tmp_path, clock)
+    drain(first)
+    first.checkpoint(final=True)  # SIGTERM: final checkpoint with both decisions pending
+    second = make_daemon(broker, tmp_path, clock)
+    writer.append_feedback(event_id.encode(), orjson.dumps({"id": event_id, "reward": 1.0,
+                                                            "ts": clock.t}))
+    drain(second)
+    assert second.counters.feedback["joined"] == 1
+    assert second.counters.feedback["unknown"] == 0 and not broker.messages("dead-letter")

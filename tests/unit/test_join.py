@@ -256,3 +256,32 @@ def test_earliest_policy_matches_naive_reference(raw: list[tuple[str, str, float
     learned.update(zip(closed.ids, closed.rewards.tolist(), strict=True))
     expected = reference_join(ops, 4.0)
     assert learned == expected
+
+
+ids_strategy = st.lists(st.text(min_size=1, max_size=8).map(lambda s: s.replace("\ud800", "")) |
+                        st.sampled_from(["a\u0000", "\u0000", "\u0000\u0000", "\U0001f600\u0000",
+                                         "\U00010348", "é"]),
+                        min_size=1, max_size=12, unique=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ids_strategy)
+def test_every_id_round_trips_through_a_checkpoint_byte_for_byte(ids: list[str]) -> None:
+    """Ids ending in NUL used to come back without it (numpy ``<U`` arrays strip it)."""
+    ids = [i for i in ids if i and all(not 0xD800 <= ord(c) <= 0xDFFF for c in i)]
+    if not ids:
+        return
+    p = store()
+    half = len(ids) // 2
+    decide(p, ids[half:], t=0.0)
+    decide(p, ids[:half], t=0.0)
+    feedback(p, ids[:half], [1.0] * half, t=1.0)  # closed: kept as "recent" (duplicates)
+    p.drain()
+    arrays, meta = p.export()
+    q = PendingJoins.restore(K, D, p.settings, arrays, meta)
+    assert set(q.slot_of) == set(ids[half:])
+    assert list(q.recent) == list(p.recent)
+    assert feedback(q, ids[half:], [1.0] * (len(ids) - half), t=2.0) == []  # all joined
+    assert sorted(q.drain().ids) == sorted(ids[half:])
+    assert [outcome for _, outcome in feedback(q, ids[:half], [1.0] * half, t=2.0)] == [
+        "duplicate"] * half
