@@ -106,7 +106,10 @@ class Daemon:
                      "--learner-n-actions", str(problem.k), "--learner-n-features", str(problem.d),
                      "--checkpoint-dir", str(checkpoint_dir), "--checkpoint-every-events", "10000",
                      "--metrics-port", str(metrics_port), "--progress-seconds", "0",
-                     "--learner", "banditron", "--seed", "3", *extra]
+                     "--learner", "banditron", "--seed", "3",
+                     # a fixed γ: the adaptive γ_t depends on the global round number t, hence on
+                     # how the two partitions interleave, which timing decides (runs would differ)
+                     "--exploration", "fixed", "--gamma", "0.05", *extra]
         self.log, self.metrics_port = log, metrics_port
         self.proc: subprocess.Popen[bytes] | None = None
 
