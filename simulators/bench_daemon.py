@@ -225,7 +225,7 @@ def in_memory_rate(X: np.ndarray, y: np.ndarray, form: str, blas_threads: int) -
     settings = DaemonSettings(limits_poll_timeout_seconds=0.0, blas_threads=blas_threads)
     daemon = Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.05)))
     started = time.perf_counter()
-    daemon.run(max_events=len(y))
+    daemon.run(max_instances=len(y))
     return len(y) / (time.perf_counter() - started)
 
 

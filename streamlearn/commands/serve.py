@@ -170,22 +170,6 @@ def to_toml(config: Config) -> str:
     return "\n".join(lines)
 
 
-class _ServeObserver(PrometheusObserver):
-    """The Prometheus observer, plus a stop request once ``max_events`` instances were seen."""
-
-    def __init__(self, registry: CollectorRegistry, max_events: int | None) -> None:
-        super().__init__(registry)
-        self.max_events = max_events
-        self.seen = 0
-        self.stop: Any = None  # set to daemon.request_stop
-
-    def on_instances(self, n: int) -> None:
-        super().on_instances(n)
-        self.seen += n
-        if self.max_events is not None and self.seen >= self.max_events and self.stop:
-            self.stop()
-
-
 def build_transport(config: Config, max_instances: int | None = None) -> Any:
     """The embedded transport without a bootstrap, else Kafka (creating missing topics)."""
     t = config.topics
@@ -320,7 +304,7 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
     out = out if out is not None else sys.stdout
     disable_created_metrics()  # *_created series double the count and carry nothing we use
     registry = registry if registry is not None else CollectorRegistry()
-    observer = _ServeObserver(registry, max_events)
+    observer = PrometheusObserver(registry)
     stopping = threading.Event()
     with ExitStack() as stack:
         transport = build_transport(config, max_instances=max_events)
@@ -337,7 +321,6 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
             daemon.request_stop()
             stopping.set()
 
-        observer.stop = daemon.request_stop
         mode = ("embedded simulator (" + config.embedded.dataset + ")" if config.embedded_mode
                 else f"Kafka {config.kafka.bootstrap}")
         print(f"streamlearn serve: {type(learner).__name__} (K={n_actions}, d={n_features}) on "
@@ -354,9 +337,9 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
             stack.enter_context(progress.every(progress_s))
         stack.enter_context(_stop_on_signals(stop))
         started = time.monotonic()
-        daemon.run()
+        daemon.run(max_instances=max_events)
         elapsed = time.monotonic() - started
-        print(progress.summary(daemon, observer.seen, elapsed), file=out, flush=True)
+        print(progress.summary(daemon, daemon.instances_this_run, elapsed), file=out, flush=True)
         if linger_s > 0 and not stopping.is_set():
             stopping.wait(linger_s)
     return 0

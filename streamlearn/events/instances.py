@@ -19,7 +19,7 @@ from streamlearn.events.raw import (
     parse_object,
     timestamp_of,
 )
-from streamlearn.features import Batch
+from streamlearn.features import Batch, take_rows
 
 __all__ = ["InstanceBatch", "decode_instances"]
 
@@ -39,6 +39,14 @@ class InstanceBatch:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def take(self, rows: np.ndarray) -> InstanceBatch:
+        """The sub-batch of ``rows``, every field alike."""
+        return InstanceBatch(
+            ids=[self.ids[i] for i in rows.tolist()], X=take_rows(self.X, rows),
+            mask=None if self.mask is None else self.mask[rows], labels=self.labels[rows],
+            ts=self.ts[rows], partitions=self.partitions[rows], offsets=self.offsets[rows],
+            messages=[self.messages[i] for i in rows.tolist()])
 
 
 @dataclass

@@ -191,6 +191,11 @@ class Learner(abc.ABC):
         self.n_decided_ += B
         return actions, probs
 
+    def count_decided(self, n: int) -> None:
+        """Count ``n`` rounds decided elsewhere (decisions re-emitted from a journal after a
+        restart), so the exploration schedules see the same round numbers as before it."""
+        self.n_decided_ += int(n)
+
     def decision_scores(self, X: Batch) -> np.ndarray:
         """``X @ W.T`` for the current weights (shape (B, K))."""
         return scores(self._weights(), X)

@@ -16,7 +16,6 @@ import numpy as np
 
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.learners.randomness import hash_keys
-from streamlearn.stream.clock import PartitionClocks
 
 __all__ = ["Counters", "id_checksum", "tracker_arrays", "tracker_load"]
 
@@ -46,7 +45,8 @@ class Counters:
     applied_checksum: int = 0
     feedback: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     invalid: dict[str, dict[str, int]] = field(default_factory=dict)  # topic → reason → n
-    clocks: PartitionClocks = field(default_factory=PartitionClocks)
+    reemitted: int = 0  # journaled decisions published again after a restart
+    skipped_updates: int = 0  # feedback the learner refused (it would make the model non-finite)
 
     def count_invalid(self, topic: str, reason: str) -> None:
         per_topic = self.invalid.setdefault(topic, {})
@@ -62,17 +62,17 @@ class Counters:
         self.applied_checksum = (self.applied_checksum + id_checksum(applied)) % (1 << 64)
 
     def to_json(self) -> dict[str, Any]:
-        out = {k: v for k, v in vars(self).items() if k != "clocks"}
+        out = dict(vars(self))
         out["applied_checksum"] = str(self.applied_checksum)  # JSON numbers are not uint64-safe
-        out["clocks"] = self.clocks.to_json()
         return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Counters:
-        data = dict(data)
-        clocks = PartitionClocks.from_json(data.pop("clocks"))
+        """Counters saved by :meth:`to_json` (older checkpoints kept the join clocks here too:
+        the join reads those itself)."""
+        data = {k: v for k, v in data.items() if k != "clocks"}
         data["applied_checksum"] = int(data["applied_checksum"])
-        return cls(**data, clocks=clocks)
+        return cls(**data)
 
 
 def tracker_arrays(tracker: OnlineErrorTracker) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

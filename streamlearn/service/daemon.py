@@ -1,15 +1,20 @@
-"""The serving loop: poll → decode → decide → publish → join → learn → maybe checkpoint.
+"""The serving loop: poll → decode → decide → publish → join → learn → checkpoint.
 
-Each iteration works on one micro-batch (what one poll returns):
+The daemon is wiring around :class:`~streamlearn.engine.Engine` (the
+decide → join → learn core the replay runs too). Each :meth:`Daemon.step`
+works on one micro-batch — what the input aligner releases, in event-time
+order (:mod:`streamlearn.stream.align`):
 
-1. decode + validate the instances and the feedback (:mod:`streamlearn.events`);
-   every rejection goes to the dead-letter topic with its reason;
-2. decide all new instances with one ``learner.decide`` call (keys = event ids,
-   so a decision is a pure function of seed, id and learner state), journal
-   the decisions, publish them keyed by id, record them as pending joins;
-3. join the feedback (:mod:`streamlearn.stream.join`), advance the join clocks
-   (:mod:`streamlearn.stream.clock`), and apply every decision that closed with one ``learner.update`` call;
-4. checkpoint every N input messages or T seconds (:mod:`streamlearn.stream.checkpoint`).
+1. the instances before the batch's first feedback are decoded, decided
+   (one ``learner.decide``), journaled and published;
+2. the feedback is decoded and joined, the join's clocks advance and expire
+   what is due, and every decision that closed is learned (one ``learner.update``);
+3. the instances after the first feedback are decided and published (so no
+   instance is decided before feedback that came before it), and what closed
+   on their arrival is learned;
+4. the consumed offsets move forward, and a checkpoint is written when due.
+
+Every rejection goes to the dead-letter topic with its reason.
 
 Invariants (what makes ``kill -9`` at any moment lose nothing and apply
 nothing twice):
@@ -31,33 +36,34 @@ nothing twice):
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import orjson
 
-from streamlearn.errors import StateError, TransportError
+from streamlearn.engine import Engine, exploration_rates
+from streamlearn.errors import TransportError
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.events import Rejection, decode_feedback, decode_instances
-from streamlearn.features import take_rows
 from streamlearn.learners.base import Learner
-from streamlearn.service.counters import Counters, tracker_arrays, tracker_load
+from streamlearn.service.counters import Counters
 from streamlearn.service.metrics import Observer
-from streamlearn.service.settings import DaemonSettings, blas_threads, dead_letter_value
+from streamlearn.service.outputs import Outputs, dead_letter_value
+from streamlearn.service.settings import DaemonSettings, blas_threads
+from streamlearn.service.state import freeze, thaw
 from streamlearn.stream.align import InputAligner
-from streamlearn.stream.checkpoint import Checkpointer, Offsets
-from streamlearn.stream.join import EXPIRED, JOINED, SHED, PendingJoins
+from streamlearn.stream.checkpoint import Checkpointer, ConsumedOffsets, JournaledDecision
+from streamlearn.stream.join import Outcome, PendingJoins
 from streamlearn.stream.transport import Message, Transport
 
 __all__ = ["Daemon", "DaemonSettings", "dead_letter_value"]
 
 log = logging.getLogger("streamlearn.daemon")
+
+_DEAD_LETTERED = {Outcome.DUPLICATE: "duplicate_id", Outcome.UNKNOWN: "unknown_id"}
 
 
 class Daemon:
@@ -84,7 +90,7 @@ class Daemon:
     >>> _ = transport.append_instance(b"ev-1", b'{"id": "ev-1", "x": [1.0, 0.0, 2.0]}')
     >>> settings = DaemonSettings(learner_n_actions=2, learner_n_features=3)
     >>> daemon = Daemon(settings, transport, Banditron(2, 3, seed=1))
-    >>> daemon.run(max_events=1)
+    >>> daemon.run(max_instances=1)
     >>> decision = orjson.loads(transport.broker.messages("decisions")[0].value)
     >>> sorted(decision), decision["id"], daemon.counters.decisions
     (['action', 'explored', 'id', 'model', 'prob', 'ts'], 'ev-1', 1)
@@ -95,42 +101,60 @@ class Daemon:
                  wall_clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.transport = transport
-        self.learner = learner
         self.observer = observer if observer is not None else Observer()
         self.wall_clock = wall_clock
         self.n_actions, self.n_features = settings.learner_n_actions, settings.learner_n_features
-        self.join = PendingJoins(self.n_actions, self.n_features, settings.join_settings())
+        self.engine = Engine(learner, settings.join_settings())
         self.tracker = OnlineErrorTracker(settings.metrics_window)
         self.counters = Counters()
-        self.offsets: Offsets = {}
         self.model_name = settings.model_name or type(learner).__name__.lower()
         self.checkpointer = (Checkpointer(settings.checkpoint_dir, settings.checkpoint_keep,
                                           settings.checkpoint_every_events,
                                           settings.checkpoint_every_seconds,
                                           settings.checkpoint_fsync_journal)
                              if settings.checkpoint_dir else None)
-        self._journaled: dict[str, Any] = {}
+        self.offsets = (self.checkpointer.offsets if self.checkpointer is not None
+                        else ConsumedOffsets())
+        self._journaled: dict[str, JournaledDecision] = {}
         self.aligner = InputAligner(transport, settings.limits_poll_order_wait_seconds)
         self._stop = threading.Event()
+        self.outputs = Outputs(transport, self._stop, settings.retry_seconds,
+                               settings.limits_dead_letter_max_bytes)
         self._retry_checkpoint_at = 0.0
+        self.started_at_instances = 0
         self.ready = False
         self.limits = settings.limits()
+
+    @property
+    def instances_this_run(self) -> int:
+        """Instances decided since :meth:`run` started (the counters span every restart)."""
+        return self.counters.instances - self.started_at_instances
+
+    @property
+    def learner(self) -> Learner:
+        return self.engine.learner
+
+    @property
+    def join(self) -> PendingJoins:
+        return self.engine.joins
 
     # ------------------------------------------------------------------ control
     def request_stop(self) -> None:
         """Ask the loop to stop after the current batch (safe from a signal handler)."""
         self._stop.set()
 
-    def run(self, max_events: int | None = None) -> None:
-        """Serve until :meth:`request_stop` (or ``max_events`` input messages), then checkpoint."""
+    def run(self, max_instances: int | None = None) -> None:
+        """Serve until :meth:`request_stop` (or ``max_instances`` decided by this run), then
+        checkpoint."""
         self.restore()
+        self.started_at_instances = self.counters.instances
         self.observer.on_start(type(self.learner).__name__, repr(self.learner.exploration),
                                type(self.transport).__name__)
         self.ready = True
         try:
             with blas_threads(self.settings.blas_threads):
                 while not self._stop.is_set():
-                    if max_events is not None and self.counters.messages >= max_events:
+                    if max_instances is not None and self.instances_this_run >= max_instances:
                         break
                     self.step()
             self.ready = False
@@ -148,248 +172,181 @@ class Daemon:
         if restored is None:  # a crash before the first checkpoint still left its journal
             self._journaled = self.checkpointer.journal.load(0)
             return
-        arrays, meta = restored.arrays, restored.meta
-        try:
-            self.learner = type(self.learner).from_state(
-                {k: v for k, v in arrays.items() if k.startswith(("learner.", "exploration."))},
-                meta["learner"])
-            got = (self.learner.n_actions, self.learner.n_features)
-            if got != (self.n_actions, self.n_features):
-                raise ValueError(f"it holds a learner with (K, d) = {got}; "
-                                 f"{(self.n_actions, self.n_features)} are configured")
-            self.join = PendingJoins.restore(self.n_actions, self.n_features,
-                                             self.settings.join_settings(), arrays, meta["join"])
-            tracker_load(self.tracker, arrays, meta["tracker"])
-            self.counters = Counters.from_json(meta["counters"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"checkpoint {restored.seq} in {self.settings.checkpoint_dir} does "
-                             f"not fit this daemon: {exc!r}") from exc
-        self.offsets = dict(restored.offsets)
+        self.engine, self.counters = thaw(restored, self.settings, type(self.learner), self.tracker)
+        self.offsets = self.checkpointer.offsets
         self._journaled = self.checkpointer.journal.load(restored.seq)
         assigned = self.transport.assignment()
-        self.transport.seek({k: v for k, v in self.offsets.items() if k in assigned})
+        self.transport.seek({k: v for k, v in self.offsets.snapshot().items() if k in assigned})
         log.info("restored checkpoint %d (%d pending joins, %d journaled decisions)",
                  restored.seq, len(self.join), len(self._journaled))
 
     # --------------------------------------------------------------------- loop
     def step(self) -> None:
-        """One iteration on one micro-batch."""
-        s = self.settings
-        try:
-            messages = self.aligner.poll(s.limits_poll_max_records, s.limits_poll_timeout_seconds)
-        except TransportError as exc:
-            log.warning("poll failed, retrying in %.1f s: %s", s.retry_seconds, exc)
-            self._stop.wait(s.retry_seconds)
-            messages = []
+        """One iteration on one micro-batch (see the module docstring)."""
+        messages = self._poll()
         wall = self.wall_clock()
-        # The batch is in event-time order. Instances before its first feedback are decided
-        # first; the feedback is learned before the later instances are decided, so no
-        # instance is decided without the feedback that came before it (a replayed backlog).
-        instances_topic = self.transport.instances_topic
-        cut = next((i for i, m in enumerate(messages) if m.topic != instances_topic), len(messages))
-        later = [m for m in messages[cut:] if m.topic == instances_topic]
-        feedback = [m for m in messages[cut:] if m.topic == self.transport.feedback_topic]
-        if cut:
-            self._on_instances(messages[:cut], wall)
-        if feedback:
-            self._on_feedback(feedback, wall)
-        self._mark_idle(messages, wall)
-        clocks = self.counters.clocks
-        for fb in self.join.advance(clocks.now("feedback", wall), clocks.now("instances", wall)):
-            src = fb.source
-            key, value = (None if src[k] is None else base64.b64decode(src[k])
-                          for k in ("key_b64", "value_b64"))
-            self._dead_letter(Rejection("unknown_id", "no decision with this id", src["topic"],
-                                        src["partition"], src["offset"], key, value, fb.event_id))
-            self.counters.feedback["unknown"] += 1
-            self.observer.on_feedback("unknown", 1)
+        before, feedback, after = self._split(messages)
+        self._decide(before, wall)
+        self._join(feedback, wall)
+        self._expire(messages, wall)
         self._learn()
-        if later:
-            self._on_instances(later, wall)
-            self._learn()  # feedback held for these decisions (arrived first) joined on arrival
-        self.offsets.update({(m.topic, m.partition): m.offset + 1 for m in messages})
+        self._decide(after, wall)
+        self._learn()
+        self.offsets.consumed(messages)
         self.counters.messages += len(messages)
         self.observer.on_pending(len(self.join) + len(self.join.early))
         if self.checkpointer is not None and self.checkpointer.due(len(messages)):
             self.checkpoint()
 
-    def _clamp(self, ts: np.ndarray, wall: float) -> np.ndarray:
-        """Event times from the future (beyond the allowed clock skew) count as now + skew.
+    def _poll(self) -> list[Message]:
+        s = self.settings
+        try:
+            return self.aligner.poll(s.limits_poll_max_records, s.limits_poll_timeout_seconds)
+        except TransportError as exc:
+            log.warning("poll failed, retrying in %.1f s: %s", s.retry_seconds, exc)
+            self._stop.wait(s.retry_seconds)
+            return []
 
-        One message with a wild timestamp must not move the join clock and expire
-        every pending decision.
-        """
-        return np.minimum(ts, wall + self.settings.join_max_clock_skew_seconds)
+    def _split(self, messages: list[Message]) -> tuple[list[Message], list[Message], list[Message]]:
+        """(instances before the first feedback, the feedback, the instances after it)."""
+        instances_topic = self.transport.instances_topic
+        cut = next((i for i, m in enumerate(messages) if m.topic != instances_topic), len(messages))
+        rest = messages[cut:]
+        return (messages[:cut], [m for m in rest if m.topic == self.transport.feedback_topic],
+                [m for m in rest if m.topic == instances_topic])
 
-    def _mark_idle(self, messages: list[Message], wall: float) -> None:
-        """Input partitions caught up with nothing waiting: their clocks follow the wall."""
-        seen = {(m.topic, m.partition) for m in messages}
-        for topic, partition in self.aligner.idle - seen:
-            stream = "instances" if topic == self.transport.instances_topic else "feedback"
-            self.counters.clocks.mark_idle(stream, [partition], wall)
-
-    def _on_instances(self, messages: list[Message], wall: float) -> None:
+    # ------------------------------------------------------------------ phases
+    def _decide(self, messages: list[Message], wall: float) -> None:
+        """Decode, decide (journaled decisions reused), journal, publish."""
+        if not messages:
+            return
         batch, rejected = decode_instances(messages, self.n_features, self.n_actions, self.limits)
         self.observer.on_batch(len(messages), "instances")
         known = self.join.is_known(batch.ids)
-        for i in np.flatnonzero(known):
+        for i in np.flatnonzero(known).tolist():
             m = batch.messages[i]
             rejected.append(Rejection("duplicate_id", "an instance with this id is already known",
                                       m.topic, m.partition, m.offset, m.key, m.value, batch.ids[i]))
-        self._reject_all(rejected)
+        self._reject(rejected)
         if known.any():
-            keep = np.flatnonzero(~known)
-            batch.X = take_rows(batch.X, keep)
-            batch.mask = None if batch.mask is None else batch.mask[keep]
-            batch.ids = [batch.ids[i] for i in keep]
-            batch.messages = [batch.messages[i] for i in keep]
-            batch.labels, batch.ts = batch.labels[keep], batch.ts[keep]
-            batch.partitions, batch.offsets = batch.partitions[keep], batch.offsets[keep]
+            batch = batch.take(np.flatnonzero(~known))
         B = len(batch)
         if B == 0:
             return
         self.observer.on_instances(B)
-        actions, probs, records, fresh = self._decide(batch.ids, batch.X, batch.mask, wall)
-        # a decision's window opens when it is made (journaled ones: when first made)
-        decided_at = np.array([r["ts"] for r in records], dtype=np.float64)
-        clocks = self.counters.clocks
-        clocks.observe("instances", batch.partitions, decided_at)
-        clocks.observe("feedback", batch.partitions, decided_at, floor_only=True)
-        for event_id, record in zip(batch.ids, records, strict=True):
-            self._produce(self.transport.decisions_topic, event_id.encode("utf-8"),
-                          orjson.dumps(record))
-        self.join.add_decisions(batch.ids, batch.X, actions, probs, batch.labels, decided_at,
-                                batch.partitions, clocks.latest(wall))
-        explored = actions != np.argmax(probs, axis=1)
+        reused = ({i: j for i in batch.ids if (j := self._journaled.pop(i, None)) is not None}
+                  if self._journaled else {})
+        decided = self.engine.decide(
+            batch.ids, batch.X, batch.mask, labels=batch.labels, ts=np.full(B, wall),
+            partitions=batch.partitions, wall=wall,
+            known={i: (j.action, np.asarray(j.probs), float(j.message["ts"]))
+                   for i, j in reused.items()})
+        values = self._decision_values(batch.ids, decided.actions, decided.probs, decided.fresh,
+                                       reused, wall)
+        self.outputs.decisions([i.encode("utf-8") for i in batch.ids], values)
+        n_explored = int(decided.explored.sum())
         self.counters.instances += B
         self.counters.instance_batches += 1
         self.counters.decisions += B
-        self.counters.explored += int(explored.sum())
+        self.counters.explored += n_explored
+        self.counters.reemitted += B - len(decided.fresh)
         # latency of decisions made now; re-emitted (journaled) ones keep their first ts
-        produced_at = np.array([batch.messages[i].timestamp_ms for i in fresh.tolist()],
+        produced_at = np.array([batch.messages[i].timestamp_ms for i in decided.fresh.tolist()],
                                dtype=np.float64) / 1e3
-        self.observer.on_decisions(B, int(explored.sum()), self.wall_clock() - produced_at)
-        if len(fresh) < B:
-            self.observer.on_reemitted(B - len(fresh))
-        self.observer.on_action_decisions(actions)
-        allowed = probs.shape[1] if batch.mask is None else batch.mask.sum(axis=1)
-        gammas = (1.0 - probs.max(axis=1)) * allowed / np.maximum(allowed - 1, 1)
-        self.observer.on_gamma(float(gammas.mean()))
+        self.observer.on_decided(B, n_explored, self.wall_clock() - produced_at,
+                                 B - len(decided.fresh), decided.actions,
+                                 float(exploration_rates(decided.probs, batch.mask).mean()))
 
-    def _decide(self, ids: list[str], X: Any, mask: np.ndarray | None,
-                wall: float) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]], np.ndarray]:
-        """Decide a batch: journaled decisions are reused, the rest decided in one call.
-
-        Returns actions, probabilities, decision records and the rows decided now.
-        """
-        B = len(ids)
-        actions = np.zeros(B, dtype=np.int64)
-        probs = np.zeros((B, self.n_actions))
-        records: list[dict[str, Any]] = [{}] * B
-        old = [self._journaled.pop(i, None) for i in ids] if self._journaled else [None] * B
-        fresh = np.array([j for j, o in enumerate(old) if o is None], dtype=np.int64)
-        for j, o in enumerate(old):
-            if o is not None:
-                actions[j], probs[j], records[j] = o.action, o.probs, o.message
-        self.learner.n_decided_ += B - len(fresh)  # journaled rounds count as decided
-        if len(fresh):
-            mask_f = None if mask is None else mask[fresh]
-            a, p = self.learner.decide(take_rows(X, fresh), mask_f, keys=[ids[j] for j in fresh])
-            actions[fresh], probs[fresh] = a, p
-            exploit = np.argmax(p, axis=1)
-            model = f"{self.model_name}-v{self.counters.model_version}"
-            new = [{"id": ids[j], "action": int(a[n]), "prob": float(p[n, a[n]]),
-                    "explored": bool(a[n] != exploit[n]), "model": model, "ts": wall}
+    def _decision_values(self, ids: list[str], actions: np.ndarray, probs: np.ndarray,
+                         fresh: np.ndarray, reused: dict[str, JournaledDecision],
+                         wall: float) -> list[bytes]:
+        """The decision messages: new ones journaled before they are published, journaled
+        ones as they were (byte-identical)."""
+        values: list[bytes] = [b""] * len(ids)
+        if reused:
+            for j, event_id in enumerate(ids):
+                if event_id in reused:
+                    values[j] = orjson.dumps(reused[event_id].message)
+        if not len(fresh):
+            return values
+        model = f"{self.model_name}-v{self.counters.model_version}"
+        exploit = np.argmax(probs[fresh], axis=1)
+        records = [{"id": ids[j], "action": int(actions[j]), "prob": float(probs[j, actions[j]]),
+                    "explored": bool(actions[j] != exploit[n]), "model": model, "ts": wall}
                    for n, j in enumerate(fresh.tolist())]
-            for n, j in enumerate(fresh.tolist()):
-                records[j] = new[n]
-            if self.checkpointer is not None:
-                self.checkpointer.journal.append([ids[j] for j in fresh], p, new)
-        return actions, probs, records, fresh
+        if self.checkpointer is not None:
+            self.checkpointer.journal.append([r["id"] for r in records], probs[fresh], records)
+        for j, record in zip(fresh.tolist(), records, strict=True):
+            values[j] = orjson.dumps(record)
+        return values
 
-    def _on_feedback(self, messages: list[Message], wall: float) -> None:
+    def _join(self, messages: list[Message], wall: float) -> None:
+        """Decode and join the feedback; duplicates and unknown ids are dead-lettered."""
+        if not messages:
+            return
         batch, rejected = decode_feedback(messages, self.limits)
         self.observer.on_batch(len(messages), "feedback")
-        batch.ts = self._clamp(batch.ts, wall)
-        partitions = np.array([m.partition for m in batch.messages], dtype=np.int64)
-        self.counters.clocks.observe("feedback", partitions, batch.ts)
-        self.counters.clocks.observe("instances", partitions, batch.ts, floor_only=True)
-        now = self.counters.clocks.latest(wall)
-        for i, outcome in self.join.add_feedback(batch.ids, batch.rewards, batch.ts,
-                                                 batch.messages, now):
-            if outcome in ("duplicate", "unknown"):
-                m = batch.messages[i]
-                rejected.append(Rejection(f"{outcome}_id", f"feedback for a {outcome} decision id",
-                                          m.topic, m.partition, m.offset, m.key, m.value,
-                                          batch.ids[i]))
-            if outcome in ("duplicate", "aggregated", "unknown", "late"):
-                name = "duplicate" if outcome == "aggregated" else outcome
-                self.counters.feedback[name] += 1
-                self.observer.on_feedback(name, 1)
-        self._reject_all([r for r in rejected if r.reason not in ("duplicate_id", "unknown_id")])
-        for r in rejected:
-            if r.reason in ("duplicate_id", "unknown_id"):
-                self._dead_letter(r)
+        self._reject(rejected)
+        outcomes = self.engine.feedback(batch.ids, batch.rewards, batch.ts,
+                                        np.array([m.partition for m in batch.messages], np.int64),
+                                        wall, batch.messages)
+        counted: dict[str, int] = {}
+        for code in np.unique(outcomes).tolist():
+            outcome = Outcome(code)
+            if outcome not in (Outcome.JOINED, Outcome.HELD):  # joined is counted when it closes
+                counted[outcome.metric] = counted.get(outcome.metric, 0) + int(
+                    (outcomes == code).sum())
+        for i in np.flatnonzero((outcomes == Outcome.DUPLICATE) | (outcomes == Outcome.UNKNOWN)
+                                ).tolist():
+            m, outcome = batch.messages[i], Outcome(outcomes[i])
+            self._reject([Rejection(_DEAD_LETTERED[outcome],
+                                    f"feedback for a {outcome.name.lower()} decision id",
+                                    m.topic, m.partition, m.offset, m.key, m.value, batch.ids[i])])
+        for name, n in counted.items():
+            self.counters.feedback[name] += n
+            self.observer.on_feedback(name, n)
+
+    def _expire(self, messages: list[Message], wall: float) -> None:
+        """Advance the join's clocks (idle partitions follow the wall) and expire what is due."""
+        seen = {(m.topic, m.partition) for m in messages}
+        stream = {self.transport.instances_topic: "instances",
+                  self.transport.feedback_topic: "feedback"}
+        idle = [(stream[topic], partition) for topic, partition in self.aligner.idle - seen]
+        for fb in self.engine.advance(wall, idle):
+            src = fb.source
+            self._reject([Rejection("unknown_id", "no decision with this id appeared in time",
+                                    src.topic if src else self.transport.feedback_topic,
+                                    src.partition if src else fb.partition,
+                                    src.offset if src else -1, src.key if src else None,
+                                    src.value if src else None, str(fb.event_id))])
+            self.counters.feedback["unknown"] += 1
+            self.observer.on_feedback("unknown", 1)
 
     def _learn(self) -> None:
-        """Apply every decision closed by this batch with one update call."""
-        closed = self.join.drain()
+        """Apply every decision closed so far with one update call."""
+        learned = self.engine.learn()
+        closed = learned.closed
         if not len(closed):
             return
-        joined, expired = closed.outcome == JOINED, closed.outcome == EXPIRED
-        shed = int((closed.outcome == SHED).sum())
-        self.counters.record_closed(closed.ids, joined, expired, closed.learn, shed)
-        self.observer.on_feedback("joined", int(joined.sum()), closed.delays[joined])
-        self.observer.on_feedback("expired", int(expired.sum()))
-        if shed:
-            self.observer.on_shed(shed)
-        rows = np.flatnonzero(closed.learn)
-        if not len(rows):
-            return
-        a, r, p = closed.actions[rows], closed.rewards[rows], closed.probs[rows]
-        skipped_before = self.learner.n_skipped_updates_
-        self.learner.update(take_rows(closed.X, rows), a, r, p)
-        skipped = self.learner.n_skipped_updates_ - skipped_before
-        if skipped:
-            log.warning("%d updates skipped: they would have made the model non-finite", skipped)
-            self.observer.on_skipped_updates(skipped)
-        self.counters.model_version += 1
-        labels = closed.labels[rows]  # -1 where the instance carried no label
-        labelled = labels >= 0
-        self.tracker.observe(a, r, labels, p)
-        self.observer.on_action_rewards(a, r)
-        self.observer.on_rewards(float(r.sum()))
-        self.observer.on_mistakes(float((1.0 - r).sum()))
-        if labelled.any():
-            self.observer.on_regret(float(((a != labels) & labelled).sum()))
-        self.observer.on_error_rates(self.tracker.error_rate, self.tracker.window_error_rate,
-                                     self.tracker.exploit_error_estimate)
-        self.observer.on_model_version(self.counters.model_version)
+        self.counters.record_closed(closed.ids, learned.joined, learned.expired, closed.learn,
+                                    learned.shed)
+        rows = learned.applied
+        if len(rows):
+            self.counters.model_version += 1
+            self.counters.skipped_updates += learned.skipped
+            if learned.skipped:
+                log.warning("%d updates skipped: they would have made the model non-finite",
+                            learned.skipped)
+            self.tracker.observe(closed.actions[rows], closed.rewards[rows], closed.labels[rows],
+                                 closed.probs[rows])
+        self.observer.on_learned(learned, self.tracker, self.counters.model_version)
 
     # -------------------------------------------------------------- dead letters
-    def _reject_all(self, rejections: list[Rejection]) -> None:
+    def _reject(self, rejections: list[Rejection]) -> None:
         for rejection in rejections:
-            self._dead_letter(rejection)
-
-    def _dead_letter(self, rejection: Rejection) -> None:
-        self._produce(self.transport.dead_letter_topic, rejection.key,
-                      dead_letter_value(rejection, self.settings.limits_dead_letter_max_bytes))
-        self.counters.count_invalid(rejection.topic, rejection.reason)
-        self.observer.on_invalid(rejection.topic, rejection.reason)
-
-    def _produce(self, topic: str, key: bytes | None, value: bytes) -> None:
-        """Queue one message; while the transport refuses, wait and retry (the batch is
-        half-done, so giving up is only allowed on a stop request: nothing is committed)."""
-        while True:
-            try:
-                self.transport.produce(topic, key, value)
-                return
-            except TransportError as exc:
-                if self._stop.is_set():
-                    raise
-                log.warning("cannot queue a message for %s, retrying in %.1f s: %s", topic,
-                            self.settings.retry_seconds, exc)
-                self._stop.wait(self.settings.retry_seconds)
+            self.outputs.dead_letter(rejection)
+            self.counters.count_invalid(rejection.topic, rejection.reason)
+            self.observer.on_invalid(rejection.topic, rejection.reason)
 
     # -------------------------------------------------------------- checkpoints
     def checkpoint(self, final: bool = False) -> int | None:
@@ -400,15 +357,9 @@ class Daemon:
         if not final and wall < self._retry_checkpoint_at:
             return None
         started = time.perf_counter()
-        learner_arrays, learner_meta = self.learner.state()
-        join_arrays, join_meta = self.join.export()
-        t_arrays, t_meta = tracker_arrays(self.tracker)
-        arrays = {**learner_arrays, **join_arrays, **t_arrays}
-        meta = {"learner": learner_meta, "join": join_meta, "tracker": t_meta,
-                "counters": self.counters.to_json(),
-                "settings": dataclasses.asdict(self.settings)}
+        arrays, meta = freeze(self.engine, self.tracker, self.counters, self.settings)
         try:
-            seq = self.checkpointer.save(self.transport, arrays, meta, dict(self.offsets),
+            seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,
                                          carry=self._journaled.values())
         except TransportError as exc:  # the flush failed: nothing written, nothing committed
@@ -417,4 +368,3 @@ class Daemon:
             return None
         self.observer.on_checkpoint(time.perf_counter() - started, wall)
         return seq
-

@@ -272,5 +272,8 @@ class LagTracker:
     def unread(self) -> dict[tuple[str, int], int | None]:
         return dict(self.inner.unread())
 
+    def produce_many(self, topic: str, keys: Any, values: Any) -> None:
+        self.inner.produce_many(topic, keys, values)
+
     def close(self) -> None:
         self.inner.close()

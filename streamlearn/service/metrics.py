@@ -29,12 +29,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from streamlearn import __version__
 from streamlearn.service.collectors import ActionCollector, ArrayHistogram, CheckpointAge
+
+if TYPE_CHECKING:
+    from streamlearn.engine import Learned
+    from streamlearn.evaluation.online import OnlineErrorTracker
 
 __all__ = [
     "FEEDBACK_OUTCOMES",
@@ -61,6 +66,41 @@ class Observer:
     arguments are seconds; arrays may be numpy arrays or a single float.
     """
 
+    # -- one call per phase of the loop; by default each fans out to the detailed calls below
+    def on_decided(self, n: int, n_explored: int, latencies_s: np.ndarray | float, reemitted: int,
+                   actions: np.ndarray, gamma: float) -> None:
+        """One decided batch: ``n`` decisions published (``reemitted`` of them re-emitted from
+        the journal, not in ``latencies_s``), their actions and mean exploration rate."""
+        self.on_decisions(n, n_explored, latencies_s)
+        if reemitted:
+            self.on_reemitted(reemitted)
+        self.on_action_decisions(actions)
+        self.on_gamma(gamma)
+
+    def on_learned(self, learned: Learned, tracker: OnlineErrorTracker, model_version: int) -> None:
+        """One learn phase: what closed (joined, expired, shed) and what the learner applied."""
+        closed, joined = learned.closed, learned.joined
+        self.on_feedback("joined", int(joined.sum()), closed.delays[joined])
+        self.on_feedback("expired", int(learned.expired.sum()))
+        if learned.shed:
+            self.on_shed(learned.shed)
+        rows = learned.applied
+        if not len(rows):
+            return
+        if learned.skipped:
+            self.on_skipped_updates(learned.skipped)
+        actions, rewards, labels = closed.actions[rows], closed.rewards[rows], closed.labels[rows]
+        self.on_action_rewards(actions, rewards)
+        self.on_rewards(float(rewards.sum()))
+        self.on_mistakes(float((1.0 - rewards).sum()))
+        labelled = labels >= 0
+        if labelled.any():
+            self.on_regret(float(((actions != labels) & labelled).sum()))
+        self.on_error_rates(tracker.error_rate, tracker.window_error_rate,
+                            tracker.exploit_error_estimate)
+        self.on_model_version(model_version)
+
+    # -- detailed calls
     def on_start(self, learner: str, exploration: str, transport: str) -> None:
         """The daemon starts serving with this learner class, strategy and transport."""
 

@@ -6,17 +6,14 @@ Field names follow :class:`streamlearn.config.Config` flattened as
 
 from __future__ import annotations
 
-import base64
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import orjson
-
-from streamlearn.events import DecodeLimits, Rejection
+from streamlearn.events import DecodeLimits
 from streamlearn.stream.join import JoinSettings
 
-__all__ = ["DaemonSettings", "blas_threads", "dead_letter_value"]
+__all__ = ["DaemonSettings", "blas_threads"]
 
 
 @dataclass(frozen=True)
@@ -55,23 +52,13 @@ class DaemonSettings:
     def join_settings(self) -> JoinSettings:
         return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,
                             self.join_duplicate_policy, self.join_expiry_policy,
-                            self.join_default_reward, self.join_max_pending, self.join_max_early)
+                            self.join_default_reward, self.join_max_pending, self.join_max_early,
+                            self.join_max_clock_skew_seconds)
 
     def limits(self) -> DecodeLimits:
         return DecodeLimits(self.limits_max_message_bytes, self.limits_max_id_length,
                             max_abs_feature=self.limits_max_abs_feature,
                             max_row_squared_norm=self.limits_max_row_squared_norm)
-
-
-def dead_letter_value(rejection: Rejection, max_bytes: int) -> bytes:
-    """``{"reason","detail","topic","partition","offset","id","value_b64","truncated","size"}``."""
-    value = rejection.value or b""
-    return orjson.dumps({
-        "reason": rejection.reason, "detail": rejection.detail, "topic": rejection.topic,
-        "partition": rejection.partition, "offset": rejection.offset, "id": rejection.event_id,
-        "value_b64": base64.b64encode(value[:max_bytes]).decode("ascii"),
-        "truncated": len(value) > max_bytes, "size": len(value),
-    })
 
 
 @contextlib.contextmanager

@@ -54,8 +54,9 @@ import orjson
 
 from streamlearn.errors import StateError, TransportError
 from streamlearn.snapshot import read_snapshot, write_snapshot
+from streamlearn.stream.transport import Transport
 
-__all__ = ["Checkpointer", "DecisionJournal", "JournaledDecision", "Restored",
+__all__ = ["Checkpointer", "ConsumedOffsets", "DecisionJournal", "JournaledDecision", "Restored",
            "offsets_from_json", "offsets_to_json"]
 
 log = logging.getLogger("streamlearn.checkpoint")
@@ -72,6 +73,44 @@ def offsets_to_json(offsets: Offsets) -> list[list[Any]]:
 
 def offsets_from_json(rows: list[list[Any]]) -> Offsets:
     return {(str(t), int(p)): int(o) for t, p, o in rows}
+
+
+class ConsumedOffsets:
+    """The next offset to read per ``(topic, partition)``: the input whose effect the state holds.
+
+    Offsets only move forward: :meth:`consumed` raises ``StateError`` at once
+    when a message would move one back (input processed twice).
+
+    >>> offsets = ConsumedOffsets({("in", 0): 5})
+    >>> offsets.consumed([("in", 0, 5), ("in", 0, 6), ("fb", 1, 0)]); offsets.snapshot()
+    {('in', 0): 7, ('fb', 1): 1}
+    >>> try:
+    ...     offsets.consumed([("in", 0, 3)])
+    ... except StateError as exc:
+    ...     print(exc)
+    offsets only move forward: in[0] is at 7, a message at offset 3 would move it back.
+    """
+
+    def __init__(self, start: Offsets | None = None) -> None:
+        self._next: Offsets = dict(start or {})
+
+    def consumed(self, messages: Iterable[Any]) -> None:
+        """Record processed messages (objects with topic/partition/offset, or such triples)."""
+        for m in messages:
+            topic, partition, offset = (m if isinstance(m, tuple) else
+                                        (m.topic, m.partition, m.offset))
+            key = (topic, partition)
+            current = self._next.get(key)
+            if current is not None and offset < current:
+                raise StateError(f"offsets only move forward: {topic}[{partition}] is at {current}, "
+                                 f"a message at offset {offset} would move it back.")
+            self._next[key] = offset + 1
+
+    def snapshot(self) -> Offsets:
+        return dict(self._next)
+
+    def __len__(self) -> int:
+        return len(self._next)
 
 
 @dataclass(frozen=True)
@@ -175,7 +214,7 @@ class Checkpointer:
         self.journal = DecisionJournal(self.directory, fsync_journal)
         existing = _numbered(self.directory, _CKPT)
         self.seq = existing[-1][0] if existing else 0
-        self.last_offsets: Offsets = {}
+        self.offsets = ConsumedOffsets()  # the live offsets; a snapshot saves a copy
         self.events_since = 0
         self.last_time = time.monotonic()
 
@@ -194,7 +233,7 @@ class Checkpointer:
                 os.rename(path, aside)
                 continue
             restored = Restored(seq, arrays, meta, offsets)
-            self.last_offsets = dict(offsets)
+            self.offsets = ConsumedOffsets(offsets)
             break
         # decisions made after the restored snapshot go on in its journal segment
         self.journal.open_segment(restored.seq if restored else 0)
@@ -206,14 +245,11 @@ class Checkpointer:
         return (self.events_since >= self.every_events
                 or time.monotonic() - self.last_time >= self.every_s)
 
-    def save(self, transport: Any, arrays: dict[str, np.ndarray], meta: dict[str, Any],
-             offsets: Offsets, flush_timeout_s: float = 30.0,
-             carry: Iterable[JournaledDecision] = ()) -> int:
-        """Flush → next journal segment (+ ``carry``) → snapshot → commit → prune."""
-        for key, previous in self.last_offsets.items():
-            if offsets.get(key, previous) < previous:
-                raise StateError(f"offsets must only move forward: {key[0]}[{key[1]}] "
-                                 f"would go from {previous} back to {offsets[key]}.")
+    def save(self, transport: Transport, arrays: dict[str, np.ndarray], meta: dict[str, Any],
+             flush_timeout_s: float = 30.0, carry: Iterable[JournaledDecision] = ()) -> int:
+        """Flush → next journal segment (+ ``carry``) → snapshot with :attr:`offsets` → commit
+        → prune."""
+        offsets = self.offsets.snapshot()
         transport.flush(flush_timeout_s)
         seq = self.seq + 1
         self.journal.open_segment(seq)
@@ -224,7 +260,6 @@ class Checkpointer:
         write_snapshot(self.directory / f"ckpt-{seq:08d}", arrays,
                        {**meta, "seq": seq, "offsets": offsets_to_json(offsets)})
         self.seq = seq
-        self.last_offsets = dict(offsets)
         if offsets:
             try:
                 transport.commit(offsets)

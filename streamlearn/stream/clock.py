@@ -93,6 +93,11 @@ class PartitionClocks:
         for p in partitions:
             self._clock(stream, p).mark_idle(wall)
 
+    def advance_all(self, t: float) -> None:
+        """Every clock has reached event time ``t`` (a simulation whose time is the round)."""
+        for clock in self.clocks.values():
+            clock.observe(t)
+
     def now(self, stream: str, wall: float) -> dict[int, float]:
         return {p: c.now(wall) for (s, p), c in self.clocks.items() if s == stream}
 

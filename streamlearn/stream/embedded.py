@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +41,7 @@ import orjson
 
 from streamlearn.errors import ConfigError, TransportError
 from streamlearn.features import SparseBatch
-from streamlearn.stream.transport import Message, Offsets, check_offsets
+from streamlearn.stream.transport import Message, Offsets, check_offsets, produce_each
 
 __all__ = ["EmbeddedTransport", "SimulatorStats", "StreamSource", "encode_instances"]
 
@@ -335,6 +335,10 @@ class EmbeddedTransport:
                 self._logs[topic].append(key, value, float(self._clock()))
             else:
                 raise TransportError(f"the embedded transport has no topic {topic!r}")
+
+    def produce_many(self, topic: str, keys: Sequence[bytes | None], values: Sequence[bytes]) -> None:
+        """Queue several messages in order (see ``Transport.produce_many``)."""
+        produce_each(self.produce, topic, keys, values)
 
     def flush(self, timeout_s: float) -> None:
         """Every produce is applied at once; nothing is ever in flight."""

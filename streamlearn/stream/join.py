@@ -4,47 +4,53 @@ A decision waits for feedback for an *experimental-unit window* (``window_s``).
 
 * ``duplicate_policy="earliest"`` (default): the first feedback in the window
   closes the decision at once, so learning is never delayed by the window; any
-  later feedback for the id is a ``duplicate`` with no effect.
+  later feedback for the id is a ``DUPLICATE`` with no effect.
 * ``"latest"`` / ``"max"``: feedback in the window is aggregated (last value /
   maximum) and the decision closes at the window's end with the aggregate.
 * Feedback whose event time is at or past ``decided_at + window_s``, or that arrives
-  after its decision closed by expiry or shedding, is ``late``: counted, no effect.
-* Feedback that arrives before its decision is held for ``early_window_s``; if
-  the decision does not appear by then the feedback is ``unknown``.
-* A decision that closes without feedback is ``expired``: with
+  after its decision closed by expiry or shedding, is ``LATE``: counted, no effect.
+* Feedback that arrives before its decision is ``HELD`` for ``early_window_s``; if
+  the decision does not appear by then the feedback is ``UNKNOWN``.
+* A decision that closes without feedback is ``EXPIRED``: with
   ``expiry="default_reward"`` it is learned with ``default_reward``, with ``"drop"``
   it is not learned from.
-* At most ``max_pending`` decisions wait; beyond that the oldest are *shed*
+* At most ``max_pending`` decisions wait; beyond that the oldest are ``SHED``
   (closed, not learned from, counted).
 
 Every decision closes exactly once; closed decisions are collected by
 :meth:`PendingJoins.drain` as one :class:`Closed` batch (one learner update).
-Time is event time per partition (:mod:`streamlearn.stream.clock`): a decision
-expires by the clock of its partition's feedback stream, early feedback by
-the clock of its partition's instance stream; idle streams follow the wall
-clock, so expiry never stalls.
 
-Storage is a struct of arrays indexed by slot, with ``slot_of[id]``; expiry and
-the gathers of closed rows are numpy operations.
+Time is event time per ``(stream, partition)`` and the join owns its clocks
+(:mod:`streamlearn.stream.clock`): a decision expires by the clock of its
+partition's feedback stream, early feedback by the clock of its partition's
+instance stream; partitions the caller reports idle follow the wall clock, so
+expiry never stalls; event times beyond ``max_clock_skew_s`` in the future
+count as now + skew, so one wild timestamp cannot expire everything.
+
+Storage is a struct of arrays indexed by slot, with ``slot_of[id]``; adding,
+joining, expiring and draining a batch are numpy operations plus one dict
+operation per id.
 
 >>> joins = PendingJoins(n_actions=2, n_features=2, settings=JoinSettings(window_s=10.0))
 >>> joins.add_decisions(["a", "b"], np.eye(2), np.array([0, 1]), np.full((2, 2), 0.5),
-...                     labels=np.array([-1, -1]), ts=np.zeros(2), partitions=np.zeros(2, int),
-...                     now=0.0)
->>> joins.add_feedback(["a"], np.array([1.0]), np.array([3.0]), [None], now=3.0)
-[]
+...                     labels=np.array([-1, -1]), decided_at=np.zeros(2),
+...                     partitions=np.zeros(2, int), wall=0.0)
+>>> joins.add_feedback(["a"], np.array([1.0]), np.array([3.0]), np.zeros(1, int), wall=3.0)
+array([0], dtype=int8)
 >>> closed = joins.drain(); closed.ids, closed.rewards.tolist()  # joined at once ("earliest")
 (['a'], [1.0])
->>> _ = joins.advance(10.0); closed = joins.drain()  # "b" expired: default reward 0
->>> closed.ids, closed.rewards.tolist(), bool(closed.outcome[0] == EXPIRED)
-(['b'], [0.0], True)
+>>> _ = joins.advance(wall=3.0, idle=[("feedback", 0)])  # idle from now: the clock follows the wall
+>>> _ = joins.advance(wall=10.0); closed = joins.drain()
+>>> closed.ids, closed.rewards.tolist(), Outcome(closed.outcome[0]).name  # expired: reward 0
+(['b'], [0.0], 'EXPIRED')
 """
 
 from __future__ import annotations
 
 import base64
-from collections import OrderedDict
-from collections.abc import Mapping
+import enum
+from collections import OrderedDict, deque
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,12 +59,31 @@ import numpy as np
 from streamlearn.errors import ConfigError, StateError
 from streamlearn.features import Batch
 from streamlearn.snapshot import pack_strings, unpack_strings
+from streamlearn.stream.clock import PartitionClocks
 from streamlearn.stream.rows import RowStore
+from streamlearn.stream.transport import Message
 
-__all__ = ["Closed", "EarlyFeedback", "JoinSettings", "PendingJoins"]
+__all__ = ["Closed", "EarlyFeedback", "JoinSettings", "Outcome", "PendingJoins"]
 
-JOINED, EXPIRED, SHED = 0, 1, 2
 POLICIES = ("earliest", "latest", "max")
+
+
+class Outcome(enum.IntEnum):
+    """What happened to a decision (first three) or to one feedback event (the others)."""
+
+    JOINED = 0  # a decision closed with feedback / the feedback that joined its decision
+    EXPIRED = 1  # a decision closed without feedback at its window's end
+    SHED = 2  # a decision closed because the pending store was full
+    HELD = 3  # feedback waiting for its decision (early)
+    AGGREGATED = 4  # another feedback folded into its decision's aggregate (latest / max)
+    DUPLICATE = 5  # feedback for a decision already answered: no effect
+    LATE = 6  # feedback after its window or after its decision closed: no effect
+    UNKNOWN = 7  # feedback whose decision never appeared: no effect
+
+    @property
+    def metric(self) -> str:
+        """The ``outcome`` label of ``streamlearn_feedback_total`` it counts under."""
+        return "duplicate" if self is Outcome.AGGREGATED else self.name.lower()
 
 
 @dataclass(frozen=True)
@@ -72,6 +97,7 @@ class JoinSettings:
     default_reward: float = 0.0
     max_pending: int = 200_000
     max_early: int = 100_000
+    max_clock_skew_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.duplicate_policy not in POLICIES:
@@ -79,9 +105,9 @@ class JoinSettings:
                               f"Got {self.duplicate_policy!r}.")
         if self.expiry not in ("default_reward", "drop"):
             raise ConfigError(f"expiry must be 'default_reward' or 'drop'. Got {self.expiry!r}.")
-        if not (self.window_s > 0 and self.early_window_s >= 0):
-            raise ConfigError(f"window_s must be > 0 and early_window_s >= 0. "
-                              f"Got {self.window_s} and {self.early_window_s}.")
+        if not (self.window_s > 0 and self.early_window_s >= 0 and self.max_clock_skew_s >= 0):
+            raise ConfigError(f"window_s must be > 0, early_window_s and max_clock_skew_s >= 0. "
+                              f"Got {self.window_s}, {self.early_window_s}, {self.max_clock_skew_s}.")
         if not 0.0 <= self.default_reward <= 1.0:
             raise ConfigError(f"default_reward must be in [0, 1]. Got {self.default_reward}.")
         if self.max_pending < 1 or self.max_early < 0:
@@ -93,37 +119,29 @@ class JoinSettings:
 class EarlyFeedback:
     """Feedback held because its decision has not been seen yet."""
 
-    event_id: str
+    event_id: Hashable
     reward: float
     ts: float
-    held_at: float
-    source: dict[str, Any]  # topic, partition, offset, key_b64, value_b64 (for the dead letter)
+    partition: int
+    source: Message | None = None  # the message, for a dead letter if it becomes unknown
 
 
 @dataclass
 class Closed:
     """Decisions closed since the last drain, in closing order."""
 
-    ids: list[str]
+    ids: list[Any]
     X: Batch
     actions: np.ndarray
     probs: np.ndarray
     rewards: np.ndarray
     labels: np.ndarray
-    outcome: np.ndarray  # JOINED / EXPIRED / SHED
+    outcome: np.ndarray  # Outcome.JOINED / EXPIRED / SHED
     delays: np.ndarray  # feedback ts − decision ts (joined rows; NaN otherwise)
     learn: np.ndarray  # bool: rows to apply to the learner
 
     def __len__(self) -> int:
         return len(self.ids)
-
-
-def source_of(msg: Any) -> dict[str, Any]:
-    """A JSON-safe copy of a message's origin and bytes (kept for a later dead letter)."""
-    def b64(b: bytes | None) -> str | None:
-        return None if b is None else base64.b64encode(b).decode("ascii")
-    return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset,
-            "key_b64": b64(msg.key), "value_b64": b64(msg.value)}
 
 
 class PendingJoins:
@@ -142,14 +160,19 @@ class PendingJoins:
     active: np.ndarray
     capacity: int
 
-    def __init__(self, n_actions: int, n_features: int, settings: JoinSettings | None = None) -> None:
+    def __init__(self, n_actions: int, n_features: int, settings: JoinSettings | None = None,
+                 clocks: PartitionClocks | None = None) -> None:
         self.settings = settings or JoinSettings()
         self.n_actions, self.n_features = n_actions, n_features
+        self.clocks = clocks if clocks is not None else PartitionClocks()
         self.rows = RowStore(n_features)
-        self.slot_of: dict[str, int] = {}
+        self.slot_of: dict[Any, int] = {}
         self._free: list[int] = []
-        self.early: OrderedDict[str, EarlyFeedback] = OrderedDict()
-        self.recent: OrderedDict[str, tuple[float, int]] = OrderedDict()  # id → (closed at, how)
+        self.early: OrderedDict[Any, EarlyFeedback] = OrderedDict()
+        # recently closed ids → how they closed, in closing order; _closings remembers the
+        # (closed at, count) of each closing so that old ones leave the window in bulk
+        self.recent: OrderedDict[Any, int] = OrderedDict()
+        self._closings: deque[tuple[float, int]] = deque()
         self._closing: list[tuple[np.ndarray, np.ndarray]] = []  # (slots, outcome codes)
         self.shed_total = 0
         self._grow(1024)
@@ -158,6 +181,7 @@ class PendingJoins:
     def _grow(self, capacity: int) -> None:
         old = self.capacity if hasattr(self, "capacity") else 0
         self.capacity = capacity
+
         def grown(name: str, shape: tuple[int, ...], dtype: Any, fill: Any = 0) -> None:
             arr = np.full(shape, fill, dtype=dtype)
             if old:
@@ -179,153 +203,213 @@ class PendingJoins:
     def __len__(self) -> int:
         return len(self.slot_of)
 
-    def is_known(self, ids: list[str]) -> np.ndarray:
+    def is_known(self, ids: Sequence[Any]) -> np.ndarray:
         """Per id: already pending, recently closed, or repeated earlier in ``ids``."""
-        seen: set[str] = set()
+        seen: set[Any] = set()
         out = np.zeros(len(ids), dtype=bool)
         for i, event_id in enumerate(ids):
             out[i] = event_id in self.slot_of or event_id in self.recent or event_id in seen
             seen.add(event_id)
         return out
 
+    def now(self, wall: float) -> float:
+        """The newest time of any of the join's clocks."""
+        return self.clocks.latest(wall)
+
     # --------------------------------------------------------------- decisions
-    def add_decisions(self, ids: list[str], X: Batch, actions: np.ndarray, probs: np.ndarray,
-                      labels: np.ndarray, ts: np.ndarray, partitions: np.ndarray,
-                      now: float) -> None:
-        """Record new decisions (ids must be new: check with :meth:`is_known`)."""
+    def add_decisions(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
+                      labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
+                      wall: float) -> None:
+        """Record new decisions (ids must be new: check with :meth:`is_known`).
+
+        A decision's window opens at ``decided_at``; the instance clock of its
+        partition moves to it.
+        """
         B = len(ids)
         if B == 0:
             return
+        self.clocks.observe("instances", partitions, decided_at)
+        self.clocks.observe("feedback", partitions, decided_at, floor_only=True)
         overflow = len(self.slot_of) + B - self.settings.max_pending
         if overflow > 0:
-            self._shed(min(overflow, len(self.slot_of)), now)
+            self._shed(min(overflow, len(self.slot_of)), self.now(wall))
         while len(self._free) < B:
             self._grow(self.capacity * 2)
         slots = np.array(self._free[-B:][::-1], dtype=np.int64)
         del self._free[-B:]
-        self.ids[slots] = ids
+        self.ids[slots] = ids if not isinstance(ids, np.ndarray) else ids.tolist()
         self.action[slots], self.probs[slots], self.label[slots] = actions, probs, labels
-        self.decided_at[slots], self.partition[slots] = ts, partitions
+        self.decided_at[slots], self.partition[slots] = decided_at, partitions
         self.reward[slots], self.n_feedback[slots], self.feedback_ts[slots] = 0.0, 0, np.nan
         self.active[slots] = True
         self.rows.put(slots, X)
         self.slot_of.update(zip(ids, slots.tolist(), strict=True))
-        held = [i for i, event_id in enumerate(ids) if event_id in self.early] if self.early else []
-        for i in held:
-            fb = self.early.pop(ids[i])
-            self._apply_feedback(int(slots[i]), fb.reward, fb.ts)
+        if self.early:
+            for i in [i for i, event_id in enumerate(ids) if event_id in self.early]:
+                fb = self.early.pop(ids[i])
+                self._apply_one(int(slots[i]), fb.reward, fb.ts)
 
     def _shed(self, n: int, now: float) -> None:
         live = np.flatnonzero(self.active)
         oldest = live[np.argsort(self.decided_at[live], kind="stable")[:n]]
-        self._close(oldest, np.full(len(oldest), SHED), now)
+        self._close(oldest, np.full(len(oldest), Outcome.SHED, dtype=np.int8), now)
         self.shed_total += len(oldest)
 
     # ---------------------------------------------------------------- feedback
-    def add_feedback(self, ids: list[str], rewards: np.ndarray, ts: np.ndarray,
-                     messages: list[Any], now: float) -> list[tuple[int, str]]:
-        """Join a feedback batch; return ``(index, outcome)`` of feedback that did not join.
+    def add_feedback(self, ids: Sequence[Any], rewards: np.ndarray, ts: np.ndarray,
+                     partitions: np.ndarray, wall: float,
+                     sources: Sequence[Message | None] | None = None) -> np.ndarray:
+        """Join a feedback batch; return one :class:`Outcome` code per feedback event.
 
-        Outcomes returned: ``duplicate`` (no effect), ``aggregated`` (a duplicate
-        that was folded into the aggregate), ``late``, ``held`` (waiting for its
-        decision) and ``unknown`` (no decision and no early window).
+        ``sources`` (the messages) are kept with held feedback, for a dead letter
+        should it become unknown.
         """
-        out: list[tuple[int, str]] = []
-        window = self.settings.window_s
-        for i, event_id in enumerate(ids):
-            slot = self.slot_of.get(event_id)
-            if slot is not None:
-                if ts[i] >= self.decided_at[slot] + window:  # the window is [t, t + w)
-                    how = JOINED if self.n_feedback[slot] else EXPIRED
-                    self._close(np.array([slot]), np.array([how]), now)
-                    out.append((i, "late"))
-                    continue
-                if self.n_feedback[slot] and self.settings.duplicate_policy != "earliest":
-                    out.append((i, "aggregated"))
-                self._apply_feedback(slot, float(rewards[i]), float(ts[i]))
-                continue
-            closed = self.recent.get(event_id)
-            if closed is not None:
-                out.append((i, "duplicate" if closed[1] == JOINED else "late"))
-            elif event_id in self.early:
-                fb = self.early[event_id]
-                if self.settings.duplicate_policy == "earliest":
-                    out.append((i, "duplicate"))
-                    continue
-                fb.reward = _aggregate(self.settings.duplicate_policy, fb.reward, float(rewards[i]))
-                out.append((i, "aggregated"))
-            elif self.settings.early_window_s > 0 and len(self.early) < self.settings.max_early:
-                self.early[event_id] = EarlyFeedback(event_id, float(rewards[i]), float(ts[i]),
-                                                     now, source_of(messages[i]))
-                out.append((i, "held"))
-            else:
-                out.append((i, "unknown"))
+        n = len(ids)
+        ts = np.minimum(np.asarray(ts, dtype=np.float64), wall + self.settings.max_clock_skew_s)
+        self.clocks.observe("feedback", partitions, ts)
+        self.clocks.observe("instances", partitions, ts, floor_only=True)
+        if n == 0:
+            return np.zeros(0, dtype=np.int8)
+        if len(set(ids)) < n:  # the same id twice in one batch (rare): one at a time, in order
+            return np.concatenate([
+                self.add_feedback(ids[i:i + 1], rewards[i:i + 1], ts[i:i + 1], partitions[i:i + 1],
+                                  wall, None if sources is None else sources[i:i + 1])
+                for i in range(n)])
+        now = self.now(wall)
+        out = np.full(n, Outcome.UNKNOWN, dtype=np.int8)
+        get = self.slot_of.get
+        slots = np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=n)
+        pending = np.flatnonzero(slots >= 0)
+        if len(pending):
+            s = slots[pending]
+            late = ts[pending] >= self.decided_at[s] + self.settings.window_s  # [t, t + w)
+            if late.any():
+                ls = s[late]
+                self._close(ls, np.where(self.n_feedback[ls] > 0, Outcome.JOINED,
+                                         Outcome.EXPIRED).astype(np.int8), now)
+                out[pending[late]] = Outcome.LATE
+            joining, s = pending[~late], s[~late]
+            first = self.n_feedback[s] == 0
+            out[joining] = np.where(first, Outcome.JOINED, Outcome.AGGREGATED)
+            self._apply(s, rewards[joining], ts[joining])
+        for i in np.flatnonzero(slots < 0).tolist():  # not pending: recent, early or unknown
+            out[i] = self._not_pending(ids[i], float(rewards[i]), float(ts[i]),
+                                       int(partitions[i]), None if sources is None else sources[i])
         return out
 
-    def _apply_feedback(self, slot: int, reward: float, ts: float) -> None:
+    def _not_pending(self, event_id: Any, reward: float, ts: float, partition: int,
+                     source: Message | None) -> Outcome:
+        how = self.recent.get(event_id)
+        if how is not None:
+            return Outcome.DUPLICATE if how == Outcome.JOINED else Outcome.LATE
+        held = self.early.get(event_id)
+        if held is not None:
+            if self.settings.duplicate_policy == "earliest":
+                return Outcome.DUPLICATE
+            held.reward = _aggregate(self.settings.duplicate_policy, held.reward, reward)
+            return Outcome.AGGREGATED
+        if self.settings.early_window_s > 0 and len(self.early) < self.settings.max_early:
+            self.early[event_id] = EarlyFeedback(event_id, reward, ts, partition, source)
+            return Outcome.HELD
+        return Outcome.UNKNOWN
+
+    def _apply(self, slots: np.ndarray, rewards: np.ndarray, ts: np.ndarray) -> None:
+        """Feedback for pending decisions ``slots`` (distinct), inside their windows."""
+        if not len(slots):
+            return
         policy = self.settings.duplicate_policy
-        first = self.n_feedback[slot] == 0
-        self.reward[slot] = reward if first else _aggregate(policy, self.reward[slot], reward)
-        if first:
-            self.feedback_ts[slot] = ts
-        self.n_feedback[slot] += 1
+        first = self.n_feedback[slots] == 0
+        old = self.reward[slots]
+        combined = np.maximum(old, rewards) if policy == "max" else (
+            rewards if policy == "latest" else old)
+        self.reward[slots] = np.where(first, rewards, combined)
+        self.feedback_ts[slots] = np.where(first, ts, self.feedback_ts[slots])
+        self.n_feedback[slots] += 1
         if policy == "earliest":
-            self._close(np.array([slot]), np.array([JOINED]), ts)
+            self._close(slots, np.full(len(slots), Outcome.JOINED, dtype=np.int8),
+                        float(ts.max()))
+
+    def _apply_one(self, slot: int, reward: float, ts: float) -> None:
+        self._apply(np.array([slot]), np.array([reward]), np.array([ts]))
 
     # ------------------------------------------------------------------ expiry
-    def advance(self, feedback_now: float | Mapping[int, float],
-                instance_now: float | Mapping[int, float] | None = None) -> list[EarlyFeedback]:
-        """Expire what is due; return early feedback that became ``unknown``.
+    def advance(self, wall: float, idle: Iterable[tuple[str, int]] = ()) -> list[EarlyFeedback]:
+        """Expire what is due; return early feedback that became unknown.
 
-        ``feedback_now`` (per partition, or one time for all) closes the decisions
-        whose window ended; ``instance_now`` (default: the same) ends the wait of
-        early feedback.
+        ``idle`` ``(stream, partition)`` pairs have nothing unread: their clocks
+        follow ``wall`` from now until data comes again.
         """
-        instance_now = feedback_now if instance_now is None else instance_now
+        for stream, partition in idle:
+            self.clocks.mark_idle(stream, [partition], wall)
+        feedback_now = self.clocks.now("feedback", wall)
         live = np.flatnonzero(self.active)
         if len(live):
             due = live[self.decided_at[live] + self.settings.window_s
                        <= _per_partition(feedback_now, self.partition[live])]
             if len(due):
-                now = _latest(feedback_now)
-                self._close(due, np.where(self.n_feedback[due] > 0, JOINED, EXPIRED), now)
+                self._close(due, np.where(self.n_feedback[due] > 0, Outcome.JOINED,
+                                          Outcome.EXPIRED).astype(np.int8), self.now(wall))
         unknown: list[EarlyFeedback] = []
         if self.early:
-            parts = np.array([fb.source["partition"] for fb in self.early.values()], np.int64)
-            ts = np.array([fb.ts for fb in self.early.values()])
+            instance_now = self.clocks.now("instances", wall)
+            parts = np.fromiter((fb.partition for fb in self.early.values()), np.int64,
+                                count=len(self.early))
+            ts = np.fromiter((fb.ts for fb in self.early.values()), np.float64,
+                             count=len(self.early))
             gone = ts + self.settings.early_window_s <= _per_partition(instance_now, parts)
             for event_id in [k for k, g in zip(self.early, gone.tolist(), strict=True) if g]:
                 unknown.append(self.early.pop(event_id))
-        horizon = _latest(feedback_now) - self.settings.window_s
-        while self.recent and next(iter(self.recent.values()))[0] < horizon:
-            self.recent.popitem(last=False)
+        horizon = self.now(wall) - self.settings.window_s
+        while self._closings and self._closings[0][0] < horizon:
+            self._forget_oldest(self._closings[0][1])
         return unknown
 
-    def _close(self, slots: np.ndarray, outcome: np.ndarray, now: float) -> None:
-        self.active[slots] = False
-        for slot, how in zip(slots.tolist(), outcome.tolist(), strict=True):
-            event_id = self.ids[slot]
-            del self.slot_of[event_id]
-            self.recent[event_id] = (now, how)
-        while len(self.recent) > self.settings.max_pending:
+    def _forget_oldest(self, n: int) -> None:
+        """Drop the ``n`` oldest recently closed ids (and their closing records)."""
+        n = min(n, len(self.recent))
+        for _ in range(n):
             self.recent.popitem(last=False)
+        while n and self._closings:
+            at, count = self._closings[0]
+            if count <= n:
+                self._closings.popleft()
+                n -= count
+            else:
+                self._closings[0] = (at, count - n)
+                n = 0
+
+    def _close(self, slots: np.ndarray, outcome: np.ndarray, now: float) -> None:
+        if not len(slots):
+            return
+        self.active[slots] = False
+        ids = self.ids[slots].tolist()
+        pop = self.slot_of.pop
+        for event_id in ids:
+            pop(event_id)
+        self.recent.update(zip(ids, outcome.tolist(), strict=True))
+        self._closings.append((now, len(ids)))
+        if len(self.recent) > self.settings.max_pending:
+            self._forget_oldest(len(self.recent) - self.settings.max_pending)
         self._closing.append((slots, outcome))
 
     def drain(self) -> Closed:
         """Collect every decision closed since the last drain and free their slots."""
-        if self._closing:
+        if len(self._closing) == 1:
+            slots, outcome = self._closing[0]
+        elif self._closing:
             slots = np.concatenate([s for s, _ in self._closing])
             outcome = np.concatenate([o for _, o in self._closing])
         else:
-            slots, outcome = np.zeros(0, np.int64), np.zeros(0, np.int64)
+            slots, outcome = np.zeros(0, np.int64), np.zeros(0, np.int8)
         self._closing = []
-        rewards = np.where(outcome == JOINED, self.reward[slots], self.settings.default_reward)
-        learn = (outcome == JOINED) | ((outcome == EXPIRED) & (self.settings.expiry == "default_reward"))
+        joined = outcome == Outcome.JOINED
+        rewards = np.where(joined, self.reward[slots], self.settings.default_reward)
+        learn = joined | ((outcome == Outcome.EXPIRED)
+                          & (self.settings.expiry == "default_reward"))
         closed = Closed(
             ids=self.ids[slots].tolist(), X=self.rows.take(slots), actions=self.action[slots],
             probs=self.probs[slots], rewards=rewards, labels=self.label[slots], outcome=outcome,
-            delays=np.where(outcome == JOINED, self.feedback_ts[slots] - self.decided_at[slots],
-                            np.nan),
+            delays=np.where(joined, self.feedback_ts[slots] - self.decided_at[slots], np.nan),
             learn=learn,
         )
         self.ids[slots] = None
@@ -339,47 +423,85 @@ class PendingJoins:
         if self._closing:
             raise StateError("export() needs every closed decision drained first.")
         live = np.flatnonzero(self.active)
+        # one closing time per recent id (the closing records cover exactly the recent ids)
+        closed_at = np.repeat([at for at, _ in self._closings],
+                              [count for _, count in self._closings]).astype(np.float64)
         arrays = {
             "pending.action": self.action[live], "pending.probs": self.probs[live],
             "pending.label": self.label[live], "pending.decided_at": self.decided_at[live],
             "pending.partition": self.partition[live], "pending.reward": self.reward[live],
             "pending.n_feedback": self.n_feedback[live],
             "pending.feedback_ts": self.feedback_ts[live],
-            "recent.closed_at": np.array([v[0] for v in self.recent.values()], dtype=np.float64),
-            "recent.how": np.array([v[1] for v in self.recent.values()], dtype=np.int64),
+            "recent.closed_at": np.asarray(closed_at, dtype=np.float64),
+            "recent.how": np.fromiter(self.recent.values(), np.int64, count=len(self.recent)),
         }
         # ids as UTF-8 bytes + offsets: numpy string dtypes would drop trailing NULs
         for name, ids in (("pending.ids", self.ids[live].tolist()), ("recent.ids", list(self.recent))):
-            arrays[f"{name}.utf8"], arrays[f"{name}.ends"] = pack_strings(ids)
+            arrays[f"{name}.utf8"], arrays[f"{name}.ends"] = pack_strings([str(i) for i in ids])
         arrays.update({f"pending.x.{k}": v for k, v in self.rows.export(live).items()})
-        meta = {"early": [vars(fb) for fb in self.early.values()], "shed_total": self.shed_total}
+        meta = {"early": [_early_json(fb) for fb in self.early.values()],
+                "shed_total": self.shed_total, "clocks": self.clocks.to_json()}
         return arrays, meta
 
     @classmethod
     def restore(cls, n_actions: int, n_features: int, settings: JoinSettings,
-                arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> PendingJoins:
-        """Rebuild a store from :meth:`export` output; raise StateError if it does not fit."""
-        store = cls(n_actions, n_features, settings)
+                arrays: dict[str, np.ndarray], meta: dict[str, Any],
+                clocks: PartitionClocks | None = None) -> PendingJoins:
+        """Rebuild a store from :meth:`export` output; raise StateError if it does not fit.
+
+        ``clocks`` are used when ``meta`` has none (checkpoints written before the
+        join owned its clocks kept them with the counters).
+        """
         try:
+            clocks = PartitionClocks.from_json(meta["clocks"]) if "clocks" in meta else clocks
+            store = cls(n_actions, n_features, settings, clocks)
             ids = _stored_ids(arrays, "pending.ids")
             X = RowStore.imported({k[len("pending.x."):]: v for k, v in arrays.items()
                                    if k.startswith("pending.x.")}, n_features)
+            saved_clocks = store.clocks
+            store.clocks = PartitionClocks()  # adding the saved decisions must not move the clocks
             store.add_decisions(ids, X, arrays["pending.action"], arrays["pending.probs"],
                                 arrays["pending.label"], arrays["pending.decided_at"],
-                                arrays["pending.partition"], now=-np.inf)
+                                arrays["pending.partition"], wall=-np.inf)
+            store.clocks = saved_clocks
             slots = np.array([store.slot_of[i] for i in ids], dtype=np.int64)
             store.reward[slots] = arrays["pending.reward"]
             store.n_feedback[slots] = arrays["pending.n_feedback"]
             store.feedback_ts[slots] = arrays["pending.feedback_ts"]
-            store.recent = OrderedDict(zip(
-                _stored_ids(arrays, "recent.ids"),
-                zip(arrays["recent.closed_at"].tolist(), arrays["recent.how"].tolist(),
-                    strict=True), strict=True))
-            store.early = OrderedDict((fb["event_id"], EarlyFeedback(**fb)) for fb in meta["early"])
+            recent_ids = _stored_ids(arrays, "recent.ids")
+            store.recent = OrderedDict(zip(recent_ids, arrays["recent.how"].tolist(), strict=True))
+            store._closings = deque((float(at), 1) for at in arrays["recent.closed_at"].tolist())
+            store.early = OrderedDict((fb["event_id"], _early_from_json(fb)) for fb in meta["early"])
             store.shed_total = int(meta["shed_total"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"Pending joins in the checkpoint are invalid: {exc!r}") from exc
         return store
+
+
+def _b64(b: bytes | None) -> str | None:
+    return None if b is None else base64.b64encode(b).decode("ascii")
+
+
+def _early_json(fb: EarlyFeedback) -> dict[str, Any]:
+    src = fb.source
+    source = None if src is None else {
+        "topic": src.topic, "partition": src.partition, "offset": src.offset,
+        "key_b64": _b64(src.key), "value_b64": _b64(src.value), "timestamp_ms": src.timestamp_ms}
+    return {"event_id": fb.event_id, "reward": fb.reward, "ts": fb.ts, "partition": fb.partition,
+            "source": source}
+
+
+def _early_from_json(data: dict[str, Any]) -> EarlyFeedback:
+    src = data.get("source")
+    partition = data.get("partition", (src or {}).get("partition", 0))
+    message = None
+    if src is not None:
+        key, value = (None if src.get(k) is None else base64.b64decode(src[k])
+                      for k in ("key_b64", "value_b64"))
+        message = Message(src["topic"], int(src["partition"]), int(src["offset"]), key, value,
+                          int(src.get("timestamp_ms", 0)))
+    return EarlyFeedback(data["event_id"], float(data["reward"]), float(data["ts"]),
+                         int(partition), message)
 
 
 def _stored_ids(arrays: dict[str, np.ndarray], name: str) -> list[str]:
@@ -397,12 +519,5 @@ def _per_partition(now: float | Mapping[int, float], partitions: np.ndarray) -> 
     return np.array([now.get(int(p), -np.inf) for p in uniq], dtype=np.float64)[inverse]
 
 
-def _latest(now: float | Mapping[int, float]) -> float:
-    if not isinstance(now, Mapping):
-        return float(now)
-    return max(now.values(), default=-np.inf)
-
-
 def _aggregate(policy: str, old: float, new: float) -> float:
     return max(old, new) if policy == "max" else new if policy == "latest" else old
-

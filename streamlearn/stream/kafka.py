@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.transport import Message, Offsets, check_offsets
+from streamlearn.stream.transport import Message, Offsets, check_offsets, produce_each
 
 __all__ = ["CONNECT_TIMEOUT_S", "KafkaTransport", "check_reachable", "ensure_topics"]
 
@@ -306,6 +306,10 @@ class KafkaTransport:
         self._pending.append(_Pending(topic, key, value, future))
         if len(self._pending) >= 50_000:
             self._reap()
+
+    def produce_many(self, topic: str, keys: Sequence[bytes | None], values: Sequence[bytes]) -> None:
+        """Queue several messages in order (see ``Transport.produce_many``)."""
+        produce_each(self.produce, topic, keys, values)
 
     def _reap(self) -> int:
         """Drop acknowledged messages, re-send failed ones; return how many are in flight."""

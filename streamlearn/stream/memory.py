@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from streamlearn.errors import TransportError
 from streamlearn.stream.transport import (
@@ -13,6 +13,7 @@ from streamlearn.stream.transport import (
     Offsets,
     check_offsets,
     partition_for_key,
+    produce_each,
 )
 
 __all__ = ["InMemoryBroker", "InMemoryTransport"]
@@ -176,6 +177,10 @@ class InMemoryTransport:
         """Append to ``topic`` at once (the fake acknowledges every write)."""
         self._check_open()
         self.broker.append(topic, key, value)
+
+    def produce_many(self, topic: str, keys: Sequence[bytes | None], values: Sequence[bytes]) -> None:
+        """Queue several messages in order (see ``Transport.produce_many``)."""
+        produce_each(self.produce, topic, keys, values)
 
     def flush(self, timeout_s: float) -> None:
         """Nothing is ever pending in memory."""

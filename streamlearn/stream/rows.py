@@ -1,8 +1,18 @@
 """Feature rows stored by slot, for decisions that wait for feedback.
 
-Dense rows live in one ``(capacity, d)`` matrix (one fancy-index gather per
-batch); sparse rows are kept as per-slot index/value arrays and gathered into
-one CSR batch. A gather that mixes both returns CSR.
+Dense rows live in one ``(capacity, d)`` matrix; sparse rows live in one
+append-only *arena* of indices and values, each slot pointing at its
+``(start, length)``. Putting and taking a batch are a handful of numpy calls
+whatever its size (segment gathers, no per-row Python); the arena is compacted
+when the dead entries outnumber the live ones. A gather that mixes dense and
+sparse rows returns CSR.
+
+>>> store = RowStore(n_features=4)
+>>> store.grow(8)
+>>> store.put(np.array([3, 5]), SparseBatch.from_rows([[0, 2], [1]], [[1.0, 2.0], [3.0]], 4))
+>>> store.put(np.array([1]), np.array([[0.0, 5.0, 0.0, 6.0]]))
+>>> store.take(np.array([5, 1, 3])).to_dense().tolist()
+[[0.0, 3.0, 0.0, 0.0], [0.0, 5.0, 0.0, 6.0], [1.0, 0.0, 2.0, 0.0]]
 """
 
 from __future__ import annotations
@@ -11,7 +21,7 @@ import numpy as np
 
 from streamlearn.features import Batch, SparseBatch
 
-__all__ = ["RowStore", "as_sparse"]
+__all__ = ["RowStore", "as_sparse", "concat_rows", "segment_gather"]
 
 
 def as_sparse(X: Batch) -> SparseBatch:
@@ -24,13 +34,27 @@ def as_sparse(X: Batch) -> SparseBatch:
     return SparseBatch(indptr, cols.astype(np.int64), X[rows, cols], X.shape[1])
 
 
-def _csr(idx_rows: list[np.ndarray], val_rows: list[np.ndarray], n_features: int) -> SparseBatch:
-    indptr = np.zeros(len(idx_rows) + 1, dtype=np.int64)
-    np.cumsum([len(r) for r in idx_rows], out=indptr[1:])
-    if not idx_rows:
-        return SparseBatch(indptr, np.zeros(0, np.int64), np.zeros(0), n_features)
-    return SparseBatch(indptr, np.concatenate(idx_rows).astype(np.int64),
-                       np.concatenate(val_rows).astype(np.float64), n_features)
+def segment_gather(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(indptr, positions): the CSR row pointer and source positions of the segments, in order."""
+    indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    positions = np.arange(int(indptr[-1]), dtype=np.int64) - np.repeat(indptr[:-1] - starts,
+                                                                       lengths)
+    return indptr, positions
+
+
+def concat_rows(parts: list[Batch]) -> Batch:
+    """The rows of ``parts``, one after the other (CSR if any part is sparse)."""
+    if len(parts) == 1:
+        return parts[0]
+    if not any(isinstance(p, SparseBatch) for p in parts):
+        return np.concatenate([np.asarray(p) for p in parts])
+    sparse = [as_sparse(p) for p in parts]
+    offsets = np.cumsum([0] + [len(p.indices) for p in sparse[:-1]])
+    indptr = np.concatenate([sparse[0].indptr[:1]]
+                            + [p.indptr[1:] + o for p, o in zip(sparse, offsets, strict=True)])
+    return SparseBatch(indptr, np.concatenate([p.indices for p in sparse]),
+                       np.concatenate([p.values for p in sparse]), sparse[0].n_features)
 
 
 class RowStore:
@@ -41,14 +65,17 @@ class RowStore:
         self.capacity = 0
         self.dense: np.ndarray | None = None  # allocated when the first dense row arrives
         self.is_sparse = np.zeros(0, dtype=bool)
-        self.sparse_idx: list[np.ndarray | None] = []
-        self.sparse_val: list[np.ndarray | None] = []
+        self.start = np.zeros(0, dtype=np.int64)  # sparse slots: first arena entry
+        self.length = np.zeros(0, dtype=np.int64)  # sparse slots: entries (0 when free)
+        self.arena_idx = np.zeros(1024, dtype=np.int64)
+        self.arena_val = np.zeros(1024)
+        self.used = 0  # arena entries written (live + dead)
 
     def grow(self, capacity: int) -> None:
         extra = capacity - self.capacity
         self.is_sparse = np.concatenate([self.is_sparse, np.zeros(extra, dtype=bool)])
-        self.sparse_idx.extend([None] * extra)
-        self.sparse_val.extend([None] * extra)
+        self.start = np.concatenate([self.start, np.zeros(extra, dtype=np.int64)])
+        self.length = np.concatenate([self.length, np.zeros(extra, dtype=np.int64)])
         if self.dense is not None:
             self.dense = np.concatenate([self.dense, np.zeros((extra, self.n_features))])
         self.capacity = capacity
@@ -59,12 +86,34 @@ class RowStore:
                 self.dense = np.zeros((self.capacity, self.n_features))
             self.dense[slots] = X
             self.is_sparse[slots] = False
+            self.length[slots] = 0
             return
+        nnz = len(X.indices)
+        if self.used + nnz > len(self.arena_idx):
+            self._compact(extra=nnz)
+        self.arena_idx[self.used:self.used + nnz] = X.indices
+        self.arena_val[self.used:self.used + nnz] = X.values
         self.is_sparse[slots] = True
-        ptr = X.indptr
-        for j, slot in enumerate(slots.tolist()):
-            self.sparse_idx[slot] = X.indices[ptr[j]:ptr[j + 1]]
-            self.sparse_val[slot] = X.values[ptr[j]:ptr[j + 1]]
+        self.start[slots] = self.used + X.indptr[:-1]
+        self.length[slots] = np.diff(X.indptr)
+        self.used += nnz
+
+    def _compact(self, extra: int) -> None:
+        """Move the live entries to the front; grow the arena so ``extra`` more fit."""
+        live = np.flatnonzero(self.length)
+        indptr, positions = segment_gather(self.start[live], self.length[live])
+        size = max(len(self.arena_idx), 2 * (int(indptr[-1]) + extra))
+        idx, val = np.zeros(size, dtype=np.int64), np.zeros(size)
+        idx[:len(positions)] = self.arena_idx[positions]
+        val[:len(positions)] = self.arena_val[positions]
+        self.arena_idx, self.arena_val = idx, val
+        self.start[live] = indptr[:-1]
+        self.used = int(indptr[-1])
+
+    def _sparse_take(self, slots: np.ndarray) -> SparseBatch:
+        indptr, positions = segment_gather(self.start[slots], self.length[slots])
+        return SparseBatch(indptr, self.arena_idx[positions], self.arena_val[positions],
+                           self.n_features)
 
     def take(self, slots: np.ndarray) -> Batch:
         sparse = self.is_sparse[slots]
@@ -72,22 +121,20 @@ class RowStore:
             if self.dense is None:
                 return np.zeros((len(slots), self.n_features))
             return self.dense[slots]
-        idx_rows: list[np.ndarray] = []
-        val_rows: list[np.ndarray] = []
-        for slot, is_sparse in zip(slots.tolist(), sparse.tolist(), strict=True):
-            if is_sparse:
-                idx_rows.append(self.sparse_idx[slot])
-                val_rows.append(self.sparse_val[slot])
-            else:
-                assert self.dense is not None
-                nz = np.flatnonzero(self.dense[slot])
-                idx_rows.append(nz)
-                val_rows.append(self.dense[slot, nz])
-        return _csr(idx_rows, val_rows, self.n_features)
+        if sparse.all():
+            return self._sparse_take(slots)
+        assert self.dense is not None
+        # mixed: CSR of the dense rows, then of the sparse ones, put back in the asked order
+        dense_at, sparse_at = np.flatnonzero(~sparse), np.flatnonzero(sparse)
+        both = concat_rows([as_sparse(self.dense[slots[dense_at]]),
+                            self._sparse_take(slots[sparse_at])])
+        order = np.empty(len(slots), dtype=np.int64)
+        order[np.concatenate([dense_at, sparse_at])] = np.arange(len(slots))
+        assert isinstance(both, SparseBatch)
+        return both.take(order)
 
     def clear(self, slots: np.ndarray) -> None:
-        for slot in slots[self.is_sparse[slots]].tolist():
-            self.sparse_idx[slot] = self.sparse_val[slot] = None
+        self.length[slots] = 0  # their arena entries are dead; compaction reclaims them
 
     def export(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """The rows of ``slots`` as plain arrays (dense block + CSR block + which is which).
@@ -99,7 +146,7 @@ class RowStore:
         dense_slots = slots[~sparse]
         dense = (self.dense[dense_slots] if self.dense is not None
                  else np.zeros((len(dense_slots), self.n_features)))
-        csr = as_sparse(self.take(slots[sparse])) if sparse.any() else _csr([], [], self.n_features)
+        csr = self._sparse_take(slots[sparse])
         out = {"is_sparse": sparse, "indptr": csr.indptr, "indices": csr.indices,
                "values": csr.values}
         if dense.size and np.count_nonzero(dense) < 0.5 * dense.size:
@@ -115,25 +162,16 @@ class RowStore:
         """The batch of rows saved by :meth:`export`, in the saved order."""
         sparse = arrays["is_sparse"].astype(bool)
         if "dense_indptr" in arrays:
-            dense = SparseBatch(arrays["dense_indptr"], arrays["dense_indices"],
-                                arrays["dense_values"], n_features).to_dense()
+            dense: Batch = SparseBatch(arrays["dense_indptr"], arrays["dense_indices"],
+                                       arrays["dense_values"], n_features)
         else:
             dense = arrays["dense"].reshape(-1, n_features)
         if not sparse.any():
-            return dense
+            return dense.to_dense() if isinstance(dense, SparseBatch) else dense
         csr = SparseBatch(arrays["indptr"], arrays["indices"], arrays["values"], n_features)
-        idx_rows: list[np.ndarray] = []
-        val_rows: list[np.ndarray] = []
-        d_pos = s_pos = 0
-        for is_sparse in sparse.tolist():
-            if is_sparse:
-                lo, hi = csr.indptr[s_pos], csr.indptr[s_pos + 1]
-                idx_rows.append(csr.indices[lo:hi])
-                val_rows.append(csr.values[lo:hi])
-                s_pos += 1
-            else:
-                nz = np.flatnonzero(dense[d_pos])
-                idx_rows.append(nz)
-                val_rows.append(dense[d_pos, nz])
-                d_pos += 1
-        return _csr(idx_rows, val_rows, n_features)
+        both = concat_rows([as_sparse(dense), csr])
+        assert isinstance(both, SparseBatch)
+        dense_at, sparse_at = np.flatnonzero(~sparse), np.flatnonzero(sparse)
+        order = np.empty(len(sparse), dtype=np.int64)
+        order[np.concatenate([dense_at, sparse_at])] = np.arange(len(sparse))
+        return both.take(order)

@@ -23,7 +23,7 @@ Invariants shared by every implementation:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -31,7 +31,7 @@ from kafka.partitioner.default import murmur2
 
 from streamlearn.errors import TransportError
 
-__all__ = ["Message", "Offsets", "Transport", "check_offsets", "partition_for_key"]
+__all__ = ["Message", "Offsets", "Transport", "check_offsets", "partition_for_key", "produce_each"]
 
 Offsets = dict[tuple[str, int], int]
 """Next offset to read per ``(topic, partition)``."""
@@ -64,6 +64,11 @@ class Transport(Protocol):
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Queue ``value`` for ``topic`` (partitioned by ``key``)."""
+        ...
+
+    def produce_many(self, topic: str, keys: Sequence[bytes | None], values: Sequence[bytes]) -> None:
+        """Queue several messages in order; on a refusal raise TransportError whose ``queued``
+        says how many were queued before it."""
         ...
 
     def flush(self, timeout_s: float) -> None:
@@ -141,3 +146,14 @@ def check_offsets(
             raise TransportError(
                 f"cannot {action} {topic}[{partition}]: expected an offset >= 0, got {offset!r}"
             )
+
+
+def produce_each(produce: Callable[[str, bytes | None, bytes], None], topic: str,
+                 keys: Sequence[bytes | None], values: Sequence[bytes]) -> None:
+    """``produce_many`` by one ``produce`` per message (``TransportError.queued`` set on failure)."""
+    for n, (key, value) in enumerate(zip(keys, values, strict=True)):
+        try:
+            produce(topic, key, value)
+        except TransportError as exc:
+            exc.queued = n  # type: ignore[attr-defined]
+            raise

@@ -33,7 +33,9 @@ class RecordingTransport:
 
 
 def save(ck: Checkpointer, t: RecordingTransport, offset: int, value: float) -> int:
-    return ck.save(t, {"w": np.full(3, value)}, {"value": value}, {TP: offset})
+    """A snapshot whose input ends just before ``offset`` (the message at offset - 1 consumed)."""
+    ck.offsets.consumed([(*TP, offset - 1)])
+    return ck.save(t, {"w": np.full(3, value)}, {"value": value})
 
 
 def test_order_is_flush_then_snapshot_then_commit(tmp_path: Path) -> None:
@@ -90,11 +92,12 @@ def test_next_snapshot_after_a_fallback_gets_a_new_number(tmp_path: Path) -> Non
     assert Checkpointer(tmp_path).restore().meta["value"] == 1.0  # type: ignore[union-attr]
 
 
-def test_offsets_only_move_forward(tmp_path: Path) -> None:
+def test_offsets_only_move_forward_refused_the_moment_they_are_stored(tmp_path: Path) -> None:
     ck, t = Checkpointer(tmp_path), RecordingTransport(tmp_path)
     save(ck, t, 10, 1.0)
-    with pytest.raises(StateError, match=r"instances\[0\].*from 10 back to 9"):
-        save(ck, t, 9, 1.0)
+    with pytest.raises(StateError, match=r"instances\[0\] is at 10, a message at offset 8"):
+        ck.offsets.consumed([(*TP, 8)])  # before any snapshot: at once
+    assert Checkpointer(tmp_path).restore().offsets == {TP: 10}  # type: ignore[union-attr]
 
 
 def test_no_checkpoint_restores_none(tmp_path: Path) -> None:

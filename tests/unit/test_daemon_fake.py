@@ -90,7 +90,7 @@ def make_daemon(broker: InMemoryBroker, tmp: Path | None, clock: Clock, **kw: An
 def drain(daemon: Daemon) -> None:
     """Step until the daemon has consumed everything on its input topics."""
     end = daemon.transport.end_offsets()
-    while any(daemon.offsets.get(tp, 0) < off for tp, off in end.items()):
+    while any(daemon.offsets.snapshot().get(tp, 0) < off for tp, off in end.items()):
         daemon.step()
 
 
@@ -306,7 +306,7 @@ def test_transport_errors_do_not_stop_the_loop(tmp_path: Path) -> None:
     daemon = Daemon(settings(tmp_path, checkpoint_every_events=100, retry_seconds=0.0,
                              limits_poll_max_records=50),
                     transport, learner(), wall_clock=clock)
-    daemon.run(max_events=500)
+    daemon.run(max_instances=500)
     assert not any(transport.failures.values())  # every kind of failure happened
     assert daemon.counters.decisions == 500
     assert len(broker.messages("decisions")) == 500  # refused produces were retried

@@ -12,14 +12,10 @@ from hypothesis import strategies as st
 from streamlearn.errors import ConfigError
 from streamlearn.features import SparseBatch
 from streamlearn.stream.clock import EventClock, PartitionClocks
-from streamlearn.stream.join import (
-    EXPIRED,
-    JOINED,
-    SHED,
-    JoinSettings,
-    PendingJoins,
-)
+from streamlearn.stream.join import JoinSettings, Outcome, PendingJoins
 from streamlearn.stream.transport import Message
+
+JOINED, EXPIRED, SHED = Outcome.JOINED, Outcome.EXPIRED, Outcome.SHED
 
 K, D = 3, 4
 
@@ -34,12 +30,23 @@ def decide(p: PendingJoins, ids: list[str], t: float, X: Any = None) -> None:
     probs = np.full((B, K), 0.1)
     probs[:, 0] = 0.8
     p.add_decisions(ids, X, np.arange(B) % K, probs, np.full(B, 1), np.full(B, t),
-                    np.zeros(B, dtype=np.int64), now=t)
+                    np.zeros(B, dtype=np.int64), wall=t)
 
 
 def feedback(p: PendingJoins, ids: list[str], rewards: list[float], t: float) -> list[Any]:
+    """(index, outcome name) of the feedback that did not simply join."""
     msgs = [Message("feedback", 0, i, None, b"{}", 0) for i in range(len(ids))]
-    return p.add_feedback(ids, np.array(rewards, dtype=float), np.full(len(ids), t), msgs, now=t)
+    out = p.add_feedback(ids, np.array(rewards, dtype=float), np.full(len(ids), t),
+                         np.zeros(len(ids), np.int64), wall=t, sources=msgs)
+    return [(i, Outcome(o).name.lower()) for i, o in enumerate(out.tolist()) if o != JOINED]
+
+
+def advance(p: PendingJoins, t: float | dict[int, float]) -> list[Any]:
+    """Event time reaches ``t`` on both streams (per partition when a dict)."""
+    times = t if isinstance(t, dict) else {0: t}
+    for stream in ("feedback", "instances"):
+        p.clocks.observe(stream, np.array(list(times)), np.array(list(times.values())))
+    return p.advance(wall=max(times.values()))
 
 
 def test_earliest_joins_immediately_and_rejects_later_duplicates() -> None:
@@ -62,7 +69,7 @@ def test_aggregating_policies_close_at_window_end(policy: str, expected: float) 
     out = feedback(p, ["a", "a", "a"], [0.5, 1.0, 0.0], t=1.0)
     assert out == [(1, "aggregated"), (2, "aggregated")]
     assert len(p.drain()) == 0  # still waiting for the window
-    p.advance(10.0)
+    advance(p, 10.0)
     closed = p.drain()
     assert closed.rewards.tolist() == [expected] and closed.outcome.tolist() == [JOINED]
 
@@ -72,9 +79,9 @@ def test_expiry_gives_default_reward_or_drops(expiry: str, learn: bool) -> None:
     p = store(expiry=expiry, default_reward=0.25)
     decide(p, ["a", "b"], t=0.0)
     decide(p, ["c"], t=5.0)
-    p.advance(9.9)
+    advance(p, 9.9)
     assert len(p.drain()) == 0
-    p.advance(10.0)
+    advance(p, 10.0)
     closed = p.drain()
     assert closed.ids == ["a", "b"] and closed.outcome.tolist() == [EXPIRED, EXPIRED]
     assert closed.rewards.tolist() == [0.25, 0.25] and closed.learn.tolist() == [learn] * 2
@@ -96,8 +103,8 @@ def test_early_feedback_is_held_then_joined_or_unknown() -> None:
     decide(p, ["a"], t=1.0)
     closed = p.drain()
     assert closed.ids == ["a"] and closed.rewards.tolist() == [1.0]
-    assert p.advance(1.9) == []
-    unknown = p.advance(2.0)
+    assert advance(p, 1.9) == []
+    unknown = advance(p, 2.0)
     assert [fb.event_id for fb in unknown] == ["z"] and len(p.early) == 0
 
 
@@ -145,7 +152,7 @@ def test_export_restore_round_trip_with_sparse_and_dense_rows() -> None:
     q = PendingJoins.restore(K, D, p.settings, arrays, meta)
     for s in (p, q):
         feedback(s, ["s2", "d2"], [1.0, 0.25], t=3.0)
-        s.advance(20.0)
+        advance(s, 20.0)
     a, b = p.drain(), q.drain()
     assert sorted(a.ids) == sorted(b.ids) == ["d1", "d2", "s1", "s2"]
     ra = dict(zip(a.ids, a.rewards.tolist(), strict=True))
@@ -154,7 +161,7 @@ def test_export_restore_round_trip_with_sparse_and_dense_rows() -> None:
     da = a.X.to_dense() if isinstance(a.X, SparseBatch) else a.X
     db = b.X.to_dense() if isinstance(b.X, SparseBatch) else b.X
     assert np.array_equal(da[np.argsort(a.ids)], db[np.argsort(b.ids)])
-    assert [fb.event_id for fb in q.advance(30.0)] == []  # "gone" expired in both already
+    assert [fb.event_id for fb in advance(q, 30.0)] == []  # "gone" expired in both already
 
 
 def test_mostly_zero_dense_rows_are_saved_compactly_and_exactly() -> None:
@@ -164,11 +171,11 @@ def test_mostly_zero_dense_rows_are_saved_compactly_and_exactly() -> None:
     probs = np.full((50, K), 1.0 / K)
     ids = [f"e{i}" for i in range(50)]
     p.add_decisions(ids, X, np.zeros(50, np.int64), probs, np.full(50, -1), np.zeros(50),
-                    np.zeros(50, np.int64), now=0.0)
+                    np.zeros(50, np.int64), wall=0.0)
     arrays, meta = p.export()
     assert sum(a.nbytes for a in arrays.values()) < X.nbytes / 20
     q = PendingJoins.restore(K, 1000, p.settings, arrays, meta)
-    q.advance(1e9)
+    advance(q, 1e9)
     closed = q.drain()
     assert isinstance(closed.X, np.ndarray) and np.array_equal(closed.X, X)
 
@@ -200,10 +207,10 @@ def test_partition_clocks_are_independent_and_floors_only_start_a_clock() -> Non
 def test_a_decision_expires_by_the_feedback_clock_of_its_own_partition() -> None:
     p = store()
     p.add_decisions(["a", "b"], np.ones((2, D)), np.zeros(2, np.int64), np.full((2, K), 1 / K),
-                    np.full(2, -1), np.zeros(2), np.array([0, 1]), now=0.0)
-    p.advance({0: 3.0, 1: 50.0})  # partition 1's feedback is far ahead, partition 0's is not
+                    np.full(2, -1), np.zeros(2), np.array([0, 1]), wall=0.0)
+    advance(p, {0: 3.0, 1: 50.0})  # partition 1's feedback is far ahead, partition 0's is not
     assert p.drain().ids == ["b"]
-    p.advance({0: 10.0})
+    advance(p, {0: 10.0})
     assert p.drain().ids == ["a"]
 
 
@@ -246,12 +253,12 @@ def test_earliest_policy_matches_naive_reference(raw: list[tuple[str, str, float
             decide(p, [event_id], t=when)
         else:
             feedback(p, [event_id], [1.0], t=when)
-        p.advance(when)
+        advance(p, when)
         closed = p.drain()
         for i, r in zip(closed.ids, closed.rewards.tolist(), strict=True):
             assert i not in learned  # every decision closes exactly once
             learned[i] = r
-    p.advance(t + 100.0)
+    advance(p, t + 100.0)
     closed = p.drain()
     learned.update(zip(closed.ids, closed.rewards.tolist(), strict=True))
     expected = reference_join(ops, 4.0)
