@@ -1,14 +1,14 @@
 """The ``streamlearn bench`` harness: several learners and peers on one stream, compared.
 
 Every system sees the same stream — the one ``streamlearn replay`` would run,
-built by :func:`simulators.experiment.prepare_stream` from the same options
+built by :func:`streamlearn.datasets.stream.prepare_stream` from the same options
 (``passes`` passes, each reshuffled with ``seed`` unless ``--no-shuffle``, or
 cut/extended to ``rounds``) — and every system is scored the same way: the
 error rate is the fraction of rounds whose *played* action was wrong
 (progressive validation: each event is decided before its label is used).
 
 Preprocessing (done once, before any timer), the same as ``streamlearn replay``
-(:func:`simulators.experiment.standardise` / :func:`~simulators.experiment.add_bias`):
+(:func:`streamlearn.datasets.stream.standardise` / :func:`~streamlearn.datasets.stream.add_bias`):
 dense data sets flagged ``standardise`` are centred and scaled by the mean and
 standard deviation of the data set's rows; streamlearn learners and the
 per-event loop get an extra constant 1 feature (the bias; VW adds its own
@@ -16,7 +16,7 @@ constant feature).
 
 What each system's seconds cover:
 
-* ``streamlearn-*``: the whole :func:`simulators.replay.replay` loop — slicing each
+* ``streamlearn-*``: the whole :func:`streamlearn.replay.replay` loop — slicing each
   micro-batch, ``decide``, reward, error tracking, ``update``.
 * ``python-loop-banditron``: the per-event loop of :func:`simulators.peers.python_loop_banditron`.
 * ``vw-*``: only the ``learn`` calls (plus reading back the played action); text
@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from simulators.experiment import PreparedStream, add_bias, standardise
 from simulators.peers import VW_EXPLORERS, import_vw, python_loop_banditron, run_vw, vw_lines
-from simulators.replay import replay
+from streamlearn.datasets.stream import PreparedStream, add_bias, standardise
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.features import SparseBatch
 from streamlearn.learners import FixedGamma, make_learner
 from streamlearn.learners.exploration import Exploration
+from streamlearn.replay import replay
 
 __all__ = [
     "DEFAULT_SYSTEMS",
@@ -169,7 +169,7 @@ def run_bench(
 ) -> BenchReport:
     """Run every system of ``systems`` on ``stream`` and measure it.
 
-    ``stream`` is built by :func:`simulators.experiment.prepare_stream`, as
+    ``stream`` is built by :func:`streamlearn.datasets.stream.prepare_stream`, as
     for ``streamlearn replay``. The streamlearn learners explore with
     ``exploration`` (default a fixed γ = 0.05); the per-event loop needs a
     fixed γ (it is skipped otherwise); VW uses its own explorers.

@@ -230,7 +230,7 @@ def in_memory_rate(X: np.ndarray, y: np.ndarray, form: str, blas_threads: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulators.synthetic import synthetic_stream
+    from streamlearn.datasets.synthetic import synthetic_stream
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--bootstrap", help="HOST:PORT of a running broker (default: start one)")
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                              "one BLAS thread and with the library's default")
     args = parser.parse_args(argv)
     if args.in_memory:
-        from simulators.synthetic import synthetic_stream as stream
+        from streamlearn.datasets.synthetic import synthetic_stream as stream
 
         X, y = stream(args.events, noise=0.05, seed=args.seed)
         for threads, label in ((1, "1 BLAS thread (default)"), (0, "BLAS library default")):

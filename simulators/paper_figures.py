@@ -16,10 +16,9 @@ import time
 import numpy as np
 import orjson
 
-from simulators.experiment import stderr_progress
-from simulators.replay import replay
-from simulators.synthetic import N_CLASSES, N_FEATURES, synthetic_stream
+from streamlearn.datasets.synthetic import N_CLASSES, N_FEATURES, synthetic_stream
 from streamlearn.learners import Banditron, FixedGamma, Perceptron
+from streamlearn.replay import replay, stderr_progress
 
 
 def main(argv: list[str] | None = None) -> int:

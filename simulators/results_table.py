@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from simulators.experiment import prepare_stream
-from simulators.replay import replay
+from streamlearn.datasets.stream import prepare_stream
 from streamlearn.learners import make_learner
 from streamlearn.learners.exploration import (
     Adaptive,
@@ -30,6 +29,7 @@ from streamlearn.learners.exploration import (
     MarginAware,
     SqrtSchedule,
 )
+from streamlearn.replay import replay
 
 GAMMAS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
 #: dataset → passes over it (synthetic sets: rounds of fresh examples instead)

@@ -1,7 +1,10 @@
-"""The ``streamlearn`` console script: ``serve | replay | simulate | bench | rank | inspect``.
+"""The ``streamlearn`` console script: ``serve | replay | simulate | inspect`` and plug-ins.
 
-Each subcommand lives in ``streamlearn/commands/<name>.py`` and provides
-``add_parser(subparsers)`` and ``run(args) -> int``. Errors a user can fix
+Each core subcommand lives in ``streamlearn/commands/<name>.py`` and provides
+``add_parser(subparsers)`` and ``run(args) -> int``. Further subcommands come
+from modules registered under the entry-point group ``streamlearn.commands``
+(the experiment harness in ``simulators/`` registers ``bench`` and ``rank``),
+so the library never imports the harness. Errors a user can fix
 (``StreamlearnError``) print one line and exit 2, never a traceback.
 """
 
@@ -12,6 +15,8 @@ import difflib
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any, NoReturn
 
 from streamlearn import __version__
@@ -19,7 +24,8 @@ from streamlearn.errors import StreamlearnError
 
 __all__ = ["main"]
 
-SUBCOMMANDS = ("serve", "replay", "simulate", "bench", "rank", "inspect")
+SUBCOMMANDS = ("serve", "replay", "simulate", "inspect")
+PLUGIN_GROUP = "streamlearn.commands"
 
 
 _REQUIRED = "the following arguments are required"
@@ -90,15 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="streamlearn", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"streamlearn {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"streamlearn.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"streamlearn.commands.{name}":
-                raise
-            continue  # subcommand not built yet
+    for module in command_modules():
         module.add_parser(subparsers)
     return parser
+
+
+def command_modules() -> list[ModuleType]:
+    """The core subcommands, then the plug-ins (in name order; a core name cannot be taken)."""
+    modules = [importlib.import_module(f"streamlearn.commands.{name}") for name in SUBCOMMANDS]
+    for plugin in sorted(entry_points(group=PLUGIN_GROUP), key=lambda e: e.name):
+        if plugin.name not in SUBCOMMANDS:
+            modules.append(importlib.import_module(plugin.value))
+    return modules
 
 
 def main(argv: Sequence[str] | None = None) -> int:

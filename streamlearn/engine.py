@@ -28,7 +28,7 @@ delays, drops and expiry. Both therefore measure the same code.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +54,11 @@ class Decided:
     actions: np.ndarray  # int64 (B,)
     probs: np.ndarray  # (B, K) full distributions
     fresh: np.ndarray  # rows decided now (the others were reused from ``known``)
-    explored: np.ndarray  # bool (B,): the sampled action is not the exploit action
+
+    @property
+    def explored(self) -> np.ndarray:
+        """bool (B,): the sampled action is not the exploit action."""
+        return np.asarray(self.actions != np.argmax(self.probs, axis=1))
 
     @property
     def gamma(self) -> float:
@@ -93,12 +97,17 @@ class Engine:
 
     def decide(self, ids: Sequence[Any], X: Batch, mask: np.ndarray | None, *, labels: np.ndarray,
                ts: np.ndarray, partitions: np.ndarray, wall: float, keys: object = None,
-               known: Mapping[Any, tuple[int, np.ndarray, float]] | None = None) -> Decided:
+               known: Mapping[Any, tuple[int, np.ndarray, float]] | None = None,
+               answer: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
+               ) -> Decided:
         """Decide a batch of new ids and record the decisions as pending joins.
 
         ``keys`` seed the exploration randomness (default: the ids). ``known``
         maps ids to ``(action, probs, decided_at)`` already decided (a journal);
-        they are reused as they are, with their first decision time.
+        they are reused as they are, with their first decision time. ``answer``
+        (simulations that answer at once) maps the chosen actions to
+        ``(rewards, feedback times)``, NaN rewards for decisions that get none;
+        the answered ones join on arrival (:meth:`PendingJoins.add_joined`).
         """
         B = len(ids)
         reused = [known.get(i) for i in ids] if known else []
@@ -121,8 +130,27 @@ class Engine:
             fresh = np.arange(B)
             actions, probs = self.learner.decide(X, mask, keys=ids if keys is None else keys)
             decided_at = np.asarray(ts, dtype=np.float64)
-        self.joins.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall)
-        return Decided(actions, probs, fresh, actions != np.argmax(probs, axis=1))
+        if answer is None:
+            self.joins.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall)
+        else:
+            rewards, feedback_ts = answer(actions)
+            answered = ~np.isnan(rewards)
+            if answered.all():
+                self.joins.add_joined(ids, X, actions, probs, labels, decided_at, partitions,
+                                      rewards, feedback_ts, wall)
+                return Decided(actions, probs, fresh)
+            for rows, joined in ((np.flatnonzero(answered), True), (np.flatnonzero(~answered), False)):
+                if not len(rows):
+                    continue
+                whole = len(rows) == B
+                part = (ids if whole else [ids[j] for j in rows.tolist()],
+                        X if whole else take_rows(X, rows), actions[rows], probs[rows],
+                        labels[rows], decided_at[rows], partitions[rows])
+                if joined:
+                    self.joins.add_joined(*part, rewards[rows], feedback_ts[rows], wall)
+                else:
+                    self.joins.add_decisions(*part, wall)
+        return Decided(actions, probs, fresh)
 
     def feedback(self, ids: Sequence[Any], rewards: np.ndarray, ts: np.ndarray,
                  partitions: np.ndarray, wall: float, sources: Sequence[Any] | None = None,

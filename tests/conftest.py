@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from simulators.datasets.base import SHARED_DATA_DIR
+from streamlearn.datasets.base import SHARED_DATA_DIR
 
 
 def pytest_configure(config: pytest.Config) -> None:

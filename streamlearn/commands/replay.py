@@ -67,8 +67,8 @@ def hyperparameters(args: argparse.Namespace) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulators.experiment import run_with_comparator
-    from simulators.replay import Drift
+    from streamlearn.datasets.stream import Drift
+    from streamlearn.replay import run_with_comparator
 
     if args.learner not in LEARNERS:
         raise ConfigError(f"--learner must be one of {sorted(LEARNERS)}. Got {args.learner!r}.")

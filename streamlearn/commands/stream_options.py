@@ -1,7 +1,7 @@
 """The dataset, stream and exploration options ``replay`` and ``bench`` share — one parser.
 
 Both commands build their stream with :func:`prepare_from_args`
-(:func:`simulators.experiment.prepare_stream`), so a file that replays also
+(:func:`streamlearn.datasets.stream.prepare_stream`), so a file that replays also
 benches: ``--label-column``, ``--categorical``, ``--delimiter``, ``--header``
 for ``csv:PATH``; ``--passes`` or ``--rounds``; ``--no-shuffle`` for a
 time-ordered file; ``--standardise``; ``--gamma`` or ``--exploration``.
@@ -131,8 +131,8 @@ def loader_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def prepare_from_args(args: argparse.Namespace, drift: Any = None) -> Any:
-    """The stream the options describe (:class:`simulators.experiment.PreparedStream`)."""
-    from simulators.experiment import prepare_stream
+    """The stream the options describe (:class:`streamlearn.datasets.stream.PreparedStream`)."""
+    from streamlearn.datasets.stream import prepare_stream
 
     return prepare_stream(
         args.dataset, data_dir=args.data_dir, passes=args.passes or 1, rounds=args.rounds,

@@ -41,8 +41,8 @@ class Banditron(LinearLearner):
 
     Examples
     --------
-    >>> from simulators.synthetic import synthetic_stream
-    >>> from simulators.replay import replay
+    >>> from streamlearn.datasets.synthetic import synthetic_stream
+    >>> from streamlearn.replay import replay
     >>> from streamlearn.learners.exploration import FixedGamma
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
     >>> result = replay(Banditron(9, 400, FixedGamma(0.014)), X, y, batch_size=1)

@@ -84,7 +84,10 @@ def masked_argmax(score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarr
     Non-finite scores are ranked (see :func:`rankable`), so an allowed action
     always beats a masked one, even when every allowed score is -inf or NaN.
     """
-    ranked = rankable(score_matrix)
+    return _argmax_ranked(rankable(score_matrix), mask)
+
+
+def _argmax_ranked(ranked: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     if mask is None:
         return np.argmax(ranked, axis=1)
     return np.argmax(np.where(mask, ranked, -np.inf), axis=1)
@@ -93,13 +96,15 @@ def masked_argmax(score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarr
 def safe_distribution(probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     """``probs`` where each row is finite, non-negative, zero outside the mask and sums to 1;
     any other row is replaced by the uniform distribution over its allowed actions."""
+    deviation = np.abs(probs.sum(axis=1) - 1.0).max() if len(probs) else 0.0
+    if deviation <= 1e-9 and probs.min(initial=0.0) >= 0 and (  # NaN fails both comparisons
+            mask is None or not (probs * ~mask).any()):
+        return probs  # the fast path: every row is a distribution
     with np.errstate(invalid="ignore"):
         good = np.isfinite(probs).all(axis=1) & (probs >= 0).all(axis=1)
         good &= np.abs(probs.sum(axis=1) - 1.0) <= 1e-9
         if mask is not None:
             good &= ~(probs * ~mask).any(axis=1)
-    if good.all():
-        return probs
     allowed = np.ones_like(probs, dtype=bool) if mask is None else mask
     uniform = allowed / allowed.sum(axis=1, keepdims=True)
     return np.where(good[:, None], probs, uniform)
@@ -181,11 +186,11 @@ class Learner(abc.ABC):
         m = _check_mask(mask, B, self.n_actions)
         with np.errstate(over="ignore", invalid="ignore"):
             score_matrix = rankable(self.decision_scores(batch))
-        exploit = masked_argmax(score_matrix, m)
+        exploit = _argmax_ranked(score_matrix, m)
         rounds = self.n_decided_ + 1 + np.arange(B)
         gammas = self.exploration.gammas(score_matrix, exploit, rounds, m, self.n_actions)
-        gammas = np.clip(np.nan_to_num(gammas, nan=GAMMA_MAX), 0.0, GAMMA_MAX)
-        probs = safe_distribution(self._distribution(exploit, gammas, m), m)
+        # γ ≤ ½; a NaN γ gives NaN rows, which safe_distribution replaces by uniform ones
+        probs = safe_distribution(self._distribution(exploit, np.minimum(gammas, GAMMA_MAX), m), m)
         uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
         actions = randomness.sample(probs, uniforms)
         self.n_decided_ += B
@@ -292,7 +297,11 @@ class Learner(abc.ABC):
 
     def _state_finite(self) -> bool:
         """Whether every learned array and the scoring matrix are finite."""
-        return all(np.isfinite(v).all() for v in (*self._arrays().values(), self._weights()))
+        arrays = list(self._arrays().values())
+        weights = self._weights()
+        if not any(a is weights for a in arrays):
+            arrays.append(weights)
+        return all(bool(np.isfinite(a).all()) for a in arrays)
 
     @abc.abstractmethod
     def _weights(self) -> np.ndarray:

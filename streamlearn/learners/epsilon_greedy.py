@@ -23,8 +23,8 @@ class EpsilonGreedy(LinearLearner):
 
     Examples
     --------
-    >>> from simulators.synthetic import synthetic_stream
-    >>> from simulators.replay import replay
+    >>> from streamlearn.datasets.synthetic import synthetic_stream
+    >>> from streamlearn.replay import replay
     >>> from streamlearn.learners.exploration import FixedGamma
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
     >>> round(replay(EpsilonGreedy(9, 400, FixedGamma(0.05)), X, y).error_rate, 2)

@@ -23,8 +23,8 @@ class Perceptron(LinearLearner):
 
     Examples
     --------
-    >>> from simulators.synthetic import synthetic_stream
-    >>> from simulators.replay import replay
+    >>> from streamlearn.datasets.synthetic import synthetic_stream
+    >>> from streamlearn.replay import replay
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
     >>> round(replay(Perceptron(9, 400), X, y).error_rate, 3)
     0.001

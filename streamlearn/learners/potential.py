@@ -55,8 +55,8 @@ class PNormBandit(Learner):
 
     Examples
     --------
-    >>> from simulators.synthetic import synthetic_stream
-    >>> from simulators.replay import replay
+    >>> from streamlearn.datasets.synthetic import synthetic_stream
+    >>> from streamlearn.replay import replay
     >>> from streamlearn.learners.exploration import FixedGamma
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
     >>> result = replay(PNormBandit(9, 400, FixedGamma(0.014), q=2.0), X, y)

@@ -4,7 +4,7 @@ Every ranker follows :class:`streamlearn.rankers.base.Ranker`:
 ``fit(X, y, qid=None, sample_weight=None) -> self`` and ``score(X) -> ndarray``
 (higher ranks first). Metrics (AUC, ROC, NDCG@k, AP/MAP, P@k) are in
 :mod:`streamlearn.rankers.metrics`; the LETOR reader and protocol in
-:mod:`streamlearn.rankers.letor` and :mod:`streamlearn.rankers.letor_eval`.
+:mod:`streamlearn.datasets.letor` and :mod:`simulators.rankers.letor`.
 Roger / n'Roger and the routing classifiers live in their own modules
 (:mod:`streamlearn.rankers.roger`, :mod:`streamlearn.rankers.routing`).
 """

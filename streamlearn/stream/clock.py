@@ -83,6 +83,10 @@ class PartitionClocks:
         """Per partition, the newest event time of a batch (vectorised over the batch)."""
         if not len(ts):
             return
+        first = int(partitions[0])
+        if len(ts) == 1 or not (partitions != first).any():  # one partition: one max
+            self._clock(stream, first).observe(float(ts.max()), floor_only)
+            return
         order = np.argsort(partitions, kind="stable")
         parts, starts = np.unique(partitions[order], return_index=True)
         newest = np.maximum.reduceat(ts[order], starts)

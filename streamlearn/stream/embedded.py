@@ -53,7 +53,7 @@ class StreamSource:
     """Instance ``n`` → (features, label), a pure function of ``(seed, n)``.
 
     ``synsep`` / ``synnonsep`` are generated block by block (infinite stream);
-    any other name is loaded with ``simulators.datasets.load_dataset`` and
+    any other name is loaded with ``streamlearn.datasets.load_dataset`` and
     cycled through, each pass in a fresh seeded permutation.
     """
 
@@ -62,12 +62,12 @@ class StreamSource:
         self.dataset, self.seed, self.block = dataset.lower(), seed, block
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if self.dataset in ("synsep", "synnonsep"):
-            from simulators.synthetic import N_CLASSES, N_FEATURES
+            from streamlearn.datasets.synthetic import N_CLASSES, N_FEATURES
 
             self.n_classes, self.n_features = N_CLASSES, N_FEATURES
             self._rows = 0
         else:
-            from simulators.datasets import load_dataset
+            from streamlearn.datasets import load_dataset
 
             data = load_dataset(self.dataset, data_dir)
             X = data.X.to_dense() if isinstance(data.X, SparseBatch) else np.asarray(data.X)
@@ -80,7 +80,7 @@ class StreamSource:
             if len(self._cache) > 4:
                 self._cache.pop(min(self._cache))
             if self._rows == 0:
-                from simulators.synthetic import synthetic_stream
+                from streamlearn.datasets.synthetic import synthetic_stream
 
                 noise = 0.0 if self.dataset == "synsep" else 0.05
                 self._cache[k] = synthetic_stream(self.block, noise=noise,

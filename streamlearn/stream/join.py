@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import base64
 import enum
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +60,8 @@ from streamlearn.errors import ConfigError, StateError
 from streamlearn.features import Batch
 from streamlearn.snapshot import pack_strings, unpack_strings
 from streamlearn.stream.clock import PartitionClocks
-from streamlearn.stream.rows import RowStore
+from streamlearn.stream.recent import RecentlyClosed
+from streamlearn.stream.rows import RowStore, concat_rows
 from streamlearn.stream.transport import Message
 
 __all__ = ["Closed", "EarlyFeedback", "JoinSettings", "Outcome", "PendingJoins"]
@@ -169,11 +170,10 @@ class PendingJoins:
         self.slot_of: dict[Any, int] = {}
         self._free: list[int] = []
         self.early: OrderedDict[Any, EarlyFeedback] = OrderedDict()
-        # recently closed ids → how they closed, in closing order; _closings remembers the
-        # (closed at, count) of each closing so that old ones leave the window in bulk
-        self.recent: OrderedDict[Any, int] = OrderedDict()
-        self._closings: deque[tuple[float, int]] = deque()
+        self.recent = RecentlyClosed(self.settings.window_s, self.settings.max_pending)
         self._closing: list[tuple[np.ndarray, np.ndarray]] = []  # (slots, outcome codes)
+        self._joined_on_arrival: list[Closed] = []  # decisions that came with their feedback
+        self._oldest = np.inf  # a lower bound of the pending decisions' decision times
         self.shed_total = 0
         self._grow(1024)
 
@@ -242,12 +242,37 @@ class PendingJoins:
         self.decided_at[slots], self.partition[slots] = decided_at, partitions
         self.reward[slots], self.n_feedback[slots], self.feedback_ts[slots] = 0.0, 0, np.nan
         self.active[slots] = True
+        self._oldest = min(self._oldest, float(np.min(decided_at)))
         self.rows.put(slots, X)
         self.slot_of.update(zip(ids, slots.tolist(), strict=True))
         if self.early:
             for i in [i for i, event_id in enumerate(ids) if event_id in self.early]:
                 fb = self.early.pop(ids[i])
                 self._apply_one(int(slots[i]), fb.reward, fb.ts)
+
+    def add_joined(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
+                   labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
+                   rewards: np.ndarray, feedback_ts: np.ndarray, wall: float) -> None:
+        """Decisions that arrive together with their feedback (new ids; a simulation that
+        answers at once): with the ``earliest`` policy and the feedback inside the window
+        they join on arrival — the same outcome as :meth:`add_decisions` followed by
+        :meth:`add_feedback`, without storing them. Otherwise they take that path."""
+        feedback_ts = np.minimum(np.asarray(feedback_ts, dtype=np.float64),
+                                 wall + self.settings.max_clock_skew_s)
+        if self.settings.duplicate_policy != "earliest" or self.early or not (
+                feedback_ts < decided_at + self.settings.window_s).all():
+            self.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall)
+            self.add_feedback(ids, rewards, feedback_ts, partitions, wall)
+            return
+        self.clocks.observe("instances", partitions, decided_at)
+        self.clocks.observe("feedback", partitions, feedback_ts)
+        B = len(ids)
+        self._joined_on_arrival.append(Closed(
+            ids=list(ids), X=X, actions=np.asarray(actions), probs=np.asarray(probs),
+            rewards=np.asarray(rewards, dtype=np.float64), labels=np.asarray(labels),
+            outcome=np.zeros(B, dtype=np.int8), delays=feedback_ts - decided_at,
+            learn=np.ones(B, dtype=bool)))
+        self.recent.add_all(ids, int(Outcome.JOINED), float(feedback_ts.max()))
 
     def _shed(self, n: int, now: float) -> None:
         live = np.flatnonzero(self.active)
@@ -342,13 +367,19 @@ class PendingJoins:
         for stream, partition in idle:
             self.clocks.mark_idle(stream, [partition], wall)
         feedback_now = self.clocks.now("feedback", wall)
-        live = np.flatnonzero(self.active)
+        newest = max(feedback_now.values(), default=-np.inf)
+        # scan the pending decisions only when the oldest one may be due
+        live = (np.flatnonzero(self.active) if self.slot_of and
+                self._oldest + self.settings.window_s <= newest else np.zeros(0, np.int64))
         if len(live):
             due = live[self.decided_at[live] + self.settings.window_s
                        <= _per_partition(feedback_now, self.partition[live])]
             if len(due):
                 self._close(due, np.where(self.n_feedback[due] > 0, Outcome.JOINED,
                                           Outcome.EXPIRED).astype(np.int8), self.now(wall))
+            remaining = self.active[live]
+            self._oldest = float(self.decided_at[live[remaining]].min()) if remaining.any() \
+                else np.inf
         unknown: list[EarlyFeedback] = []
         if self.early:
             instance_now = self.clocks.now("instances", wall)
@@ -359,24 +390,8 @@ class PendingJoins:
             gone = ts + self.settings.early_window_s <= _per_partition(instance_now, parts)
             for event_id in [k for k, g in zip(self.early, gone.tolist(), strict=True) if g]:
                 unknown.append(self.early.pop(event_id))
-        horizon = self.now(wall) - self.settings.window_s
-        while self._closings and self._closings[0][0] < horizon:
-            self._forget_oldest(self._closings[0][1])
+        self.recent.age(self.now(wall))
         return unknown
-
-    def _forget_oldest(self, n: int) -> None:
-        """Drop the ``n`` oldest recently closed ids (and their closing records)."""
-        n = min(n, len(self.recent))
-        for _ in range(n):
-            self.recent.popitem(last=False)
-        while n and self._closings:
-            at, count = self._closings[0]
-            if count <= n:
-                self._closings.popleft()
-                n -= count
-            else:
-                self._closings[0] = (at, count - n)
-                n = 0
 
     def _close(self, slots: np.ndarray, outcome: np.ndarray, now: float) -> None:
         if not len(slots):
@@ -386,14 +401,18 @@ class PendingJoins:
         pop = self.slot_of.pop
         for event_id in ids:
             pop(event_id)
-        self.recent.update(zip(ids, outcome.tolist(), strict=True))
-        self._closings.append((now, len(ids)))
-        if len(self.recent) > self.settings.max_pending:
-            self._forget_oldest(len(self.recent) - self.settings.max_pending)
+        self.recent.add(ids, outcome.tolist(), now)
         self._closing.append((slots, outcome))
 
     def drain(self) -> Closed:
         """Collect every decision closed since the last drain and free their slots."""
+        parts = self._joined_on_arrival
+        self._joined_on_arrival = []
+        if self._closing or not parts:
+            parts = [self._drain_slots(), *parts]
+        return parts[0] if len(parts) == 1 else _concat_closed(parts)
+
+    def _drain_slots(self) -> Closed:
         if len(self._closing) == 1:
             slots, outcome = self._closing[0]
         elif self._closing:
@@ -420,27 +439,25 @@ class PendingJoins:
     # ------------------------------------------------------------------- state
     def export(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Arrays + JSON of the whole store (call after :meth:`drain`)."""
-        if self._closing:
+        if self._closing or self._joined_on_arrival:
             raise StateError("export() needs every closed decision drained first.")
         live = np.flatnonzero(self.active)
-        # one closing time per recent id (the closing records cover exactly the recent ids)
-        closed_at = np.repeat([at for at, _ in self._closings],
-                              [count for _, count in self._closings]).astype(np.float64)
+        recent_ids, recent_how, recent_young, young_since = self.recent.export()
         arrays = {
             "pending.action": self.action[live], "pending.probs": self.probs[live],
             "pending.label": self.label[live], "pending.decided_at": self.decided_at[live],
             "pending.partition": self.partition[live], "pending.reward": self.reward[live],
             "pending.n_feedback": self.n_feedback[live],
             "pending.feedback_ts": self.feedback_ts[live],
-            "recent.closed_at": np.asarray(closed_at, dtype=np.float64),
-            "recent.how": np.fromiter(self.recent.values(), np.int64, count=len(self.recent)),
+            "recent.how": recent_how, "recent.young": recent_young,
         }
         # ids as UTF-8 bytes + offsets: numpy string dtypes would drop trailing NULs
-        for name, ids in (("pending.ids", self.ids[live].tolist()), ("recent.ids", list(self.recent))):
+        for name, ids in (("pending.ids", self.ids[live].tolist()), ("recent.ids", recent_ids)):
             arrays[f"{name}.utf8"], arrays[f"{name}.ends"] = pack_strings([str(i) for i in ids])
         arrays.update({f"pending.x.{k}": v for k, v in self.rows.export(live).items()})
         meta = {"early": [_early_json(fb) for fb in self.early.values()],
-                "shed_total": self.shed_total, "clocks": self.clocks.to_json()}
+                "shed_total": self.shed_total, "clocks": self.clocks.to_json(),
+                "recent_young_since": young_since if np.isfinite(young_since) else None}
         return arrays, meta
 
     @classmethod
@@ -469,13 +486,26 @@ class PendingJoins:
             store.n_feedback[slots] = arrays["pending.n_feedback"]
             store.feedback_ts[slots] = arrays["pending.feedback_ts"]
             recent_ids = _stored_ids(arrays, "recent.ids")
-            store.recent = OrderedDict(zip(recent_ids, arrays["recent.how"].tolist(), strict=True))
-            store._closings = deque((float(at), 1) for at in arrays["recent.closed_at"].tolist())
+            since = meta.get("recent_young_since")
+            store.recent = RecentlyClosed.restore(
+                settings.window_s, settings.max_pending, recent_ids, arrays["recent.how"],
+                arrays.get("recent.young", np.ones(len(recent_ids), bool)),  # older checkpoints
+                -np.inf if since is None else float(since))
             store.early = OrderedDict((fb["event_id"], _early_from_json(fb)) for fb in meta["early"])
             store.shed_total = int(meta["shed_total"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"Pending joins in the checkpoint are invalid: {exc!r}") from exc
         return store
+
+
+def _concat_closed(parts: list[Closed]) -> Closed:
+    parts = [p for p in parts if len(p)] or parts[:1]
+    if len(parts) == 1:
+        return parts[0]
+    return Closed(ids=[i for p in parts for i in p.ids], X=concat_rows([p.X for p in parts]),
+                  **{name: np.concatenate([getattr(p, name) for p in parts])
+                     for name in ("actions", "probs", "rewards", "labels", "outcome", "delays",
+                                  "learn")})
 
 
 def _b64(b: bytes | None) -> str | None:

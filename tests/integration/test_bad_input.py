@@ -23,7 +23,7 @@ from daemon_harness import wait_until as wait
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from simulators.synthetic import synthetic_stream
+from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.events import decode_feedback, decode_instances
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma

@@ -12,7 +12,7 @@ import pytest
 from daemon_harness import Caller, make_topics, producer, publish_instances, read_all, transport
 from daemon_harness import wait_until as wait
 
-from simulators.synthetic import synthetic_stream
+from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.counters import id_checksum

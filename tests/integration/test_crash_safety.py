@@ -32,7 +32,7 @@ from daemon_harness import (
 )
 from kafka import KafkaConsumer, TopicPartition
 
-from simulators.synthetic import synthetic_stream
+from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.service.counters import id_checksum
 from streamlearn.snapshot import read_snapshot
 

@@ -32,10 +32,10 @@ from daemon_harness import (
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from simulators.replay import replay
-from simulators.synthetic import synthetic_stream
+from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
+from streamlearn.replay import replay
 from streamlearn.service.daemon import Daemon, DaemonSettings
 from streamlearn.service.http import MetricsServer
 from streamlearn.service.metrics import PrometheusObserver

@@ -10,8 +10,8 @@ import pytest
 
 from simulators.bench import SYSTEMS, add_bias, parse_systems, standardise
 from simulators.peers import VW_EXPLORERS, import_vw, python_loop_banditron, run_vw, vw_lines
-from simulators.synthetic import synthetic_stream
 from streamlearn.cli import main
+from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.errors import ConfigError
 from streamlearn.features import Batch, SparseBatch
 from streamlearn.learners import Banditron, FixedGamma

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from simulators.synthetic import synthetic_stream
+from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.errors import StateError, TransportError
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.base import Learner

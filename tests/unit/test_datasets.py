@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulators.datasets import DATASETS, base, load_dataset, mnist, resolve_data_dir, reuters, uci
-from simulators.datasets.base import Dataset, DatasetFiles, RemoteFile, ensure_files, read_payload
+from streamlearn.datasets import DATASETS, base, load_dataset, mnist, resolve_data_dir, reuters, uci
+from streamlearn.datasets.base import Dataset, DatasetFiles, RemoteFile, ensure_files, read_payload
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.features import SparseBatch, hash_names
 

@@ -141,7 +141,7 @@ def test_ndcg_boost_weighted_equals_repeated_rows() -> None:
 
 
 def test_pointwise_logistic_weighted_equals_repeated() -> None:
-    from streamlearn.rankers.letor_eval import PointwiseLogistic
+    from simulators.rankers.letor import PointwiseLogistic
 
     X, y, _ = ranking_problem(14, n_queries=4, per_query=15, d=4)
     counts = np.random.default_rng(15).integers(1, 4, size=len(y))
@@ -210,7 +210,7 @@ def write_fake_letor(root, seed: int = 13) -> None:
 
 
 def test_load_fold_reads_letor_lines(tmp_path) -> None:
-    from streamlearn.rankers.letor import load_fold
+    from streamlearn.datasets.letor import load_fold
 
     write_fake_letor(tmp_path)
     data = load_fold(tmp_path, 1)

@@ -8,19 +8,12 @@ import numpy as np
 import orjson
 import pytest
 
-from simulators.experiment import add_bias, prepare_stream, run_with_comparator
-from simulators.replay import (
-    Drift,
-    _FeedbackDraws,
-    apply_drift,
-    replay,
-    replay_stream,
-    stream_order,
-)
-from simulators.synthetic import SyntheticRows, synthetic_stream
 from streamlearn.cli import main
+from streamlearn.datasets.stream import Drift, add_bias, apply_drift, prepare_stream, stream_order
+from streamlearn.datasets.synthetic import SyntheticRows, synthetic_stream
 from streamlearn.features import Batch, SparseBatch, take_rows
 from streamlearn.learners import Banditron, FixedGamma, Perceptron
+from streamlearn.replay import _FeedbackDraws, replay, replay_stream, run_with_comparator
 
 
 @pytest.fixture(scope="module")

@@ -191,7 +191,7 @@ def test_classifiers_need_both_classes() -> None:
 
 
 def test_roger_eval_runs_a_small_task() -> None:
-    from streamlearn.rankers import roger_eval
+    from simulators.rankers import roger as roger_eval
 
     parser = argparse.ArgumentParser()
     roger_eval.add_arguments(parser)
@@ -213,7 +213,7 @@ def test_roger_eval_names_the_bench_extra_when_scikit_learn_is_missing(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from streamlearn.rankers import roger_eval
+    from simulators.rankers import roger as roger_eval
 
     monkeypatch.setitem(sys.modules, "sklearn.linear_model", None)
     monkeypatch.setitem(sys.modules, "sklearn.svm", None)

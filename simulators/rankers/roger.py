@@ -58,7 +58,7 @@ def _feature_names(dataset: str, d: int) -> list[str]:
     if dataset == "letter" and d == len(LETTER_FEATURES):
         return list(LETTER_FEATURES)
     if dataset == "nursery":
-        from simulators.datasets.uci import NURSERY_ATTRIBUTES
+        from streamlearn.datasets.uci import NURSERY_ATTRIBUTES
 
         names = [f"{a}={v}" for a, values in NURSERY_ATTRIBUTES.items() for v in values]
         if len(names) == d:
@@ -72,7 +72,7 @@ def _feature_names(dataset: str, d: int) -> list[str]:
 
 def build_task(args: argparse.Namespace) -> dict[str, Any]:
     """Load the dataset and build the binary train/test task."""
-    from simulators.datasets import load_dataset
+    from streamlearn.datasets import load_dataset
 
     ds = load_dataset(args.dataset, args.data_dir)
     task = args.task or DEFAULT_TASKS[args.dataset]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulators.datasets.base import Dataset, DatasetFiles, RemoteFile, read_payloads
+from streamlearn.datasets.base import Dataset, DatasetFiles, RemoteFile, read_payloads
 from streamlearn.errors import DataError
 
 __all__ = ["MNIST", "load_mnist", "parse_idx"]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulators.datasets.base import (
+from streamlearn.datasets.base import (
     Dataset,
     DatasetFiles,
     RemoteFile,
@@ -173,7 +173,7 @@ def load_reuters(data_dir: str | os.PathLike[str] | None = None, *,
                  fetch: bool = False) -> list[ReutersDoc]:
     """All 21,578 documents, in NEWID order (files verified by sha256).
 
-    ``data_dir`` is resolved by :func:`~simulators.datasets.base.resolve_data_dir`.
+    ``data_dir`` is resolved by :func:`~streamlearn.datasets.base.resolve_data_dir`.
     """
     docs: list[ReutersDoc] = []
     for path, payload in read_payloads(REUTERS, resolve_data_dir(data_dir), fetch).items():

@@ -1,42 +1,87 @@
-"""One replay experiment: load → prepare (standardise, bias) → order (passes) → run with comparator.
-
-Shared by ``streamlearn replay``, the results-table script and the benchmark.
+"""A dataset as a replay stream: load → prepare (standardise, bias) → order (passes, drift).
 
 Preprocessing protocol (stated in docs/results.md):
 
-* dense datasets flagged ``standardise`` (letter, pendigits, optdigits) are
-  z-scored per column (mean and standard deviation of the whole dataset — the
-  replay's stream, as a fixed preprocessing step) ;
+* dense datasets flagged ``standardise`` (letter, pendigits, optdigits, mnist)
+  are z-scored per column (mean and standard deviation of the whole dataset —
+  the replay's stream, as a fixed preprocessing step);
 * every dataset gets a constant bias feature 1 appended (with W₀ = 0 the
   argmax is invariant to rescaling x, but not to a missing bias);
 * binary, one-hot, pixel-scaled and hashed data are left as they are.
+
+The synthetic streams are generated block by block as they are read, so a
+long stream never has to be held in memory.
+
+>>> stream = prepare_stream("synnonsep", rounds=1000, seed=1)
+>>> stream.rounds, stream.n_features, [len(y) for _, y in stream.blocks(batch_size=64)]
+(1000, 401, [1000])
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from simulators.datasets import Dataset, load_dataset
-from simulators.datasets.synth import synthetic_rows
-from simulators.replay import (
-    BLOCK_ROUNDS,
-    Drift,
-    ReplayResult,
-    apply_drift,
-    replay_stream,
-    stream_order,
-)
-from simulators.synthetic import N_CLASSES, N_FEATURES, SyntheticRows
+from streamlearn.datasets import Dataset, load_dataset
+from streamlearn.datasets.synth import synthetic_rows
+from streamlearn.datasets.synthetic import N_CLASSES, N_FEATURES, SyntheticRows
 from streamlearn.errors import ConfigError
 from streamlearn.features import Batch, SparseBatch, take_rows
-from streamlearn.learners import Learner, Perceptron
 
-__all__ = ["PreparedStream", "add_bias", "prepare_stream", "run_with_comparator", "standardise"]
+__all__ = ["BLOCK_ROUNDS", "Drift", "PreparedStream", "add_bias", "apply_drift", "prepare_stream",
+           "standardise", "stream_order"]
+
+#: Rounds per block when a stream is generated or sliced block by block.
+BLOCK_ROUNDS = 4096
+
+
+@dataclass(frozen=True)
+class Drift:
+    """Concept drift from round ``at`` on: ``kind`` is 'permute' (labels permuted) or 'prior'."""
+
+    at: int
+    kind: str = "permute"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("permute", "prior"):
+            raise ConfigError(f"Drift kind must be 'permute' or 'prior'. Got {self.kind!r} instead.")
+        if self.at < 0:
+            raise ConfigError(f"Drift round must be >= 0. Got {self.at}.")
+
+
+def stream_order(n: int, passes: int, rounds: int | None, seed: int | None) -> np.ndarray:
+    """Row indices of the stream: ``passes`` passes (each reshuffled when seed is given),
+    cut or extended to ``rounds`` when given."""
+    if passes < 1:
+        raise ConfigError(f"--passes must be an int >= 1. Got {passes}.")
+    rng = np.random.default_rng(seed) if seed is not None else None
+    needed = passes if rounds is None else max(passes, -(-rounds // n))
+    blocks = [rng.permutation(n) if rng is not None else np.arange(n) for _ in range(needed)]
+    order = np.concatenate(blocks)
+    return order if rounds is None else order[:rounds]
+
+
+def apply_drift(y: np.ndarray, n_classes: int, drift: Drift | None,
+                X: Batch | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Labels after drift; for 'prior' drift also the kept-row selection (class-prior shift)."""
+    if drift is None or drift.at >= len(y):
+        return y, None
+    rng = np.random.default_rng(drift.seed)
+    out = y.copy()
+    if drift.kind == "permute":
+        perm = rng.permutation(n_classes)
+        out[drift.at:] = perm[y[drift.at:]]
+        return out, None
+    # prior shift: after the drift round, keep half of the classes at 4× the rate of the others
+    favoured = rng.permutation(n_classes)[: max(1, n_classes // 2)]
+    keep_prob = np.where(np.isin(y, favoured), 1.0, 0.25)
+    keep = np.ones(len(y), dtype=bool)
+    keep[drift.at:] = rng.random(len(y) - drift.at) < keep_prob[drift.at:]
+    return out, keep
 
 
 @dataclass
@@ -176,36 +221,3 @@ def _order_stream(dataset: str, data: Batch | SyntheticRows, y: np.ndarray | Non
                           row_labels, features=features, generated=generated)
 
 
-def stderr_progress(label: str) -> Callable[[int, int, float], None]:
-    """A progress callback printing a periodic line on stderr."""
-
-    def report(done: int, total: int, error_rate: float) -> None:
-        print(f"{label}: {done:,}/{total:,} rounds ({100 * done / total:.0f}%), "
-              f"error {error_rate:.4f}", file=sys.stderr, flush=True)
-
-    return report
-
-
-def run_with_comparator(
-    learner: Learner,
-    stream: PreparedStream,
-    *,
-    batch_size: int,
-    delay_rounds: float = 0.0,
-    drop: float = 0.0,
-    seed: int = 0,
-    progress: bool = False,
-) -> tuple[ReplayResult, ReplayResult]:
-    """Replay the learner and the full-information Perceptron on the same stream, in lockstep."""
-    comparator = Perceptron(stream.n_classes, stream.n_features, seed=seed)
-    names = [type(learner).__name__, "Perceptron"]
-
-    def report(done: int, total: int, errors: list[float]) -> None:
-        rates = ", ".join(f"{name} {error:.4f}" for name, error in zip(names, errors, strict=True))
-        print(f"replay: {done:,}/{total:,} rounds ({100 * done / total:.0f}%), error {rates}",
-              file=sys.stderr, flush=True)
-
-    result, reference = replay_stream(
-        [learner, comparator], stream.blocks(batch_size), stream.rounds, batch_size=batch_size,
-        delay_mean=delay_rounds, drop=drop, seed=seed, progress=report if progress else None)
-    return result, reference

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulators.datasets.base import (
+from streamlearn.datasets.base import (
     Dataset,
     check_options,
     encode_labels,

@@ -20,7 +20,7 @@ import inspect
 import os
 from collections.abc import Callable
 
-from simulators.datasets.base import (
+from streamlearn.datasets.base import (
     Dataset,
     DatasetFiles,
     RemoteFile,
@@ -28,11 +28,11 @@ from simulators.datasets.base import (
     ensure_files,
     resolve_data_dir,
 )
-from simulators.datasets.files import load_csv, load_libsvm
-from simulators.datasets.mnist import load_mnist
-from simulators.datasets.reuters import ReutersDoc, load_reuters, load_reuters4, modapte_split
-from simulators.datasets.synth import load_synnonsep, load_synsep
-from simulators.datasets.uci import load_letter, load_nursery, load_optdigits, load_pendigits
+from streamlearn.datasets.files import load_csv, load_libsvm
+from streamlearn.datasets.mnist import load_mnist
+from streamlearn.datasets.reuters import ReutersDoc, load_reuters, load_reuters4, modapte_split
+from streamlearn.datasets.synth import load_synnonsep, load_synsep
+from streamlearn.datasets.uci import load_letter, load_nursery, load_optdigits, load_pendigits
 from streamlearn.errors import ConfigError
 
 __all__ = [

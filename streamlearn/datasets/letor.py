@@ -146,9 +146,9 @@ def load_fold(root: str | Path, fold: int) -> dict[str, LetorData]:
 
 
 def default_letor_dir() -> Path:
-    """``<data dir>/letor3-ohsumed`` (data dir from ``simulators.datasets`` when available)."""
+    """``<data dir>/letor3-ohsumed`` (data dir from ``streamlearn.datasets`` when available)."""
     try:
-        from simulators.datasets.base import resolve_data_dir
+        from streamlearn.datasets.base import resolve_data_dir
     except ImportError:
         raise DataError("No LETOR folder given and no data directory resolver; pass DIR.") from None
     return resolve_data_dir(None) / "letor3-ohsumed"

@@ -1,8 +1,8 @@
 """``streamlearn rank``: batch-ranker experiments — ``letor``, ``routing``, ``roger``.
 
-``rank letor`` is :mod:`streamlearn.rankers.letor_eval`; ``rank routing`` and
-``rank roger`` are :mod:`streamlearn.rankers.routing_eval` and
-:mod:`streamlearn.rankers.roger_eval`. Each experiment module provides
+``rank letor`` is :mod:`simulators.rankers.letor`; ``rank routing`` and
+``rank roger`` are :mod:`simulators.rankers.routing` and
+:mod:`simulators.rankers.roger`. Each experiment module provides
 ``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only
 when the parser is built, and a missing one simply has no sub-subcommand.
 """
@@ -17,11 +17,11 @@ from typing import Any
 __all__ = ["add_parser", "run"]
 
 EXPERIMENTS = (
-    ("letor", "streamlearn.rankers.letor_eval",
+    ("letor", "simulators.rankers.letor",
      "LETOR 3.0 5-fold protocol: train, select on vali, report test NDCG@k / MAP"),
-    ("routing", "streamlearn.rankers.routing_eval",
+    ("routing", "simulators.rankers.routing",
      "Reuters-21578 routing classifiers: average precision and P@100"),
-    ("roger", "streamlearn.rankers.roger_eval", "Roger / n'Roger against an SVM"),
+    ("roger", "simulators.rankers.roger", "Roger / n'Roger against an SVM"),
 )
 
 

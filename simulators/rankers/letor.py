@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
+from streamlearn.datasets.letor import LetorData, default_letor_dir, load_fold
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.plotting import pyplot
 from streamlearn.rankers.adarank import AdaRank
 from streamlearn.rankers.base import FitData, Ranker, check_float
-from streamlearn.rankers.letor import LetorData, default_letor_dir, load_fold
 from streamlearn.rankers.metrics import evaluate, mean_average_precision, ndcg_curve, query_groups
 from streamlearn.rankers.ndcg_boost import NDCGBoost
 from streamlearn.rankers.rankboost import RankBoost

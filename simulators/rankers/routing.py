@@ -101,7 +101,7 @@ def _progress(message: str) -> None:
 
 def _load(args: argparse.Namespace) -> tuple[list[list[str]], list[list[str]], list[set[str]],
                                               list[set[str]]]:
-    from simulators.datasets.reuters import load_reuters, modapte_split, tokenize
+    from streamlearn.datasets.reuters import load_reuters, modapte_split, tokenize
 
     docs = load_reuters(args.data_dir)
     train, test = modapte_split(docs)
