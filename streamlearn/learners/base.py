@@ -34,7 +34,7 @@ from streamlearn.features import Batch, as_batch, batch_size, scores
 from streamlearn.learners import randomness
 from streamlearn.learners.exploration import Exploration, FixedGamma
 
-__all__ = ["Learner", "check_float", "check_int", "exploit_actions", "masked_argmax"]
+__all__ = ["Learner", "check_float", "check_int", "exploit_actions", "masked_argmax", "mix_uniform"]
 
 
 def check_int(owner: str, name: str, value: object, low: int = 1) -> int:
@@ -68,6 +68,19 @@ def masked_argmax(score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarr
     if mask is None:
         return np.argmax(score_matrix, axis=1)
     return np.argmax(np.where(mask, score_matrix, -np.inf), axis=1)
+
+
+def mix_uniform(dist: np.ndarray, gammas: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """(1 − γ)·dist + γ·uniform over the allowed actions, rows renormalised to sum to 1.
+
+    Mixing with a uniform distribution keeps the order of the allowed entries (and
+    so the row's first maximum); the renormalisation makes a row with one allowed
+    action exactly 1.
+    """
+    K = dist.shape[1]
+    uniform = np.full(dist.shape, 1.0 / K) if mask is None else mask / mask.sum(axis=1, keepdims=True)
+    mixed = (1.0 - gammas)[:, None] * dist + gammas[:, None] * uniform
+    return mixed / mixed.sum(axis=1, keepdims=True)
 
 
 def exploit_actions(probs: np.ndarray) -> np.ndarray:
@@ -144,10 +157,10 @@ class Learner(abc.ABC):
         B = batch_size(batch)
         m = _check_mask(mask, B, self.n_actions)
         score_matrix = self.decision_scores(batch)
-        exploit = masked_argmax(score_matrix, m)
+        exploit = self._exploit(batch, score_matrix, m)
         rounds = self.n_decided_ + 1 + np.arange(B)
         gammas = self.exploration.gammas(score_matrix, exploit, rounds, m, self.n_actions)
-        probs = self._distribution(exploit, gammas, m)
+        probs = self._probabilities(batch, score_matrix, exploit, gammas, m)
         uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
         actions = randomness.sample(probs, uniforms)
         self.n_decided_ += B
@@ -161,7 +174,27 @@ class Learner(abc.ABC):
         """The exploit action (no exploration)."""
         batch = as_batch(X, self.n_features)
         m = _check_mask(mask, batch_size(batch), self.n_actions)
-        return masked_argmax(self.decision_scores(batch), m)
+        return self._exploit(batch, self.decision_scores(batch), m)
+
+    def _exploit(self, X: Batch, score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """The exploit action of each event: the masked argmax of the scores (ties → lowest index).
+
+        Learners whose policy is not the argmax of one score matrix (a vote over bag
+        copies, a Thompson-sampling mode) override this and ``_probabilities`` together,
+        keeping ``argmax(probs) == exploit`` row by row.
+        """
+        return masked_argmax(score_matrix, mask)
+
+    def _probabilities(
+        self, X: Batch, score_matrix: np.ndarray, exploit: np.ndarray, gammas: np.ndarray,
+        mask: np.ndarray | None,
+    ) -> np.ndarray:
+        """The full sampling distribution (B, K); by default ε-greedy around ``exploit`` with ε = γ.
+
+        Overrides must return rows that sum to 1, are zero outside the mask, and have
+        their maximum at ``exploit`` (first maximum, as ``np.argmax`` reads it).
+        """
+        return self._distribution(exploit, gammas, mask)
 
     def _distribution(
         self, exploit: np.ndarray, gammas: np.ndarray, mask: np.ndarray | None
@@ -215,6 +248,11 @@ class Learner(abc.ABC):
     @abc.abstractmethod
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         """Apply one validated batch of feedback."""
+
+    @property
+    def drift_detections_(self) -> int:
+        """Changes detected so far by the exploration strategy's drift detector (0 without one)."""
+        return int(self.exploration.drift_detections_)
 
     # ----------------------------------------------------------------- state
     @abc.abstractmethod
