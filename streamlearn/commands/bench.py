@@ -37,7 +37,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--batch-size", metavar="B", default="64",
                         help="micro-batch size of the vectorised learners (default 64)")
     parser.add_argument("--gamma", metavar="G", default="0.05",
-                        help="exploration rate of the streamlearn learners, in (0, 0.5] (default 0.05)")
+                        help="fixed exploration rate of the Banditron-family learners, in (0, 0.5] "
+                             "(default 0.05); the other learners use their own defaults")
     parser.add_argument("--systems", metavar="LIST", default=",".join(DEFAULT_SYSTEMS),
                         help="comma-separated systems or groups (all, streamlearn, vw); default all")
     parser.add_argument("--seed", metavar="S", default="0", help="stream order and exploration seed")

@@ -408,10 +408,10 @@ STRATEGIES: dict[str, type[Exploration]] = {
 def default_exploration() -> Exploration:
     """The exploration of the regression-oracle learners: drift-aware ``Adaptive`` on the √t scale.
 
-    γ_t = ½·√(K·r̂/τ) (floor 0.05·√(K/τ)), τ restarting at each detected change. One
+    γ_t = 0.35·√(K·r̂/τ) (floor 0.05·√(K/τ)), τ restarting at each detected change. One
     setting for every data set (docs/learners.md says how it was chosen).
     """
-    return Adaptive(c=0.5, power=0.5)
+    return Adaptive(c=0.35, power=0.5)
 
 
 def exploration_from_spec(spec: dict[str, Any]) -> Exploration:
