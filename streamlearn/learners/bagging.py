@@ -9,9 +9,10 @@ import numpy as np
 from streamlearn.errors import ConfigError
 from streamlearn.features import Batch
 from streamlearn.learners import randomness
-from streamlearn.learners.base import Learner, check_int, mix_uniform
+from streamlearn.learners.base import Learner, check_float, check_int, mix_uniform
 from streamlearn.learners.exploration import Exploration
 from streamlearn.learners.oracle import RegressionOracle
+from streamlearn.learners.oracle_base import new_change
 
 __all__ = ["Bagging", "poisson_one"]
 
@@ -82,6 +83,7 @@ class Bagging(Learner):
         lr: float = 0.5,
         seed: int = 0,
         initial: float = 1.0,
+        drift_memory: float = 0.0,
     ) -> None:
         from streamlearn.learners.exploration import FixedGamma
 
@@ -97,6 +99,8 @@ class Bagging(Learner):
         self.loss = self.oracle_.loss
         self.lr = self.oracle_.learning_rate
         self.initial = self.oracle_.initial
+        self.drift_memory = check_float("Bagging", "drift_memory", drift_memory, 0.0, 1.0, low_open=False)
+        self.drift_seen_ = np.zeros(1)
 
     # ---------------------------------------------------------------- decide
     def decision_scores(self, X: Batch) -> np.ndarray:
@@ -132,6 +136,8 @@ class Bagging(Learner):
         return poisson_one(randomness.uniforms(self.seed, keys)).reshape(n_events, self.n_bags)
 
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+        if new_change(self):
+            self.oracle_.forget(self.drift_memory)
         B = len(actions)
         counts = self.bootstrap_counts(B)
         if self.importance == "ips":
@@ -144,7 +150,8 @@ class Bagging(Learner):
         return self.oracle_.weights_.reshape(self.n_bags, self.n_actions, -1).mean(axis=0)
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        return self.oracle_.arrays()
+        return {**self.oracle_.arrays(), "drift_seen": self.drift_seen_}
 
     def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.oracle_.load_arrays(arrays)
+        self.drift_seen_ = arrays["drift_seen"]

@@ -60,12 +60,13 @@ class EpsilonGreedy(OracleLearner):
         loss: str = "squared",
         initial: float = 1.0,
         importance: str = "none",
+        drift_memory: float = 0.0,
     ) -> None:
         from streamlearn.learners.exploration import default_exploration
 
         super().__init__(n_actions, n_features,
                          exploration if exploration is not None else default_exploration(),
-                         loss, lr, seed, initial)
+                         loss, lr, seed, initial, drift_memory)
         if importance not in ("ips", "none"):
             raise ConfigError(f"The 'importance' parameter of EpsilonGreedy must be 'ips' or 'none'. "
                               f"Got {importance!r} instead.")

@@ -35,6 +35,7 @@ from streamlearn.features import Batch, SparseBatch, add_outer, scores
 from streamlearn.learners.base import Learner, check_float, check_int, mix_uniform
 from streamlearn.learners.exploration import Exploration
 from streamlearn.learners.oracle import RegressionOracle
+from streamlearn.learners.oracle_base import new_change
 
 __all__ = ["LinTS", "LinUCB", "RidgePosterior"]
 
@@ -65,7 +66,8 @@ class RidgePosterior:
             self.cov_ = np.tile(np.eye(self.dim) / ridge, (n_actions, 1, 1))  # A⁻¹ per action
         else:
             self.cov_ = np.full((n_actions, self.dim), 1.0 / ridge)  # diagonal of A⁻¹
-        self.oracle_ = RegressionOracle(n_actions, n_features if not self.full else 1)
+        # diagonal mode's means; optimistic start, as the oracle learners (unused in full mode)
+        self.oracle_ = RegressionOracle(n_actions, n_features if not self.full else 1, initial=1.0)
 
     def predict(self, X: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Posterior means and widths √(zᵀA_a⁻¹z), each (B, K)."""
@@ -113,6 +115,20 @@ class RidgePosterior:
         self.cov_ = self.cov_ - projected.transpose(0, 2, 1) @ np.linalg.solve(inner, projected)
         self.cov_ = 0.5 * (self.cov_ + self.cov_.transpose(0, 2, 1))  # keep it exactly symmetric
 
+    def forget(self, memory: float, ridge: float) -> None:
+        """Keep a fraction ``memory`` of the evidence: A ← λI + memory·(A − λI), b ← memory·b."""
+        self.xty_ = np.asarray(self.xty_ * memory, dtype=np.float64)
+        if not self.full:
+            self.cov_ = 1.0 / (ridge + memory * (1.0 / self.cov_ - ridge))
+            self.oracle_.forget(memory)
+            return
+        eye = np.eye(self.dim)
+        precision = np.linalg.inv(self.cov_)
+        self.cov_ = np.asarray(np.linalg.inv(ridge * eye + memory * (precision - ridge * eye)),
+                               dtype=np.float64)
+        self.cov_ = 0.5 * (self.cov_ + self.cov_.transpose(0, 2, 1))
+        self.mean_ = np.einsum("kij,kj->ki", self.cov_, self.xty_)
+
     def arrays(self) -> dict[str, np.ndarray]:
         return {"cov": self.cov_, "xty": self.xty_, "mean": self.mean_,
                 **self.oracle_.arrays(prefix="oracle.")}
@@ -132,7 +148,7 @@ class _RidgeLearner(Learner):
     wants_standardised: ClassVar[bool] = True
 
     def __init__(self, n_actions: int, n_features: int, exploration: Exploration | None,
-                 ridge: float, full_max_features: int, seed: int) -> None:
+                 ridge: float, full_max_features: int, seed: int, drift_memory: float) -> None:
         from streamlearn.learners.exploration import default_exploration
 
         super().__init__(n_actions, n_features,
@@ -142,6 +158,8 @@ class _RidgeLearner(Learner):
         self.full_max_features = check_int(name, "full_max_features", full_max_features, low=1)
         self.posterior_ = RidgePosterior(self.n_actions, self.n_features, self.ridge,
                                          self.full_max_features)
+        self.drift_memory = check_float(name, "drift_memory", drift_memory, 0.0, 1.0, low_open=False)
+        self.drift_seen_ = np.zeros(1)
 
     def _weights(self) -> np.ndarray:
         if not self.posterior_.full:
@@ -149,13 +167,16 @@ class _RidgeLearner(Learner):
         return self.posterior_.mean_[:, :-1]
 
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+        if new_change(self):
+            self.posterior_.forget(self.drift_memory, self.ridge)
         self.posterior_.update(X, actions, rewards)
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        return self.posterior_.arrays()
+        return {**self.posterior_.arrays(), "drift_seen": self.drift_seen_}
 
     def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.posterior_.load_arrays(arrays)
+        self.drift_seen_ = arrays["drift_seen"]
 
 
 class LinUCB(_RidgeLearner):
@@ -195,8 +216,10 @@ class LinUCB(_RidgeLearner):
         ridge: float = 1.0,
         full_max_features: int = 128,
         seed: int = 0,
+        drift_memory: float = 0.0,
     ) -> None:
-        super().__init__(n_actions, n_features, exploration, ridge, full_max_features, seed)
+        super().__init__(n_actions, n_features, exploration, ridge, full_max_features, seed,
+                         drift_memory)
         self.alpha = check_float("LinUCB", "alpha", alpha, 0.0, 1e3, low_open=False)
 
     def decision_scores(self, X: Batch) -> np.ndarray:
@@ -243,8 +266,10 @@ class LinTS(_RidgeLearner):
         ridge: float = 1.0,
         full_max_features: int = 128,
         seed: int = 0,
+        drift_memory: float = 0.0,
     ) -> None:
-        super().__init__(n_actions, n_features, exploration, ridge, full_max_features, seed)
+        super().__init__(n_actions, n_features, exploration, ridge, full_max_features, seed,
+                         drift_memory)
         self.scale = check_float("LinTS", "scale", scale, 0.0, 1e3)
         self.n_samples = check_int("LinTS", "n_samples", n_samples, low=1)
         self._normals = np.random.default_rng([self.seed, 0x7415]).standard_normal(

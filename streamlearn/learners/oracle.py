@@ -287,6 +287,14 @@ class RegressionOracle:
         self.intercept_ += rate_b * coef.sum(axis=0)
         return W, G, new_N
 
+    def forget(self, memory: float) -> None:
+        """Scale the AdaGrad accumulators by ``memory`` ∈ [0, 1]: step sizes grow by 1/√memory.
+
+        Used after a detected change, so the weights move away from the old concept quickly.
+        """
+        self.sq_grad_ = self.sq_grad_ * memory
+        self.intercept_sq_grad_ = self.intercept_sq_grad_ * memory
+
     # -------------------------------------------------------------------- state
     def arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
         return {f"{prefix}weights": self.weights_, f"{prefix}intercept": self.intercept_,

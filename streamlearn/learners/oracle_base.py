@@ -15,11 +15,25 @@ from typing import ClassVar
 import numpy as np
 
 from streamlearn.features import Batch
-from streamlearn.learners.base import Learner
+from streamlearn.learners.base import Learner, check_float
 from streamlearn.learners.exploration import Exploration
 from streamlearn.learners.oracle import RegressionOracle
 
-__all__ = ["OracleLearner", "inverse_gap_weighting"]
+__all__ = ["OracleLearner", "inverse_gap_weighting", "new_change"]
+
+
+def new_change(learner: Learner) -> bool:
+    """Whether the exploration detected a change the learner has not acted on yet (then mark it seen).
+
+    Learners with a ``drift_seen_`` array and a ``drift_memory`` forget part of what they
+    learned once per detected change, before applying the batch whose feedback revealed it.
+    """
+    detections = float(learner.drift_detections_)
+    seen: np.ndarray = learner.drift_seen_  # type: ignore[attr-defined]
+    if detections <= seen[0]:
+        return False
+    learner.drift_seen_ = np.array([detections])  # type: ignore[attr-defined]
+    return bool(learner.drift_memory < 1.0)  # type: ignore[attr-defined]
 
 
 def inverse_gap_weighting(
@@ -61,6 +75,7 @@ class OracleLearner(Learner):
         lr: float = 0.5,
         seed: int = 0,
         initial: float = 0.0,
+        drift_memory: float = 0.0,
     ) -> None:
         super().__init__(n_actions, n_features, exploration, seed)
         self.oracle_ = RegressionOracle(self.n_actions, self.n_features, loss, lr,
@@ -68,6 +83,9 @@ class OracleLearner(Learner):
         self.loss = self.oracle_.loss
         self.lr = self.oracle_.learning_rate
         self.initial = self.oracle_.initial
+        self.drift_memory = check_float(type(self).__name__, "drift_memory", drift_memory, 0.0, 1.0,
+                                        low_open=False)
+        self.drift_seen_ = np.zeros(1)  # the exploration's detections already acted on
 
     def decision_scores(self, X: Batch) -> np.ndarray:
         """The regressors' raw outputs ``X @ W.T + b`` (B, K)."""
@@ -85,11 +103,14 @@ class OracleLearner(Learner):
         return np.ones(len(actions))
 
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+        if new_change(self):
+            self.oracle_.forget(self.drift_memory)
         importance = self._importance(actions, probs)
         self.oracle_.update(X, actions[:, None], rewards[:, None], importance[:, None])
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        return self.oracle_.arrays()
+        return {**self.oracle_.arrays(), "drift_seen": self.drift_seen_}
 
     def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.oracle_.load_arrays(arrays)
+        self.drift_seen_ = arrays["drift_seen"]

@@ -56,12 +56,13 @@ class SquareCB(OracleLearner):
         lr: float = 0.5,
         seed: int = 0,
         initial: float = 1.0,
+        drift_memory: float = 0.0,
     ) -> None:
         from streamlearn.learners.exploration import default_exploration
 
         super().__init__(n_actions, n_features,
                          exploration if exploration is not None else default_exploration(),
-                         loss, lr, seed, initial)
+                         loss, lr, seed, initial, drift_memory)
         self.greediness = check_float("SquareCB", "greediness", greediness, 0.0, 1e6)
 
     def _probabilities(
