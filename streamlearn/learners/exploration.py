@@ -224,7 +224,7 @@ class Adaptive(Exploration):
 
     def __init__(self, c: float = 1.5, c_floor: float = 0.05, window: int = 0,
                  power: float = 1.0 / 3.0, half_life: float = 0.0, detect_drift: bool = True,
-                 drift_delta: float = 0.05, drift_threshold: float = 50.0) -> None:
+                 drift_delta: float = 0.2, drift_threshold: float = 100.0) -> None:
         self.c = _check_positive("Adaptive", "c", c)
         self.c_floor = _check_positive("Adaptive", "c_floor", c_floor)
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:

@@ -537,3 +537,24 @@ def test_sampler_frequencies_match_probabilities() -> None:
     freq = np.bincount(actions, minlength=4) / n
     assert freq[2] == 0.0
     np.testing.assert_allclose(freq, P, atol=4 * math.sqrt(0.25 / n))
+
+
+def test_newtron_gradient_estimate_is_unbiased() -> None:
+    """E over ỹ ~ P of Newtron's estimate = α(p − e_y) ⊗ x, projected to rows summing to zero."""
+    from streamlearn.learners import Newtron
+
+    rng = np.random.default_rng(6)
+    x, label = rng.normal(size=D), 2
+    learner = Newtron(K, D, FixedGamma(0.3), alpha=1.5, beta=1e-12, full_max_dim=0)
+    learner.weights_ = rng.normal(size=(K, D))
+    s = learner.weights_ @ x
+    p = np.exp(1.5 * (s - s.max())) / np.exp(1.5 * (s - s.max())).sum()
+    _, P = learner.decide(x[None, :])
+    expected = np.zeros(K)
+    for a in range(K):  # exact expectation: each action's estimate weighted by its probability
+        twin = copy.deepcopy(learner)
+        twin.curvature_.inverse_[:] = 1.0  # A⁻¹ = I and β ≈ 0: the step is the estimate itself
+        twin._update(x[None, :], np.array([a]), np.array([float(a == label)]), P)
+        expected += P[0, a] * (learner.weights_ - twin.weights_) @ x / (x @ x)
+    gradient = 1.5 * (p - np.eye(K)[label])
+    np.testing.assert_allclose(expected, gradient - gradient.mean(), atol=1e-9)
