@@ -60,6 +60,10 @@ class Bagging(Learner):
         The oracles' loss and η.
     seed
         Seeds the exploration and bootstrap randomness.
+    initial
+        Every action's reward estimate before any feedback (1: optimistic).
+    drift_memory
+        Share of the oracles' step-size statistics kept after a detected change.
 
     Examples
     --------

@@ -39,6 +39,8 @@ class EpsilonGreedy(OracleLearner):
         Every action's reward estimate before any feedback (1: optimistic).
     importance
         ``"ips"`` (1/(K·P(ỹ))) or ``"none"``.
+    drift_memory
+        Share of the oracle's step-size statistics kept after a detected change.
 
     Examples
     --------

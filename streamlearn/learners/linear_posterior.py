@@ -197,6 +197,9 @@ class LinUCB(_RidgeLearner):
         Keep the full A⁻¹ while d + 1 ≤ this, its diagonal beyond.
     seed
         Seeds the exploration randomness together with each event's key.
+    drift_memory
+        Share of the evidence (A − λI, b) kept when the exploration detects a change
+        (0: the regression restarts from its prior).
 
     Examples
     --------
@@ -246,6 +249,8 @@ class LinTS(_RidgeLearner):
         As in :class:`LinUCB`.
     seed
         Seeds the fixed table of normal draws and the exploration randomness.
+    drift_memory
+        As in :class:`LinUCB`.
 
     Examples
     --------

@@ -23,19 +23,21 @@ own intercept. It learns with the update Vowpal Wabbit uses by default
 
 The intercept of each output is a feature fixed at 1 with its own AdaGrad
 accumulator (VW's constant feature), so with no signal in x every output
-converges to the best constant. Two losses: ``"squared"`` (targets in [0, 1],
-clipped like VW's: a prediction beyond the target range on the target's side is
-not penalised) and ``"logistic"`` (targets in [0, 1] read as the probability of
-the label +1; VW's Lambert-W invariant update). :meth:`RegressionOracle.expected`
+converges to the best constant. Two losses: ``"squared"`` (targets in [0, 1];
+as in VW the prediction is clipped to that label range before the loss) and
+``"logistic"`` (targets in [0, 1] read as the probability of the label +1; VW's
+Lambert-W invariant update). :meth:`RegressionOracle.expected`
 maps raw scores to reward estimates (identity for squared, the sigmoid for
 logistic).
 
 Batch semantics: every event of a batch is predicted with the weights of the
 batch's start; the batch's squared gradients, normaliser and multiplier are
-accumulated first, then the summed updates are applied. A batch of one event
+accumulated first, then the updates are summed, each taken against its
+output's joint sensitivity in the batch (:func:`_joint_sensitivity`) so that
+several events of one output cannot overshoot together. A batch of one event
 is exactly VW's per-event rule (tests/unit/test_oracle.py compares it with a
-naive per-event implementation). Each event may update several distinct
-outputs at once (bagging updates the same action in every bag copy).
+naive per-event implementation and with VW). Each event may update several
+distinct outputs at once (bagging updates the same action in every bag copy).
 
 Numerics: exponents are clipped and divisions guarded, so finite inputs never
 give NaN or inf; a weight whose feature has never been seen has step size 0.

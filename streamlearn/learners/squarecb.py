@@ -36,6 +36,12 @@ class SquareCB(OracleLearner):
         The oracle's loss and η.
     seed
         Seeds the exploration randomness together with each event's key.
+    initial
+        Every action's reward estimate before any feedback (1: optimistic, as VW's
+        default cost encoding).
+    drift_memory
+        Share of the oracle's step-size statistics kept when the exploration detects a
+        change (0: the step sizes restart).
 
     Examples
     --------
