@@ -382,6 +382,7 @@ class MarginAware(Exploration):
 
     def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         self.base.observe(actions, rewards, probs)
+        self.drift_detections_ = self.base.drift_detections_  # the margin rule has no detector
 
     def params(self) -> dict[str, Any]:
         return {"base": self.base.spec(), "decay": self.decay}
@@ -398,6 +399,7 @@ class MarginAware(Exploration):
             {k[5:]: v for k, v in arrays.items() if k.startswith("base.")},
             {k[5:]: v for k, v in scalars.items() if k.startswith("base.")},
         )
+        self.drift_detections_ = self.base.drift_detections_
 
 
 STRATEGIES: dict[str, type[Exploration]] = {

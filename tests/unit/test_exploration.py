@@ -164,3 +164,11 @@ def test_adaptive_half_life_discounts_old_feedback() -> None:
     assert strategy.exploit_error() > 0.99
     with pytest.raises(ConfigError, match="'window' or a 'half_life'"):
         Adaptive(window=10, half_life=5.0)
+
+
+def test_margin_aware_reports_its_base_strategy_detections() -> None:
+    strategy = MarginAware(Adaptive())
+    rng = np.random.default_rng(7)
+    strategy.observe(*_exploit_feedback(rng.random(5000) < 0.95))
+    strategy.observe(*_exploit_feedback(rng.random(1000) < 0.05))
+    assert strategy.drift_detections_ == strategy.base.drift_detections_ == 1
