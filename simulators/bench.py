@@ -60,10 +60,19 @@ SYSTEMS: dict[str, tuple[str, str, int | None]] = {
     "streamlearn-pnorm": ("streamlearn", "pnorm", None),
     "streamlearn-eg": ("streamlearn", "eg", None),
     "streamlearn-epsilon-greedy": ("streamlearn", "epsilon-greedy", None),
+    "streamlearn-squarecb": ("streamlearn", "squarecb", None),
+    "streamlearn-bag": ("streamlearn", "bag", None),
+    "streamlearn-linucb": ("streamlearn", "linucb", None),
+    "streamlearn-lints": ("streamlearn", "lints", None),
+    "streamlearn-newtron": ("streamlearn", "newtron", None),
+    "streamlearn-soba": ("streamlearn", "soba", None),
     "python-loop-banditron": ("python", "banditron", 1),
     **{name: ("vw", name, 1) for name in VW_EXPLORERS},
 }
 DEFAULT_SYSTEMS: tuple[str, ...] = tuple(SYSTEMS)
+#: learners that run with their own default (drift-aware) exploration; the Banditron family
+#: (banditron, pnorm, eg) runs with the fixed --gamma
+OWN_EXPLORATION = frozenset({"epsilon-greedy", "squarecb", "bag", "linucb", "lints", "newtron", "soba"})
 #: the ratio column is this system's events/s divided by each row's
 REFERENCE = "streamlearn-banditron"
 _GROUPS = {
@@ -196,7 +205,8 @@ def run_bench(
         kind, algo, fixed_batch = SYSTEMS[system]
         b = fixed_batch if fixed_batch is not None else batch_size
         if kind == "streamlearn":
-            learner = make_learner(algo, K, d, exploration.clone(), seed=seed)
+            own = algo in OWN_EXPLORATION  # the new learners run at their own defaults
+            learner = make_learner(algo, K, d, None if own else exploration.clone(), seed=seed)
             cpu_start = time.process_time()
             res = replay(learner, X_stream, y_stream, batch_size=b,
                          progress=_replay_progress(system, say))

@@ -46,11 +46,18 @@ __all__ = [
 ]
 
 #: bench system name → the VW arguments added to ``--cbify K`` (explorers at their defaults).
-VW_EXPLORERS: dict[str, str] = {
+#: Each explorer also runs with the cost encoding ``--loss0 -1 --loss1 0`` (the ``-neg``
+#: systems: a correct action costs −1, a wrong one 0), which is often the stronger one.
+_VW_BASE: dict[str, str] = {
     "vw-epsilon": "--epsilon 0.05",
     "vw-bag": "--bag 5",
-    "vw-cover": "--cover 5",
+    "vw-cover": "--cover 3",
     "vw-squarecb": "--cb_explore_adf --squarecb",
+}
+VW_NEG_COSTS = "--loss0 -1 --loss1 0"
+VW_EXPLORERS: dict[str, str] = {
+    **_VW_BASE,
+    **{f"{name}-neg": f"{args} {VW_NEG_COSTS}" for name, args in _VW_BASE.items()},
 }
 
 Progress = Callable[[int, int, float], None]  # (events done, total, error so far)
@@ -152,7 +159,8 @@ def run_vw(
     """Run ``--cbify n_actions <explorer>`` over ``lines[order]``; time only the learn calls.
 
     ``extra`` holds ``vw_reported_error`` (VW's own average cbify loss: sum loss /
-    weighted examples, which must equal the played-action error we count),
+    weighted examples — the 0/1 multiclass loss of the played action whatever
+    ``--loss0``/``--loss1`` say; it must equal the played-action error we count),
     ``parse_seconds`` (untimed text parsing) and the VW arguments.
     """
     if explorer not in VW_EXPLORERS:

@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 from streamlearn.errors import ConfigError, StateError
+from streamlearn.learners.bagging import Bagging
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.base import Learner
 from streamlearn.learners.epsilon_greedy import EpsilonGreedy
@@ -22,15 +23,22 @@ from streamlearn.learners.exploration import (
     FixedGamma,
     MarginAware,
     SqrtSchedule,
+    default_exploration,
     exploration_from_name,
 )
+from streamlearn.learners.linear_posterior import LinTS, LinUCB
+from streamlearn.learners.oracle import RegressionOracle
 from streamlearn.learners.perceptron import Perceptron
 from streamlearn.learners.potential import PNormBandit
+from streamlearn.learners.second_order import SOBA, Newtron
+from streamlearn.learners.squarecb import SquareCB
 from streamlearn.snapshot import read_snapshot, write_snapshot
 
 __all__ = [
     "LEARNERS",
+    "SOBA",
     "Adaptive",
+    "Bagging",
     "Banditron",
     "CubeRootSchedule",
     "EpsilonGreedy",
@@ -38,10 +46,16 @@ __all__ = [
     "Exploration",
     "FixedGamma",
     "Learner",
+    "LinTS",
+    "LinUCB",
     "MarginAware",
+    "Newtron",
     "PNormBandit",
     "Perceptron",
+    "RegressionOracle",
     "SqrtSchedule",
+    "SquareCB",
+    "default_exploration",
     "exploration_from_name",
     "load_learner",
     "make_learner",
@@ -54,6 +68,12 @@ LEARNERS: dict[str, type[Learner]] = {
     "eg": ExpGradientBandit,
     "perceptron": Perceptron,
     "epsilon-greedy": EpsilonGreedy,
+    "squarecb": SquareCB,
+    "bag": Bagging,
+    "linucb": LinUCB,
+    "lints": LinTS,
+    "newtron": Newtron,
+    "soba": SOBA,
 }
 
 _CLASSES = {cls.__name__: cls for cls in LEARNERS.values()}

@@ -39,7 +39,7 @@ from streamlearn.features import Batch, SparseBatch, as_batch, batch_size, score
 from streamlearn.learners import randomness
 from streamlearn.learners.exploration import GAMMA_MAX, Exploration, FixedGamma
 
-__all__ = ["Learner", "check_float", "check_int", "exploit_actions", "masked_argmax"]
+__all__ = ["Learner", "check_float", "check_int", "exploit_actions", "masked_argmax", "mix_uniform"]
 
 
 def check_int(owner: str, name: str, value: object, low: int = 1) -> int:
@@ -108,6 +108,19 @@ def safe_distribution(probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     allowed = np.ones_like(probs, dtype=bool) if mask is None else mask
     uniform = allowed / allowed.sum(axis=1, keepdims=True)
     return np.where(good[:, None], probs, uniform)
+
+
+def mix_uniform(dist: np.ndarray, gammas: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """(1 − γ)·dist + γ·uniform over the allowed actions, rows renormalised to sum to 1.
+
+    Mixing with a uniform distribution keeps the order of the allowed entries (and
+    so the row's first maximum); the renormalisation makes a row with one allowed
+    action exactly 1.
+    """
+    K = dist.shape[1]
+    uniform = np.full(dist.shape, 1.0 / K) if mask is None else mask / mask.sum(axis=1, keepdims=True)
+    mixed = (1.0 - gammas)[:, None] * dist + gammas[:, None] * uniform
+    return mixed / mixed.sum(axis=1, keepdims=True)
 
 
 def exploit_actions(probs: np.ndarray) -> np.ndarray:
@@ -186,11 +199,12 @@ class Learner(abc.ABC):
         m = _check_mask(mask, B, self.n_actions)
         with np.errstate(over="ignore", invalid="ignore"):
             score_matrix = rankable(self.decision_scores(batch))
-        exploit = _argmax_ranked(score_matrix, m)
+        exploit = self._exploit(batch, score_matrix, m)
         rounds = self.n_decided_ + 1 + np.arange(B)
         gammas = self.exploration.gammas(score_matrix, exploit, rounds, m, self.n_actions)
         # γ ≤ ½; a NaN γ gives NaN rows, which safe_distribution replaces by uniform ones
-        probs = safe_distribution(self._distribution(exploit, np.minimum(gammas, GAMMA_MAX), m), m)
+        probs = safe_distribution(self._probabilities(batch, score_matrix, exploit,
+                                                      np.minimum(gammas, GAMMA_MAX), m), m)
         uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
         actions = randomness.sample(probs, uniforms)
         self.n_decided_ += B
@@ -209,7 +223,28 @@ class Learner(abc.ABC):
         """The exploit action (no exploration)."""
         batch = as_batch(X, self.n_features)
         m = _check_mask(mask, batch_size(batch), self.n_actions)
-        return masked_argmax(self.decision_scores(batch), m)
+        return self._exploit(batch, self.decision_scores(batch), m)
+
+    def _exploit(self, X: Batch, score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """The exploit action of each event: the masked argmax of the scores (ties → lowest index).
+
+        Learners whose policy is not the argmax of one score matrix (a vote over bag
+        copies, a Thompson-sampling mode) override this and ``_probabilities`` together,
+        keeping ``argmax(probs) == exploit`` row by row. The scores are already
+        :func:`rankable` (finite).
+        """
+        return _argmax_ranked(score_matrix, mask)
+
+    def _probabilities(
+        self, X: Batch, score_matrix: np.ndarray, exploit: np.ndarray, gammas: np.ndarray,
+        mask: np.ndarray | None,
+    ) -> np.ndarray:
+        """The full sampling distribution (B, K); by default ε-greedy around ``exploit`` with ε = γ.
+
+        Overrides must return rows that sum to 1, are zero outside the mask, and have
+        their maximum at ``exploit`` (first maximum, as ``np.argmax`` reads it).
+        """
+        return self._distribution(exploit, gammas, mask)
 
     def _distribution(
         self, exploit: np.ndarray, gammas: np.ndarray, mask: np.ndarray | None
@@ -261,32 +296,37 @@ class Learner(abc.ABC):
 
     def _guarded_update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray,
                         probs: np.ndarray) -> int:
-        """Apply the batch unless it makes the state non-finite; return the rows applied.
+        """Apply the batch unless it makes the state non-finite (or the numerics fail, e.g. a
+        singular matrix); return the rows applied.
 
         Cold path on failure: restore, find the rows that fail on their own,
         apply the others together (if even that fails, skip the whole batch).
         """
         saved = self._snapshot()
-        with np.errstate(over="ignore", invalid="ignore"):
-            self._update(X, actions, rewards, probs)
-        if self._state_finite():
+        if self._applied(X, actions, rewards, probs):
             return len(actions)
         self._restore(saved)
         good = np.ones(len(actions), dtype=bool)
         for i in range(len(actions)):
             one = np.array([i])
-            with np.errstate(over="ignore", invalid="ignore"):
-                self._update(take_rows(X, one), actions[one], rewards[one], probs[one])
-            good[i] = self._state_finite()
+            good[i] = self._applied(take_rows(X, one), actions[one], rewards[one], probs[one])
             self._restore(saved)
         rows = np.flatnonzero(good)
-        if len(rows):
-            with np.errstate(over="ignore", invalid="ignore"):
-                self._update(take_rows(X, rows), actions[rows], rewards[rows], probs[rows])
-            if not self._state_finite():
-                self._restore(saved)
-                return 0
+        if len(rows) and not self._applied(take_rows(X, rows), actions[rows], rewards[rows],
+                                           probs[rows]):
+            self._restore(saved)
+            return 0
         return len(rows)
+
+    def _applied(self, X: Batch, actions: np.ndarray, rewards: np.ndarray,
+                 probs: np.ndarray) -> bool:
+        """Run ``_update``; whether it left the state finite (False also when it failed)."""
+        try:
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                self._update(X, actions, rewards, probs)
+        except (np.linalg.LinAlgError, FloatingPointError, ZeroDivisionError, OverflowError):
+            return False
+        return self._state_finite()
 
     def _snapshot(self) -> dict[str, np.ndarray]:
         """A copy of the learned arrays, taken before every update (override if cheaper exists)."""
@@ -310,6 +350,11 @@ class Learner(abc.ABC):
     @abc.abstractmethod
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         """Apply one validated batch of feedback."""
+
+    @property
+    def drift_detections_(self) -> int:
+        """Changes detected so far by the exploration strategy's drift detector (0 without one)."""
+        return int(self.exploration.drift_detections_)
 
     # ----------------------------------------------------------------- state
     @abc.abstractmethod

@@ -1,25 +1,46 @@
-"""ε-greedy linear baseline: per-action reward regression, uniform exploration.
+"""ε-greedy over the regression oracle: per-action reward regression, uniform exploration.
 
-Exploit ŷ = argmax_a ŵ_a·x; explore with the strategy's γ as ε (the same
-distribution (1−ε)·1[a=ŷ] + ε/K as every learner). The chosen action's reward
-model is updated by normalised least-mean-squares,
-ŵ_a += lr·(r − ŵ_a·x)·x / ‖x‖², which is invariant to the scale of x. This is
-the "regression oracle" baseline that VW's ε-greedy explorer also uses.
+Exploit ŷ = argmax_a μ̂_a(x), the oracle's reward estimates; explore with the
+strategy's γ as ε (the distribution (1−ε)·1[a=ŷ] + ε/K shared by every
+learner). The chosen action's regressor learns the observed reward with the
+oracle's adaptive, normalised, importance-invariant update
+(:mod:`streamlearn.learners.oracle`), with importance 1/(K·P(ỹ)) as VW's MTR
+reduction weighs it (``importance="ips"``) or 1 (``"none"``). This is the
+baseline VW's ``--cbify --epsilon`` runs.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from streamlearn.features import Batch, add_outer, row_norms, scores
-from streamlearn.learners.base import LinearLearner, check_float
+from streamlearn.errors import ConfigError
 from streamlearn.learners.exploration import Exploration
+from streamlearn.learners.oracle_base import OracleLearner
 
 __all__ = ["EpsilonGreedy"]
 
 
-class EpsilonGreedy(LinearLearner):
-    """ε-greedy over per-action linear reward estimates (NLMS updates).
+class EpsilonGreedy(OracleLearner):
+    """ε-greedy over per-action linear reward estimates (regression oracle).
+
+    Parameters
+    ----------
+    n_actions, n_features
+        K and d.
+    exploration
+        Source of ε = γ_t (default: the drift-aware ``default_exploration()``).
+    lr
+        The oracle's learning rate η.
+    seed
+        Seeds the exploration randomness together with each event's key.
+    loss
+        ``"squared"`` or ``"logistic"``.
+    initial
+        Every action's reward estimate before any feedback (1: optimistic).
+    importance
+        ``"ips"`` (1/(K·P(ỹ))) or ``"none"``.
+    drift_memory
+        Share of the oracle's step-size statistics kept after a detected change.
 
     Examples
     --------
@@ -28,7 +49,7 @@ class EpsilonGreedy(LinearLearner):
     >>> from streamlearn.learners.exploration import FixedGamma
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
     >>> round(replay(EpsilonGreedy(9, 400, FixedGamma(0.05)), X, y).error_rate, 2)
-    0.07
+    0.05
     """
 
     def __init__(
@@ -38,16 +59,22 @@ class EpsilonGreedy(LinearLearner):
         exploration: Exploration | None = None,
         lr: float = 0.5,
         seed: int = 0,
+        loss: str = "squared",
+        initial: float = 1.0,
+        importance: str = "none",
+        drift_memory: float = 0.0,
     ) -> None:
-        super().__init__(n_actions, n_features, exploration, seed)
-        self.lr = check_float("EpsilonGreedy", "lr", lr, 0.0, 2.0, high_open=True)
+        from streamlearn.learners.exploration import default_exploration
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
-        rows = np.arange(len(actions))
-        predicted = scores(self.weights_, X)[rows, actions]
-        sq_norms = row_norms(X) ** 2
-        step = np.where(sq_norms > 0, self.lr * (rewards - predicted) / np.maximum(sq_norms, 1e-300),
-                        0.0)
-        coef = np.zeros_like(probs)
-        coef[rows, actions] = step
-        add_outer(self.weights_, coef, X)
+        super().__init__(n_actions, n_features,
+                         exploration if exploration is not None else default_exploration(),
+                         loss, lr, seed, initial, drift_memory)
+        if importance not in ("ips", "none"):
+            raise ConfigError(f"The 'importance' parameter of EpsilonGreedy must be 'ips' or 'none'. "
+                              f"Got {importance!r} instead.")
+        self.importance = importance
+
+    def _importance(self, actions: np.ndarray, probs: np.ndarray) -> np.ndarray:
+        if self.importance == "none":
+            return np.ones(len(actions))
+        return 1.0 / (self.n_actions * probs[np.arange(len(actions)), actions])

@@ -42,7 +42,9 @@ __all__ = [
     "Exploration",
     "FixedGamma",
     "MarginAware",
+    "PageHinkley",
     "SqrtSchedule",
+    "default_exploration",
     "exploration_from_name",
     "exploration_from_spec",
 ]
@@ -66,6 +68,8 @@ class Exploration(abc.ABC):
     """How much to explore: one γ ∈ (0, ½] per event, decided before sampling."""
 
     name: ClassVar[str]
+    #: changes detected by the strategy's drift detector (strategies without one keep 0)
+    drift_detections_: int = 0
 
     def gammas(
         self,
@@ -157,19 +161,70 @@ class CubeRootSchedule(Exploration):
         return {"c": self.c}
 
 
+class PageHinkley:
+    """Page–Hinkley test for an increase in the mean of a signal (Page 1954; Hinkley 1971).
+
+    m_t = Σ_{i≤t} (e_i − ē_i − δ) with ē_i the mean of e_1..e_i, M_t = min_{i≤t} m_i;
+    a change is signalled when m_t − M_t > λ, and the test then restarts from scratch.
+    Vectorised over a batch; several changes in one batch are handled in order, so a
+    batch gives exactly the per-event result.
+
+    >>> ph = PageHinkley(delta=0.05, threshold=5.0)
+    >>> ph.update(np.zeros(500)), ph.update(np.ones(20))
+    ((0, -1), (1, 5))
+    """
+
+    def __init__(self, delta: float, threshold: float) -> None:
+        self.delta = delta
+        self.threshold = threshold
+        self.state = np.zeros(4)  # [count, sum of e, m, min m] since the last restart
+
+    def update(self, signal: np.ndarray) -> tuple[int, int]:
+        """Feed a batch; return (changes signalled, index of the last alarm in it or −1)."""
+        changes, last, offset = 0, -1, 0
+        e = np.asarray(signal, dtype=np.float64)
+        while len(e):
+            count, total, m, m_min = self.state
+            n = count + np.arange(1, len(e) + 1)
+            mean = (total + np.cumsum(e)) / n
+            m_path = m + np.cumsum(e - mean - self.delta)
+            m_min_path = np.minimum(m_min, np.minimum.accumulate(m_path))
+            alarms = np.flatnonzero(m_path - m_min_path > self.threshold)
+            if not len(alarms):
+                self.state = np.array([n[-1], total + e.sum(), m_path[-1], m_min_path[-1]])
+                break
+            changes += 1
+            last = offset + int(alarms[0])
+            offset = last + 1
+            self.state = np.zeros(4)
+            e = e[alarms[0] + 1:]
+        return changes, last
+
+
 class Adaptive(Exploration):
-    """γ from an unbiased online estimate of the exploit error (reconstruction, see module doc).
+    """γ from an online estimate of the exploit error, restarted when a change is detected.
 
     For each feedback event, c = r·1[ỹ=ŷ]/P(ŷ) has expectation 1[ŷ=y] (the
     exploit action's reward), so r̂ = 1 − mean(c) estimates the exploit error
-    without bias. γ_t = clip(c·(K·r̂/t)^{1/3}, c′·√(K/t), ½): the minimiser of the
-    dominant terms of the Banditron bound given the estimated loss. With
-    ``window`` > 0 the mean runs over the last ``window`` feedback events (drift).
+    without bias. γ_t = clip(c·(K·r̂/τ)^p, c′·√(K/τ), ½) with p = ``power``: p = ⅓
+    minimises the dominant terms of the Banditron bound given the estimated loss
+    (our reconstruction); p = ½ gives SquareCB its √t schedule scaled by √r̂.
+
+    Drift: τ counts the rounds since the last detected change (τ = t on a
+    stationary stream). A Page–Hinkley test (tolerance ``drift_delta``, threshold
+    ``drift_threshold``) watches e = 1 − r on the events whose played action was
+    the exploit action; when the exploit action's error rises, the clock τ and the
+    estimate r̂ restart, so γ jumps back to its early-stream level
+    (``drift_detections_`` counts the changes). r̂ is the mean since the last
+    change; ``window`` > 0 uses the last ``window`` events instead, ``half_life``
+    > 0 an exponentially discounted mean with that half-life in events.
     """
 
     name = "adaptive"
 
-    def __init__(self, c: float = 1.5, c_floor: float = 0.05, window: int = 0) -> None:
+    def __init__(self, c: float = 1.5, c_floor: float = 0.05, window: int = 0,
+                 power: float = 1.0 / 3.0, half_life: float = 0.0, detect_drift: bool = True,
+                 drift_delta: float = 0.2, drift_threshold: float = 100.0) -> None:
         self.c = _check_positive("Adaptive", "c", c)
         self.c_floor = _check_positive("Adaptive", "c_floor", c_floor)
         if isinstance(window, bool) or not isinstance(window, (int, np.integer)) or window < 0:
@@ -177,54 +232,110 @@ class Adaptive(Exploration):
                 f"The 'window' parameter of Adaptive must be an int >= 0. Got {window!r} instead."
             )
         self.window = int(window)
-        self._sum = 0.0
-        self._count = 0
+        self.power = _check_positive("Adaptive", "power", power, 1.0)
+        if not isinstance(half_life, (int, float, np.floating)) or isinstance(half_life, bool) or not (
+                math.isfinite(float(half_life)) and float(half_life) >= 0.0):
+            raise ConfigError(f"The 'half_life' parameter of Adaptive must be a float >= 0. "
+                              f"Got {half_life!r} instead.")
+        self.half_life = float(half_life)
+        if self.window and self.half_life:
+            raise ConfigError("Adaptive takes a 'window' or a 'half_life', not both. "
+                              f"Got window={window!r}, half_life={half_life!r}.")
+        if not isinstance(detect_drift, bool):
+            raise ConfigError(f"The 'detect_drift' parameter of Adaptive must be a bool. "
+                              f"Got {detect_drift!r} instead.")
+        self.detect_drift = detect_drift
+        self.drift_delta = _check_positive("Adaptive", "drift_delta", drift_delta, 1.0)
+        self.drift_threshold = _check_positive("Adaptive", "drift_threshold", drift_threshold)
+        self._detector = PageHinkley(self.drift_delta, self.drift_threshold)
+        self._sum = 0.0  # Σ c since the last change (discounted when half_life > 0)
+        self._count = 0.0  # events since the last change (discounted likewise)
         self._ring = np.zeros(self.window)
+        self._clock_start = 0  # τ = t − clock_start
+        self._restart_pending = False  # a change was seen: the clock restarts at the next round
+        self.drift_detections_ = 0
 
     def exploit_error(self) -> float:
-        """Current estimate r̂ ∈ [0, 1] (1 before any feedback)."""
-        if self._count == 0:
+        """Current estimate r̂ ∈ [0, 1] (1 before any feedback since the last change)."""
+        if self._count <= 0:
             return 1.0
         if self.window:
-            n = min(self._count, self.window)
+            n = int(min(self._count, self.window))
             mean = float(self._ring[:n].sum()) / n if n < self.window else float(self._ring.mean())
         else:
             mean = self._sum / self._count
         return float(np.clip(1.0 - mean, 0.0, 1.0))
 
+    def clock(self, t: np.ndarray) -> np.ndarray:
+        """τ: the rounds since the last detected change (t itself before any change)."""
+        if self._restart_pending:
+            self._clock_start = int(t[0]) - 1
+            self._restart_pending = False
+        return np.maximum(np.asarray(t, dtype=float) - self._clock_start, 1.0)
+
     def rule(self, t: np.ndarray, n_actions: int) -> np.ndarray:
+        tau = self.clock(t)
         r_hat = self.exploit_error()
-        target = self.c * np.cbrt(n_actions * r_hat / t)
-        floor = self.c_floor * np.sqrt(n_actions / t)
+        target = self.c * (n_actions * r_hat / tau) ** self.power
+        floor = self.c_floor * np.sqrt(n_actions / tau)
         return np.clip(np.maximum(target, floor), 0.0, GAMMA_MAX)
 
     def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         exploit = np.argmax(probs, axis=1)
         rows = np.arange(len(actions))
-        c = rewards * (actions == exploit) / probs[rows, exploit]
+        played_exploit = actions == exploit
+        c = rewards * played_exploit / probs[rows, exploit]
+        if self.detect_drift:
+            changes, last = self._detector.update(1.0 - rewards[played_exploit])
+            if changes:
+                self.drift_detections_ += changes
+                self._sum, self._count, self._ring = 0.0, 0.0, np.zeros(self.window)
+                self._restart_pending = True
+                c = c[int(np.flatnonzero(played_exploit)[last]) + 1:]  # only events after the change
+        self._accumulate(c)
+
+    def _accumulate(self, c: np.ndarray) -> None:
+        n = len(c)
+        if self.half_life > 0:
+            keep = 0.5 ** (1.0 / self.half_life)
+            weights = keep ** np.arange(n - 1, -1, -1)
+            self._sum = self._sum * keep**n + float(np.dot(weights, c))
+            self._count = self._count * keep**n + float(weights.sum())
+            return
         self._sum += float(c.sum())
         if self.window:
             tail = c[-self.window:]
-            positions = (self._count + len(c) - len(tail) + np.arange(len(tail))) % self.window
+            positions = (int(self._count) + n - len(tail) + np.arange(len(tail))) % self.window
             self._ring[positions] = tail
-        self._count += len(c)
+        self._count += n
 
     def params(self) -> dict[str, Any]:
-        return {"c": self.c, "c_floor": self.c_floor, "window": self.window}
+        return {"c": self.c, "c_floor": self.c_floor, "window": self.window, "power": self.power,
+                "half_life": self.half_life, "detect_drift": self.detect_drift,
+                "drift_delta": self.drift_delta, "drift_threshold": self.drift_threshold}
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {"ring": self._ring}
+        return {"ring": self._ring, "detector": self._detector.state}
 
     def scalars(self) -> dict[str, float]:
-        return {"sum": self._sum, "count": self._count}
+        return {"sum": self._sum, "count": self._count, "clock_start": self._clock_start,
+                "restart_pending": int(self._restart_pending),
+                "drift_detections": self.drift_detections_}
 
     def load(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
         ring = np.asarray(arrays["ring"], dtype=float)
         if ring.shape != (self.window,):
             raise ConfigError(f"Adaptive ring must have shape ({self.window},). Got {ring.shape}.")
+        detector = np.asarray(arrays.get("detector", np.zeros(4)), dtype=float)
+        if detector.shape != (4,):
+            raise ConfigError(f"Adaptive detector state must have shape (4,). Got {detector.shape}.")
         self._ring = ring.copy()
+        self._detector.state = detector.copy()
         self._sum = float(scalars["sum"])
-        self._count = int(scalars["count"])
+        self._count = float(scalars["count"])
+        self._clock_start = int(scalars.get("clock_start", 0))
+        self._restart_pending = bool(scalars.get("restart_pending", 0))
+        self.drift_detections_ = int(scalars.get("drift_detections", 0))
 
 
 class MarginAware(Exploration):
@@ -271,6 +382,7 @@ class MarginAware(Exploration):
 
     def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         self.base.observe(actions, rewards, probs)
+        self.drift_detections_ = self.base.drift_detections_  # the margin rule has no detector
 
     def params(self) -> dict[str, Any]:
         return {"base": self.base.spec(), "decay": self.decay}
@@ -287,11 +399,21 @@ class MarginAware(Exploration):
             {k[5:]: v for k, v in arrays.items() if k.startswith("base.")},
             {k[5:]: v for k, v in scalars.items() if k.startswith("base.")},
         )
+        self.drift_detections_ = self.base.drift_detections_
 
 
 STRATEGIES: dict[str, type[Exploration]] = {
     cls.name: cls for cls in (FixedGamma, SqrtSchedule, CubeRootSchedule, Adaptive, MarginAware)
 }
+
+
+def default_exploration() -> Exploration:
+    """The exploration of the regression-oracle learners: drift-aware ``Adaptive`` on the √t scale.
+
+    γ_t = 0.35·√(K·r̂/τ) (floor 0.05·√(K/τ)), τ restarting at each detected change. One
+    setting for every data set (docs/learners.md says how it was chosen).
+    """
+    return Adaptive(c=0.35, power=0.5)
 
 
 def exploration_from_spec(spec: dict[str, Any]) -> Exploration:

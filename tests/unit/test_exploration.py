@@ -12,6 +12,7 @@ from streamlearn.learners.exploration import (
     Exploration,
     FixedGamma,
     MarginAware,
+    PageHinkley,
     SqrtSchedule,
     exploration_from_name,
     exploration_from_spec,
@@ -69,7 +70,7 @@ def test_adaptive_window_tracks_drift() -> None:
     rewards = np.r_[np.ones(200), np.zeros(100)]  # the exploit action stops working
     strategy.observe(np.zeros(300, int), rewards, probs)
     assert strategy.exploit_error() == 1.0
-    cumulative = Adaptive()
+    cumulative = Adaptive(detect_drift=False)  # a cumulative mean alone lags behind the change
     cumulative.observe(np.zeros(300, int), rewards, probs)
     assert cumulative.exploit_error() < 0.5
 
@@ -106,3 +107,68 @@ def test_decisions_do_not_depend_on_the_feedback_of_their_own_batch() -> None:
     learner.update(X, a1, np.ones(64), p1)  # feedback arrives after the decision
     np.testing.assert_array_equal(a1, a2)
     np.testing.assert_array_equal(p1, p2)
+
+
+def _exploit_feedback(rewards: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Feedback where the exploit action (0) was always played, with the given rewards."""
+    probs = np.full((len(rewards), K), 0.01)
+    probs[:, 0] = 1 - 0.01 * (K - 1)
+    return np.zeros(len(rewards), int), rewards.astype(float), probs
+
+
+def test_page_hinkley_batches_equal_per_event_and_count_each_change() -> None:
+    rng = np.random.default_rng(3)
+    signal = np.r_[rng.random(3000) < 0.1, rng.random(3000) < 0.8, rng.random(3000) < 0.1,
+                   rng.random(3000) < 0.9].astype(float)
+    per_event = PageHinkley(0.05, 20.0)
+    alarms = [i for i, e in enumerate(signal) if per_event.update(np.array([e]))[0]]
+    batched = PageHinkley(0.05, 20.0)
+    seen = []
+    for lo in range(0, len(signal), 97):
+        changes, last = batched.update(signal[lo:lo + 97])
+        if changes:
+            seen.append(lo + last)
+    assert len(alarms) == 2 and 3000 < alarms[0] < 3100 and 9000 < alarms[1] < 9100
+    assert seen[-1] == alarms[-1] and len(seen) == len(alarms)
+    np.testing.assert_allclose(batched.state, per_event.state)
+
+
+def test_adaptive_detects_a_rise_of_the_exploit_error_and_restarts_its_clock() -> None:
+    rng = np.random.default_rng(4)
+    strategy = Adaptive(c=0.5, power=0.5)
+    strategy.observe(*_exploit_feedback(rng.random(20_000) < 0.9))  # exploit right 90% of the time
+    before = gammas(strategy, [20_001])[0]
+    assert strategy.drift_detections_ == 0
+    strategy.observe(*_exploit_feedback(rng.random(500) < 0.1))  # then wrong 90% of the time
+    assert strategy.drift_detections_ == 1
+    after = gammas(strategy, [20_502, 21_000])
+    assert after[0] == 0.5 and after[1] > 3 * before  # γ restarts from its early-stream level
+    twin = exploration_from_spec(strategy.spec())
+    twin.load(strategy.arrays(), strategy.scalars())
+    assert twin.drift_detections_ == 1
+    np.testing.assert_array_equal(gammas(twin, [21_500]), gammas(strategy, [21_500]))
+
+
+def test_adaptive_raises_no_false_alarm_on_a_stationary_stream() -> None:
+    rng = np.random.default_rng(5)
+    strategy = Adaptive()
+    for _ in range(100):  # 10⁶ events at a constant 30% exploit error
+        strategy.observe(*_exploit_feedback(rng.random(10_000) < 0.7))
+    assert strategy.drift_detections_ == 0
+    assert abs(strategy.exploit_error() - (1 - 0.7 / 0.96)) < 0.01  # c = r / P(ŷ), P(ŷ) = 0.96
+
+
+def test_adaptive_half_life_discounts_old_feedback() -> None:
+    strategy = Adaptive(half_life=100.0, detect_drift=False)
+    strategy.observe(*_exploit_feedback(np.r_[np.ones(1000), np.zeros(1000)]))
+    assert strategy.exploit_error() > 0.99
+    with pytest.raises(ConfigError, match="'window' or a 'half_life'"):
+        Adaptive(window=10, half_life=5.0)
+
+
+def test_margin_aware_reports_its_base_strategy_detections() -> None:
+    strategy = MarginAware(Adaptive())
+    rng = np.random.default_rng(7)
+    strategy.observe(*_exploit_feedback(rng.random(5000) < 0.95))
+    strategy.observe(*_exploit_feedback(rng.random(1000) < 0.05))
+    assert strategy.drift_detections_ == strategy.base.drift_detections_ == 1

@@ -8,6 +8,7 @@ fails ``test_every_learner_has_a_reference``.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable
 
@@ -110,14 +111,172 @@ def ref_perceptron(X: np.ndarray, y: np.ndarray, gamma: float) -> tuple[list[int
     return actions, W
 
 
-def ref_epsilon_greedy(X: np.ndarray, y: np.ndarray, gamma: float, lr: float
-                       ) -> tuple[list[int], np.ndarray]:
-    W = np.zeros((K, D))
-    actions = []
+class NaiveOracle:
+    """VW's adaptive, normalised, invariant squared-loss update, one event at a time (gd.cc)."""
+
+    def __init__(self, outputs: int, lr: float = 0.5, initial: float = 0.0) -> None:
+        self.W, self.b = np.zeros((outputs, D)), np.full(outputs, initial)
+        self.G, self.Gb, self.N = np.zeros((outputs, D)), np.zeros(outputs), np.zeros(D)
+        self.tw = self.nsnx = 0.0
+        self.lr = lr
+
+    def mean(self, x: np.ndarray) -> np.ndarray:
+        return np.clip(self.W @ x + self.b, 0.0, 1.0)
+
+    def learn(self, x: np.ndarray, outs: list[int], ys: list[float], hs: list[float]) -> None:
+        """One event updating distinct outputs ``outs`` (all from the same pre-event state)."""
+        todo = [(o, yv, h, self.mean(x)[o]) for o, yv, h in zip(outs, ys, hs, strict=True)
+                if h > 0 and self.mean(x)[o] != yv]
+        if not todo:
+            return
+        N = np.maximum(self.N, np.abs(x))
+        grown = (N > self.N) & (self.N > 0)
+        self.W[:, grown] *= self.N[grown] / N[grown]
+        self.N = N
+        for o, yv, h, p in todo:
+            self.G[o] += h * (2 * (p - yv)) ** 2 * x * x
+            self.Gb[o] += h * (2 * (p - yv)) ** 2
+        norm_x = np.sum(np.divide(x * x, N * N, out=np.zeros(D), where=N > 0)) + 1.0
+        self.tw += sum(h for _, _, h, _ in todo)
+        self.nsnx += sum(h * norm_x for _, _, h, _ in todo)
+        M = np.sqrt(self.tw / self.nsnx)
+        steps = []
+        for o, yv, h, p in todo:
+            denom = np.sqrt(self.G[o]) * N
+            r = np.divide(1.0, denom, out=np.zeros(D), where=denom > 0)
+            rb = 1 / np.sqrt(self.Gb[o])
+            s = M * (x * x @ r + rb)
+            u = (yv - p) * (1 - np.exp(-2 * self.lr * h * s)) / s if self.lr * h * s >= 1e-6 else (
+                2 * (yv - p) * self.lr * h)
+            steps.append((o, u * M * x * r, u * M * rb))
+        for o, dw, db in steps:
+            self.W[o] += dw
+            self.b[o] += db
+
+
+def _keyed(P: np.ndarray, key: int) -> int:
+    return int(sample(P[None, :], uniforms(SEED, np.array([key])))[0])
+
+
+def ref_epsilon_greedy(X: np.ndarray, y: np.ndarray, gamma: float) -> tuple[list[int], np.ndarray]:
+    oracle, actions = NaiveOracle(K, initial=1.0), []
     for t, (x, label) in enumerate(zip(X, y, strict=True)):
-        _, ytilde, _ = _draw(W, x, gamma, t + 1)
+        P = np.full(K, gamma / K)
+        P[np.argmax(oracle.W @ x + oracle.b)] += 1 - gamma
+        a = _keyed(P, t + 1)
+        actions.append(a)
+        oracle.learn(x, [a], [float(a == label)], [1.0])
+    return actions, oracle.W
+
+
+def ref_squarecb(X: np.ndarray, y: np.ndarray, gamma: float) -> tuple[list[int], np.ndarray]:
+    oracle, actions = NaiveOracle(K, initial=1.0), []
+    for t, (x, label) in enumerate(zip(X, y, strict=True)):
+        best, mu = int(np.argmax(oracle.W @ x + oracle.b)), oracle.mean(x)
+        P = 1.0 / (K + (K / gamma) * (mu[best] - mu))  # inverse gap weighting, λ = K/γ
+        P[best] = 0.0
+        P[best] = max(1.0 - P.sum(), 1.0 / K)
+        a = _keyed(P / P.sum(), t + 1)
+        actions.append(a)
+        oracle.learn(x, [a], [float(a == label)], [1.0])
+    return actions, oracle.W
+
+
+def ref_bag(X: np.ndarray, y: np.ndarray, gamma: float, n_bags: int) -> tuple[list[int], np.ndarray]:
+    oracle, actions = NaiveOracle(n_bags * K, initial=1.0), []
+    for t, (x, label) in enumerate(zip(X, y, strict=True)):
+        votes = np.zeros(K)
+        for n in range(n_bags):  # each copy votes for its best actions, ties split
+            mu = oracle.mean(x)[n * K:(n + 1) * K]
+            votes += (mu == mu.max()) / np.sum(mu == mu.max()) / n_bags
+        P = (1 - gamma) * votes + gamma / K
+        a = _keyed(P / P.sum(), t + 1)
+        actions.append(a)
+        keys = np.array([(1 << 63) | (t * n_bags + n) for n in range(n_bags)], dtype=np.uint64)
+        counts = np.searchsorted(np.cumsum([np.exp(-1) / math.factorial(k) for k in range(20)]),
+                                 uniforms(SEED, keys), side="right")  # Poisson(1)
+        oracle.learn(x, [n * K + a for n in range(n_bags)], [float(a == label)] * n_bags,
+                     list(counts / (K * P[a] / P.sum())))
+    return actions, oracle.W
+
+
+def ref_linucb(X: np.ndarray, y: np.ndarray, gamma: float, alpha: float,
+               full: bool = True) -> tuple[list[int], np.ndarray]:
+    """Full mode: exact ridge. Diagonal mode: means from the oracle, widths from diag(A)."""
+    A, b, actions = np.tile(np.eye(D + 1), (K, 1, 1)), np.zeros((K, D + 1)), []
+    oracle = NaiveOracle(K, initial=1.0)
+    for t, (x, label) in enumerate(zip(X, y, strict=True)):
+        z = np.append(x, 1.0)
+        cov = [np.linalg.inv(A[k]) if full else np.diag(1 / np.diag(A[k])) for k in range(K)]
+        means = [cov[k] @ b[k] @ z for k in range(K)] if full else oracle.W @ x + oracle.b
+        ucb = [means[k] + alpha * np.sqrt(z @ cov[k] @ z) for k in range(K)]
+        P = np.full(K, gamma / K)
+        P[int(np.argmax(ucb))] += 1 - gamma
+        a = _keyed(P, t + 1)
+        actions.append(a)
+        A[a] += np.outer(z, z)
+        b[a] += float(a == label) * z
+        oracle.learn(x, [a], [float(a == label)], [1.0])
+    if not full:
+        return actions, oracle.W
+    return actions, np.array([np.linalg.solve(A[k], b[k]) for k in range(K)])
+
+
+def ref_lints(X: np.ndarray, y: np.ndarray, gamma: float, scale: float,
+              n_samples: int) -> tuple[list[int], np.ndarray]:
+    A, b, actions = np.tile(np.eye(D + 1), (K, 1, 1)), np.zeros((K, D + 1)), []
+    normals = np.random.default_rng([SEED, 0x7415]).standard_normal((n_samples, K))
+    for t, (x, label) in enumerate(zip(X, y, strict=True)):
+        z = np.append(x, 1.0)
+        mean = np.array([np.linalg.solve(A[k], b[k]) @ z for k in range(K)])
+        width = np.array([np.sqrt(z @ np.linalg.solve(A[k], z)) for k in range(K)])
+        best = np.argmax(mean + scale * width * normals, axis=1)  # one posterior draw per row
+        P = (1 - gamma) * np.bincount(best, minlength=K) / n_samples + gamma / K
+        a = _keyed(P / P.sum(), t + 1)
+        actions.append(a)
+        A[a] += np.outer(z, z)
+        b[a] += float(a == label) * z
+    return actions, np.array([np.linalg.solve(A[k], b[k]) for k in range(K)])
+
+
+def ref_newtron(X: np.ndarray, y: np.ndarray, gamma: float, alpha: float, beta: float,
+                full: bool = True, play: str = "greedy") -> tuple[list[int], np.ndarray]:
+    W, A, actions = np.zeros((K, D)), np.eye(K * D), []  # A₀ = I/D with D (radius) = 1
+    for t, (x, label) in enumerate(zip(X, y, strict=True)):
+        s = W @ x
+        s = np.where(s >= s.max() - 1e-9 * (1 + abs(s.max())), s.max(), s)
+        p = np.exp(alpha * (s - s.max())) / np.exp(alpha * (s - s.max())).sum()
+        near = s >= s.max() - 1e-9 * (1 + abs(s.max()))  # near-ties count as ties (lowest index)
+        P = (1 - gamma) * (p if play == "softmax" else np.eye(K)[np.argmax(near)]) + gamma / K
+        a = _keyed(P / P.sum(), t + 1)
+        actions.append(a)
+        e = np.eye(K)[a] - 1.0 / K
+        g = alpha * np.kron(-(1 - p[a]) / P[a] * e if a == label else p[a] / P[a] * e, x)
+        kappa = P[a] if a == label else 1.0
+        A += kappa * beta * (np.outer(g, g) if full else np.diag(g * g))
+        W = W - np.linalg.solve(A, g).reshape(K, D)
+    return actions, W
+
+
+def ref_soba(X: np.ndarray, y: np.ndarray, gamma: float, a: float,
+             full: bool = False) -> tuple[list[int], np.ndarray]:
+    A = a * np.eye(K * D) if full else np.full(K * D, a)  # the full A or its diagonal
+    W, theta, margin, actions = np.zeros((K, D)), np.zeros(K * D), 0.0, []
+    for t, (x, label) in enumerate(zip(X, y, strict=True)):
+        _, ytilde, P = _draw(W, x, gamma, t + 1)
         actions.append(ytilde)
-        W[ytilde] += lr * (float(ytilde == label) - W[ytilde] @ x) * x / (x @ x)
+        if ytilde == label:
+            s = W @ x
+            ybar = int(np.argmax(np.where(np.arange(K) == ytilde, -np.inf, s)))
+            g = np.kron(np.eye(K)[ybar] - np.eye(K)[ytilde], x) / P[ytilde]
+            z = np.sqrt(P[ytilde]) * g
+            zAz = z @ np.linalg.solve(A, z) if full else np.sum(z * z / A)
+            m = (np.sum(W.ravel() * z) ** 2 + 2 * np.sum(W.ravel() * g)) / (1 + zAz)
+            if margin + m >= 0:
+                margin += m
+                A += np.outer(z, z) if full else z * z
+                theta -= g
+        W = (np.linalg.solve(A, theta) if full else theta / A).reshape(K, D)
     return actions, W
 
 
@@ -126,7 +285,13 @@ REFERENCES: dict[str, tuple[Callable[..., tuple[list[int], np.ndarray]], dict[st
     "pnorm": (ref_pnorm, {"q": 3.0}, "theta_"),
     "eg": (ref_eg, {"eta": 0.05}, "theta_"),
     "perceptron": (ref_perceptron, {}, "weights_"),
-    "epsilon-greedy": (ref_epsilon_greedy, {"lr": 0.5}, "weights_"),
+    "epsilon-greedy": (ref_epsilon_greedy, {}, "oracle_.weights_"),
+    "squarecb": (ref_squarecb, {}, "oracle_.weights_"),
+    "bag": (ref_bag, {"n_bags": 3}, "oracle_.weights_"),
+    "linucb": (ref_linucb, {"alpha": 0.3}, "posterior_.mean_"),
+    "lints": (ref_lints, {"scale": 0.5, "n_samples": 16}, "posterior_.mean_"),
+    "newtron": (ref_newtron, {"alpha": 2.0, "beta": 0.05}, "weights_"),
+    "soba": (ref_soba, {"a": 1.0}, "weights_"),
 }
 
 NAMES = sorted(LEARNERS)
@@ -156,7 +321,38 @@ def test_batch_of_one_equals_naive_reference(name: str) -> None:
     actions = run_per_event(learner, X, y)
     ref_actions, ref_state = reference(X, y, 0.1, **hyper)
     assert actions == ref_actions
-    np.testing.assert_allclose(getattr(learner, attr), ref_state, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(_attribute(learner, attr), ref_state, rtol=1e-9, atol=1e-9)
+
+
+def _attribute(learner: Learner, dotted: str) -> np.ndarray:
+    return np.asarray(functools.reduce(getattr, dotted.split("."), learner))
+
+
+# learners in another mode than their default (full ↔ diagonal covariance, Newtron's softmax play)
+OTHER_MODES: list[tuple[str, dict[str, float], Callable[..., tuple[list[int], np.ndarray]],
+                        dict[str, float], str]] = [
+    ("linucb", {"alpha": 0.3, "full_max_features": 1}, ref_linucb, {"alpha": 0.3, "full": False},
+     "posterior_.oracle_.weights_"),
+    ("newtron", {"alpha": 2.0, "beta": 0.05, "full_max_dim": 1}, ref_newtron,
+     {"alpha": 2.0, "beta": 0.05, "full": False}, "weights_"),
+    ("newtron", {"alpha": 2.0, "beta": 0.05, "play": "softmax"}, ref_newtron,
+     {"alpha": 2.0, "beta": 0.05, "play": "softmax"}, "weights_"),
+    ("soba", {"a": 1.0, "full_max_dim": 10_000}, ref_soba, {"a": 1.0, "full": True}, "weights_"),
+]
+
+
+@pytest.mark.parametrize(("name", "hyper", "reference", "ref_hyper", "attr"), OTHER_MODES,
+                         ids=["linucb-diagonal", "newtron-diagonal", "newtron-softmax", "soba-full"])
+def test_batch_of_one_equals_naive_reference_other_mode(
+    name: str, hyper: dict[str, float], reference: Callable[..., tuple[list[int], np.ndarray]],
+    ref_hyper: dict[str, float], attr: str,
+) -> None:
+    X, y = make_stream()
+    learner = build(name, **hyper)
+    actions = run_per_event(learner, X, y)
+    ref_actions, ref_state = reference(X, y, 0.1, **ref_hyper)
+    assert actions == ref_actions
+    np.testing.assert_allclose(_attribute(learner, attr), ref_state, rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -341,3 +537,24 @@ def test_sampler_frequencies_match_probabilities() -> None:
     freq = np.bincount(actions, minlength=4) / n
     assert freq[2] == 0.0
     np.testing.assert_allclose(freq, P, atol=4 * math.sqrt(0.25 / n))
+
+
+def test_newtron_gradient_estimate_is_unbiased() -> None:
+    """E over ỹ ~ P of Newtron's estimate = α(p − e_y) ⊗ x, projected to rows summing to zero."""
+    from streamlearn.learners import Newtron
+
+    rng = np.random.default_rng(6)
+    x, label = rng.normal(size=D), 2
+    learner = Newtron(K, D, FixedGamma(0.3), alpha=1.5, beta=1e-12, full_max_dim=0)
+    learner.weights_ = rng.normal(size=(K, D))
+    s = learner.weights_ @ x
+    p = np.exp(1.5 * (s - s.max())) / np.exp(1.5 * (s - s.max())).sum()
+    _, P = learner.decide(x[None, :])
+    expected = np.zeros(K)
+    for a in range(K):  # exact expectation: each action's estimate weighted by its probability
+        twin = copy.deepcopy(learner)
+        twin.curvature_.inverse_[:] = 1.0  # A⁻¹ = I and β ≈ 0: the step is the estimate itself
+        twin._update(x[None, :], np.array([a]), np.array([float(a == label)]), P)
+        expected += P[0, a] * (learner.weights_ - twin.weights_) @ x / (x @ x)
+    gradient = 1.5 * (p - np.eye(K)[label])
+    np.testing.assert_allclose(expected, gradient - gradient.mean(), atol=1e-9)

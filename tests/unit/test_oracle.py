@@ -1,0 +1,142 @@
+"""The regression oracle against a naive per-event implementation of VW's gd update (and VW itself)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from streamlearn.errors import ConfigError
+from streamlearn.features import SparseBatch
+from streamlearn.learners.oracle import RegressionOracle, lambert_wexpmx
+
+
+def naive_vw(X: np.ndarray, outs: np.ndarray, ys: np.ndarray, hs: np.ndarray, loss: str,
+             n_outputs: int, lr: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """gd.cc's adaptive/normalised/invariant rule, one event and one output at a time."""
+    d = X.shape[1]
+    W, b, G, Gb, N = (np.zeros((n_outputs, d)), np.zeros(n_outputs), np.zeros((n_outputs, d)),
+                      np.zeros(n_outputs), np.zeros(d))
+    tw = nsnx = 0.0
+    for x, o, yv, h in zip(X, outs, ys, hs, strict=True):
+        raw = W[o] @ x + b[o]
+        p = np.clip(raw, 0, 1) if loss == "squared" else raw
+        g = 2 * (p - yv) if loss == "squared" else 1 / (1 + np.exp(-p)) - yv
+        if h == 0 or g == 0:
+            continue
+        newN = np.maximum(N, np.abs(x))
+        grown = (newN > N) & (N > 0)
+        W[:, grown] *= N[grown] / newN[grown]
+        N = newN
+        G[o] += h * g * g * x * x
+        Gb[o] += h * g * g
+        tw += h
+        nsnx += h * (np.sum(np.divide(x * x, N * N, out=np.zeros(d), where=N > 0)) + 1)
+        M = np.sqrt(tw / nsnx)
+        r = np.divide(1, np.sqrt(G[o]) * N, out=np.zeros(d), where=G[o] * N > 0)
+        s, eta = M * (x * x @ r + 1 / np.sqrt(Gb[o])), lr * h
+        if loss == "squared":
+            u = (yv - p) * (1 - np.exp(-2 * eta * s)) / s
+        else:  # VW's logloss::get_update with the label mixed as in get_update
+            u = 0.0
+            for label, weight in ((1.0, yv), (-1.0, 1 - yv)):
+                dd = np.exp(label * p)
+                w = lambert_wexpmx(np.array([eta * s + label * p + dd]))[0]
+                u += weight * -(label * w + p) / s
+        W[o] += u * M * x * r
+        b[o] += u * M / np.sqrt(Gb[o])
+    return W, b
+
+
+def stream(n: int = 400, d: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * rng.uniform(0.1, 5.0, size=d)
+    X[rng.random((n, d)) < 0.3] = 0.0  # some zeros, as in sparse data
+    y = np.clip(0.5 + 0.2 * X[:, 0] - 0.1 * X[:, 1] + 0.1 * rng.normal(size=n), 0, 1)
+    return X, y
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic"])
+def test_batch_of_one_equals_the_naive_per_event_rule(loss: str) -> None:
+    X, y = stream()
+    rng = np.random.default_rng(1)
+    outs, hs = rng.integers(0, 3, size=len(y)), rng.choice([0.0, 0.5, 1.0, 3.0], size=len(y))
+    oracle = RegressionOracle(3, X.shape[1], loss=loss)
+    for i in range(len(y)):
+        oracle.update(X[i:i + 1], outs[i:i + 1, None], y[i:i + 1, None], hs[i:i + 1, None])
+    W, b = naive_vw(X, outs, y, hs, loss, 3)
+    np.testing.assert_allclose(oracle.weights_, W, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(oracle.intercept_, b, rtol=1e-9, atol=1e-12)
+
+
+def test_matches_vowpal_wabbit_itself() -> None:
+    pyvw = pytest.importorskip("vowpalwabbit.pyvw")
+    X, y = stream(300, 3)
+    vw = pyvw.Workspace("--quiet --min_prediction 0 --max_prediction 1")
+    oracle = RegressionOracle(1, 3)
+    for i in range(len(y)):
+        line = f"{y[i]:.9g} | " + " ".join(f"f{j}:{v:.9g}" for j, v in enumerate(X[i]) if v != 0)
+        ex = vw.parse(line)
+        vw.learn(ex)
+        vw_pred = ex.get_simplelabel_prediction()  # predicted before learning, clipped to [0, 1]
+        vw.finish_example(ex)
+        ours = float(np.clip(oracle.predict(X[i:i + 1])[0, 0], 0, 1))
+        assert abs(vw_pred - ours) < 1e-5  # VW stores float32
+        oracle.update(X[i:i + 1], np.zeros((1, 1), int), y[i:i + 1, None], np.ones((1, 1)))
+    vw.finish()
+
+
+def test_dense_and_sparse_batches_agree_and_only_touched_columns_move() -> None:
+    X, y = stream(320, 8)
+    X[:, 7] = 0.0  # a column no event uses
+    rows = [np.flatnonzero(r).tolist() for r in X]
+    sparse = SparseBatch.from_rows(rows, [X[i, r].tolist() for i, r in enumerate(rows)], 8)
+    outs = np.random.default_rng(2).integers(0, 4, size=(320, 2))
+    outs[:, 1] = (outs[:, 0] + 1) % 4  # two distinct outputs per event, as bagging updates them
+    dense_oracle, sparse_oracle = RegressionOracle(4, 8), RegressionOracle(4, 8)
+    for lo in range(0, 320, 32):
+        idx = np.arange(lo, lo + 32)
+        targets, weights = np.repeat(y[idx, None], 2, axis=1), np.ones((32, 2))
+        dense_oracle.update(X[idx], outs[idx], targets, weights)
+        sparse_oracle.update(sparse.take(idx), outs[idx], targets, weights)
+    np.testing.assert_allclose(dense_oracle.weights_, sparse_oracle.weights_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dense_oracle.predict(X), sparse_oracle.predict(sparse), rtol=1e-10)
+    assert not dense_oracle.weights_[:, 7].any() and not dense_oracle.sq_grad_[:, 7].any()
+
+
+def test_n_identical_events_in_a_batch_move_like_one_event_of_importance_n() -> None:
+    x = np.array([[1.0, -2.0, 0.5]])
+    batch = RegressionOracle(1, 3)
+    batch.update(np.repeat(x, 5, axis=0), np.zeros((5, 1), int), np.ones((5, 1)), np.ones((5, 1)))
+    single = RegressionOracle(1, 3)
+    single.update(x, np.zeros((1, 1), int), np.ones((1, 1)), np.full((1, 1), 5.0))
+    np.testing.assert_allclose(batch.predict(x), single.predict(x), rtol=1e-12)
+    assert batch.predict(x)[0, 0] <= 1.0  # the invariant update never overshoots the target
+
+
+def test_without_signal_the_intercept_converges_to_the_best_constant() -> None:
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(20_000, 5))
+    y = (rng.random(20_000) < 0.3).astype(float)
+    oracle = RegressionOracle(1, 5, initial=1.0)
+    for lo in range(0, 20_000, 50):
+        oracle.update(X[lo:lo + 50], np.zeros((50, 1), int), y[lo:lo + 50, None], np.ones((50, 1)))
+    assert abs(float(oracle.predict(X).mean()) - 0.3) < 0.03
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic"])
+def test_extreme_but_finite_inputs_never_give_nan(loss: str) -> None:
+    oracle = RegressionOracle(2, 3, loss=loss)
+    for scale in (1e-100, 1.0, 1e100, 1e-150, 1e-100, 1e150):  # x² stays finite (VW caps it too)
+        X = np.array([[scale, -scale, 1.0], [0.0, scale, -1.0]])
+        oracle.update(X, np.array([[0], [1]]), np.array([[1.0], [0.0]]), np.array([[1e6], [1e-6]]))
+        assert np.isfinite(oracle.weights_).all() and np.isfinite(oracle.intercept_).all()
+        assert np.isfinite(oracle.predict(X)).all()
+
+
+def test_bad_hyperparameters_are_named() -> None:
+    with pytest.raises(ConfigError, match=r"The 'loss' parameter of RegressionOracle must be one of"):
+        RegressionOracle(2, 3, loss="hinge")
+    with pytest.raises(ConfigError, match=r"The 'lr' parameter of RegressionOracle must be a float in"):
+        RegressionOracle(2, 3, learning_rate=0.0)
+    with pytest.raises(ConfigError, match=r"The 'initial' parameter of RegressionOracle"):
+        RegressionOracle(2, 3, initial=2.0)
