@@ -11,7 +11,7 @@ PY="${PYTHON:-python3}"
 
 deploy/install-deps.sh
 echo "== ruff"; "$PY" -m ruff check streamlearn simulators tests
-echo "== mypy"; "$PY" -m mypy streamlearn simulators
+echo "== mypy"; "$PY" -m mypy --strict streamlearn && "$PY" -m mypy simulators
 echo "== pytest"
 export STREAMLEARN_REQUIRE_KAFKA="${STREAMLEARN_REQUIRE_KAFKA:-1}"
 exec "$PY" -m pytest "$@"

@@ -112,13 +112,13 @@ Batch = np.ndarray | SparseBatch
 
 
 def batch_size(X: Batch) -> int:
-    return X.shape[0]
+    return int(X.shape[0])
 
 
 def take_rows(X: Batch, rows: np.ndarray) -> Batch:
     if isinstance(X, SparseBatch):
         return X.take(rows)
-    return X[rows]
+    return np.asarray(X[rows])
 
 
 def as_batch(X: object, n_features: int | None = None) -> Batch:
@@ -142,7 +142,7 @@ def as_batch(X: object, n_features: int | None = None) -> Batch:
 def scores(W: np.ndarray, X: Batch) -> np.ndarray:
     """``X @ W.T``: the (B, K) score matrix of a batch under weights W of shape (K, d)."""
     if not isinstance(X, SparseBatch):
-        return X @ W.T
+        return np.asarray(X @ W.T)
     B = X.shape[0]
     contributions = W[:, X.indices] * X.values  # (K, nnz)
     out = np.zeros((W.shape[0], B), dtype=np.float64)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, disable_created_metrics
 
@@ -32,6 +32,10 @@ from streamlearn.config import Config, env_name, field_specs, flag_name, load_co
 from streamlearn.errors import ConfigError
 from streamlearn.service.http import LagTracker, MetricsServer
 from streamlearn.service.metrics import PrometheusObserver
+from streamlearn.stream.transport import Transport
+
+if TYPE_CHECKING:
+    from streamlearn.learners.base import Learner
 
 __all__ = ["add_config_arguments", "add_logging_arguments", "add_parser", "cli_overrides",
            "configure_logging", "run", "serve"]
@@ -170,7 +174,7 @@ def to_toml(config: Config) -> str:
     return "\n".join(lines)
 
 
-def build_transport(config: Config, max_instances: int | None = None) -> Any:
+def build_transport(config: Config, max_instances: int | None = None) -> Transport:
     """The embedded transport without a bootstrap, else Kafka (creating missing topics)."""
     t = config.topics
     if config.embedded_mode:
@@ -193,10 +197,12 @@ def build_transport(config: Config, max_instances: int | None = None) -> Any:
                           k.group_id, client_options=options)
 
 
-def _dimensions(config: Config, transport: Any) -> tuple[int, int]:
+def _dimensions(config: Config, transport: Transport) -> tuple[int, int]:
     """(K, d): the config's, or in embedded mode the dataset's when the config kept defaults."""
+    from streamlearn.stream.embedded import EmbeddedTransport
+
     k, d = config.learner.n_actions, config.learner.n_features
-    if not config.embedded_mode:
+    if not isinstance(transport, EmbeddedTransport):
         return k, d
     defaults = type(config.learner)()
     for name, got, want, default in (("n_actions", k, transport.n_actions, defaults.n_actions),
@@ -208,7 +214,7 @@ def _dimensions(config: Config, transport: Any) -> tuple[int, int]:
     return transport.n_actions, transport.n_features
 
 
-def build_learner(config: Config, n_actions: int, n_features: int) -> Any:
+def build_learner(config: Config, n_actions: int, n_features: int) -> Learner:
     from streamlearn.learners import exploration_from_name, make_learner
 
     exploration = exploration_from_name(config.exploration.name, config.exploration.gamma
@@ -302,7 +308,7 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
     from streamlearn.service.daemon import Daemon
 
     out = out if out is not None else sys.stdout
-    disable_created_metrics()  # *_created series double the count and carry nothing we use
+    disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series double the count and carry nothing we use
     registry = registry if registry is not None else CollectorRegistry()
     observer = PrometheusObserver(registry)
     stopping = threading.Event()

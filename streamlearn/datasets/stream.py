@@ -140,7 +140,7 @@ def standardise(X: np.ndarray) -> np.ndarray:
     """Column z-scores; constant columns become 0."""
     mean = X.mean(axis=0)
     std = X.std(axis=0)
-    return (X - mean) / np.where(std > 0, std, 1.0)
+    return np.asarray((X - mean) / np.where(std > 0, std, 1.0))
 
 
 def add_bias(X: Batch) -> Batch:

@@ -70,7 +70,7 @@ def _features(topics: np.ndarray, off_uniforms: np.ndarray, on_uniforms: np.ndar
     """Rows from their topic vectors and the uniforms that pick the switched-off/on coordinates."""
     off = _subset_mask(off_uniforms, topics > 0, N_SWITCHED_OFF)
     on = _subset_mask(on_uniforms, _tail_mask(len(topics)), N_SWITCHED_ON)
-    return (np.where(off, 0.0, topics) + on).astype(np.float32)
+    return np.asarray((np.where(off, 0.0, topics) + on).astype(np.float32))
 
 
 def synthetic_stream(

@@ -51,8 +51,8 @@ def _row_flags(values: np.ndarray, row_of: np.ndarray, n_rows: int,
     with np.errstate(over="ignore", invalid="ignore"):
         bad = ~(np.abs(values) <= limits.max_abs_feature)  # NaN and inf are out of range too
         sq = np.bincount(row_of, weights=np.where(bad, 0.0, values) ** 2, minlength=n_rows)
-    return (np.bincount(row_of, weights=bad, minlength=n_rows) == 0) & (
-        sq <= limits.max_row_squared_norm)
+    return np.asarray((np.bincount(row_of, weights=bad, minlength=n_rows) == 0)
+                      & (sq <= limits.max_row_squared_norm))
 
 
 def _dense_flags(dense: np.ndarray, limits: DecodeLimits) -> np.ndarray:
@@ -60,7 +60,7 @@ def _dense_flags(dense: np.ndarray, limits: DecodeLimits) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         within = (np.abs(dense) <= limits.max_abs_feature).all(axis=1)
         sq = np.einsum("ij,ij->i", dense, dense)
-    return within & (sq <= limits.max_row_squared_norm)
+    return np.asarray(within & (sq <= limits.max_row_squared_norm))
 
 
 def _as_float_rows(rows: list[Any], width: int) -> tuple[np.ndarray, np.ndarray]:

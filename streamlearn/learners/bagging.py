@@ -109,11 +109,11 @@ class Bagging(Learner):
     # ---------------------------------------------------------------- decide
     def decision_scores(self, X: Batch) -> np.ndarray:
         """The copies' mean raw score of each action (B, K)."""
-        return self._copy_scores(X).mean(axis=1)
+        return np.asarray(self._copy_scores(X).mean(axis=1))
 
     def _copy_scores(self, X: Batch) -> np.ndarray:
         raw = self.oracle_.predict(X).reshape(-1, self.n_bags, self.n_actions)
-        return np.clip(self.oracle_.expected(raw), 0.0, 1.0)
+        return np.asarray(np.clip(self.oracle_.expected(raw), 0.0, 1.0))
 
     def votes(self, X: Batch, mask: np.ndarray | None = None) -> np.ndarray:
         """Share of copies whose best allowed action is a (ties split the vote), (B, K)."""
@@ -121,10 +121,10 @@ class Bagging(Learner):
         if mask is not None:
             per_copy = np.where(mask[:, None, :], per_copy, -np.inf)
         best = per_copy == per_copy.max(axis=2, keepdims=True)
-        return (best / best.sum(axis=2, keepdims=True)).mean(axis=1)
+        return np.asarray((best / best.sum(axis=2, keepdims=True)).mean(axis=1))
 
     def _exploit(self, X: Batch, score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        return np.argmax(self.votes(X, mask), axis=1)
+        return np.asarray(np.argmax(self.votes(X, mask), axis=1))
 
     def _probabilities(
         self, X: Batch, score_matrix: np.ndarray, exploit: np.ndarray, gammas: np.ndarray,
@@ -151,7 +151,7 @@ class Bagging(Learner):
 
     # ----------------------------------------------------------------- state
     def _weights(self) -> np.ndarray:
-        return self.oracle_.weights_.reshape(self.n_bags, self.n_actions, -1).mean(axis=0)
+        return np.asarray(self.oracle_.weights_.reshape(self.n_bags, self.n_actions, -1).mean(axis=0))
 
     def _arrays(self) -> dict[str, np.ndarray]:
         return {**self.oracle_.arrays(), "drift_seen": self.drift_seen_}

@@ -75,7 +75,7 @@ def rankable(score_matrix: np.ndarray) -> np.ndarray:
     """Scores with NaN → the lowest and ±inf → ±the largest finite float (order kept otherwise)."""
     if np.isfinite(score_matrix).all():
         return score_matrix
-    return np.nan_to_num(score_matrix, nan=-_HUGE, posinf=_HUGE, neginf=-_HUGE)
+    return np.asarray(np.nan_to_num(score_matrix, nan=-_HUGE, posinf=_HUGE, neginf=-_HUGE))
 
 
 def masked_argmax(score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -89,8 +89,8 @@ def masked_argmax(score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarr
 
 def _argmax_ranked(ranked: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     if mask is None:
-        return np.argmax(ranked, axis=1)
-    return np.argmax(np.where(mask, ranked, -np.inf), axis=1)
+        return np.asarray(np.argmax(ranked, axis=1))
+    return np.asarray(np.argmax(np.where(mask, ranked, -np.inf), axis=1))
 
 
 def safe_distribution(probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -120,12 +120,12 @@ def mix_uniform(dist: np.ndarray, gammas: np.ndarray, mask: np.ndarray | None) -
     K = dist.shape[1]
     uniform = np.full(dist.shape, 1.0 / K) if mask is None else mask / mask.sum(axis=1, keepdims=True)
     mixed = (1.0 - gammas)[:, None] * dist + gammas[:, None] * uniform
-    return mixed / mixed.sum(axis=1, keepdims=True)
+    return np.asarray(mixed / mixed.sum(axis=1, keepdims=True))
 
 
 def exploit_actions(probs: np.ndarray) -> np.ndarray:
     """The exploit action of decision time, recovered from the logged distribution."""
-    return np.argmax(probs, axis=1)
+    return np.asarray(np.argmax(probs, axis=1))
 
 
 def _check_mask(mask: object, B: int, K: int) -> np.ndarray | None:

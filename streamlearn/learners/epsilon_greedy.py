@@ -77,4 +77,4 @@ class EpsilonGreedy(OracleLearner):
     def _importance(self, actions: np.ndarray, probs: np.ndarray) -> np.ndarray:
         if self.importance == "none":
             return np.ones(len(actions))
-        return 1.0 / (self.n_actions * probs[np.arange(len(actions)), actions])
+        return np.asarray(1.0 / (self.n_actions * probs[np.arange(len(actions)), actions]))

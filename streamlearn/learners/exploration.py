@@ -271,7 +271,7 @@ class Adaptive(Exploration):
         if self._restart_pending:
             self._clock_start = int(t[0]) - 1
             self._restart_pending = False
-        return np.maximum(np.asarray(t, dtype=float) - self._clock_start, 1.0)
+        return np.asarray(np.maximum(np.asarray(t, dtype=float) - self._clock_start, 1.0))
 
     def rule(self, t: np.ndarray, n_actions: int) -> np.ndarray:
         tau = self.clock(t)

@@ -296,7 +296,7 @@ class LinTS(_RidgeLearner):
         return counts.reshape(B, K) / self.n_samples
 
     def _exploit(self, X: Batch, score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        return np.argmax(self.thompson_probabilities(X, mask), axis=1)
+        return np.asarray(np.argmax(self.thompson_probabilities(X, mask), axis=1))
 
     def _probabilities(
         self, X: Batch, score_matrix: np.ndarray, exploit: np.ndarray, gammas: np.ndarray,

@@ -99,7 +99,7 @@ def invariant_step(loss: str, pred: np.ndarray, target: np.ndarray, scale: np.nd
     if loss == "squared":
         taylor = 2.0 * (target - pred) * scale
         exact = (target - pred) * -np.expm1(-2.0 * scale * safe_s) / safe_s
-        return np.where(small, taylor, exact)
+        return np.asarray(np.where(small, taylor, exact))
     # logistic: target t ∈ [0, 1] mixes the updates for the labels +1 and −1
     step = np.zeros_like(pred)
     for label, weight in ((1.0, target), (-1.0, 1.0 - target)):
@@ -160,7 +160,7 @@ def _joint_sensitivity(X: Batch, out: np.ndarray, rate: np.ndarray, rate_b: np.n
     dense = X.to_dense() if isinstance(X, SparseBatch) else X
     gram = (dense * rate[out]) @ dense.T + rate_b[out][:, None]
     same = out[:, None] == out[None, :]
-    return np.where(same, np.abs(gram), 0.0).sum(axis=1)
+    return np.asarray(np.where(same, np.abs(gram), 0.0).sum(axis=1))
 
 
 class RegressionOracle:
@@ -212,13 +212,13 @@ class RegressionOracle:
     # ------------------------------------------------------------------ predict
     def predict(self, X: Batch) -> np.ndarray:
         """Raw scores (B, n_outputs): ``X @ W.T + b`` (logits for the logistic loss)."""
-        return scores(self.weights_, X) + self.intercept_
+        return np.asarray(scores(self.weights_, X) + self.intercept_)
 
     def expected(self, raw: np.ndarray) -> np.ndarray:
         """Reward estimates from raw scores: identity (squared) or the sigmoid (logistic)."""
         if self.loss == "squared":
             return raw
-        return 0.5 * (1.0 + np.tanh(0.5 * np.clip(raw, -2 * _EXP_CLIP, 2 * _EXP_CLIP)))
+        return np.asarray(0.5 * (1.0 + np.tanh(0.5 * np.clip(raw, -2 * _EXP_CLIP, 2 * _EXP_CLIP))))
 
     # ------------------------------------------------------------------- update
     def update(self, X: Batch, outputs: np.ndarray, targets: np.ndarray, importance: np.ndarray) -> None:

@@ -58,7 +58,7 @@ def inverse_gap_weighting(
         probs = np.where(mask, probs, 0.0)
     probs[rows, exploit] = 0.0
     probs[rows, exploit] = np.maximum(1.0 - probs.sum(axis=1), 1.0 / allowed)
-    return probs / probs.sum(axis=1, keepdims=True)
+    return np.asarray(probs / probs.sum(axis=1, keepdims=True))
 
 
 class OracleLearner(Learner):
@@ -93,7 +93,7 @@ class OracleLearner(Learner):
 
     def expected_rewards(self, score_matrix: np.ndarray) -> np.ndarray:
         """Reward estimates in [0, 1] from raw scores (clipped, as VW clips to the label range)."""
-        return np.clip(self.oracle_.expected(score_matrix), 0.0, 1.0)
+        return np.asarray(np.clip(self.oracle_.expected(score_matrix), 0.0, 1.0))
 
     def _weights(self) -> np.ndarray:
         return self.oracle_.weights_

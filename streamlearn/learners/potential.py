@@ -34,7 +34,7 @@ def pnorm_link(theta: np.ndarray, q: float) -> np.ndarray:
     scaled = np.abs(theta) / top  # in [0, 1]
     powered = scaled ** (q - 1.0)
     norm_scaled = float(np.sum(scaled**q)) ** (1.0 / q)  # ‖Θ/top‖_q ≥ 1
-    return np.sign(theta) * powered * (top / norm_scaled ** (q - 2.0))
+    return np.asarray(np.sign(theta) * powered * (top / norm_scaled ** (q - 2.0)))
 
 
 class PNormBandit(Learner):

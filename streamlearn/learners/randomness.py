@@ -82,4 +82,4 @@ def sample(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
     cdf = np.cumsum(probs, axis=1)
     total = cdf[:, -1]
     threshold = np.minimum(u * total, np.nextafter(total, 0.0))
-    return np.argmax(cdf > threshold[:, None], axis=1)
+    return np.asarray(np.argmax(cdf > threshold[:, None], axis=1))

@@ -50,15 +50,15 @@ class KroneckerCurvature:
 
     def _rows(self, V: np.ndarray, X: Batch) -> np.ndarray:
         dense = X.to_dense() if isinstance(X, SparseBatch) else X
-        return (V[:, :, None] * dense[:, None, :]).reshape(len(V), -1)
+        return np.asarray((V[:, :, None] * dense[:, None, :]).reshape(len(V), -1))
 
     def quad(self, V: np.ndarray, X: Batch) -> np.ndarray:
         """gᵢᵀA⁻¹gᵢ for each row (B,)."""
         if self.full:
             G = self._rows(V, X)
-            return np.einsum("bi,bi->b", G @ self.inverse_, G)
+            return np.asarray(np.einsum("bi,bi->b", G @ self.inverse_, G))
         X2 = X.to_dense() ** 2 if isinstance(X, SparseBatch) else X * X
-        return np.einsum("bk,bk->b", V * V, X2 @ self.inverse_.T)
+        return np.asarray(np.einsum("bk,bk->b", V * V, X2 @ self.inverse_.T))
 
     def add(self, V: np.ndarray, X: Batch, weights: np.ndarray) -> None:
         """A += Σ wᵢ gᵢgᵢᵀ (rows with weight 0 change nothing)."""
@@ -81,8 +81,8 @@ class KroneckerCurvature:
     def solve(self, M: np.ndarray) -> np.ndarray:
         """A⁻¹ applied to a (K, d) array."""
         if self.full:
-            return (self.inverse_ @ M.reshape(-1)).reshape(self.shape)
-        return self.inverse_ * M
+            return np.asarray((self.inverse_ @ M.reshape(-1)).reshape(self.shape))
+        return np.asarray(self.inverse_ * M)
 
 
 def _square(X: Batch) -> Batch:
@@ -207,7 +207,7 @@ class Newtron(_SecondOrderLearner):
         if mask is not None:
             z = np.where(mask, z, -np.inf)
         e = np.exp(z - z.max(axis=1, keepdims=True))  # ≤ 1, and exp(−inf) = 0 outside the mask
-        return e / e.sum(axis=1, keepdims=True)
+        return np.asarray(e / e.sum(axis=1, keepdims=True))
 
     def _probabilities(
         self, X: Batch, score_matrix: np.ndarray, exploit: np.ndarray, gammas: np.ndarray,

@@ -88,7 +88,7 @@ class QueryGroups:
 
     def positions(self) -> np.ndarray:
         """0-based position of each row inside its query (in row order)."""
-        return np.arange(len(self.index)) - self.starts[self.index]
+        return np.asarray(np.arange(len(self.index)) - self.starts[self.index])
 
     def sums(self, values: np.ndarray) -> np.ndarray:
         """Per-query sums of a per-row array (``np.add.reduceat``)."""

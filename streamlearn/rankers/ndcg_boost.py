@@ -64,18 +64,18 @@ class _Query:
     def expected_ranks(self, F: np.ndarray) -> np.ndarray:
         """E[π(i)] for score vectors F of shape (..., n)."""
         diff = F[..., None, :] - F[..., :, None]  # [i, j] = F_j − F_i
-        return 0.5 + (0.5 * (1.0 + np.tanh(diff))) @ self.w
+        return np.asarray(0.5 + (0.5 * (1.0 + np.tanh(diff))) @ self.w)
 
     def value(self, F: np.ndarray) -> np.ndarray:
         E = self.expected_ranks(F)
-        return (self.w * self.gain / np.log2(1.0 + E)).sum(axis=-1) / self.norm
+        return np.asarray((self.w * self.gain / np.log2(1.0 + E)).sum(axis=-1) / self.norm)
 
     def gradient(self, F: np.ndarray) -> np.ndarray:
         E = self.expected_ranks(F)
         a = self.w * self.gain * _LN2 / ((1.0 + E) * np.log(1.0 + E) ** 2) / self.norm
         t = np.tanh(F[:, None] - F[None, :])
         S = 0.25 * (1.0 - t * t)  # σ′(2(F_k − F_j))
-        return 2.0 * (a * (S @ self.w) - self.w * (S @ a))
+        return np.asarray(2.0 * (a * (S @ self.w) - self.w * (S @ a)))
 
 
 def _queries(data: FitData) -> list[_Query]:

@@ -124,7 +124,7 @@ def pair_potential(
     Z = float(np.dot(v_high, below))
     if Z <= 0:
         return np.zeros_like(H)
-    return (v_high * below - v_low * above) / Z
+    return np.asarray((v_high * below - v_low * above) / Z)
 
 
 class RankBoost(Ranker):

@@ -61,7 +61,7 @@ def mutate_step_sizes(sigma: np.ndarray, global_normal: np.ndarray, gene_normals
     """``σ′ = max(σ exp(τ′N + τN_i), σ_min)``; one N per individual (row), N_i per gene."""
     tau_global, tau_gene = learning_rates(sigma.shape[-1])
     mutated = sigma * np.exp(tau_global * global_normal.reshape(-1, 1) + tau_gene * gene_normals)
-    return np.maximum(mutated, sigma_min)
+    return np.asarray(np.maximum(mutated, sigma_min))
 
 
 def select_best(fitness: np.ndarray, mu: int) -> np.ndarray:

@@ -117,7 +117,7 @@ class LDA(Ranker):
 
 def _log_loss(margin: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Per-row ``−log p(y | margin)`` for y ∈ {0, 1}, computed stably."""
-    return np.logaddexp(0.0, margin) - y * margin
+    return np.asarray(np.logaddexp(0.0, margin) - y * margin)
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:

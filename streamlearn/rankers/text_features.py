@@ -158,8 +158,8 @@ def chi2_scores(present: np.ndarray, y: np.ndarray) -> np.ndarray:
     d = (n - n_rel) - b
     denominator = (a + b) * (c + d) * (a + c) * (b + d)
     numerator = n * (a * d - b * c) ** 2
-    return np.divide(numerator, denominator, out=np.zeros_like(numerator),
-                     where=denominator > 0)
+    return np.asarray(np.divide(numerator, denominator, out=np.zeros_like(numerator),
+                                where=denominator > 0))
 
 
 def select_chi2(present: np.ndarray, y: np.ndarray, k: int) -> np.ndarray:
@@ -247,8 +247,8 @@ class LSI:
         if a.ndim != 2 or a.shape[1] != self.components_.shape[0]:
             raise DataError(f"LSI.transform expects {self.components_.shape[0]} columns; "
                             f"got shape {a.shape}.")
-        return a @ self.components_
+        return np.asarray(a @ self.components_)
 
     def reconstruct(self, coordinates: np.ndarray) -> np.ndarray:
         """Back-projection ``coordinates V_kᵀ`` into term space."""
-        return np.asarray(coordinates) @ self.components_.T
+        return np.asarray(np.asarray(coordinates) @ self.components_.T)

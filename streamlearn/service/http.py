@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlparse
@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from streamlearn.errors import ConfigError
+from streamlearn.stream.transport import Message, Transport
 
 __all__ = ["LagTracker", "MetricsServer", "Readiness"]
 
@@ -194,7 +195,7 @@ class LagTracker:
         Receives each measured lag (e.g. ``observer.on_lag``).
     """
 
-    def __init__(self, inner: Any, max_lag: int, is_serving: Callable[[], bool] = lambda: True,
+    def __init__(self, inner: Transport, max_lag: int, is_serving: Callable[[], bool] = lambda: True,
                  on_lag: Callable[[int], None] | None = None, refresh_s: float = 1.0) -> None:
         self.inner, self.max_lag, self.is_serving = inner, max_lag, is_serving
         self.on_lag, self.refresh_s = on_lag, refresh_s
@@ -208,7 +209,7 @@ class LagTracker:
         self._start: dict[tuple[str, int], int] | None = None
         self._next_refresh = 0.0
 
-    def poll(self, max_records: int, timeout_s: float) -> list[Any]:
+    def poll(self, max_records: int, timeout_s: float) -> list[Message]:
         messages = self.inner.poll(max_records, timeout_s)
         for m in messages:
             self.positions[(m.topic, m.partition)] = m.offset + 1
@@ -272,7 +273,8 @@ class LagTracker:
     def unread(self) -> dict[tuple[str, int], int | None]:
         return dict(self.inner.unread())
 
-    def produce_many(self, topic: str, keys: Any, values: Any) -> None:
+    def produce_many(self, topic: str, keys: Sequence[bytes | None],
+                     values: Sequence[bytes]) -> None:
         self.inner.produce_many(topic, keys, values)
 
     def close(self) -> None:

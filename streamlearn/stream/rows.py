@@ -120,7 +120,7 @@ class RowStore:
         if not sparse.any():
             if self.dense is None:
                 return np.zeros((len(slots), self.n_features))
-            return self.dense[slots]
+            return np.asarray(self.dense[slots])
         if sparse.all():
             return self._sparse_take(slots)
         assert self.dense is not None

@@ -129,7 +129,7 @@ def partition_for_key(key: bytes | None, n_partitions: int, counter: int = 0) ->
     """
     if key is None:
         return counter % n_partitions
-    return (murmur2(key) & 0x7FFFFFFF) % n_partitions
+    return int((murmur2(key) & 0x7FFFFFFF) % n_partitions)
 
 
 def check_offsets(
