@@ -18,14 +18,12 @@ STREAMLEARN_KAFKA_BOOTSTRAP, or ``bootstrap`` in the ``[kafka]`` table of
 from __future__ import annotations
 
 import argparse
-import heapq
 import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import orjson
 
 from streamlearn.commands.progress import ProgressLine
@@ -166,100 +164,73 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
              progress_out: Any = None) -> SimulationSummary:
     """Run one simulation against ``config.kafka.bootstrap``; see the module docstring.
 
-    With ``progress_s > 0`` a progress line goes to ``progress_out`` (default
-    stdout) every ``progress_s`` seconds.
+    The caller is the shared :class:`~streamlearn.stream.caller.SimulatedCaller`
+    (the embedded default runs the same one in process). With ``progress_s > 0``
+    a progress line goes to ``progress_out`` (default stdout) every
+    ``progress_s`` seconds.
     """
     from kafka.errors import KafkaError
 
-    from streamlearn.stream.embedded import StreamSource, encode_instances
+    from streamlearn.stream.caller import SimulatedCaller, StreamSource
 
-    source = StreamSource(dataset, data_dir, seed)
-    rng = np.random.default_rng([seed, 3])
     summary = SimulationSummary(run_id or uuid.uuid4().hex[:8])
-    prefix = f"{summary.run_id}-"
+    caller = SimulatedCaller(StreamSource(dataset, data_dir, seed), f"{summary.run_id}-",
+                             delay_mean_s, drop, seed)
     topics = config.topics
     try:
         producer, consumer = _clients(config)
     except KafkaError as exc:
         raise TransportError(f"cannot reach Kafka at {config.kafka.bootstrap}: {exc}") from exc
-    labels: dict[str, int] = {}  # id → label, for decisions not received yet
-    scheduled: list[tuple[float, str, float]] = []  # heap of (due, id, reward)
     started = time.monotonic()
     last_sent_at = None
     progress = ProgressLine("sent")
     next_progress = started + progress_s
+    stats = caller.stats
     try:
         while True:
             now = time.monotonic()
             if progress_s > 0 and now >= next_progress:
-                print(_progress_line(progress, summary, len(labels), len(scheduled)),
-                      file=progress_out or sys.stdout, flush=True)
+                print(_progress_line(progress, caller), file=progress_out or sys.stdout,
+                      flush=True)
                 next_progress = now + progress_s
-            if summary.instances_sent < events:
-                owed = events - summary.instances_sent if rate == 0 else (
-                    int((now - started) * rate) - summary.instances_sent)
-                count = min(owed, chunk, events - summary.instances_sent)
-                if count > 0:
-                    X, y = source.take(summary.instances_sent, count)
-                    for (key, value), label in zip(
-                            encode_instances(summary.instances_sent, X, y, time.time(), prefix),
-                            y.tolist(), strict=True):
-                        labels[key.decode()] = int(label)
-                        producer.send(topics.instances, key=key, value=value)
-                    summary.instances_sent += count
-                    if summary.instances_sent == events:
-                        last_sent_at = now
-            for records in consumer.poll(timeout_ms=20, max_records=5000).values():
-                for record in records:
-                    _on_decision(record.value, labels, scheduled, summary, rng, delay_mean_s,
-                                 drop, now)
-            while scheduled and scheduled[0][0] <= now:
-                _, event_id, reward = heapq.heappop(scheduled)
-                producer.send(topics.feedback, key=event_id.encode(), value=orjson.dumps(
-                    {"id": event_id, "reward": reward, "ts": time.time()}))
-                summary.feedback_sent += 1
-                summary.rewards += reward
-            if last_sent_at is not None and not scheduled and (
-                    not labels or now - last_sent_at > wait_s):
+            if stats.instances_sent < events:
+                owed = events - stats.instances_sent if rate == 0 else (
+                    int((now - started) * rate) - stats.instances_sent)
+                for key, value in caller.instances(min(owed, chunk, events - stats.instances_sent),
+                                                   time.time()):
+                    producer.send(topics.instances, key=key, value=value)
+                if stats.instances_sent == events and last_sent_at is None:
+                    last_sent_at = now
+            decisions = [r.value for records in consumer.poll(timeout_ms=20, max_records=5000)
+                         .values() for r in records]
+            wall = time.time()  # the caller stamps feedback with it (event time)
+            if decisions:
+                caller.answer(decisions, wall)
+            for key, value in caller.due(wall):
+                producer.send(topics.feedback, key=key, value=value)
+            awaiting = stats.instances_sent - stats.decisions_received
+            if last_sent_at is not None and not caller.scheduled and (
+                    not awaiting or now - last_sent_at > wait_s):
                 break
         producer.flush(timeout=30)
     finally:
         producer.close(timeout=10)
         consumer.close()
-    summary.missing_decisions = len(labels)
+    summary.instances_sent, summary.decisions_received = stats.instances_sent, stats.decisions_received
+    summary.foreign_decisions = stats.foreign_decisions + stats.unparsable_decisions
+    summary.feedback_sent, summary.dropped = stats.feedback_sent, stats.dropped
+    summary.rewards = stats.rewards_sent
+    summary.missing_decisions = stats.instances_sent - stats.decisions_received
     summary.seconds = time.monotonic() - started
     return summary
 
 
-def _progress_line(progress: ProgressLine, summary: SimulationSummary, awaiting: int,
-                   scheduled: int) -> str:
+def _progress_line(progress: ProgressLine, caller: Any) -> str:
     """The serve-style progress line; the error is that of the decisions answered so far."""
-    answered = summary.feedback_sent
-    return progress.line(summary.instances_sent, answered, answered - summary.rewards, extra=[
-        ("decisions", f"{summary.decisions_received:,}"), ("feedback", f"{answered:,}"),
-        ("dropped", f"{summary.dropped:,}"), ("awaiting-decision", f"{awaiting:,}"),
-        ("awaiting-feedback", f"{scheduled:,}")])
-
-
-def _on_decision(value: bytes | None, labels: dict[str, int],
-                 scheduled: list[tuple[float, str, float]], summary: SimulationSummary,
-                 rng: np.random.Generator, delay_mean_s: float, drop: float,
-                 now: float) -> None:
-    """Schedule (or drop) the feedback of one decision of this run."""
-    try:
-        decision = orjson.loads(value or b"")
-        event_id, action = str(decision["id"]), int(decision["action"])
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-        summary.foreign_decisions += 1
-        return
-    label = labels.pop(event_id, None)
-    if label is None:
-        summary.foreign_decisions += 1
-        return
-    summary.decisions_received += 1
-    if rng.random() < drop:
-        summary.dropped += 1
-        return
-    delay = float(rng.exponential(delay_mean_s)) if delay_mean_s > 0 else 0.0
-    heapq.heappush(scheduled, (now + delay, event_id, float(action == label)))
-
+    stats = caller.stats
+    answered = stats.feedback_sent
+    return progress.line(stats.instances_sent, answered, answered - stats.rewards_sent, extra=[
+        ("decisions", f"{stats.decisions_received:,}"), ("feedback", f"{answered:,}"),
+        ("dropped", f"{stats.dropped:,}"),
+        ("awaiting-decision", f"{stats.instances_sent - stats.decisions_received:,}"),
+        ("awaiting-feedback", f"{caller.scheduled:,}")])

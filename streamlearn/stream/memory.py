@@ -1,10 +1,18 @@
-"""An in-memory transport with Kafka's offset semantics (unit tests, embedded mode)."""
+"""An in-process broker and transport with Kafka's offset semantics (unit tests, embedded mode).
+
+:class:`InMemoryBroker` holds topics as partition logs and committed offsets
+per group; several :class:`InMemoryTransport` objects can share one, as
+consumers share a cluster. A log can be trimmed below an offset (a retention
+limit): offsets stay absolute, and reading below the first kept offset is an
+error, as on Kafka.
+"""
 
 from __future__ import annotations
 
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 
 from streamlearn.errors import TransportError
@@ -16,11 +24,48 @@ from streamlearn.stream.transport import (
     produce_each,
 )
 
-__all__ = ["InMemoryBroker", "InMemoryTransport"]
+__all__ = ["InMemoryBroker", "InMemoryTransport", "PartitionLog"]
+
+
+class PartitionLog:
+    """One partition: messages from offset ``base`` on (older ones trimmed)."""
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+        self.base = 0
+        self.messages: deque[Message] = deque()
+
+    @property
+    def end(self) -> int:
+        """The offset the next message gets."""
+        return self.base + len(self.messages)
+
+    def append(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> Message:
+        message = Message(self.topic, self.partition, self.end, key, value, timestamp_ms)
+        self.messages.append(message)
+        return message
+
+    def read(self, start: int, count: int) -> list[Message]:
+        if start < self.base:
+            raise TransportError(f"cannot read {self.topic}[{self.partition}] from {start}: "
+                                 f"messages before {self.base} were discarded (trimmed)")
+        first = start - self.base
+        return list(itertools.islice(self.messages, first, first + count))
+
+    def trim(self, below: int) -> None:
+        """Forget the messages before offset ``below``."""
+        while self.messages and self.base < below:
+            self.messages.popleft()
+            self.base += 1
+
+    def skip_to(self, offset: int) -> None:
+        """Continue the log at ``offset`` (an empty log may start anywhere)."""
+        self.messages.clear()
+        self.base = offset
 
 
 class InMemoryBroker:
-    """Topics as lists of messages per partition, plus committed offsets per group.
+    """Topics as partition logs, plus committed offsets per group.
 
     Several :class:`InMemoryTransport` objects can share one broker, as
     several consumers share one Kafka cluster: a new transport on the same
@@ -37,7 +82,7 @@ class InMemoryBroker:
         if default_partitions < 1:
             raise TransportError(f"expected default_partitions >= 1, got {default_partitions}")
         self.default_partitions = default_partitions
-        self.topics: dict[str, list[list[Message]]] = {}
+        self.topics: dict[str, list[PartitionLog]] = {}
         self.group_offsets: dict[str, Offsets] = {}
         self.changed = threading.Condition()
         self._round_robin = itertools.count()
@@ -49,8 +94,11 @@ class InMemoryBroker:
                 count = self.default_partitions if partitions is None else partitions
                 if count < 1:
                     raise TransportError(f"topic {name!r}: expected partitions >= 1, got {count}")
-                self.topics[name] = [[] for _ in range(count)]
+                self.topics[name] = [PartitionLog(name, p) for p in range(count)]
             return len(self.topics[name])
+
+    def log(self, topic: str, partition: int) -> PartitionLog:
+        return self.topics[topic][partition]
 
     def append(
         self,
@@ -67,17 +115,15 @@ class InMemoryBroker:
                 partition = partition_for_key(key, n_partitions, next(self._round_robin))
             elif not 0 <= partition < n_partitions:
                 raise TransportError(f"topic {topic!r} has partitions 0..{n_partitions - 1}, got {partition}")
-            log = self.topics[topic][partition]
             stamp = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-            message = Message(topic, partition, len(log), key, value, stamp)
-            log.append(message)
+            message = self.topics[topic][partition].append(key, value, stamp)
             self.changed.notify_all()
             return message
 
     def messages(self, topic: str) -> list[Message]:
-        """Every message of ``topic``, partition by partition, in offset order."""
+        """Every kept message of ``topic``, partition by partition, in offset order."""
         with self.changed:
-            return [m for log in self.topics.get(topic, []) for m in log]
+            return [m for log in self.topics.get(topic, []) for m in log.messages]
 
 
 class InMemoryTransport:
@@ -148,12 +194,10 @@ class InMemoryTransport:
         n = len(self._assigned)
         for i in range(n):
             tp = self._assigned[(self._next_start + i) % n]
-            log = self.broker.topics[tp[0]][tp[1]]
-            start = self._positions[tp]
-            batch = log[start : start + max_records - len(taken)]
+            batch = self.broker.log(*tp).read(self._positions[tp], max_records - len(taken))
             if batch:
                 taken.extend(batch)
-                self._positions[tp] = start + len(batch)
+                self._positions[tp] = batch[-1].offset + 1
             if len(taken) >= max_records:
                 break
         self._next_start = (self._next_start + 1) % n
@@ -197,6 +241,12 @@ class InMemoryTransport:
         """Set the read positions; an offset past the end waits for messages to reach it."""
         self._check_open()
         check_offsets(offsets, set(self._assigned), "seek")
+        with self.broker.changed:
+            for tp, offset in offsets.items():
+                base = self.broker.log(*tp).base
+                if offset < base:
+                    raise TransportError(f"cannot seek {tp[0]}[{tp[1]}] to {offset}: messages "
+                                         f"before {base} were discarded (trimmed)")
         self._positions.update(offsets)
 
     def assignment(self) -> set[tuple[str, int]]:
@@ -209,15 +259,15 @@ class InMemoryTransport:
         return {tp: off for tp, off in stored.items() if tp in self._positions}
 
     def end_offsets(self) -> Offsets:
-        """Number of messages in each assigned partition."""
+        """The log-end offset of each assigned partition."""
         self._check_open()
         with self.broker.changed:
-            return {tp: len(self.broker.topics[tp[0]][tp[1]]) for tp in self._assigned}
+            return {tp: self.broker.log(*tp).end for tp in self._assigned}
 
     def unread(self) -> dict[tuple[str, int], int | None]:
         """Messages after the read position, per assigned partition."""
         with self.broker.changed:
-            return {tp: max(0, len(self.broker.topics[tp[0]][tp[1]]) - self._positions[tp])
+            return {tp: max(0, self.broker.log(*tp).end - self._positions[tp])
                     for tp in self._assigned}
 
     def positions(self) -> Offsets:

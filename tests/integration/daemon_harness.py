@@ -19,6 +19,7 @@ import orjson
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
+from streamlearn.stream.caller import SimulatedCaller, StreamSource
 from streamlearn.stream.kafka import KafkaTransport
 
 PARTITIONS = 2
@@ -92,12 +93,21 @@ def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]:
 
 
 class Caller(threading.Thread):
-    """Answers decisions with rewards, once per id; records every decision seen."""
+    """The library's simulated caller (``SimulatedCaller``) against the broker, in a thread.
+
+    It answers each decision once (reward 1 iff the action is the label ``y[i]`` of
+    event ``e<i>``; none for every ``drop_every``-th event), and records every
+    decision seen per id, so a test can check that re-emitted decisions are identical.
+    """
 
     def __init__(self, bootstrap: str, topics: dict[str, str], y: np.ndarray,
                  drop_every: int = 0) -> None:
         super().__init__(daemon=True, name="caller")
-        self.bootstrap, self.topics, self.y, self.drop_every = bootstrap, topics, y, drop_every
+        self.bootstrap, self.topics = bootstrap, topics
+        source = StreamSource.from_arrays(np.zeros((len(y), 1)), y, int(np.max(y)) + 1)
+        self.caller = SimulatedCaller(source, "e", delay_mean_s=0.0, dropped=(
+            (lambda n: n % drop_every == 0) if drop_every else (lambda n: n < 0)))
+        self.caller.remember(0, y)
         self.first: dict[str, bytes] = {}  # id → first decision value
         self.mismatches: list[tuple[str, bytes, bytes]] = []
         self.n_decisions = 0
@@ -124,30 +134,30 @@ class Caller(threading.Thread):
         consumer.assign(parts)
         consumer.seek_to_beginning(*parts)
         prod = producer(self.bootstrap)
-        waiting: list[tuple[str, bytes]] = []
+        waiting: list[bytes] = []
         while not self._stop_event.is_set():
             for records in consumer.poll(timeout_ms=50, max_records=2000).values():
                 for r in records:
                     self.n_decisions += 1
-                    d = orjson.loads(r.value)
-                    seen = self.first.get(d["id"])
+                    event_id = orjson.loads(r.value)["id"]
+                    seen = self.first.get(event_id)
                     if seen is None:
-                        self.first[d["id"]] = r.value
-                        waiting.append((d["id"], r.value))
+                        self.first[event_id] = r.value
+                        waiting.append(r.value)
                     elif seen != r.value:
-                        self.mismatches.append((d["id"], seen, r.value))
-            if self.hold.is_set():
+                        self.mismatches.append((event_id, seen, r.value))
+            if self.hold.is_set() or not waiting:
                 continue
-            for event_id, value in waiting:
-                d = orjson.loads(value)
-                i = int(event_id[1:])
-                if self.drop_every and i % self.drop_every == 0:
-                    self.dropped_ids.append(event_id)
-                    continue
-                reward = float(d["action"] == self.y[i])
-                prod.send(self.topics["feedback_topic"], key=event_id.encode(),
-                          value=orjson.dumps({"id": event_id, "reward": reward}))
-                self.feedback_ids.append(event_id)
+            dropped_before = self.caller.stats.dropped
+            self.caller.answer(waiting, time.time())
+            answered = self.caller.due(time.time())
+            answered_ids = {key.decode() for key, _ in answered}
+            if self.caller.stats.dropped > dropped_before:
+                self.dropped_ids += [i for i in (orjson.loads(v)["id"] for v in waiting)
+                                     if i not in answered_ids]
+            for key, value in answered:
+                prod.send(self.topics["feedback_topic"], key=key, value=value)
+                self.feedback_ids.append(key.decode())
             waiting = []
             prod.flush()
         prod.close()

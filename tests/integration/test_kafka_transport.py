@@ -8,10 +8,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from transport_contract import CHECKS
 
 from streamlearn.errors import TransportError
 from streamlearn.stream.kafka import KafkaTransport, ensure_topics
-from streamlearn.stream.transport import Message, Transport, partition_for_key
+from streamlearn.stream.transport import Message, Transport
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +50,41 @@ def make_transport(kafka_bootstrap: str, topics: dict[str, str]) -> Iterator[Fac
         transport.close()
 
 
+class KafkaHarness:
+    """The contract's harness on a real broker: fresh topics, input written by kafka-python."""
+
+    partitions, shares_cluster = PARTITIONS, True
+
+    def __init__(self, bootstrap: str, topics: dict[str, str], make: Factory) -> None:
+        from kafka import KafkaProducer
+
+        self.bootstrap, self.topics, self.make = bootstrap, topics, make
+        self.producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=2)
+
+    def transport(self, group: str) -> Transport:
+        return self.make(group_id=group)
+
+    def write(self, role: str, key: bytes, value: bytes) -> None:
+        self.producer.send(self.topics[f"{role}_topic"], key=key, value=value)
+        self.producer.flush()
+
+    def outputs(self, role: str) -> list[bytes]:
+        from daemon_harness import read_all
+
+        return [r.value for r in sorted(read_all(self.bootstrap, self.topics[f"{role}_topic"]),
+                                        key=lambda r: (r.partition, r.offset))]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+def test_transport_contract(check: Callable[[Any], None], kafka_bootstrap: str,
+                            topics: dict[str, str], make_transport: Factory) -> None:
+    harness = KafkaHarness(kafka_bootstrap, topics, make_transport)
+    try:
+        check(harness)
+    finally:
+        harness.producer.close()
+
+
 def open_transport(bootstrap: str, topics: dict[str, str], group_id: str, **kwargs: Any) -> KafkaTransport:
     return KafkaTransport(
         bootstrap,
@@ -77,69 +113,6 @@ def produce_keyed(transport: KafkaTransport, topic: str, values: range, prefix: 
     for i in values:
         transport.produce(topic, f"event-{i}".encode(), f"{prefix}{i}".encode())
     transport.flush(30.0)
-
-
-def test_round_trip_on_both_topics_is_co_partitioned(make_transport: Factory) -> None:
-    t = make_transport()
-    assert isinstance(t, Transport)
-    produce_keyed(t, t.instances_topic, range(40), "x")
-    produce_keyed(t, t.feedback_topic, range(40), "r")
-    got = poll_until(t, 80)
-    assert len(got) == 80
-    assert values([m for m in got if m.topic == t.instances_topic]) == sorted(
-        f"x{i}".encode() for i in range(40)
-    )
-    partition_of: dict[tuple[str, bytes | None], int] = {(m.topic, m.key): m.partition for m in got}
-    for i in range(40):
-        key = f"event-{i}".encode()
-        expected = partition_for_key(key, PARTITIONS)
-        assert partition_of[(t.instances_topic, key)] == expected
-        assert partition_of[(t.feedback_topic, key)] == expected
-    for tp in t.assignment():
-        offsets = [m.offset for m in got if (m.topic, m.partition) == tp]
-        assert offsets == sorted(offsets) == list(range(len(offsets)))
-    assert sum(t.end_offsets().values()) == 80
-    assert t.poll(10, 0.2) == []
-
-
-def test_new_transport_resumes_at_committed_offsets(make_transport: Factory) -> None:
-    first = make_transport(group_id="resume")
-    produce_keyed(first, first.instances_topic, range(30), "x")
-    got = poll_until(first, 30)
-    assert len(got) == 30
-    commit = {(m.topic, m.partition): m.offset + 1 for m in got if m.offset < 3}
-    first.commit(commit)
-    first.close()
-
-    second = make_transport(group_id="resume")
-    assert second.committed() == commit
-    rest = poll_until(second, 30 - sum(commit.values()))
-    assert values(rest) == values([m for m in got if m.offset >= commit[(m.topic, m.partition)]])
-    assert second.poll(10, 0.2) == []
-
-    fresh = make_transport(group_id="never-committed")
-    assert fresh.committed() == {}
-    assert len(poll_until(fresh, 30)) == 30
-
-
-def test_seek_right_after_construction_and_after_reading(make_transport: Factory) -> None:
-    writer = make_transport(group_id="seek-writer")
-    produce_keyed(writer, writer.instances_topic, range(30), "x")
-    writer.commit({tp: 0 for tp in writer.assignment()})
-
-    reader = make_transport(group_id="seek-writer")
-    ends = reader.end_offsets()
-    start = {tp: min(2, end) for tp, end in ends.items()}
-    reader.seek(start)  # before any poll: restore-from-checkpoint path
-    first = poll_until(reader, 30 - sum(start.values()))
-    assert {(m.topic, m.partition, m.offset) for m in first} == {
-        (tp[0], tp[1], off) for tp, end in ends.items() for off in range(start[tp], end)
-    }
-    reader.seek({tp: 0 for tp in reader.assignment()})
-    again = poll_until(reader, 30)
-    assert values(again) == sorted(f"x{i}".encode() for i in range(30))
-    with pytest.raises(TransportError, match="not an assigned partition"):
-        reader.seek({(reader.decisions_topic, 0): 0})
 
 
 def test_producer_is_idempotent_and_options_cannot_weaken_it(

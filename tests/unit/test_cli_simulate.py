@@ -13,8 +13,9 @@ import pytest
 
 import streamlearn.commands.simulate as simulate_module
 from streamlearn.cli import build_parser, main
-from streamlearn.commands.simulate import SimulationSummary, _on_decision, simulate
+from streamlearn.commands.simulate import simulate
 from streamlearn.config import load_config
+from streamlearn.stream.caller import SimulatedCaller, StreamSource
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
@@ -40,37 +41,39 @@ def test_help_says_what_is_required() -> None:
     assert "embedded" not in text.split("[kafka]:")[1]  # simulate has no embedded mode
 
 
+def caller_with_labels(labels: list[int], delay_mean_s: float = 0.0,
+                       drop: float = 0.0) -> SimulatedCaller:
+    """A caller whose instance i (id ``r-i``) has label ``labels[i]``, all sent at t = 0."""
+    X = np.zeros((len(labels), 3))
+    caller = SimulatedCaller(StreamSource.from_arrays(X, np.array(labels), 3), "r-",
+                             delay_mean_s, drop, seed=1)
+    caller.instances(len(labels), now=0.0)
+    return caller
+
+
 def test_decisions_are_answered_with_reward_one_iff_action_is_label() -> None:
-    rng = np.random.default_rng(0)
-    summary = SimulationSummary("r")
-    labels = {f"r-{i}": i % 3 for i in range(6)}
-    scheduled: list[tuple[float, str, float]] = []
-    for i in range(6):
-        action = i % 3 if i < 3 else (i + 1) % 3
-        _on_decision(orjson.dumps({"id": f"r-{i}", "action": action}), labels, scheduled,
-                     summary, rng, delay_mean_s=0.0, drop=0.0, now=10.0)
-    _on_decision(orjson.dumps({"id": "other-1", "action": 0}), labels, scheduled, summary,
-                 rng, 0.0, 0.0, 10.0)
-    _on_decision(b"garbage", labels, scheduled, summary, rng, 0.0, 0.0, 10.0)
-    rewards = {event_id: reward for _, event_id, reward in scheduled}
-    assert rewards == {"r-0": 1.0, "r-1": 1.0, "r-2": 1.0, "r-3": 0.0, "r-4": 0.0, "r-5": 0.0}
-    assert all(due == 10.0 for due, _, _ in scheduled)
-    assert summary.decisions_received == 6 and summary.foreign_decisions == 2
-    assert labels == {}  # answered ids are forgotten: a repeated decision counts as foreign
+    caller = caller_with_labels([i % 3 for i in range(6)])
+    decisions = [orjson.dumps({"id": f"r-{i}", "action": i % 3 if i < 3 else (i + 1) % 3})
+                 for i in range(6)]
+    caller.answer([*decisions, orjson.dumps({"id": "other-1", "action": 0}), b"garbage"], 10.0)
+    feedback = [orjson.loads(v) for _, v in caller.due(10.0)]
+    assert {f["id"]: f["reward"] for f in feedback} == {
+        "r-0": 1.0, "r-1": 1.0, "r-2": 1.0, "r-3": 0.0, "r-4": 0.0, "r-5": 0.0}
+    assert all(f["ts"] == 10.0 for f in feedback)
+    stats = caller.stats
+    assert stats.decisions_received == 6
+    assert stats.foreign_decisions + stats.unparsable_decisions == 2
+    caller.answer(decisions[:1], 11.0)  # answered ids are forgotten: a repeat is foreign
+    assert caller.due(11.0) == [] and stats.foreign_decisions == 2
 
 
 def test_drop_and_delay() -> None:
-    rng = np.random.default_rng(1)
-    summary = SimulationSummary("r")
     n = 4000
-    labels = {f"r-{i}": 0 for i in range(n)}
-    scheduled: list[tuple[float, str, float]] = []
-    for i in range(n):
-        _on_decision(orjson.dumps({"id": f"r-{i}", "action": 0}), labels, scheduled, summary,
-                     rng, delay_mean_s=2.0, drop=0.1, now=0.0)
-    assert summary.dropped + len(scheduled) == n
-    assert 330 < summary.dropped < 470  # Binomial(4000, 0.1): mean 400, sd 19
-    delays = np.array([due for due, _, _ in scheduled])
+    caller = caller_with_labels([0] * n, delay_mean_s=2.0, drop=0.1)
+    caller.answer([orjson.dumps({"id": f"r-{i}", "action": 0}) for i in range(n)], now=0.0)
+    assert caller.stats.dropped + caller.scheduled == n
+    assert 330 < caller.stats.dropped < 470  # Binomial(4000, 0.1): mean 400, sd 19
+    delays = caller._due
     assert 1.8 < delays.mean() < 2.2  # Exp(mean 2): sd of the mean ≈ 0.033
 
 

@@ -1,0 +1,252 @@
+"""The simulated caller: the application on the other side of the topics.
+
+One implementation for the embedded default (:mod:`streamlearn.stream.embedded`),
+``streamlearn simulate`` against Kafka and the tests. It is transport-free:
+
+* :meth:`SimulatedCaller.instances` gives the next instance events of a
+  dataset (id ``<prefix><n>``, features, and ``label`` for metrics only);
+* :meth:`SimulatedCaller.answer` reads a batch of decisions and schedules, for
+  each decision of one of its events, feedback ``{"id", "reward": 1[action ==
+  label], "ts"}`` after an exponential delay of mean ``delay_mean_s`` — or
+  none, with probability ``drop`` (or where ``dropped(n)`` says so);
+* :meth:`SimulatedCaller.due` gives the feedback whose time has come.
+
+Instance ``n``'s features and label are a pure function of ``(seed, n)``
+(:class:`StreamSource`), so a stream can continue at any ``n`` after a restart.
+
+>>> caller = SimulatedCaller(StreamSource("synnonsep", seed=3), delay_mean_s=0.0)
+>>> [key for key, _ in caller.instances(2, now=0.0)]
+[b'e0', b'e1']
+>>> caller.answer([orjson.dumps({"id": "e0", "action": 1}), b"not json"], now=0.0)
+>>> [orjson.loads(v)["id"] for _, v in caller.due(now=0.0)], caller.stats.unparsable_decisions
+(['e0'], 1)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+
+from streamlearn.features import SparseBatch
+
+__all__ = ["CallerStats", "SimulatedCaller", "StreamSource", "encode_instances"]
+
+LABEL_RING = 1 << 20  # labels kept for decisions this many instances behind the newest
+KEEP_OUTPUTS = 1000  # last decisions / dead letters kept for inspection
+
+
+class StreamSource:
+    """Instance ``n`` → (features, label), a pure function of ``(seed, n)``.
+
+    ``synsep`` / ``synnonsep`` are generated block by block (infinite stream);
+    any other name is loaded with ``streamlearn.datasets.load_dataset`` and
+    cycled through, each pass in a fresh seeded permutation.
+    """
+
+    def __init__(self, dataset: str = "synnonsep", data_dir: str | None = None, seed: int = 1,
+                 block: int = 4096) -> None:
+        self.dataset, self.seed, self.block = dataset.lower(), seed, block
+        self.shuffle = True
+        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        if self.dataset == "arrays":  # filled by from_arrays
+            return
+        if self.dataset in ("synsep", "synnonsep"):
+            from streamlearn.datasets.synthetic import N_CLASSES, N_FEATURES
+
+            self.n_classes, self.n_features = N_CLASSES, N_FEATURES
+            self._rows = 0
+        else:
+            from streamlearn.datasets import load_dataset
+
+            data = load_dataset(self.dataset, data_dir)
+            X = data.X.to_dense() if isinstance(data.X, SparseBatch) else np.asarray(data.X)
+            self._X, self._y = np.asarray(X, dtype=np.float64), np.asarray(data.y)
+            self.n_classes, self.n_features = int(data.n_classes), int(data.n_features)
+            self._rows = len(self._y)
+
+    @classmethod
+    def from_arrays(cls, X: np.ndarray, y: np.ndarray, n_classes: int) -> StreamSource:
+        """Instance ``n`` is row ``n mod len(y)`` of the given arrays, in order (tests)."""
+        source = cls("arrays", block=1024)
+        source._X, source._y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.int64)
+        source.n_classes, source.n_features = n_classes, int(source._X.shape[1])
+        source._rows, source.shuffle = len(source._y), False
+        return source
+
+    def _block(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if k not in self._cache:
+            if len(self._cache) > 4:
+                self._cache.pop(min(self._cache))
+            if self._rows == 0:
+                from streamlearn.datasets.synthetic import synthetic_stream
+
+                noise = 0.0 if self.dataset == "synsep" else 0.05
+                self._cache[k] = synthetic_stream(self.block, noise=noise,
+                                                  seed=self.seed * 1_000_003 + k,
+                                                  topic_seed=self.seed)
+            else:
+                start = k * self.block
+                n = np.arange(start, start + self.block)
+                epochs, pos = np.divmod(n, self._rows)
+                rows = np.empty(self.block, dtype=np.int64)
+                for epoch in np.unique(epochs):  # at most two passes per block
+                    perm = (np.random.default_rng([self.seed, int(epoch)]).permutation(self._rows)
+                            if self.shuffle else np.arange(self._rows))
+                    sel = epochs == epoch
+                    rows[sel] = perm[pos[sel]]
+                self._cache[k] = (self._X[rows], self._y[rows])
+        return self._cache[k]
+
+    def take(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """Features ``(count, d)`` and labels of instances ``start .. start + count - 1``."""
+        parts_X, parts_y = [], []
+        n = start
+        while n < start + count:
+            k, off = divmod(n, self.block)
+            X, y = self._block(k)
+            stop = min(self.block, off + start + count - n)
+            parts_X.append(X[off:stop])
+            parts_y.append(y[off:stop])
+            n += stop - off
+        return np.concatenate(parts_X), np.concatenate(parts_y)
+
+
+def encode_instances(start: int, X: np.ndarray, y: np.ndarray, now: float,
+                     prefix: str = "e") -> list[tuple[bytes, bytes]]:
+    """(key, JSON value) per row, ids ``<prefix><n>``; sparse ``{"idx", "val"}`` under 30 % dense."""
+    sparse = np.count_nonzero(X) < 0.3 * X.size
+    out = []
+    for i in range(len(y)):
+        row = X[i]
+        if sparse:
+            idx = np.flatnonzero(row)
+            x: object = {"idx": idx.tolist(), "val": row[idx].astype(float).tolist()}
+        else:
+            x = row.astype(float).tolist()
+        event_id = f"{prefix}{start + i}"
+        out.append((event_id.encode(),
+                    orjson.dumps({"id": event_id, "ts": now, "x": x, "label": int(y[i])})))
+    return out
+
+
+@dataclass
+class CallerStats:
+    """What the simulated caller did."""
+
+    instances_sent: int = 0
+    decisions_received: int = 0
+    foreign_decisions: int = 0  # decisions for ids this caller did not send (or forgot)
+    unparsable_decisions: int = 0
+    feedback_sent: int = 0
+    dropped: int = 0
+    rewards_sent: float = 0.0
+    recent_decisions: deque[bytes] = field(default_factory=lambda: deque(maxlen=KEEP_OUTPUTS))
+    dead_letters: deque[bytes] = field(default_factory=lambda: deque(maxlen=KEEP_OUTPUTS))
+
+
+class SimulatedCaller:
+    """Publishes a dataset's instances, answers their decisions; see the module docstring."""
+
+    def __init__(self, source: StreamSource, prefix: str = "e", delay_mean_s: float = 0.2,
+                 drop: float = 0.0, seed: int = 1,
+                 dropped: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        self.source, self.prefix = source, prefix
+        self.delay_mean_s, self.drop, self.dropped = delay_mean_s, drop, dropped
+        self.stats = CallerStats()
+        self.next_instance = 0
+        self._rng = np.random.default_rng([seed, 2])
+        self._labels = np.full(LABEL_RING, -1, dtype=np.int64)
+        self._due = np.empty(0)  # scheduled feedback: due time, instance number, reward
+        self._due_n = np.empty(0, dtype=np.int64)
+        self._due_reward = np.empty(0)
+
+    @property
+    def scheduled(self) -> int:
+        """Feedback waiting for its time."""
+        return len(self._due)
+
+    def skip_to(self, n: int) -> None:
+        """Continue the stream at instance ``n`` (earlier labels are forgotten)."""
+        self.next_instance = n
+        self._labels[:] = -1
+
+    def instances(self, count: int, now: float) -> list[tuple[bytes, bytes]]:
+        """The next ``count`` instance events as (key, value)."""
+        if count <= 0:
+            return []
+        start = self.next_instance
+        X, y = self.source.take(start, count)
+        self._labels[np.arange(start, start + count) % LABEL_RING] = y
+        self.next_instance += count
+        self.stats.instances_sent += count
+        return encode_instances(start, X, y, now, self.prefix)
+
+    def remember(self, start: int, labels: np.ndarray) -> None:
+        """Instances ``start ..`` were published by someone else (a test): answer their
+        decisions with these labels."""
+        labels = np.asarray(labels, dtype=np.int64)
+        self._labels[np.arange(start, start + len(labels)) % LABEL_RING] = labels
+        self.next_instance = max(self.next_instance, start + len(labels))
+
+    def label_of(self, n: int) -> int:
+        """The label of instance ``n`` (-1 when unknown: not sent, or too long ago)."""
+        if 0 <= n < self.next_instance and n >= self.next_instance - LABEL_RING:
+            return int(self._labels[n % LABEL_RING])
+        return -1
+
+    def answer(self, values: Sequence[bytes | None], now: float) -> None:
+        """Read a batch of decision messages; schedule (or drop) the feedback of each of ours."""
+        numbers, actions = [], []
+        for value in values:
+            try:
+                decision = orjson.loads(value or b"")
+                event_id, action = str(decision["id"]), int(decision["action"])
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                self.stats.unparsable_decisions += 1
+                continue
+            self.stats.recent_decisions.append(value or b"")
+            n = int(event_id[len(self.prefix):]) if event_id.startswith(self.prefix) and \
+                event_id[len(self.prefix):].isdigit() else -1
+            numbers.append(n)
+            actions.append(action)
+        if not numbers:
+            return
+        n_arr, a_arr = np.array(numbers, dtype=np.int64), np.array(actions, dtype=np.int64)
+        labels = np.array([self.label_of(n) for n in numbers], dtype=np.int64)
+        ours = labels >= 0
+        self.stats.foreign_decisions += int((~ours).sum())
+        self.stats.decisions_received += int(ours.sum())
+        n_arr, a_arr, labels = n_arr[ours], a_arr[ours], labels[ours]
+        self._labels[n_arr % LABEL_RING] = -1  # answered once: a repeated decision is foreign
+        dropped = (self.dropped(n_arr) if self.dropped is not None
+                   else self._rng.random(len(n_arr)) < self.drop)
+        self.stats.dropped += int(dropped.sum())
+        keep = ~dropped
+        delays = (self._rng.exponential(self.delay_mean_s, size=int(keep.sum()))
+                  if self.delay_mean_s > 0 else np.zeros(int(keep.sum())))
+        self._due = np.concatenate([self._due, now + delays])
+        self._due_n = np.concatenate([self._due_n, n_arr[keep]])
+        self._due_reward = np.concatenate([self._due_reward,
+                                           (a_arr[keep] == labels[keep]).astype(np.float64)])
+
+    def due(self, now: float) -> list[tuple[bytes, bytes]]:
+        """The feedback messages whose time has come, as (key, value)."""
+        ready = self._due <= now
+        if not ready.any():
+            return []
+        out = []
+        for n, reward in zip(self._due_n[ready].tolist(), self._due_reward[ready].tolist(),
+                             strict=True):
+            event_id = f"{self.prefix}{n}"
+            out.append((event_id.encode(),
+                        orjson.dumps({"id": event_id, "reward": reward, "ts": now})))
+        self.stats.feedback_sent += len(out)
+        self.stats.rewards_sent += float(self._due_reward[ready].sum())
+        keep = ~ready
+        self._due, self._due_n, self._due_reward = (
+            self._due[keep], self._due_n[keep], self._due_reward[keep])
+        return out
