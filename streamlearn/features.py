@@ -139,10 +139,25 @@ def as_batch(X: object, n_features: int | None = None) -> Batch:
     return arr
 
 
+DENSE_ENOUGH = 0.05  # sparse batches at least this dense are multiplied as dense matrices
+
+
+def _as_dense_if_dense_enough(X: SparseBatch) -> np.ndarray | None:
+    """The batch as a dense matrix when it has >= 5 % non-zeros (a dense product is faster)."""
+    B, d = X.shape
+    if not B or len(X.indices) < DENSE_ENOUGH * B * d:
+        return None
+    flat = np.bincount(X.row_ids() * d + X.indices, weights=X.values, minlength=B * d)
+    return flat.reshape(B, d)
+
+
 def scores(W: np.ndarray, X: Batch) -> np.ndarray:
     """``X @ W.T``: the (B, K) score matrix of a batch under weights W of shape (K, d)."""
     if not isinstance(X, SparseBatch):
         return np.asarray(X @ W.T)
+    dense = _as_dense_if_dense_enough(X)
+    if dense is not None:
+        return np.asarray(dense @ W.T)
     B = X.shape[0]
     contributions = W[:, X.indices] * X.values  # (K, nnz)
     out = np.zeros((W.shape[0], B), dtype=np.float64)
@@ -157,6 +172,10 @@ def add_outer(W: np.ndarray, coef: np.ndarray, X: Batch) -> None:
     """In place ``W += coef.T @ X`` for coef of shape (B, K) and W of shape (K, d)."""
     if not isinstance(X, SparseBatch):
         W += coef.T @ X
+        return
+    dense = _as_dense_if_dense_enough(X)
+    if dense is not None:
+        W += coef.T @ dense
         return
     row_ids = X.row_ids()
     per_entry = coef[row_ids].T * X.values  # (K, nnz)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from streamlearn.events.raw import (
     DEFAULT_LIMITS,
@@ -47,7 +49,25 @@ def decode_feedback(
     stamps: list[float] = []
     kept: list[RawMessage] = []
     for msg in messages:
-        try:
+        value = msg.value
+        if value is not None and len(value) <= limits.max_message_bytes:  # the common case
+            try:
+                parsed: Any = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                parsed = None
+            if type(parsed) is dict:
+                fid: Any = parsed.get("id")
+                frw: Any = parsed.get("reward")
+                fts: Any = parsed.get("ts")
+                if (type(fid) is str and 0 < len(fid) <= limits.max_id_length
+                        and type(frw) in (int, float) and 0.0 <= frw <= 1.0
+                        and (fts is None or (type(fts) in (int, float) and math.isfinite(fts)))):
+                    ids.append(fid)
+                    rewards.append(float(frw))
+                    stamps.append(msg.timestamp_ms / 1000.0 if fts is None else float(fts))
+                    kept.append(msg)
+                    continue
+        try:  # anything else: the full checks name what is wrong
             obj = parse_object(msg, limits)
             event_id = event_id_of(obj, limits)
             ts = timestamp_of(obj, msg, event_id)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from streamlearn.events.payload import classify, explain, feature_batch
 from streamlearn.events.raw import (
@@ -60,6 +62,38 @@ class _Row:
     label: int
 
 
+def _fast_row(msg: RawMessage, n_features: int, limits: DecodeLimits) -> _Row | None:
+    """The common case in as few steps as the format allows: a small object with a string id,
+    a numeric ``ts`` or none, a dense or sparse ``x``, no ``actions``/``label`` or an int
+    label. Anything else (or anything odd) returns None and takes the full checks."""
+    value = msg.value
+    if value is None or len(value) > limits.max_message_bytes or \
+            value.count(b"[") + value.count(b"{") > limits.max_depth:
+        return None
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict or "actions" in obj:
+        return None
+    event_id, x, ts, label = obj.get("id"), obj.get("x"), obj.get("ts"), obj.get("label", -1)
+    if type(event_id) is not str or not 0 < len(event_id) <= limits.max_id_length or \
+            type(label) is not int or not label >= -1:
+        return None
+    if ts is None:
+        ts = msg.timestamp_ms / 1000.0
+    elif type(ts) is not float and type(ts) is not int:
+        return None
+    if type(x) is list:
+        if len(x) != n_features:
+            return None
+        return _Row(msg, event_id, float(ts), "dense", x, None, label)
+    if type(x) is dict and len(x) == 2 and type(x.get("idx")) is list and \
+            type(x.get("val")) is list and len(x["idx"]) == len(x["val"]):
+        return _Row(msg, event_id, float(ts), "sparse", (x["idx"], x["val"]), None, label)
+    return None
+
+
 def _row(msg: RawMessage, n_features: int, n_actions: int, limits: DecodeLimits) -> _Row:
     obj = parse_object(msg, limits)
     event_id = event_id_of(obj, limits)
@@ -88,6 +122,10 @@ def decode_instances(
     rejections: list[Rejection] = []
     kept: list[_Row] = []
     for msg in messages:
+        row = _fast_row(msg, n_features, limits)
+        if row is not None and row.label < n_actions and math.isfinite(row.ts):
+            kept.append(row)
+            continue
         try:
             kept.append(_row(msg, n_features, n_actions, limits))
         except Reject as err:

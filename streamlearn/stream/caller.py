@@ -119,17 +119,21 @@ def encode_instances(start: int, X: np.ndarray, y: np.ndarray, now: float,
                      prefix: str = "e") -> list[tuple[bytes, bytes]]:
     """(key, JSON value) per row, ids ``<prefix><n>``; sparse ``{"idx", "val"}`` under 30 % dense."""
     sparse = np.count_nonzero(X) < 0.3 * X.size
+    labels = y.astype(np.int64).tolist()
+    if sparse:  # the non-zeros of the whole block at once, then sliced per row
+        rows, cols = np.nonzero(X)
+        cuts = np.searchsorted(rows, np.arange(1, len(y))).tolist()
+        idx_rows = np.split(cols, cuts)
+        val_rows = np.split(X[rows, cols].astype(np.float64), cuts)
+        xs: list[object] = [{"idx": i.tolist(), "val": v.tolist()}
+                            for i, v in zip(idx_rows, val_rows, strict=True)]
+    else:
+        xs = X.astype(np.float64).tolist()
     out = []
-    for i in range(len(y)):
-        row = X[i]
-        if sparse:
-            idx = np.flatnonzero(row)
-            x: object = {"idx": idx.tolist(), "val": row[idx].astype(float).tolist()}
-        else:
-            x = row.astype(float).tolist()
+    for i, (x, label) in enumerate(zip(xs, labels, strict=True)):
         event_id = f"{prefix}{start + i}"
         out.append((event_id.encode(),
-                    orjson.dumps({"id": event_id, "ts": now, "x": x, "label": int(y[i])})))
+                    orjson.dumps({"id": event_id, "ts": now, "x": x, "label": label})))
     return out
 
 

@@ -42,6 +42,8 @@ from streamlearn.stream.transport import Message, check_offsets
 
 __all__ = ["CallerStats", "EmbeddedTransport", "StreamSource"]
 
+RETAIN = 50_000  # messages kept behind the read position for a seek back
+
 
 class EmbeddedTransport(InMemoryTransport):
     """A one-partition in-memory transport whose other end is a simulated caller.
@@ -103,8 +105,8 @@ class EmbeddedTransport(InMemoryTransport):
     # ------------------------------------------------------------ simulation
     def _simulate(self, now: float) -> None:
         stamp = int(now * 1000)
-        for key, value in self.caller.due(now):
-            self.broker.append(self.feedback_topic, key, value, 0, stamp)
+        due = self.caller.due(now)
+        self.broker.extend(self.feedback_topic, 0, [k for k, _ in due], [v for _, v in due], stamp)
         log = self.broker.log(self.instances_topic, 0)
         if self.rate > 0:
             count = min(int((now - self._started) * self.rate) - self._rate_sent, 10 * self.chunk)
@@ -113,15 +115,18 @@ class EmbeddedTransport(InMemoryTransport):
             count = self.chunk if backlog < self.chunk else 0
         if self.max_instances is not None:
             count = min(count, self.max_instances - self.caller.stats.instances_sent)
-        for key, value in self.caller.instances(count, now):
-            self.broker.append(self.instances_topic, key, value, 0, stamp)
+        fresh = self.caller.instances(count, now)
+        self.broker.extend(self.instances_topic, 0, [k for k, _ in fresh], [v for _, v in fresh],
+                           stamp)
         self._rate_sent += max(count, 0)
 
     def _trim(self) -> None:
-        """Keep only what may still be read (or re-read after a crash)."""
+        """Keep what may still be read or re-read: from the last commit (where a restart
+        resumes), or without a commit the last :data:`RETAIN` messages (for a seek back)."""
         committed = self.committed()
         for tp in self._assigned:
-            self.broker.log(*tp).trim(min(self._positions[tp], committed.get(tp, 0)))
+            position = self._positions[tp]
+            self.broker.log(*tp).trim(min(position, committed.get(tp, position - RETAIN)))
 
     def poll(self, max_records: int, timeout_s: float) -> list[Message]:
         """Advance the simulation, then return up to ``max_records`` input messages."""

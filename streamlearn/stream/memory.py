@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 
 from streamlearn.errors import TransportError
@@ -32,8 +31,8 @@ class PartitionLog:
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic, self.partition = topic, partition
-        self.base = 0
-        self.messages: deque[Message] = deque()
+        self.base = 0  # offset of messages[0]
+        self.messages: list[Message] = []
 
     @property
     def end(self) -> int:
@@ -45,22 +44,29 @@ class PartitionLog:
         self.messages.append(message)
         return message
 
+    def extend(self, keys: Sequence[bytes | None], values: Sequence[bytes | None],
+               timestamp_ms: int) -> None:
+        end, topic, partition = self.end, self.topic, self.partition
+        self.messages.extend(Message(topic, partition, end + i, k, v, timestamp_ms)
+                             for i, (k, v) in enumerate(zip(keys, values, strict=True)))
+
     def read(self, start: int, count: int) -> list[Message]:
         if start < self.base:
             raise TransportError(f"cannot read {self.topic}[{self.partition}] from {start}: "
                                  f"messages before {self.base} were discarded (trimmed)")
         first = start - self.base
-        return list(itertools.islice(self.messages, first, first + count))
+        return self.messages[first:first + count]
 
     def trim(self, below: int) -> None:
-        """Forget the messages before offset ``below``."""
-        while self.messages and self.base < below:
-            self.messages.popleft()
-            self.base += 1
+        """Forget the messages before offset ``below`` (in bulk: when half the list is old)."""
+        drop = min(below - self.base, len(self.messages))
+        if drop > 0 and 2 * drop >= len(self.messages):
+            del self.messages[:drop]
+            self.base += drop
 
     def skip_to(self, offset: int) -> None:
         """Continue the log at ``offset`` (an empty log may start anywhere)."""
-        self.messages.clear()
+        self.messages = []
         self.base = offset
 
 
@@ -119,6 +125,16 @@ class InMemoryBroker:
             message = self.topics[topic][partition].append(key, value, stamp)
             self.changed.notify_all()
             return message
+
+    def extend(self, topic: str, partition: int, keys: Sequence[bytes | None],
+               values: Sequence[bytes | None], timestamp_ms: int) -> None:
+        """Append several messages to one partition at once (one lock, one wake-up)."""
+        if not values:
+            return
+        with self.changed:
+            self.create_topic(topic)
+            self.topics[topic][partition].extend(keys, values, timestamp_ms)
+            self.changed.notify_all()
 
     def messages(self, topic: str) -> list[Message]:
         """Every kept message of ``topic``, partition by partition, in offset order."""
@@ -224,6 +240,10 @@ class InMemoryTransport:
 
     def produce_many(self, topic: str, keys: Sequence[bytes | None], values: Sequence[bytes]) -> None:
         """Queue several messages in order (see ``Transport.produce_many``)."""
+        self._check_open()
+        if self.broker.create_topic(topic) == 1:  # one partition: append them in one go
+            self.broker.extend(topic, 0, keys, values, int(time.time() * 1000))
+            return
         produce_each(self.produce, topic, keys, values)
 
     def flush(self, timeout_s: float) -> None:

@@ -1,0 +1,135 @@
+"""The daemon's loop in memory against the least any daemon must do, and against another commit.
+
+Three rates on the same pre-encoded stream (SynNonSep, dense ``x`` of d = 400,
+K = 9; every instance followed by its feedback, stamped in event-time order,
+all on an in-memory transport — no broker, no simulator in the timing):
+
+* **bare relay**: for each message ``orjson.loads``; each instance into a numpy
+  row; one decision per instance encoded with ``orjson.dumps`` — the least a
+  daemon must do;
+* **loop**: ``Daemon.step`` until every message is consumed (decode, decide,
+  publish, join, learn; no checkpoints);
+* **loop at another commit** (``--compare-with DIR``: a checkout of that
+  commit): the same loop measured in a subprocess whose ``PYTHONPATH`` is DIR,
+  alternating with this one (A B A B), so both see the same machine.
+
+Usage::
+
+    python -m simulators.bench_loop [--events 50000] [--repeats 3] [--compare-with /tmp/old]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+K, D = 9, 400
+
+
+LAG = 1000  # feedback for event i comes with the instances of event i + LAG
+
+
+def stream(n: int, seed: int = 0) -> tuple[list[tuple[str, bytes, bytes, int]], np.ndarray]:
+    """(topic, key, value, timestamp_ms) in event-time order; each feedback ``LAG`` events after
+    its instance (it can only follow the decision)."""
+    try:
+        from streamlearn.datasets.synthetic import synthetic_stream
+    except ImportError:  # a commit from before the library stood alone
+        from simulators.synthetic import synthetic_stream  # type: ignore[no-redef]
+
+    X, y = synthetic_stream(n, noise=0.05, seed=seed)
+    base = int(time.time() * 1000)
+    out = []
+    for i in range(n):
+        key = f"e{i}".encode()
+        out.append(("instances", key, orjson.dumps({"id": f"e{i}", "x": X[i].astype(float).tolist()}),
+                    base + 2 * i))
+        out.append(("feedback", key, orjson.dumps({"id": f"e{i}", "reward": float(y[i] == 0)}),
+                    base + 2 * (i + LAG) + 1))
+    out.sort(key=lambda m: m[3])
+    return out, y
+
+
+def bare_relay(messages: list[tuple[str, bytes, bytes, int]]) -> float:
+    started = time.perf_counter()
+    decisions = []
+    rows = []
+    for topic, _key, value, _ts in messages:
+        obj = orjson.loads(value)
+        if topic == "instances":
+            rows.append(np.asarray(obj["x"], dtype=np.float64))
+            decisions.append(orjson.dumps({"id": obj["id"], "action": 0, "prob": 1.0}))
+    return len(decisions) / (time.perf_counter() - started)
+
+
+def loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
+    """Events/s of ``Daemon.step`` over the whole stream (works on old and new commits alike)."""
+    from streamlearn.learners.banditron import Banditron
+    from streamlearn.learners.exploration import FixedGamma
+    from streamlearn.service.daemon import Daemon, DaemonSettings
+    from streamlearn.stream.memory import InMemoryTransport
+
+    transport = InMemoryTransport(partitions=1)
+    for topic, key, value, ts in messages:
+        transport.broker.append(topic, key, value, 0, ts)
+    settings = DaemonSettings(learner_n_actions=K, learner_n_features=D,
+                              limits_poll_timeout_seconds=0.0, join_window_seconds=1e9)
+    daemon = Daemon(settings, transport, Banditron(K, D, FixedGamma(0.05), seed=1))
+    started = time.perf_counter()
+    while daemon.counters.messages < len(messages):
+        daemon.step()
+    elapsed = time.perf_counter() - started
+    assert daemon.counters.feedback["joined"] == len(messages) // 2, daemon.counters.feedback
+    return daemon.counters.instances / elapsed
+
+
+def _other(directory: str, events: int) -> float:
+    env = {**os.environ, "PYTHONPATH": directory, "OPENBLAS_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, __file__, "--events", str(events), "--loop-only"],
+                          capture_output=True, text=True, env=env, check=True, cwd=directory)
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["loop"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--events", type=int, default=50_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compare-with", metavar="DIR",
+                        help="a checkout of another commit to measure the same loop on")
+    parser.add_argument("--loop-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    messages, _ = stream(args.events)
+    if args.loop_only:
+        print(json.dumps({"loop": loop_rate(messages)}))
+        return 0
+    rows: dict[str, list[float]] = {"bare relay": [], "loop": []}
+    if args.compare_with:
+        rows["loop at --compare-with"] = []
+    for r in range(args.repeats):
+        rows["bare relay"].append(bare_relay(messages))
+        rows["loop"].append(loop_rate(messages))
+        if args.compare_with:
+            rows["loop at --compare-with"].append(_other(args.compare_with, args.events))
+        print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(
+            f"{k} {v[-1]:,.0f}/s" for k, v in rows.items()), file=sys.stderr, flush=True)
+    med: dict[str, Any] = {k: float(np.median(v)) for k, v in rows.items()}
+    print(f"{'system':<28}{'events/s (median of ' + str(args.repeats) + ')':>28}")
+    for k, v in med.items():
+        print(f"{k:<28}{v:>28,.0f}")
+    print(f"loop / bare relay = {med['loop'] / med['bare relay']:.2f}")
+    if args.compare_with:
+        print(f"loop / loop at --compare-with = {med['loop'] / med['loop at --compare-with']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
