@@ -179,7 +179,7 @@ class LimitsConfig:
     poll_max_records: int = spec(500, "messages per poll (micro-batch bound)", ge=1)
     poll_timeout_seconds: float = spec(0.1, "poll timeout", gt=0)
     poll_order_wait_seconds: float = spec(
-        0.05, "input is processed in timestamp order across partitions; a partition with unread "
+        0.5, "input is processed in timestamp order across partitions; a partition with unread "
         "records but none fetched yet holds the others back at most this long", ge=0)
     max_abs_feature: float = spec(
         1e12, "instances with a feature value beyond +/- this are rejected (value_out_of_range)",

@@ -39,7 +39,7 @@ class DaemonSettings:
     limits_max_id_length: int = 256
     limits_poll_max_records: int = 500
     limits_poll_timeout_seconds: float = 0.1
-    limits_poll_order_wait_seconds: float = 0.05
+    limits_poll_order_wait_seconds: float = 0.5
     limits_max_abs_feature: float = 1e12
     limits_max_row_squared_norm: float = 1e26
     limits_dead_letter_max_bytes: int = 65_536

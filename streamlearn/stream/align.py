@@ -57,7 +57,7 @@ class InputAligner:
         Monotonic seconds (injectable for tests).
     """
 
-    def __init__(self, transport: Transport, max_wait_s: float = 0.05, max_buffered: int = 20_000,
+    def __init__(self, transport: Transport, max_wait_s: float = 0.5, max_buffered: int = 20_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.transport = transport
         self.max_wait_s, self.max_buffered, self.clock = max_wait_s, max_buffered, clock

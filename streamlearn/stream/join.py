@@ -174,6 +174,7 @@ class PendingJoins:
         self._closing: list[tuple[np.ndarray, np.ndarray]] = []  # (slots, outcome codes)
         self._joined_on_arrival: list[Closed] = []  # decisions that came with their feedback
         self._oldest = np.inf  # a lower bound of the pending decisions' decision times
+        self._early_oldest = np.inf  # a lower bound of the held feedback's event times
         self.shed_total = 0
         self._grow(1024)
 
@@ -246,9 +247,11 @@ class PendingJoins:
         self.rows.put(slots, X)
         self.slot_of.update(zip(ids, slots.tolist(), strict=True))
         if self.early:
-            for i in [i for i, event_id in enumerate(ids) if event_id in self.early]:
-                fb = self.early.pop(ids[i])
-                self._apply_one(int(slots[i]), fb.reward, fb.ts)
+            matched = [i for i, event_id in enumerate(ids) if event_id in self.early]
+            if matched:
+                held = [self.early.pop(ids[i]) for i in matched]
+                self._apply(slots[matched], np.array([fb.reward for fb in held]),
+                            np.array([fb.ts for fb in held]))
 
     def add_joined(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                    labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
@@ -335,6 +338,7 @@ class PendingJoins:
             return Outcome.AGGREGATED
         if self.settings.early_window_s > 0 and len(self.early) < self.settings.max_early:
             self.early[event_id] = EarlyFeedback(event_id, reward, ts, partition, source)
+            self._early_oldest = min(self._early_oldest, ts)
             return Outcome.HELD
         return Outcome.UNKNOWN
 
@@ -381,8 +385,9 @@ class PendingJoins:
             self._oldest = float(self.decided_at[live[remaining]].min()) if remaining.any() \
                 else np.inf
         unknown: list[EarlyFeedback] = []
-        if self.early:
-            instance_now = self.clocks.now("instances", wall)
+        instance_now = self.clocks.now("instances", wall) if self.early else {}
+        if self.early and self._early_oldest + self.settings.early_window_s <= max(
+                instance_now.values(), default=-np.inf):  # only when the oldest may be due
             parts = np.fromiter((fb.partition for fb in self.early.values()), np.int64,
                                 count=len(self.early))
             ts = np.fromiter((fb.ts for fb in self.early.values()), np.float64,
@@ -390,6 +395,7 @@ class PendingJoins:
             gone = ts + self.settings.early_window_s <= _per_partition(instance_now, parts)
             for event_id in [k for k, g in zip(self.early, gone.tolist(), strict=True) if g]:
                 unknown.append(self.early.pop(event_id))
+            self._early_oldest = float(ts[~gone].min()) if (~gone).any() else np.inf
         self.recent.age(self.now(wall))
         return unknown
 
@@ -492,6 +498,7 @@ class PendingJoins:
                 arrays.get("recent.young", np.ones(len(recent_ids), bool)),  # older checkpoints
                 -np.inf if since is None else float(since))
             store.early = OrderedDict((fb["event_id"], _early_from_json(fb)) for fb in meta["early"])
+            store._early_oldest = min((fb.ts for fb in store.early.values()), default=np.inf)
             store.shed_total = int(meta["shed_total"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"Pending joins in the checkpoint are invalid: {exc!r}") from exc
