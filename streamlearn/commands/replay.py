@@ -45,6 +45,10 @@ def add_parser(subparsers: Any) -> None:
                           help="simulated arrival rate for --delay (default 100 events/s)")
     feedback.add_argument("--drop", type=number_in(0.0, 1.0, high_open=True), default=0.0,
                           help="probability that feedback never arrives (expires to reward 0)")
+    feedback.add_argument("--window", type=number_in(0.0, low_open=True),
+                          help="join window in seconds at --rate, as the daemon's "
+                               "join.window_seconds (default ten mean delays, at least one "
+                               "event): a decision without feedback expires at its end")
     feedback.add_argument("--drift-at", type=int_at_least(1),
                           help="round at which the concept drifts")
     feedback.add_argument("--drift", choices=("permute", "prior"), default="permute",
@@ -82,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
                            seed=args.seed, **hyper)
     result, comparator = run_with_comparator(
         learner, stream, batch_size=args.batch_size, delay_rounds=args.delay * args.rate,
-        drop=args.drop, seed=args.seed, progress=not args.json and stream.rounds > 50_000)
+        drop=args.drop, window=None if args.window is None else max(1, round(args.window * args.rate)),
+        seed=args.seed, progress=not args.json and stream.rounds > 50_000)
     report = {
         "dataset": args.dataset,
         "learner": args.learner,
