@@ -177,10 +177,15 @@ class Engine:
         if self.learner.full_information:  # learns the label (reward 1) of what was answered
             rows = rows[(closed.labels[rows] >= 0) & (closed.outcome[rows] == Outcome.JOINED)]
         if len(rows):
-            actions, rewards = closed.actions[rows], closed.rewards[rows]
-            if self.learner.full_information:
-                actions, rewards = closed.labels[rows], np.ones(len(rows))
+            every = len(rows) == len(closed)  # the usual case: no gathers needed
+            actions = closed.labels if self.learner.full_information else closed.actions
+            rewards = np.ones(len(rows)) if self.learner.full_information else closed.rewards
             before = self.learner.n_skipped_updates_
-            self.learner.update(take_rows(closed.X, rows), actions, rewards, closed.probs[rows])
+            if every:
+                self.learner.update(closed.X, actions, rewards, closed.probs)
+            else:
+                self.learner.update(take_rows(closed.X, rows), actions[rows],
+                                    rewards if self.learner.full_information else rewards[rows],
+                                    closed.probs[rows])
             skipped = self.learner.n_skipped_updates_ - before
         return Learned(closed, rows, skipped)

@@ -33,6 +33,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -74,6 +75,14 @@ class ReplayResult:
     @property
     def events_per_second(self) -> float:
         return self.rounds / self.seconds if self.seconds > 0 else float("inf")
+
+
+@functools.lru_cache(maxsize=8)
+def _zeros(n: int) -> np.ndarray:
+    """Partition 0 for n events (read-only, shared)."""
+    zeros = np.zeros(n, dtype=np.int64)
+    zeros.flags.writeable = False
+    return zeros
 
 
 def default_window(delay_mean: float) -> int:
@@ -169,7 +178,7 @@ class _Run:
             return rewards, rows.astype(np.float64)
 
         decided = engine.decide(ids, Xb, None, labels=labels, ts=rows.astype(np.float64),
-                                partitions=np.zeros(B, dtype=np.int64), wall=float(hi),
+                                partitions=_zeros(B), wall=float(hi),
                                 keys=rows if self.id_format is None else None,
                                 answer=answer if immediate and not len(self.mailbox.rows) else None)
         self.last_probs = decided.probs[-1:]
