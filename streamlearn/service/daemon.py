@@ -122,6 +122,7 @@ class Daemon:
                                settings.limits_dead_letter_max_bytes)
         self._retry_checkpoint_at = 0.0
         self.started_at_instances = 0
+        self._drifts_seen = learner.drift_detections_
         self.ready = False
         self.limits = settings.limits()
 
@@ -173,6 +174,7 @@ class Daemon:
             self._journaled = self.checkpointer.journal.load(0)
             return
         self.engine, self.counters = thaw(restored, self.settings, type(self.learner), self.tracker)
+        self._drifts_seen = self.learner.drift_detections_
         self.offsets = self.checkpointer.offsets
         self._journaled = self.checkpointer.journal.load(restored.seq)
         assigned = self.transport.assignment()
@@ -332,6 +334,12 @@ class Daemon:
                                     learned.shed)
         rows = learned.applied
         if len(rows):
+            drifts = self.learner.drift_detections_ - self._drifts_seen
+            if drifts > 0:
+                log.info("the exploration detected a change (%d so far): exploring more",
+                         self.learner.drift_detections_)
+                self.observer.on_drift(drifts)
+            self._drifts_seen = self.learner.drift_detections_
             self.counters.model_version += 1
             self.counters.skipped_updates += learned.skipped
             if learned.skipped:

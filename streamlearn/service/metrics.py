@@ -155,6 +155,9 @@ class Observer:
     def on_reemitted(self, n: int) -> None:
         """``n`` journaled decisions were published again for input re-read after a restart."""
 
+    def on_drift(self, n: int) -> None:
+        """The exploration's change detector fired ``n`` times (exploration was raised)."""
+
     def on_lag(self, lag: int) -> None:
         """Total consumer lag (messages) over the assigned partitions."""
 
@@ -216,6 +219,10 @@ class PrometheusObserver(Observer):
         self.skipped_updates = Counter(
             "streamlearn_learner_updates_skipped",
             "Feedback events not learned because they would have made the model non-finite.",
+            registry=r)
+        self.drift = Counter(
+            "streamlearn_drift_detected",
+            "Changes detected by the adaptive exploration (each raises exploration again).",
             registry=r)
         self.reemitted = Counter(
             "streamlearn_decisions_reemitted",
@@ -294,6 +301,9 @@ class PrometheusObserver(Observer):
 
     def on_reemitted(self, n: int) -> None:
         self.reemitted.inc(n)
+
+    def on_drift(self, n: int) -> None:
+        self.drift.inc(n)
 
     def on_feedback(self, outcome: str, n: int, delays_s: np.ndarray | float | None = None) -> None:
         if outcome not in FEEDBACK_OUTCOMES:

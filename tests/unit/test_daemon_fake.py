@@ -450,3 +450,33 @@ def test_ids_ending_in_nul_keep_their_feedback_across_a_restart(tmp_path: Path,
     drain(second)
     assert second.counters.feedback["joined"] == 1
     assert second.counters.feedback["unknown"] == 0 and not broker.messages("dead-letter")
+
+
+def test_a_detected_drift_is_exported() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from streamlearn.learners import Adaptive
+    from streamlearn.service.metrics import PrometheusObserver
+
+    n, block = 6000, 200
+    Xd, yd = synthetic_stream(n, noise=0.0, seed=9)
+    yd = np.where(np.arange(n) < n // 2, yd, (yd + 4) % 9)  # the concept changes at half time
+    broker, clock = InMemoryBroker(1), Clock()
+    writer = InMemoryTransport(broker=broker, partitions=1, group_id="caller")
+    registry = CollectorRegistry()
+    daemon = Daemon(settings(None), InMemoryTransport(broker=broker, partitions=1),
+                    Banditron(9, 400, Adaptive(), seed=3), observer=PrometheusObserver(registry),
+                    wall_clock=clock)
+    for lo in range(0, n, block):
+        for i in range(lo, lo + block):
+            writer.append_instance(f"e{i}".encode(), orjson.dumps(
+                {"id": f"e{i}", "x": Xd[i].tolist(), "ts": clock.t}))
+        drain(daemon)
+        for m in broker.messages("decisions")[lo:lo + block]:
+            d = orjson.loads(m.value or b"")
+            i = int(d["id"][1:])
+            writer.append_feedback(m.key, orjson.dumps(
+                {"id": d["id"], "reward": float(d["action"] == yd[i]), "ts": clock.t}))
+        drain(daemon)
+    detected = registry.get_sample_value("streamlearn_drift_detected_total")
+    assert daemon.learner.drift_detections_ >= 1 and detected == daemon.learner.drift_detections_
