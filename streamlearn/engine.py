@@ -177,15 +177,13 @@ class Engine:
         if self.learner.full_information:  # learns the label (reward 1) of what was answered
             rows = rows[(closed.labels[rows] >= 0) & (closed.outcome[rows] == Outcome.JOINED)]
         if len(rows):
-            every = len(rows) == len(closed)  # the usual case: no gathers needed
-            actions = closed.labels if self.learner.full_information else closed.actions
-            rewards = np.ones(len(rows)) if self.learner.full_information else closed.rewards
+            X, actions, rewards, probs = closed.X, closed.actions, closed.rewards, closed.probs
+            if self.learner.full_information:
+                actions, rewards = closed.labels, np.ones(len(closed))
+            if len(rows) < len(closed):  # the usual case (every row) needs no gathers
+                X, actions, rewards, probs = (take_rows(X, rows), actions[rows], rewards[rows],
+                                              probs[rows])
             before = self.learner.n_skipped_updates_
-            if every:
-                self.learner.update(closed.X, actions, rewards, closed.probs)
-            else:
-                self.learner.update(take_rows(closed.X, rows), actions[rows],
-                                    rewards if self.learner.full_information else rewards[rows],
-                                    closed.probs[rows])
+            self.learner.update(X, actions, rewards, probs)
             skipped = self.learner.n_skipped_updates_ - before
         return Learned(closed, rows, skipped)

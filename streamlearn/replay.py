@@ -171,28 +171,28 @@ class _Run:
         rows = np.arange(lo, lo + B)
         hi = lo + B
         ids = self.ids(rows)
-        immediate = not delays.any()  # every answer comes right after this batch
+        times = rows.astype(np.float64)  # a round is decided at its own number
+        # every answer comes right after this batch and none is still on its way
+        at_once = not delays.any() and not len(self.mailbox.rows)
 
         def answer(actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            rewards = np.where(dropped, np.nan, (actions == labels).astype(np.float64))
-            return rewards, rows.astype(np.float64)
+            return np.where(dropped, np.nan, (actions == labels).astype(np.float64)), times
 
-        decided = engine.decide(ids, Xb, None, labels=labels, ts=rows.astype(np.float64),
-                                partitions=_zeros(B), wall=float(hi),
-                                keys=rows if self.id_format is None else None,
-                                answer=answer if immediate and not len(self.mailbox.rows) else None)
+        decided = engine.decide(ids, Xb, None, labels=labels, ts=times, partitions=_zeros(B),
+                                wall=float(hi), keys=rows if self.id_format is None else None,
+                                answer=answer if at_once else None)
         self.last_probs = decided.probs[-1:]
         played = (np.argmax(decided.probs, axis=1) if engine.learner.full_information
                   else decided.actions)
         self.tracker.observe(played, labels=labels, probs=decided.probs)
-        if not (immediate and not len(self.mailbox.rows)):
+        if not at_once:
             sent = ~dropped
             self.mailbox.post(rows[sent], (decided.actions == labels)[sent].astype(np.float64),
                               rows[sent] + delays[sent])
             due_rows, rewards, arrival = self.mailbox.deliver(hi)
             if len(due_rows):
                 engine.feedback(self.ids(due_rows), rewards, arrival.astype(np.float64),
-                                np.zeros(len(due_rows), dtype=np.int64), float(hi))
+                                _zeros(len(due_rows)), float(hi))
         engine.advance(float(hi), event_time=float(hi))
         learned = engine.learn()
         self.applied += len(learned.applied)

@@ -358,9 +358,6 @@ class PendingJoins:
             self._close(slots, np.full(len(slots), Outcome.JOINED, dtype=np.int8),
                         float(ts.max()))
 
-    def _apply_one(self, slot: int, reward: float, ts: float) -> None:
-        self._apply(np.array([slot]), np.array([reward]), np.array([ts]))
-
     # ------------------------------------------------------------------ expiry
     def advance(self, wall: float, idle: Iterable[tuple[str, int]] = ()) -> list[EarlyFeedback]:
         """Expire what is due; return early feedback that became unknown.
