@@ -293,11 +293,10 @@ class Daemon:
                                         np.array([m.partition for m in batch.messages], np.int64),
                                         wall, batch.messages)
         counted: dict[str, int] = {}
-        for code in np.unique(outcomes).tolist():
-            outcome = Outcome(code)
+        for code, n in zip(*np.unique(outcomes, return_counts=True), strict=True):
+            outcome = Outcome(int(code))
             if outcome not in (Outcome.JOINED, Outcome.HELD):  # joined is counted when it closes
-                counted[outcome.metric] = counted.get(outcome.metric, 0) + int(
-                    (outcomes == code).sum())
+                counted[outcome.metric] = counted.get(outcome.metric, 0) + int(n)
         for i in np.flatnonzero((outcomes == Outcome.DUPLICATE) | (outcomes == Outcome.UNKNOWN)
                                 ).tolist():
             m, outcome = batch.messages[i], Outcome(outcomes[i])
