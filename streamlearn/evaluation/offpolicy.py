@@ -1,21 +1,27 @@
 """Off-policy estimators of a target policy's value from logged bandit feedback (ALGORITHMS.md §7).
 
 A logged event is (x, a, p, r): context, chosen action, its propensity, reward.
-For a deterministic target policy π with actions ``target``:
+The target policy π is given either as deterministic ``target_actions`` (n,) or
+as ``target_probs``: π's probability of each *logged* action (n,), or its full
+distribution (n, K) — so uniform and ε-soft policies are evaluable. With
+w = π(a|x)/p (clipped at ``clip``):
 
-* IPS:   V̂ = (1/n) Σ r·w,            w = 1[π(x)=a]/p (clipped at ``clip``)
+* IPS:   V̂ = (1/n) Σ r·w
 * SNIPS: V̂ = Σ r·w / Σ w
-* DR:    V̂ = (1/n) Σ [r̂(x,π(x)) + (r − r̂(x,a))·w]
+* DR:    V̂ = (1/n) Σ [Σ_b π(b|x) r̂(x,b) + (r − r̂(x,a))·w]   (needs the full (n, K) π)
 
 Each returns an :class:`Estimate` with a normal-approximation confidence
 interval (for SNIPS, by the delta method). Weights are clipped at ``clip`` (a
-bias–variance trade-off; ``clip=inf`` is unbiased).
+bias–variance trade-off; ``clip=inf`` is unbiased). A deterministic target is the
+one-hot distribution, so both forms give identical numbers.
 
 >>> import numpy as np
 >>> logged = np.array([0, 1, 1, 0]); p = np.full(4, 0.5); r = np.array([1.0, 0.0, 1.0, 1.0])
 >>> target = np.array([0, 0, 1, 1])
 >>> round(ips(r, logged, p, target).value, 3), round(snips(r, logged, p, target).value, 3)
 (1.0, 1.0)
+>>> round(ips(r, logged, p, target_probs=np.full((4, 2), 0.5)).value, 3)  # the uniform policy
+0.75
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import numpy as np
 
 from streamlearn.errors import ConfigError
 
-__all__ = ["Estimate", "doubly_robust", "importance_weights", "ips", "snips"]
+__all__ = ["Estimate", "doubly_robust", "importance_weights", "ips", "snips", "target_probability"]
 
 _Z = {0.9: 1.6448536269514722, 0.95: 1.959963984540054, 0.99: 2.5758293035489004}
 
@@ -50,17 +56,36 @@ def _z(level: float) -> float:
     return _Z[level]
 
 
+def target_probability(logged_actions: np.ndarray, target_actions: np.ndarray | None = None,
+                       target_probs: np.ndarray | None = None) -> np.ndarray:
+    """π(a_i|x_i) of each logged action, from exactly one of the two target forms."""
+    a = np.asarray(logged_actions).reshape(-1)
+    if (target_actions is None) == (target_probs is None):
+        raise ConfigError("Expected exactly one of target_actions and target_probs. "
+                          f"Got {'both' if target_actions is not None else 'neither'}.")
+    if target_actions is not None:
+        return (a == np.asarray(target_actions).reshape(-1)).astype(np.float64)
+    pi = np.asarray(target_probs, dtype=np.float64)
+    if pi.ndim == 2 and pi.shape[0] == len(a):
+        pi = pi[np.arange(len(a)), a]
+    if pi.shape != a.shape or (pi.size and (not np.isfinite(pi).all() or pi.min() < 0
+                                            or pi.max() > 1 + 1e-9)):
+        raise ConfigError(f"Expected target_probs in [0, 1] of shape ({len(a)},) or ({len(a)}, K). "
+                          f"Got shape {np.shape(target_probs)}.")
+    return pi
+
+
 def importance_weights(
-    logged_actions: np.ndarray, propensities: np.ndarray, target_actions: np.ndarray,
-    clip: float = math.inf,
+    logged_actions: np.ndarray, propensities: np.ndarray, target_actions: np.ndarray | None = None,
+    clip: float = math.inf, target_probs: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
-    """w = 1[π(x)=a]/p clipped at ``clip``; returns (weights, number clipped)."""
+    """w = π(a|x)/p clipped at ``clip``; returns (weights, number clipped)."""
     p = np.asarray(propensities, dtype=float)
     if p.size and (not np.isfinite(p).all() or p.min() <= 0 or p.max() > 1):
         raise ConfigError("Propensities must be in (0, 1].")
     if clip <= 0:
         raise ConfigError(f"The weight clip must be > 0. Got {clip}.")
-    raw = (np.asarray(logged_actions) == np.asarray(target_actions)) / p
+    raw = target_probability(logged_actions, target_actions, target_probs) / p
     return np.minimum(raw, clip), int((raw > clip).sum())
 
 
@@ -72,17 +97,19 @@ def _interval(terms: np.ndarray, value: float, clipped: int, level: float) -> Es
 
 
 def ips(rewards: np.ndarray, logged_actions: np.ndarray, propensities: np.ndarray,
-        target_actions: np.ndarray, clip: float = math.inf, level: float = 0.95) -> Estimate:
+        target_actions: np.ndarray | None = None, clip: float = math.inf, level: float = 0.95,
+        target_probs: np.ndarray | None = None) -> Estimate:
     """Inverse propensity scoring."""
-    w, clipped = importance_weights(logged_actions, propensities, target_actions, clip)
+    w, clipped = importance_weights(logged_actions, propensities, target_actions, clip, target_probs)
     terms = np.asarray(rewards, dtype=float) * w
     return _interval(terms, float(terms.mean()) if len(terms) else math.nan, clipped, level)
 
 
 def snips(rewards: np.ndarray, logged_actions: np.ndarray, propensities: np.ndarray,
-          target_actions: np.ndarray, clip: float = math.inf, level: float = 0.95) -> Estimate:
+          target_actions: np.ndarray | None = None, clip: float = math.inf, level: float = 0.95,
+          target_probs: np.ndarray | None = None) -> Estimate:
     """Self-normalised IPS (ratio estimator; delta-method interval)."""
-    w, clipped = importance_weights(logged_actions, propensities, target_actions, clip)
+    w, clipped = importance_weights(logged_actions, propensities, target_actions, clip, target_probs)
     r = np.asarray(rewards, dtype=float)
     total = float(w.sum())
     if total == 0.0:
@@ -97,14 +124,28 @@ def snips(rewards: np.ndarray, logged_actions: np.ndarray, propensities: np.ndar
 
 def doubly_robust(
     rewards: np.ndarray, logged_actions: np.ndarray, propensities: np.ndarray,
-    target_actions: np.ndarray, reward_model: np.ndarray, clip: float = math.inf,
-    level: float = 0.95,
+    target_actions: np.ndarray | None, reward_model: np.ndarray, clip: float = math.inf,
+    level: float = 0.95, target_probs: np.ndarray | None = None,
 ) -> Estimate:
-    """Doubly robust: ``reward_model`` is r̂ of shape (n, K) for every action."""
-    w, clipped = importance_weights(logged_actions, propensities, target_actions, clip)
+    """Doubly robust: ``reward_model`` is r̂ of shape (n, K) for every action.
+
+    A stochastic target must be its full (n, K) distribution (the direct term
+    averages r̂ over it). Fit ``reward_model`` on other rows than these.
+    """
     r_hat = np.asarray(reward_model, dtype=float)
-    rows = np.arange(len(w))
-    direct = r_hat[rows, np.asarray(target_actions)]
-    correction = (np.asarray(rewards, dtype=float) - r_hat[rows, np.asarray(logged_actions)]) * w
+    a = np.asarray(logged_actions).reshape(-1)
+    rows = np.arange(len(a))
+    if r_hat.ndim != 2 or r_hat.shape[0] != len(a):
+        raise ConfigError(f"Expected reward_model of shape ({len(a)}, K). Got {r_hat.shape}.")
+    if target_actions is not None:
+        direct = r_hat[rows, np.asarray(target_actions).reshape(-1)]
+    else:
+        pi = np.asarray(target_probs, dtype=float)
+        if pi.shape != r_hat.shape:
+            raise ConfigError(f"DR needs the full target distribution of shape {r_hat.shape}. "
+                              f"Got target_probs of shape {pi.shape}.")
+        direct = (pi * r_hat).sum(axis=1)
+    w, clipped = importance_weights(a, propensities, target_actions, clip, target_probs)
+    correction = (np.asarray(rewards, dtype=float) - r_hat[rows, a]) * w
     terms = direct + correction
     return _interval(terms, float(terms.mean()) if len(terms) else math.nan, clipped, level)
