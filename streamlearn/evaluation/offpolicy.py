@@ -64,15 +64,15 @@ def target_probability(logged_actions: np.ndarray, target_actions: np.ndarray | 
         raise ConfigError("Expected exactly one of target_actions and target_probs. "
                           f"Got {'both' if target_actions is not None else 'neither'}.")
     if target_actions is not None:
-        return (a == np.asarray(target_actions).reshape(-1)).astype(np.float64)
+        return np.asarray(a == np.asarray(target_actions).reshape(-1), dtype=np.float64)
     pi = np.asarray(target_probs, dtype=np.float64)
     if pi.ndim == 2 and pi.shape[0] == len(a):
         pi = pi[np.arange(len(a)), a]
     if pi.shape != a.shape or (pi.size and (not np.isfinite(pi).all() or pi.min() < 0
                                             or pi.max() > 1 + 1e-9)):
         raise ConfigError(f"Expected target_probs in [0, 1] of shape ({len(a)},) or ({len(a)}, K). "
-                          f"Got shape {np.shape(target_probs)}.")
-    return pi
+                          f"Got shape {pi.shape}.")
+    return np.asarray(pi)
 
 
 def importance_weights(

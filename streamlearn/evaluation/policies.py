@@ -14,8 +14,9 @@ on a row contributes nothing there (IPS counts it as reward 0, SNIPS ignores it)
 :func:`holdout_mask` splits by a stable hash of the event id (64-bit FNV-1a, then
 the murmur3 64-bit finaliser, since FNV's high bits barely change between ids that
 differ in their last character), so the same log always gives the same held-out
-slice, independent of row order and of which segments are read. :func:`fit_reward_model` is per-action ridge regression,
-fitted on the training split only — DR must never use a model fit on the rows it
+slice, independent of row order and of which segments are read.
+:func:`fit_reward_model` is per-action ridge regression, fitted on the training
+split only — DR must never use a model fit on the rows it
 evaluates.
 """
 
@@ -88,7 +89,7 @@ def _fmix64(h: np.ndarray) -> np.ndarray:
     h ^= h >> np.uint64(33)
     h *= np.uint64(0xC4CEB9FE1A85EC53)
     h ^= h >> np.uint64(33)
-    return h
+    return np.asarray(h)
 
 
 def holdout_mask(ids: Sequence[str], fraction: float) -> np.ndarray:
@@ -120,7 +121,7 @@ def learner_policy(probs: np.ndarray) -> np.ndarray:
 def uniform_policy(probs: np.ndarray) -> np.ndarray:
     """Uniform over the actions the logger could choose (``probs > 0``) on each row."""
     allowed = (np.asarray(probs) > 0).astype(np.float64)
-    return allowed / np.maximum(allowed.sum(axis=1, keepdims=True), 1.0)
+    return np.asarray(allowed / np.maximum(allowed.sum(axis=1, keepdims=True), 1.0))
 
 
 def constant_policy(n_rows: int, n_actions: int, action: int) -> np.ndarray:
@@ -158,7 +159,7 @@ class RewardModel:
     def predict(self, X: np.ndarray) -> np.ndarray:
         """r̂(x, a) for every row and action: ``(n, K)`` in [0, 1]."""
         out = np.asarray(X, dtype=np.float64) @ self.coef.T + self.intercept
-        return np.clip(out, 0.0, 1.0)
+        return np.asarray(np.clip(out, 0.0, 1.0))
 
 
 def fit_reward_model(X: np.ndarray, actions: np.ndarray, rewards: np.ndarray, n_actions: int,

@@ -129,4 +129,4 @@ def greedy(scores: object, mask: object = None) -> np.ndarray:
     if empty.any():
         raise DataError(f"Expected at least one allowed action per row. Got none in row "
                         f"{int(np.flatnonzero(empty)[0])}.")
-    return np.argmax(S, axis=1).astype(np.int64)
+    return np.asarray(np.argmax(S, axis=1), dtype=np.int64)
