@@ -94,8 +94,15 @@ class ExperienceRows:
         rows = np.asarray(rows)
         if rows.dtype == bool:
             rows = np.flatnonzero(rows)
-        return ExperienceRows([self.ids[i] for i in rows.tolist()], self.X[rows],
-                              *(getattr(self, c)[rows] for c in _COLUMNS), segments=self.segments)
+        return _rows([self.ids[i] for i in rows.tolist()], self.X[rows],
+                     {c: getattr(self, c)[rows] for c in _COLUMNS}, self.segments)
+
+
+def _rows(ids: list[str], X: np.ndarray, columns: dict[str, np.ndarray],
+          segments: tuple[int, int] | None = None) -> ExperienceRows:
+    return ExperienceRows(ids, X, columns["actions"], columns["probs"], columns["rewards"],
+                          columns["labels"], columns["model_version"], columns["decided_at"],
+                          segments)
 
 
 def dense_rows(X: Batch) -> np.ndarray:
@@ -119,7 +126,7 @@ def _read_segment(path: Path) -> ExperienceRows | None:
         raise StateError(f"{path} is not a readable experience segment: {exc}") from exc
     try:
         ids = unpack_strings(arrays["ids_utf8"], arrays["ids_ends"])
-        return ExperienceRows(ids, arrays["X"], *(arrays[c] for c in _COLUMNS))
+        return _rows(ids, arrays["X"], {c: arrays[c] for c in _COLUMNS})
     except KeyError as exc:
         raise StateError(f"{path} lacks the array {exc}: not an experience segment.") from exc
 
@@ -145,10 +152,9 @@ def read_experience(log_dir: str | os.PathLike[str], first_segment: int | None =
         return ExperienceRows([], np.zeros((0, 0), np.float32), np.zeros(0, np.int64),
                               np.zeros((0, 0), np.float32), np.zeros(0), np.zeros(0, np.int64),
                               np.zeros(0, np.int64), np.zeros(0))
-    rows = ExperienceRows([i for _, p in parts for i in p.ids],
-                          np.concatenate([p.X for _, p in parts]),
-                          *(np.concatenate([getattr(p, c) for _, p in parts]) for c in _COLUMNS),
-                          segments=(parts[0][0], parts[-1][0]))
+    rows = _rows([i for _, p in parts for i in p.ids], np.concatenate([p.X for _, p in parts]),
+                 {c: np.concatenate([getattr(p, c) for _, p in parts]) for c in _COLUMNS},
+                 (parts[0][0], parts[-1][0]))
     if max_rows is not None and len(rows) > max_rows:
         rows = rows.take(np.arange(len(rows) - max_rows, len(rows)))
     return rows
@@ -252,7 +258,7 @@ class ExperienceLog:
         path = _segment_path(self.directory, seq)
         tmp = self.directory / f".segment-{seq:08d}-{uuid.uuid4().hex[:8]}.tmp"
         with open(tmp, "wb") as fh:
-            np.savez(fh, ids_utf8=utf8, ids_ends=ends, **arrays)
+            np.savez(fh, **{"ids_utf8": utf8, "ids_ends": ends, **arrays})  # type: ignore[arg-type]
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)  # a reader sees the whole segment or none
