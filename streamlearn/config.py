@@ -190,6 +190,41 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True)
+class ExperienceConfig:
+    """The experience log of learned decisions (on while retraining is on, or with a dir)."""
+
+    dir: Path | None = spec(None, "log directory (default: <checkpoint.dir>/experience, or a "  # noqa: RUF009
+                            "temporary one without checkpoints)", kind="dir")
+    segment_rows: int = spec(50_000, "a segment closes at this many rows", ge=1)
+    segment_seconds: float = spec(60.0, "... or when its oldest row is this old", gt=0)
+    retention_bytes: int = spec(2 << 30, "oldest segments are deleted beyond this size", ge=1)
+    retention_seconds: float = spec(7 * 86_400.0, "... or beyond this age", gt=0)
+
+
+@dataclass(frozen=True)
+class RetrainConfig:
+    """Periodic IPS-weighted retraining of batch rankers (DESIGN.md §8); off by default."""
+
+    rankers: str | None = spec(None, "comma-separated rankers to retrain (rankboost, logistic, "
+                               "rocchio, lda, roger, nroger, ndcg_boost or module:Class); "
+                               "setting every_events or every_seconds alone trains "
+                               "rankboost,logistic")
+    every_events: int | None = spec(None, "retrain after this many learned decisions", ge=1)
+    every_seconds: float | None = spec(None, "retrain at least this often", gt=0)
+    window_rows: int = spec(20_000, "train on the newest rows of the log, at most this many",
+                            ge=10)
+    holdout_fraction: float = spec(0.2, "share of the window held out (by id hash) for "
+                                   "off-policy evaluation", gt=0, le=0.9)
+    clip: float = spec(20.0, "inverse-propensity weights are clipped at this value", gt=1)
+    worker: str = spec("process", "where training runs: a separate process (keeps decision "
+                       "latency flat, docs/performance.md) or a thread", choices=("process",
+                                                                                 "thread"))
+    policy: str = spec("learner", "the exploitation policy: the online learner, or the promoted "
+                       "ranker (exploring around its top action as configured)",
+                       choices=("learner", "ranker"))
+
+
+@dataclass(frozen=True)
 class EmbeddedConfig:
     """The in-process simulator used when no Kafka bootstrap is configured."""
 
@@ -206,7 +241,8 @@ class EmbeddedConfig:
 SECTIONS: dict[str, type] = {
     "kafka": KafkaConfig, "topics": TopicsConfig, "learner": LearnerConfig,
     "exploration": ExplorationConfig, "join": JoinConfig, "checkpoint": CheckpointConfig,
-    "metrics": MetricsConfig, "limits": LimitsConfig, "embedded": EmbeddedConfig,
+    "metrics": MetricsConfig, "limits": LimitsConfig, "experience": ExperienceConfig,
+    "retrain": RetrainConfig, "embedded": EmbeddedConfig,
 }
 
 
@@ -222,6 +258,8 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    experience: ExperienceConfig = field(default_factory=ExperienceConfig)
+    retrain: RetrainConfig = field(default_factory=RetrainConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
     source: str | None = None  # the config file it was read from, if any
 

@@ -35,10 +35,31 @@ from typing import Any
 import numpy as np
 
 from streamlearn.features import Batch, take_rows
+from streamlearn.learners import randomness
 from streamlearn.learners.base import Learner
 from streamlearn.stream.join import Closed, EarlyFeedback, JoinSettings, Outcome, PendingJoins
 
-__all__ = ["Decided", "Engine", "Learned", "exploration_rates"]
+__all__ = ["Decided", "Engine", "Learned", "exploit_around", "exploration_rates"]
+
+
+RANKER_SEED = 0x52414E4B  # keeps the ranker policy's draws apart from the learner's
+
+
+def exploit_around(scores: np.ndarray, mask: np.ndarray | None, gamma: np.ndarray) -> np.ndarray:
+    """Distributions that put 1 − γ on the best-scored allowed action and spread γ
+    uniformly over the allowed actions (per row).
+
+    >>> exploit_around(np.array([[0.1, 0.9, 0.5]]), np.array([[True, False, True]]), np.array([0.2]))
+    array([[0.1, 0. , 0.9]])
+    """
+    allowed = np.ones(scores.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    masked = np.where(allowed, np.nan_to_num(scores, nan=-np.inf), -np.inf)
+    top = np.argmax(masked, axis=1)
+    n = allowed.sum(axis=1, keepdims=True)
+    gamma = np.clip(np.asarray(gamma, dtype=np.float64), 0.0, 1.0)[:, None]
+    probs = np.where(allowed, gamma / np.maximum(n, 1), 0.0)
+    probs[np.arange(len(top)), top] += 1.0 - gamma[:, 0]
+    return probs
 
 
 def exploration_rates(probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -99,6 +120,7 @@ class Engine:
                ts: np.ndarray, partitions: np.ndarray, wall: float, keys: object = None,
                known: Mapping[Any, tuple[int, np.ndarray, float]] | None = None,
                answer: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
+               model_version: int = 0, exploit_scores: np.ndarray | None = None,
                ) -> Decided:
         """Decide a batch of new ids and record the decisions as pending joins.
 
@@ -108,6 +130,9 @@ class Engine:
         (simulations that answer at once) maps the chosen actions to
         ``(rewards, feedback times)``, NaN rewards for decisions that get none;
         the answered ones join on arrival (:meth:`PendingJoins.add_joined`).
+        ``exploit_scores`` (B, K) — a promoted ranker's — replace the learner's
+        exploitation action by their best allowed action, exploring around it
+        with the learner's own γ (:func:`exploit_around`).
         """
         B = len(ids)
         reused = [known.get(i) for i in ids] if known else []
@@ -122,22 +147,24 @@ class Engine:
             self.learner.count_decided(B - len(fresh))
             if len(fresh):
                 sub_keys = None if keys is None else np.asarray(keys)[fresh]
-                a, p = self.learner.decide(take_rows(X, fresh), None if mask is None else mask[fresh],
-                                           keys=[ids[j] for j in fresh] if sub_keys is None
-                                           else sub_keys)
+                a, p = self._decide_fresh(take_rows(X, fresh), None if mask is None else mask[fresh],
+                                          [ids[j] for j in fresh] if sub_keys is None else sub_keys,
+                                          None if exploit_scores is None else exploit_scores[fresh])
                 actions[fresh], probs[fresh] = a, p
         else:
             fresh = np.arange(B)
-            actions, probs = self.learner.decide(X, mask, keys=ids if keys is None else keys)
+            actions, probs = self._decide_fresh(X, mask, ids if keys is None else keys,
+                                                exploit_scores)
             decided_at = np.asarray(ts, dtype=np.float64)
         if answer is None:
-            self.joins.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall)
+            self.joins.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
+                                     model_version)
         else:
             rewards, feedback_ts = answer(actions)
             answered = ~np.isnan(rewards)
             if answered.all():
                 self.joins.add_joined(ids, X, actions, probs, labels, decided_at, partitions,
-                                      rewards, feedback_ts, wall)
+                                      rewards, feedback_ts, wall, model_version)
                 return Decided(actions, probs, fresh)
             for rows, joined in ((np.flatnonzero(answered), True), (np.flatnonzero(~answered), False)):
                 if not len(rows):
@@ -147,10 +174,19 @@ class Engine:
                         X if whole else take_rows(X, rows), actions[rows], probs[rows],
                         labels[rows], decided_at[rows], partitions[rows])
                 if joined:
-                    self.joins.add_joined(*part, rewards[rows], feedback_ts[rows], wall)
+                    self.joins.add_joined(*part, rewards[rows], feedback_ts[rows], wall,
+                                          model_version)
                 else:
-                    self.joins.add_decisions(*part, wall)
+                    self.joins.add_decisions(*part, wall, model_version)
         return Decided(actions, probs, fresh)
+
+    def _decide_fresh(self, X: Batch, mask: np.ndarray | None, keys: object,
+                      exploit_scores: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        actions, probs = self.learner.decide(X, mask, keys=keys)
+        if exploit_scores is None:
+            return actions, probs
+        probs = exploit_around(exploit_scores, mask, exploration_rates(probs, mask))
+        return randomness.sample(probs, randomness.uniforms(self.learner.seed + RANKER_SEED, keys)), probs
 
     def feedback(self, ids: Sequence[Any], rewards: np.ndarray, ts: np.ndarray,
                  partitions: np.ndarray, wall: float, sources: Sequence[Any] | None = None,

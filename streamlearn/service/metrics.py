@@ -52,6 +52,7 @@ __all__ = [
 
 FEEDBACK_OUTCOMES = ("joined", "late", "expired", "unknown", "duplicate")
 RANKER_METRICS = ("auc", "ndcg", "map", "precision")
+PROMOTION_OUTCOMES = ("promoted", "rejected", "rolled_back")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 DELAY_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -170,8 +171,18 @@ class Observer:
     def on_retrain(self, duration_s: float) -> None:
         """A background retrain finished."""
 
-    def on_offpolicy(self, policy: str, value: float) -> None:
-        """Off-policy estimate of the value of candidate ``policy``."""
+    def on_policy_value(self, policy: str, estimator: str, value: float, low: float,
+                        high: float) -> None:
+        """Off-policy estimate (and confidence bounds) of ``policy``'s value on held-out logs."""
+
+    def on_retrain_failure(self) -> None:
+        """A retrain failed or its worker died (the worker is replaced)."""
+
+    def on_promotion(self, outcome: str) -> None:
+        """A retrained ranker was ``promoted`` or ``rejected``, or one was ``rolled_back``."""
+
+    def on_ranker_version(self, version: int) -> None:
+        """The version of the ranker decisions are ranked by (0: none)."""
 
     def on_ranker_metric(self, name: str, value: float) -> None:
         """Quality of the current ranker; ``name`` in :data:`RANKER_METRICS`."""
@@ -249,9 +260,26 @@ class PrometheusObserver(Observer):
                                    registry=r)
         self.ranker = Gauge("streamlearn_ranker_quality", "Current ranker quality metric.",
                             ["metric"], registry=r)
-        self.offpolicy = Gauge("streamlearn_offpolicy_value",
-                               "Off-policy value estimate per candidate policy.", ["policy"],
-                               registry=r)
+        value_labels = ["policy", "estimator"]
+        self.policy_value = Gauge("streamlearn_policy_value",
+                                  "Off-policy estimate of a policy's value on held-out logs.",
+                                  value_labels, registry=r)
+        self.policy_value_lower = Gauge("streamlearn_policy_value_lower",
+                                        "Lower 95% confidence bound of streamlearn_policy_value.",
+                                        value_labels, registry=r)
+        self.policy_value_upper = Gauge("streamlearn_policy_value_upper",
+                                        "Upper 95% confidence bound of streamlearn_policy_value.",
+                                        value_labels, registry=r)
+        self.retrain_failures = Counter("streamlearn_retrain_failures_total",
+                                        "Retrains that failed or whose worker died.", registry=r)
+        self.promotions = Counter("streamlearn_ranker_promotions_total",
+                                  "Retrained rankers promoted / rejected, and rollbacks.",
+                                  ["outcome"], registry=r)
+        for outcome in PROMOTION_OUTCOMES:
+            self.promotions.labels(outcome=outcome)
+        self.ranker_version = Gauge("streamlearn_ranker_version",
+                                    "Version of the ranker decisions are ranked by (0: none).",
+                                    registry=r)
         self.checkpoint_duration = Histogram(
             "streamlearn_checkpoint_duration_seconds", "Time to write a checkpoint.",
             buckets=DURATION_BUCKETS, registry=r)
@@ -354,13 +382,27 @@ class PrometheusObserver(Observer):
     def on_retrain(self, duration_s: float) -> None:
         self.retrain_duration.observe(duration_s)
 
-    def on_offpolicy(self, policy: str, value: float) -> None:
+    def on_policy_value(self, policy: str, estimator: str, value: float, low: float,
+                        high: float) -> None:
         # bound the label set: only the first max_policies distinct policies are exported
         if policy not in self._policies:
             if len(self._policies) >= self.max_policies:
                 return
             self._policies.add(policy)
-        self.offpolicy.labels(policy=policy).set(value)
+        for gauge, v in ((self.policy_value, value), (self.policy_value_lower, low),
+                         (self.policy_value_upper, high)):
+            gauge.labels(policy=policy, estimator=estimator).set(v)
+
+    def on_retrain_failure(self) -> None:
+        self.retrain_failures.inc()
+
+    def on_promotion(self, outcome: str) -> None:
+        if outcome not in PROMOTION_OUTCOMES:
+            raise ValueError(f"outcome must be one of {PROMOTION_OUTCOMES}. Got {outcome!r}.")
+        self.promotions.labels(outcome=outcome).inc()
+
+    def on_ranker_version(self, version: int) -> None:
+        self.ranker_version.set(version)
 
     def on_ranker_metric(self, name: str, value: float) -> None:
         if name not in RANKER_METRICS:

@@ -48,6 +48,28 @@ class DaemonSettings:
     flush_timeout_seconds: float = 10.0
     retry_seconds: float = 1.0
     blas_threads: int = 1  # BLAS threads while serving; 0 leaves the library default
+    experience_dir: str | None = None
+    experience_segment_rows: int = 50_000
+    experience_segment_seconds: float = 60.0
+    experience_retention_bytes: int = 2 << 30
+    experience_retention_seconds: float = 7 * 86_400.0
+    retrain_rankers: str | None = None
+    retrain_every_events: int | None = None
+    retrain_every_seconds: float | None = None
+    retrain_window_rows: int = 20_000
+    retrain_holdout_fraction: float = 0.2
+    retrain_clip: float = 20.0
+    retrain_worker: str = "process"
+    retrain_policy: str = "learner"
+
+    @property
+    def retrain_enabled(self) -> bool:
+        return (bool(self.retrain_rankers) or self.retrain_every_events is not None
+                or self.retrain_every_seconds is not None)
+
+    def retrain_ranker_names(self) -> tuple[str, ...]:
+        names = tuple(n.strip() for n in (self.retrain_rankers or "").split(",") if n.strip())
+        return names or ("rankboost", "logistic")
 
     def join_settings(self) -> JoinSettings:
         return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,

@@ -140,6 +140,8 @@ class Closed:
     outcome: np.ndarray  # Outcome.JOINED / EXPIRED / SHED
     delays: np.ndarray  # feedback ts − decision ts (joined rows; NaN otherwise)
     learn: np.ndarray  # bool: rows to apply to the learner
+    decided_at: np.ndarray  # decision event times
+    model_version: np.ndarray  # int64: the model version that decided each row
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -154,6 +156,7 @@ class PendingJoins:
     probs: np.ndarray
     label: np.ndarray
     decided_at: np.ndarray
+    model: np.ndarray
     partition: np.ndarray
     reward: np.ndarray
     n_feedback: np.ndarray
@@ -193,6 +196,7 @@ class PendingJoins:
         grown("probs", (capacity, self.n_actions), np.float64)
         grown("label", (capacity,), np.int64, -1)
         grown("decided_at", (capacity,), np.float64)
+        grown("model", (capacity,), np.int64)
         grown("partition", (capacity,), np.int64)
         grown("reward", (capacity,), np.float64)
         grown("n_feedback", (capacity,), np.int64)
@@ -220,11 +224,11 @@ class PendingJoins:
     # --------------------------------------------------------------- decisions
     def add_decisions(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                       labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
-                      wall: float) -> None:
+                      wall: float, model_version: int | np.ndarray = 0) -> None:
         """Record new decisions (ids must be new: check with :meth:`is_known`).
 
         A decision's window opens at ``decided_at``; the instance clock of its
-        partition moves to it.
+        partition moves to it. ``model_version`` names the model that decided.
         """
         B = len(ids)
         if B == 0:
@@ -241,6 +245,7 @@ class PendingJoins:
         self.ids[slots] = ids if not isinstance(ids, np.ndarray) else ids.tolist()
         self.action[slots], self.probs[slots], self.label[slots] = actions, probs, labels
         self.decided_at[slots], self.partition[slots] = decided_at, partitions
+        self.model[slots] = model_version
         self.reward[slots], self.n_feedback[slots], self.feedback_ts[slots] = 0.0, 0, np.nan
         self.active[slots] = True
         self._oldest = min(self._oldest, float(np.min(decided_at)))
@@ -255,7 +260,8 @@ class PendingJoins:
 
     def add_joined(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                    labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
-                   rewards: np.ndarray, feedback_ts: np.ndarray, wall: float) -> None:
+                   rewards: np.ndarray, feedback_ts: np.ndarray, wall: float,
+                   model_version: int | np.ndarray = 0) -> None:
         """Decisions that arrive together with their feedback (new ids; a simulation that
         answers at once): with the ``earliest`` policy and the feedback inside the window
         they join on arrival — the same outcome as :meth:`add_decisions` followed by
@@ -264,7 +270,8 @@ class PendingJoins:
                                  wall + self.settings.max_clock_skew_s)
         if self.settings.duplicate_policy != "earliest" or self.early or not (
                 feedback_ts < decided_at + self.settings.window_s).all():
-            self.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall)
+            self.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
+                               model_version)
             self.add_feedback(ids, rewards, feedback_ts, partitions, wall)
             return
         self.clocks.observe("instances", partitions, decided_at)
@@ -274,7 +281,8 @@ class PendingJoins:
             ids=list(ids), X=X, actions=np.asarray(actions), probs=np.asarray(probs),
             rewards=np.asarray(rewards, dtype=np.float64), labels=np.asarray(labels),
             outcome=np.zeros(B, dtype=np.int8), delays=feedback_ts - decided_at,
-            learn=np.ones(B, dtype=bool)))
+            learn=np.ones(B, dtype=bool), decided_at=np.asarray(decided_at, dtype=np.float64),
+            model_version=np.broadcast_to(np.asarray(model_version, dtype=np.int64), (B,))))
         self.recent.add_all(ids, int(Outcome.JOINED), float(feedback_ts.max()))
 
     def _shed(self, n: int, now: float) -> None:
@@ -432,7 +440,7 @@ class PendingJoins:
             ids=self.ids[slots].tolist(), X=self.rows.take(slots), actions=self.action[slots],
             probs=self.probs[slots], rewards=rewards, labels=self.label[slots], outcome=outcome,
             delays=np.where(joined, self.feedback_ts[slots] - self.decided_at[slots], np.nan),
-            learn=learn,
+            learn=learn, decided_at=self.decided_at[slots], model_version=self.model[slots],
         )
         self.ids[slots] = None
         self.rows.clear(slots)
@@ -451,7 +459,7 @@ class PendingJoins:
             "pending.label": self.label[live], "pending.decided_at": self.decided_at[live],
             "pending.partition": self.partition[live], "pending.reward": self.reward[live],
             "pending.n_feedback": self.n_feedback[live],
-            "pending.feedback_ts": self.feedback_ts[live],
+            "pending.feedback_ts": self.feedback_ts[live], "pending.model": self.model[live],
             "recent.how": recent_how, "recent.young": recent_young,
         }
         # ids as UTF-8 bytes + offsets: numpy string dtypes would drop trailing NULs
@@ -482,7 +490,8 @@ class PendingJoins:
             store.clocks = PartitionClocks()  # adding the saved decisions must not move the clocks
             store.add_decisions(ids, X, arrays["pending.action"], arrays["pending.probs"],
                                 arrays["pending.label"], arrays["pending.decided_at"],
-                                arrays["pending.partition"], wall=-np.inf)
+                                arrays["pending.partition"], wall=-np.inf,
+                                model_version=arrays.get("pending.model", 0))  # older: absent
             store.clocks = saved_clocks
             slots = np.array([store.slot_of[i] for i in ids], dtype=np.int64)
             store.reward[slots] = arrays["pending.reward"]
@@ -509,7 +518,7 @@ def _concat_closed(parts: list[Closed]) -> Closed:
     return Closed(ids=[i for p in parts for i in p.ids], X=concat_rows([p.X for p in parts]),
                   **{name: np.concatenate([getattr(p, name) for p in parts])
                      for name in ("actions", "probs", "rewards", "labels", "outcome", "delays",
-                                  "learn")})
+                                  "learn", "decided_at", "model_version")})
 
 
 def _b64(b: bytes | None) -> str | None:

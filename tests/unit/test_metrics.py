@@ -75,7 +75,7 @@ def test_gauges(registry: CollectorRegistry) -> None:
     obs.on_lag(4)
     obs.on_model_version(3)
     obs.on_ranker_metric("auc", 0.8)
-    obs.on_offpolicy("ranker-3", 0.7)
+    obs.on_policy_value("ranker-3", "snips", 0.7, 0.6, 0.8)
     obs.on_start("Banditron", "fixed", "embedded")
     get = registry.get_sample_value
     assert get("streamlearn_error_rate") == 0.3
@@ -86,7 +86,8 @@ def test_gauges(registry: CollectorRegistry) -> None:
     assert get("streamlearn_consumer_lag") == 4
     assert get("streamlearn_model_version") == 3
     assert get("streamlearn_ranker_quality", {"metric": "auc"}) == 0.8
-    assert get("streamlearn_offpolicy_value", {"policy": "ranker-3"}) == 0.7
+    assert get("streamlearn_policy_value", {"policy": "ranker-3", "estimator": "snips"}) == 0.7
+    assert get("streamlearn_policy_value_lower", {"policy": "ranker-3", "estimator": "snips"}) == 0.6
     info = registry.get_sample_value(
         "streamlearn_info",
         {"version": __import__("streamlearn").__version__, "learner": "Banditron",
@@ -99,11 +100,11 @@ def test_gauges(registry: CollectorRegistry) -> None:
 def test_offpolicy_policies_bounded(registry: CollectorRegistry) -> None:
     obs = PrometheusObserver(registry, max_policies=2)
     for i in range(5):
-        obs.on_offpolicy(f"p{i}", float(i))
+        obs.on_policy_value(f"p{i}", "dr", float(i), 0.0, 1.0)
     text = generate_latest(registry).decode()
-    assert text.count("streamlearn_offpolicy_value{") == 2
-    obs.on_offpolicy("p1", 9.0)  # known policies still update
-    assert registry.get_sample_value("streamlearn_offpolicy_value", {"policy": "p1"}) == 9.0
+    assert text.count("streamlearn_policy_value{") == 2
+    obs.on_policy_value("p1", "dr", 9.0, 0.0, 10.0)  # known policies still update
+    assert registry.get_sample_value("streamlearn_policy_value", {"policy": "p1", "estimator": "dr"}) == 9.0
 
 
 def test_array_histogram_matches_naive_binning() -> None:
@@ -186,7 +187,7 @@ def _exported_names() -> set[str]:
     obs.on_action_decisions(np.array([0]))
     obs.on_invalid("instances", "bad_json")
     obs.on_ranker_metric("auc", 0.5)
-    obs.on_offpolicy("p", 0.5)
+    obs.on_policy_value("p", "ips", 0.5, 0.4, 0.6)
     obs.on_start("L", "E", "T")
     return {s.name for family in registry.collect() for s in family.samples}
 
