@@ -103,13 +103,14 @@ def consumer_for(bootstrap: str, topic: str) -> Any:
     return c
 
 
-def serve(bootstrap: str, topics: dict[str, str], ckpt: Path) -> subprocess.Popen[bytes]:
+def serve(bootstrap: str, topics: dict[str, str], ckpt: Path,
+          extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
             "--topics-instances", topics["instances"], "--topics-feedback", topics["feedback"],
             "--topics-decisions", topics["decisions"],
             "--topics-dead-letter", topics["dead_letter"], "--checkpoint-dir", str(ckpt),
             "--metrics-port", "-1", "--progress-seconds", "0", "--learner", "banditron",
-            "--exploration", "fixed", "--gamma", "0.05"]
+            "--exploration", "fixed", "--gamma", "0.05", *extra]
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": path},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -161,9 +162,10 @@ def throughput(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str,
 
 
 def latency(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str, rate: float,
-            work: Path, warmup: int) -> dict[str, float]:
+            work: Path, warmup: int, extra: tuple[str, ...] = ()) -> dict[str, float]:
     topics = make_topics(bootstrap)
-    proc = serve(bootstrap, topics, work / f"ckpt-{topics['instances']}")
+    ckpt = work / f"ckpt-{topics['instances']}"
+    proc = serve(bootstrap, topics, ckpt, extra)
     time.sleep(5.0)  # let the daemon start before the clock runs
     sent_ms: dict[str, int] = {}
     decided_ms: dict[str, int] = {}
@@ -208,8 +210,11 @@ def latency(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str, rate: float
     proc.wait(60)
     ids = [f"e{i}" for i in range(warmup, len(y))]
     lat = np.array([decided_ms[i] - sent_ms[i] for i in ids if i in decided_ms]) / 1000.0
+    history = ckpt / "rankers" / "state.json"
+    retrains = len(orjson.loads(history.read_bytes()).get("history", [])) if history.exists() else 0
     return {"offered": offered, "decided": len(decided_ms), "p50": float(np.percentile(lat, 50)),
-            "p99": float(np.percentile(lat, 99)), "max": float(lat.max()), "n": len(lat)}
+            "p99": float(np.percentile(lat, 99)), "max": float(lat.max()), "n": len(lat),
+            "retrains": retrains}
 
 
 def in_memory_rate(X: np.ndarray, y: np.ndarray, form: str, blas_threads: int) -> float:
@@ -229,6 +234,28 @@ def in_memory_rate(X: np.ndarray, y: np.ndarray, form: str, blas_threads: int) -
     return len(y) / (time.perf_counter() - started)
 
 
+def retrain_latency(bootstrap: str, X: np.ndarray, y: np.ndarray, args: argparse.Namespace,
+                    work: Path) -> None:
+    """p99 instance→decision latency without retraining and while retraining (A B C A B C)."""
+    n = args.latency_events
+    every = ("--retrain-every-events", str(args.retrain_every_events))
+    configs = {"no retraining": (),
+               "retrain in a process": (*every, "--retrain-worker", "process"),
+               "retrain in a thread": (*every, "--retrain-worker", "thread")}
+    p99: dict[str, list[float]] = {name: [] for name in configs}
+    for _ in range(2):
+        for name, extra in configs.items():
+            res = latency(bootstrap, X[:n], y[:n], args.format, args.rate, work, n // 10, extra)
+            p99[name].append(res["p99"])
+            print(f"{name:<22} offered {res['offered']:,.0f}/s: p50 {res['p50'] * 1e3:.1f} ms, "
+                  f"p99 {res['p99'] * 1e3:.1f} ms, max {res['max'] * 1e3:.1f} ms, "
+                  f"{res['retrains']} retrains", flush=True)
+    base = float(np.median(p99["no retraining"]))
+    for name, values in p99.items():
+        print(f"{name:<22} median p99 {np.median(values) * 1e3:.1f} ms "
+              f"(ratio to no retraining {np.median(values) / base:.2f})")
+
+
 def main(argv: list[str] | None = None) -> int:
     from streamlearn.datasets.synthetic import synthetic_stream
 
@@ -239,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-events", type=int, default=30_000)
     parser.add_argument("--format", choices=("dense", "sparse"), default="dense")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--retrain-every-events", type=int, metavar="N",
+                        help="measure only latency: without retraining, then retraining every N "
+                             "learned decisions in a process and in a thread (issue 10)")
     parser.add_argument("--in-memory", action="store_true",
                         help="only time the loop on the in-memory transport (no broker), with "
                              "one BLAS thread and with the library's default")
@@ -256,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         bootstrap = args.bootstrap or start_broker(stack)
         work = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
         X, y = synthetic_stream(max(args.events, args.latency_events), noise=0.05, seed=args.seed)
+        if args.retrain_every_events:
+            retrain_latency(bootstrap, X, y, args, work)
+            return 0
         from kafka.record import util as record_util
 
         crc = "C (crc32c package)" if record_util.crc32c_c is not None else "pure Python"

@@ -236,6 +236,8 @@ class EmbeddedConfig:
     delay_mean_seconds: float = spec(0.2, "mean feedback delay (exponential)", ge=0)
     drop: float = spec(0.0, "probability that a decision never gets feedback", ge=0, le=1)
     seed: int = spec(1, "simulator seed", ge=0)
+    drift_at: int | None = spec(None, "from this instance on the labels are permuted (an "
+                                "abrupt concept drift)", ge=0)
 
 
 SECTIONS: dict[str, type] = {

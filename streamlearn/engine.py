@@ -39,10 +39,23 @@ from streamlearn.learners import randomness
 from streamlearn.learners.base import Learner
 from streamlearn.stream.join import Closed, EarlyFeedback, JoinSettings, Outcome, PendingJoins
 
-__all__ = ["Decided", "Engine", "Learned", "exploit_around", "exploration_rates"]
+__all__ = ["Decided", "Engine", "Learned", "best_first", "exploit_around", "exploration_rates"]
 
 
 RANKER_SEED = 0x52414E4B  # keeps the ranker policy's draws apart from the learner's
+
+
+def best_first(scores: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """(B, K) action orders: allowed actions by score (NaN lowest, ties by index), then the
+    disallowed ones.
+
+    >>> best_first(np.array([[np.nan, 0.2, 0.9]]), np.array([[True, True, False]])).tolist()
+    [[1, 0, 2]]
+    """
+    allowed = np.ones(scores.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    negated = -np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf, posinf=np.inf,
+                             neginf=-np.inf)
+    return np.lexsort((negated, ~allowed), axis=-1)
 
 
 def exploit_around(scores: np.ndarray, mask: np.ndarray | None, gamma: np.ndarray) -> np.ndarray:
@@ -53,8 +66,7 @@ def exploit_around(scores: np.ndarray, mask: np.ndarray | None, gamma: np.ndarra
     array([[0.1, 0. , 0.9]])
     """
     allowed = np.ones(scores.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    masked = np.where(allowed, np.nan_to_num(scores, nan=-np.inf), -np.inf)
-    top = np.argmax(masked, axis=1)
+    top = best_first(scores, allowed)[:, 0]
     n = allowed.sum(axis=1, keepdims=True)
     gamma = np.clip(np.asarray(gamma, dtype=np.float64), 0.0, 1.0)[:, None]
     probs = np.where(allowed, gamma / np.maximum(n, 1), 0.0)

@@ -1,8 +1,10 @@
-"""``streamlearn inspect PATH``: what a checkpoint (or a saved learner) holds.
+"""``streamlearn inspect PATH``: what a checkpoint (or a saved learner, or a ranker) holds.
 
-``PATH`` may be one snapshot (a ``ckpt-<seq>`` directory or a directory
-written by ``save_learner``) or a checkpoint directory, in which case its
-newest ``ckpt-<seq>`` is shown (``--all`` lists every one). The snapshot is
+``PATH`` may be one snapshot (a ``ckpt-<seq>`` directory, a directory
+written by ``save_learner`` or a ranker artifact) or a checkpoint directory, in
+which case its newest ``ckpt-<seq>`` is shown (``--all`` lists every one) and,
+when the daemon retrains rankers, the live and promoted ranker artifacts and
+the promotion history (``rankers/state.json``). The snapshot is
 read with :func:`streamlearn.snapshot.read_snapshot`, which verifies the
 format version and the sha256 of the arrays: a corrupt file is reported as
 such (exit 2), never a traceback.
@@ -131,18 +133,62 @@ def _print_text(info: dict[str, Any]) -> None:
         print(f"  {row['name']:<30}{shape:<16}{row['dtype']}")
 
 
+def describe_rankers(rankers_dir: Path) -> dict[str, Any] | None:
+    """The retrained rankers of a checkpoint directory: live, promoted, history (or None)."""
+    state_file = rankers_dir / "state.json"
+    if not state_file.is_file():
+        return None
+    try:
+        state: dict[str, Any] = orjson.loads(state_file.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise StateError(f"{state_file} is not valid JSON: {exc}") from exc
+    promoted = state.get("promoted") or []
+    return {"live": state.get("live"), "promoted": promoted[-1] if promoted else None,
+            "rollback_to": promoted[-2] if len(promoted) > 1 else None,
+            "history": state.get("history") or []}
+
+
+def _print_rankers(rankers: dict[str, Any]) -> None:
+    print(f"live ranker     {rankers['live'] or '-'}")
+    print(f"promoted        {rankers['promoted'] or '- (the online learner exploits)'}")
+    history = rankers["history"]
+    print(f"history         {len(history)} event(s), newest last")
+    for entry in history[-20:]:
+        if "rolled_back" in entry:
+            print(f"  rolled back {entry['rolled_back']} -> {entry.get('promoted_now') or 'learner'}")
+            continue
+        verdict = "PROMOTED" if entry.get("promoted") else "rejected"
+        lower, current = entry.get("lower"), entry.get("current_value")
+        bounds = (f"lower {lower:.4f} vs current {current:.4f}"
+                  if isinstance(lower, float) and isinstance(current, float) else "")
+        print(f"  v{entry.get('version')} {entry.get('ranker')}: {verdict} {bounds} "
+              f"({entry.get('reason')})")
+
+
 def run(args: argparse.Namespace) -> int:
-    paths = snapshots_in(Path(args.path))
+    path = Path(args.path)
+    rankers = describe_rankers(path / "rankers") if path.is_dir() else None
+    if rankers is None and path.is_dir() and (path / "state.json").is_file():
+        rankers = describe_rankers(path)  # the rankers directory itself
+        paths: list[Path] = []
+    else:
+        paths = snapshots_in(path)
     chosen = paths if args.all else paths[-1:]
     infos = [describe(p) for p in chosen]
     if args.json:
-        payload: Any = infos if args.all else infos[0]
+        payload: Any = infos if args.all else (infos[0] if infos else {})
+        if rankers is not None:
+            payload = {"snapshots": infos, "rankers": rankers} if args.all else {
+                **payload, "rankers": rankers}
         print(orjson.dumps(payload, option=orjson.OPT_INDENT_2, default=_json_default).decode())
     else:
         for i, info in enumerate(infos):
             if i:
                 print()
             _print_text(info)
+        if rankers is not None:
+            print()
+            _print_rankers(rankers)
     return 0
 
 

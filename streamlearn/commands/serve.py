@@ -185,7 +185,7 @@ def build_transport(config: Config, max_instances: int | None = None) -> Transpo
                                  dataset=e.dataset, data_dir=None if e.data_dir is None
                                  else str(e.data_dir), rate=e.rate, chunk=e.chunk,
                                  delay_mean_s=e.delay_mean_seconds, drop=e.drop, seed=e.seed,
-                                 max_instances=max_instances)
+                                 max_instances=max_instances, drift_at=e.drift_at)
     from streamlearn.stream.kafka import KafkaTransport, ensure_topics
 
     k = config.kafka
@@ -283,14 +283,18 @@ class Progress:
 
 
 @contextmanager
-def _stop_on_signals(stop: Any) -> Iterator[None]:
-    """SIGTERM/SIGINT only call ``stop``; the previous handlers come back afterwards."""
+def _stop_on_signals(stop: Any, rollback: Any = None) -> Iterator[None]:
+    """SIGTERM/SIGINT only call ``stop`` (SIGUSR1 ``rollback``, when given); the previous
+    handlers come back afterwards."""
     def handler(signum: int, frame: FrameType | None) -> None:
-        stop()
+        if signum == signal.SIGUSR1:
+            rollback()
+        else:
+            stop()
 
     previous = {}
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT) + ((signal.SIGUSR1,) if rollback else ()):
             previous[sig] = signal.signal(sig, handler)
     except ValueError:  # not the main thread (embedded in a test or an application)
         pass
@@ -341,7 +345,13 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
         progress = Progress(registry, out, getattr(transport, "stats", None))
         if progress_s > 0:
             stack.enter_context(progress.every(progress_s))
-        stack.enter_context(_stop_on_signals(stop))
+        retraining = daemon.retraining
+        if retraining is not None and retraining.enabled:
+            print(f"streamlearn serve: retraining {', '.join(settings.retrain_ranker_names())} "
+                  f"(experience log {retraining.log.directory}); SIGUSR1 rolls the promoted "
+                  f"ranker back", file=out, flush=True)
+        stack.enter_context(_stop_on_signals(
+            stop, retraining.request_rollback if retraining is not None else None))
         started = time.monotonic()
         daemon.run(max_instances=max_events)
         elapsed = time.monotonic() - started

@@ -52,6 +52,7 @@ from streamlearn.learners.base import Learner
 from streamlearn.service.counters import Counters
 from streamlearn.service.metrics import Observer
 from streamlearn.service.outputs import Outputs, dead_letter_value
+from streamlearn.service.retraining import Retraining, ranking_lists
 from streamlearn.service.settings import DaemonSettings, blas_threads
 from streamlearn.service.state import freeze, thaw
 from streamlearn.stream.align import InputAligner
@@ -125,6 +126,8 @@ class Daemon:
         self._drifts_seen = learner.drift_detections_
         self.ready = False
         self.limits = settings.limits()
+        self.retraining = (Retraining(settings, self.observer, wall_clock)
+                           if settings.retrain_enabled or settings.experience_dir else None)
 
     @property
     def instances_this_run(self) -> int:
@@ -164,12 +167,17 @@ class Daemon:
             self.ready = False
             if self.checkpointer is not None:
                 self.checkpointer.close()
+            if self.retraining is not None:
+                self.retraining.close()
 
     def restore(self) -> None:
         """Load the newest good checkpoint, seek the transport to its offsets."""
+        restored = self.checkpointer.restore() if self.checkpointer is not None else None
+        if self.retraining is not None:
+            self.retraining.open(restored.meta.get("experience") if restored else None,
+                                 restored is not None)
         if self.checkpointer is None:
             return
-        restored = self.checkpointer.restore()
         if restored is None:  # a crash before the first checkpoint still left its journal
             self._journaled = self.checkpointer.journal.load(0)
             return
@@ -197,6 +205,8 @@ class Daemon:
         self.offsets.consumed(messages)
         self.counters.messages += len(messages)
         self.observer.on_pending(len(self.join) + len(self.join.early))
+        if self.retraining is not None:
+            self.retraining.tick()
         if self.checkpointer is not None and self.checkpointer.due(len(messages)):
             self.checkpoint()
 
@@ -238,13 +248,19 @@ class Daemon:
         self.observer.on_instances(B)
         reused = ({i: j for i in batch.ids if (j := self._journaled.pop(i, None)) is not None}
                   if self._journaled else {})
+        scores = self.retraining.scores(batch.X) if self.retraining is not None else None
         decided = self.engine.decide(
             batch.ids, batch.X, batch.mask, labels=batch.labels, ts=np.full(B, wall),
             partitions=batch.partitions, wall=wall,
             known={i: (j.action, np.asarray(j.probs), float(j.message["ts"]))
-                   for i, j in reused.items()})
-        values = self._decision_values(batch.ids, decided.actions, decided.probs, decided.fresh,
-                                       reused, wall)
+                   for i, j in reused.items()},
+            model_version=self.counters.model_version,
+            exploit_scores=scores if self.retraining is not None and self.retraining.exploits
+            else None)
+        values = self._decision_values(
+            batch.ids, decided.actions, decided.probs, decided.fresh, reused, wall,
+            None if scores is None else ranking_lists(
+                scores[decided.fresh], None if batch.mask is None else batch.mask[decided.fresh]))
         self.outputs.decisions([i.encode("utf-8") for i in batch.ids], values)
         n_explored = int(decided.explored.sum())
         self.counters.instances += B
@@ -261,9 +277,10 @@ class Daemon:
 
     def _decision_values(self, ids: list[str], actions: np.ndarray, probs: np.ndarray,
                          fresh: np.ndarray, reused: dict[str, JournaledDecision],
-                         wall: float) -> list[bytes]:
+                         wall: float, rankings: list[list[int]] | None = None) -> list[bytes]:
         """The decision messages: new ones journaled before they are published, journaled
-        ones as they were (byte-identical)."""
+        ones as they were (byte-identical). ``rankings`` (one per fresh row): the live
+        ranker's order of the allowed actions."""
         values: list[bytes] = [b""] * len(ids)
         if reused:
             for j, event_id in enumerate(ids):
@@ -276,6 +293,9 @@ class Daemon:
         records = [{"id": ids[j], "action": int(actions[j]), "prob": float(probs[j, actions[j]]),
                     "explored": bool(actions[j] != exploit[n]), "model": model, "ts": wall}
                    for n, j in enumerate(fresh.tolist())]
+        if rankings is not None:
+            for record, ranking in zip(records, rankings, strict=True):
+                record["ranking"] = ranking
         if self.checkpointer is not None:
             self.checkpointer.journal.append([r["id"] for r in records], probs[fresh], records)
         for j, record in zip(fresh.tolist(), records, strict=True):
@@ -331,6 +351,8 @@ class Daemon:
             return
         self.counters.record_closed(closed.ids, learned.joined, learned.expired, closed.learn,
                                     learned.shed)
+        if self.retraining is not None:
+            self.retraining.record(closed)
         rows = learned.applied
         if len(rows):
             drifts = self.learner.drift_detections_ - self._drifts_seen
@@ -365,6 +387,8 @@ class Daemon:
             return None
         started = time.perf_counter()
         arrays, meta = freeze(self.engine, self.tracker, self.counters, self.settings)
+        if self.retraining is not None:  # the log is flushed first: durable with the checkpoint
+            meta["experience"] = self.retraining.position()
         try:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,

@@ -48,8 +48,9 @@ class StreamSource:
     """
 
     def __init__(self, dataset: str = "synnonsep", data_dir: str | None = None, seed: int = 1,
-                 block: int = 4096) -> None:
+                 block: int = 4096, drift_at: int | None = None) -> None:
         self.dataset, self.seed, self.block = dataset.lower(), seed, block
+        self.drift_at = drift_at  # from this instance on, labels are permuted (concept drift)
         self.shuffle = True
         self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if self.dataset == "arrays":  # filled by from_arrays
@@ -112,7 +113,12 @@ class StreamSource:
             parts_X.append(X[off:stop])
             parts_y.append(y[off:stop])
             n += stop - off
-        return np.concatenate(parts_X), np.concatenate(parts_y)
+        y = np.concatenate(parts_y)
+        if self.drift_at is not None and start + count > self.drift_at:
+            drifted = np.arange(start, start + count) >= self.drift_at
+            permutation = np.random.default_rng([self.seed, 7]).permutation(self.n_classes)
+            y = np.where(drifted, permutation[y], y)
+        return np.concatenate(parts_X), y
 
 
 def encode_instances(start: int, X: np.ndarray, y: np.ndarray, now: float,

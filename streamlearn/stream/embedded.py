@@ -76,14 +76,14 @@ class EmbeddedTransport(InMemoryTransport):
                  dead_letter_topic: str = "streamlearn.dead-letter",
                  dataset: str = "synnonsep", data_dir: str | None = None, rate: float = 0.0,
                  chunk: int = 256, delay_mean_s: float = 0.2, drop: float = 0.0, seed: int = 1,
-                 max_instances: int | None = None,
+                 max_instances: int | None = None, drift_at: int | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         if rate < 0 or chunk < 1 or delay_mean_s < 0 or not 0 <= drop <= 1:
             raise ConfigError(f"EmbeddedTransport expects rate >= 0, chunk >= 1, delay_mean_s >= "
                               f"0, 0 <= drop <= 1. Got {rate}, {chunk}, {delay_mean_s}, {drop}.")
         super().__init__(instances_topic, feedback_topic, decisions_topic, dead_letter_topic,
                          broker=InMemoryBroker(1))
-        self.source = StreamSource(dataset, data_dir, seed)
+        self.source = StreamSource(dataset, data_dir, seed, drift_at=drift_at)
         self.caller = SimulatedCaller(self.source, "e", delay_mean_s, drop, seed)
         self.rate, self.chunk, self.max_instances = rate, chunk, max_instances
         self._clock = clock

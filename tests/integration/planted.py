@@ -1,0 +1,53 @@
+"""Planted rankers for the promotion test: one known better than the online learner, one worse.
+
+They ignore the IPS-weighted pairs they are given and read the simulation's
+labels from the experience log (``PLANTED_LOG_DIR``) instead — something no
+real ranker can do — so their policy's quality is known in advance: the nearest
+class centroid of the logged contexts (better than an online learner early in
+a stream) and the farthest one (worse than anything sensible). They are loaded
+by the daemon's retrainer as ``planted:CentroidOracle`` / ``planted:CentroidAntiOracle``
+(this directory on ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import ClassVar
+
+import numpy as np
+
+from streamlearn.rankers.base import FitData, Ranker
+from streamlearn.stream.experience import read_experience
+
+
+class CentroidOracle(Ranker):
+    """Scores (x, a) by −‖x − c_a‖², c_a the mean logged context of label a."""
+
+    sign: ClassVar[float] = 1.0
+
+    def __init__(self) -> None:
+        pass
+
+    def _fit(self, data: FitData) -> None:
+        rows = read_experience(os.environ["PLANTED_LOG_DIR"])
+        known = rows.labels >= 0
+        n_actions = rows.probs.shape[1]
+        X, labels = rows.X[known].astype(np.float64), rows.labels[known]
+        centroids = np.zeros((n_actions, X.shape[1]))
+        counts = np.bincount(labels, minlength=n_actions)
+        np.add.at(centroids, labels, X)
+        self.centroids_ = centroids / np.maximum(counts, 1)[:, None]
+
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        n_actions, d = self.centroids_.shape
+        blocks = X.reshape(len(X), n_actions, d)
+        action = np.argmax(np.abs(blocks).sum(axis=2), axis=1)  # φ(x, a) = x ⊗ e_a
+        x = blocks[np.arange(len(X)), action]
+        distance = ((x - self.centroids_[action]) ** 2).sum(axis=1)
+        return np.asarray(-self.sign * distance)
+
+
+class CentroidAntiOracle(CentroidOracle):
+    """The farthest centroid first: a policy worse than any learner."""
+
+    sign: ClassVar[float] = -1.0
