@@ -1,4 +1,4 @@
-"""The ``streamlearn`` console script: ``serve | replay | simulate | inspect`` and plug-ins.
+"""The ``streamlearn`` console script: ``serve | replay | simulate | inspect | evaluate`` and plug-ins.
 
 Each core subcommand lives in ``streamlearn/commands/<name>.py`` and provides
 ``add_parser(subparsers)`` and ``run(args) -> int``. Further subcommands come
@@ -24,7 +24,7 @@ from streamlearn.errors import StreamlearnError
 
 __all__ = ["main"]
 
-SUBCOMMANDS = ("serve", "replay", "simulate", "inspect")
+SUBCOMMANDS = ("serve", "replay", "simulate", "inspect", "evaluate")
 PLUGIN_GROUP = "streamlearn.commands"
 
 

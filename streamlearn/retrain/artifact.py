@@ -123,7 +123,11 @@ def _number(value: Any) -> bool:
 
 def _encode(ranker: Ranker, prefix: str, arrays: dict[str, np.ndarray]) -> dict[str, Any]:
     """The ranker's class, params and fitted state; arrays go into ``arrays`` under ``prefix``."""
-    params = ranker.get_params()
+    try:
+        params = ranker.get_params()
+    except AttributeError as exc:
+        raise ConfigError(f"Cannot save {type(ranker).__name__}: expected its constructor "
+                          f"parameters stored under their own names. Got {exc}.") from exc
     for key, value in params.items():
         if not (_plain(value) or _number(value)):
             raise ConfigError(f"Cannot save {type(ranker).__name__}: constructor parameter {key!r} "
