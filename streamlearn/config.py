@@ -206,12 +206,13 @@ class RetrainConfig:
     """Periodic IPS-weighted retraining of batch rankers (DESIGN.md §8); off by default."""
 
     rankers: str | None = spec(None, "comma-separated rankers to retrain (rankboost, logistic, "
-                               "rocchio, lda, roger, nroger, ndcg_boost or module:Class); "
-                               "setting every_events or every_seconds alone trains "
-                               "rankboost,logistic")
+                               "rocchio, lda, roger, nroger, network or package.module:Class); "
+                               "every_events or every_seconds alone trains rankboost and "
+                               "logistic (rocchio instead of logistic when d·K > 1000)")
     every_events: int | None = spec(None, "retrain after this many learned decisions", ge=1)
     every_seconds: float | None = spec(None, "retrain at least this often", gt=0)
-    window_rows: int = spec(20_000, "train on the newest rows of the log, at most this many",
+    window_rows: int = spec(20_000, "train on the newest rows of the log, at most this many "
+                            "(and at most 20M / (d·K): the joint feature matrix stays < 160 MB)",
                             ge=10)
     holdout_fraction: float = spec(0.2, "share of the window held out (by id hash) for "
                                    "off-policy evaluation", gt=0, le=0.9)

@@ -111,6 +111,11 @@ class Retraining:
                                  settings.experience_retention_bytes,
                                  settings.experience_retention_seconds, wall_clock)
         self.enabled = settings.retrain_enabled
+        if self.enabled:
+            from streamlearn.retrain.artifact import make_ranker
+
+            for spec in settings.retrain_ranker_names():  # a bad name is a config error at start
+                make_ranker(spec)
         self.policy = settings.retrain_policy
         self.live: RankerArtifact | None = None
         self.promoted: RankerArtifact | None = None
@@ -215,7 +220,7 @@ class Retraining:
         version = int(self.state["next_version"])
         self.state["next_version"] = version + 1
         spec = {"log_dir": str(self.log.directory), "segments": None,
-                "max_rows": s.retrain_window_rows, "rankers": list(s.retrain_ranker_names()),
+                "max_rows": s.retrain_window(), "rankers": list(s.retrain_ranker_names()),
                 "artifact_dir": str(self.artifact_dir), "version": version, "clip": s.retrain_clip,
                 "holdout_fraction": s.retrain_holdout_fraction,
                 "current": str(self.promoted.path) if self.promoted is not None else None,
@@ -230,7 +235,7 @@ class Retraining:
         self._job = self._executor.submit(run_retrain, spec)
         self._job_started, self._last_start, self._since_last = time.perf_counter(), now, 0
         log.info("retrain %d started on the newest %d logged decisions (%s)", version,
-                 s.retrain_window_rows, ", ".join(s.retrain_ranker_names()))
+                 s.retrain_window(), ", ".join(s.retrain_ranker_names()))
 
     def _harvest(self, job: futures.Future[dict[str, Any]]) -> None:
         try:
@@ -266,7 +271,7 @@ class Retraining:
         decision = promotion_decision(result)
         best = decision.get("ranker")
         entry = {"version": result.get("version"), "at": self.wall_clock(),
-                 "held_out": result.get("n_holdout"), "ranker": best,
+                 "held_out": result.get("heldout_rows"), "ranker": best,
                  "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),
                  "lower": decision.get("lower"), "current_value": decision.get("current_value")}
         if best is not None:

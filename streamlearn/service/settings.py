@@ -68,8 +68,20 @@ class DaemonSettings:
                 or self.retrain_every_seconds is not None)
 
     def retrain_ranker_names(self) -> tuple[str, ...]:
+        """The configured rankers; by default RankBoost and logistic regression, or Rocchio
+        instead of the latter when the joint features are too wide for its Newton steps
+        (d·K > 1,000: a (d·K)² Hessian per step)."""
         names = tuple(n.strip() for n in (self.retrain_rankers or "").split(",") if n.strip())
-        return names or ("rankboost", "logistic")
+        if names:
+            return names
+        wide = self.learner_n_features * self.learner_n_actions > 1000
+        return ("rankboost", "rocchio") if wide else ("rankboost", "logistic")
+
+    def retrain_window(self) -> int:
+        """Rows per retrain: ``retrain_window_rows``, capped so that the joint feature
+        matrix (rows × d·K) stays below 20 M elements (160 MB in the worker)."""
+        width = max(1, self.learner_n_features * self.learner_n_actions)
+        return max(10, min(self.retrain_window_rows, 20_000_000 // width))
 
     def join_settings(self) -> JoinSettings:
         return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,

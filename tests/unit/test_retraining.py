@@ -1,0 +1,167 @@
+"""The daemon retrains rankers beside the loop: log, schedule, swap, ranking, restart, failures."""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from test_daemon_fake import Caller, Clock, learner, settings
+
+from streamlearn.errors import ConfigError
+from streamlearn.rankers.base import FitData, Ranker
+from streamlearn.service.daemon import Daemon
+from streamlearn.service.metrics import Observer
+from streamlearn.service.retraining import read_ranker_state
+from streamlearn.stream.experience import read_experience
+from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
+
+
+class Exploding(Ranker):
+    """A ranker whose training always fails (the worker must survive it)."""
+
+    def _fit(self, data: FitData) -> None:
+        raise RuntimeError("planted failure")
+
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        return np.zeros(len(X))
+
+
+class Recorder(Observer):
+    def __init__(self) -> None:
+        self.retrains: list[float] = []
+        self.failures = 0
+        self.promotions: list[str] = []
+        self.values: dict[tuple[str, str], tuple[float, float, float]] = {}
+
+    def on_retrain(self, duration_s: float) -> None:
+        self.retrains.append(duration_s)
+
+    def on_retrain_failure(self) -> None:
+        self.failures += 1
+
+    def on_promotion(self, outcome: str) -> None:
+        self.promotions.append(outcome)
+
+    def on_policy_value(self, policy: str, estimator: str, value: float, low: float,
+                        high: float) -> None:
+        self.values[policy, estimator] = (value, low, high)
+
+
+def retrain_settings(tmp: Path | None, **kw: Any) -> Any:
+    base = {"retrain_every_events": 300, "retrain_rankers": "rocchio",
+            "retrain_worker": "thread", "retrain_window_rows": 1000,
+            "experience_segment_rows": 200}
+    return settings(tmp, **{**base, **kw})
+
+
+def run(daemon: Daemon, caller: Caller, clock: Clock, lo: int, hi: int, block: int = 100,
+        wait_for_retrain: bool = True) -> None:
+    for start in range(lo, hi, block):
+        caller.publish(start, min(hi, start + block), clock.t)
+        daemon.step()
+        caller.answer(clock.t)
+        daemon.step()
+        clock.t += 0.01
+        job = daemon.retraining._job if daemon.retraining is not None else None
+        if wait_for_retrain and job is not None:
+            futures.wait([job], timeout=60)  # the test waits; the daemon never does
+            daemon.step()
+
+
+def test_retrains_on_schedule_and_decisions_carry_the_live_ranking(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    transport = InMemoryTransport(broker=broker, partitions=2)
+    observer = Recorder()
+    daemon = Daemon(retrain_settings(tmp_path), transport, learner(), observer, clock)
+    daemon.restore()
+    caller = Caller(broker)
+    run(daemon, caller, clock, 0, 1200)
+    daemon.checkpoint(final=True)
+    assert len(observer.retrains) >= 3 and observer.failures == 0
+    assert {"learner", "uniform", "best_constant"} <= {p for p, _ in observer.values}
+    assert len(observer.promotions) == len(observer.retrains)
+    state = read_ranker_state(tmp_path / "rankers")
+    assert state["live"] and Path(state["live"]).is_dir()
+    assert len(state["history"]) == len(observer.retrains)
+    for entry in state["history"]:  # the rule: promoted exactly when the lower bound wins
+        assert entry["promoted"] == (entry["lower"] > entry["current_value"]), entry
+    decisions = [orjson.loads(m.value or b"") for m in broker.messages("decisions")]
+    ranked = [d for d in decisions if "ranking" in d]
+    assert ranked and "ranking" not in decisions[0]  # no ranking before the first retrain
+    assert all(sorted(d["ranking"]) == list(range(9)) for d in ranked)
+    # every learned decision is in the log once, with what was decided and answered
+    rows = read_experience(tmp_path / "experience")
+    assert len(rows.ids) == len(set(rows.ids)) == daemon.counters.feedback["joined"]
+    by_id = {d["id"]: d for d in decisions}
+    assert all(by_id[i]["action"] == a for i, a in zip(rows.ids, rows.actions.tolist(), strict=True))
+    assert np.allclose(rows.propensities, [by_id[i]["prob"] for i in rows.ids], rtol=1e-6)
+
+
+def test_a_restart_neither_loses_nor_duplicates_log_rows(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    caller = Caller(broker)
+    first = Daemon(retrain_settings(tmp_path), InMemoryTransport(broker=broker, partitions=2),
+                   learner(), Observer(), clock)
+    first.restore()
+    run(first, caller, clock, 0, 700)
+    # a crash: the log was flushed past the last checkpoint (rows the restart joins again)
+    assert first.retraining is not None
+    first.retraining.log.flush()
+    assert first.checkpointer is not None
+    first.checkpointer.close()
+    second = Daemon(retrain_settings(tmp_path), InMemoryTransport(broker=broker, partitions=2),
+                    learner(), Observer(), clock)
+    second.restore()
+    run(second, caller, clock, 700, 1200)
+    second.checkpoint(final=True)
+    rows = read_experience(tmp_path / "experience")
+    assert len(rows.ids) == len(set(rows.ids))  # nothing twice
+    pending = set(second.join.slot_of)
+    assert set(rows.ids) | pending == set(caller.feedback_ids)  # nothing lost
+
+
+def test_a_failing_retrain_is_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    observer = Recorder()
+    daemon = Daemon(retrain_settings(tmp_path, retrain_rankers="test_retraining:Exploding"),
+                    InMemoryTransport(broker=broker, partitions=2), learner(), observer, clock)
+    daemon.restore()
+    caller = Caller(broker)
+    run(daemon, caller, clock, 0, 800)
+    assert observer.failures >= 2 and observer.retrains == []
+    assert daemon.counters.instances == 800
+
+
+def test_an_unknown_ranker_is_a_config_error_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no_such_module:Nothing"):
+        Daemon(retrain_settings(tmp_path, retrain_rankers="no_such_module:Nothing"),
+               InMemoryTransport(), learner())
+
+
+def test_a_dead_worker_process_is_replaced(tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    observer = Recorder()
+    daemon = Daemon(retrain_settings(tmp_path, retrain_worker="process"),
+                    InMemoryTransport(broker=broker, partitions=2), learner(), observer, clock)
+    daemon.restore()
+    caller = Caller(broker)
+    run(daemon, caller, clock, 0, 400, wait_for_retrain=False)
+    retraining = daemon.retraining
+    assert retraining is not None and retraining._executor is not None
+    for pid in list(retraining._executor._processes):  # type: ignore[attr-defined]
+        import os
+        import signal
+
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while observer.failures == 0 and time.monotonic() < deadline:
+        daemon.step()
+        time.sleep(0.05)
+    assert observer.failures == 1
+    run(daemon, caller, clock, 400, 1000)
+    assert observer.retrains, "a new worker retrained after the crash"
