@@ -85,7 +85,8 @@ def _result(lower: float, current: float) -> dict[str, Any]:
     est = {"value": current, "low": current - 0.1, "high": current + 0.1}
     return {"current": {"policy": "learner"}, "rankers": {"r": {"policy": "ranker:r", "artifact": "x"}},
             "estimates": {"learner": {"snips": est},
-                          "ranker:r": {"snips": {"value": lower + 0.1, "low": lower, "high": 1.0}}}}
+                          "ranker:r": {"snips": {"value": lower + 0.1, "low": lower, "high": 1.0,
+                                                 "stderr": 0.05}}}}
 
 
 @pytest.mark.parametrize("lower,current,promote", [(0.5, 0.5, False), (0.4999, 0.5, False),
@@ -102,11 +103,19 @@ def test_the_rule_promotes_only_when_the_lower_bound_is_strictly_above(
 def test_the_best_lower_bound_among_several_rankers_is_the_candidate() -> None:
     result = _result(0.3, 0.5)
     result["rankers"]["s"] = {"policy": "ranker:s", "artifact": "y"}
-    result["estimates"]["ranker:s"] = {"snips": {"value": 0.7, "low": 0.6, "high": 0.8}}
+    result["estimates"]["ranker:s"] = {"snips": {"value": 0.7, "low": 0.6, "high": 0.8, "stderr": 0.05}}
     decision = promotion_decision(result)
     assert decision["promote"] and decision["ranker"] == "s" and decision["artifact"] == "y"
     with pytest.raises(ConfigError, match="'ips'"):
         promotion_decision(result, "ips")
+
+
+def test_a_degenerate_interval_is_never_promoted() -> None:
+    """Three held-out matches, all rewarded: SNIPS 1.0 with stderr 0 is no evidence."""
+    result = _result(0.3, 0.5)
+    result["estimates"]["ranker:r"]["snips"] = {"value": 1.0, "low": 1.0, "high": 1.0, "stderr": 0.0}
+    decision = promotion_decision(result)
+    assert not decision["promote"] and "non-degenerate" in decision["reason"]
 
 
 def test_bad_specs_fail_before_any_training(logged: Path, tmp_path: Path) -> None:
