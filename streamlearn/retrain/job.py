@@ -29,7 +29,8 @@ the clipped weight and is the least affected. The clipped count is reported.
 
 :func:`promotion_decision` is Personalizer's Auto-Optimize rule: the new ranker
 with the highest lower confidence bound is promoted only if that bound is
-strictly above the current policy's point estimate.
+strictly above the current policy's point estimate. A candidate whose interval
+is degenerate (standard error 0) is never promoted.
 """
 
 from __future__ import annotations
@@ -176,13 +177,16 @@ def promotion_decision(result: dict[str, Any], estimator: str = "snips") -> dict
                           f"Got {sorted(estimates.get(current_policy, {}))}.")
     current_value = estimates[current_policy][estimator]["value"]
     candidates = [(info["policy"], name) for name, info in result["rankers"].items()]
+    # a zero standard error means a degenerate interval (e.g. the few held-out rows where the
+    # ranker agrees with the logger were all rewarded): no evidence, never a promotion
     lows = [(estimates[policy][estimator]["low"], name) for policy, name in candidates
-            if estimates[policy][estimator]["low"] is not None]
+            if estimates[policy][estimator]["low"] is not None
+            and (estimates[policy][estimator].get("stderr") or 0.0) > 0.0]
     decision: dict[str, Any] = {"promote": False, "ranker": None, "lower": None,
                                 "current_value": current_value, "estimator": estimator,
                                 "current": current_policy}
     if not lows:
-        return {**decision, "reason": "no new ranker has a finite lower confidence bound"}
+        return {**decision, "reason": "no new ranker has a finite, non-degenerate lower bound"}
     lower, name = max(lows, key=lambda t: t[0])  # ties: the first listed ranker
     decision.update(ranker=name, lower=lower,
                     artifact=result["rankers"][name]["artifact"])
