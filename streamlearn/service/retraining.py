@@ -234,7 +234,7 @@ class Retraining:
                     1, thread_name_prefix="streamlearn-retrain"))
         self._job = self._executor.submit(run_retrain, spec)
         self._job_started, self._last_start, self._since_last = time.perf_counter(), now, 0
-        log.info("retrain %d started on the newest %d logged decisions (%s)", version,
+        log.info("retrain %d started on up to %d logged decisions (%s)", version,
                  s.retrain_window(), ", ".join(s.retrain_ranker_names()))
 
     def _harvest(self, job: futures.Future[dict[str, Any]]) -> None:
@@ -270,7 +270,8 @@ class Retraining:
 
         decision = promotion_decision(result)
         best = decision.get("ranker")
-        entry = {"version": result.get("version"), "at": self.wall_clock(),
+        entry = {"version": result.get("version"), "started": self._last_start,
+                 "at": self.wall_clock(), "duration_seconds": result.get("duration_seconds"),
                  "held_out": result.get("heldout_rows"), "ranker": best,
                  "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),
                  "lower": decision.get("lower"), "current_value": decision.get("current_value")}
