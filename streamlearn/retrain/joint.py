@@ -34,6 +34,8 @@ import numpy as np
 
 from streamlearn.errors import DataError
 from streamlearn.rankers.base import Ranker
+from streamlearn.rankers.rankboost import RankBoost
+from streamlearn.rankers.routing import LDA, LogisticRegression, Rocchio
 
 __all__ = ["action_scores", "greedy", "joint_features", "rankings"]
 
@@ -76,10 +78,35 @@ def _all_pairs(X: np.ndarray, n_actions: int) -> np.ndarray:
     return out.reshape(B * n_actions, n_actions * d)
 
 
+def _structured_scores(ranker: Ranker, X: np.ndarray, n_actions: int) -> np.ndarray | None:
+    """Scores of every pair without building φ, for the rankers whose score has a known
+    form (equal to scoring φ, tested): linear ones (⟨w, φ⟩ + b = x·w_a + b) and
+    RankBoost's thresholds (a weak ranker on cell (a_t, f) fires for action a_t when
+    x_f > θ_t, and for every other action when 0 > θ_t)."""
+    d = X.shape[1]
+    if isinstance(ranker, (Rocchio, LDA)):
+        return np.asarray(X @ np.asarray(ranker.weights_).reshape(n_actions, d).T)
+    if isinstance(ranker, LogisticRegression):
+        return np.asarray(X @ np.asarray(ranker.coef_).reshape(n_actions, d).T + ranker.intercept_)
+    if isinstance(ranker, RankBoost):
+        action, feature = np.divmod(np.asarray(ranker.features_), d)
+        alphas, thresholds = np.asarray(ranker.alphas_), np.asarray(ranker.thresholds_)
+        off = (thresholds < 0.0).astype(np.float64)  # the cell's value for the other actions
+        own = (X[:, feature] > thresholds).astype(np.float64)  # (B, T)
+        onehot = np.zeros((len(alphas), n_actions))
+        onehot[np.arange(len(alphas)), action] = 1.0
+        return np.asarray(float(off @ alphas) + ((own - off) * alphas) @ onehot)
+    return None
+
+
 def action_scores(ranker: Ranker, X: object, n_actions: int) -> np.ndarray:
     """The ranker's score of every action for every context: ``(B, n_actions)``."""
     arr = _contexts(X)
     B, d = arr.shape
+    if getattr(ranker, "n_features_in_", None) == d * n_actions:
+        structured = _structured_scores(ranker, arr, n_actions)
+        if structured is not None:
+            return structured
     if B * n_actions * n_actions * d <= _ONE_CALL_ELEMENTS:
         scores = np.asarray(ranker.score(_all_pairs(arr, n_actions)), dtype=np.float64)
         return scores.reshape(B, n_actions)

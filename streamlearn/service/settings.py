@@ -81,7 +81,7 @@ class DaemonSettings:
         """Rows per retrain: ``retrain_window_rows``, capped so that the joint feature
         matrix (rows × d·K) stays below 20 M elements (160 MB in the worker)."""
         width = max(1, self.learner_n_features * self.learner_n_actions)
-        return max(10, min(self.retrain_window_rows, 20_000_000 // width))
+        return max(10, min(self.retrain_window_rows, 8_000_000 // width))
 
     def join_settings(self) -> JoinSettings:
         return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,

@@ -6,8 +6,10 @@ label, model version, decision time). They are buffered in memory and written as
 :meth:`ExperienceLog.flush`. A segment is written to a temporary file, fsynced
 and renamed, so a reader sees a whole segment or none.
 
-Rotation: the buffer becomes a segment when it holds ``segment_rows`` rows, when
-its oldest row is ``segment_seconds`` old, and at every checkpoint. Retention
+Rotation: the buffer becomes a segment when it holds ``segment_rows`` rows (or a
+little more: one appended batch is never split), when its oldest row is
+``segment_seconds`` old, and at every checkpoint. Sparse contexts are stored as
+CSR, dense ones as float32; :func:`read_experience` returns them dense. Retention
 deletes the oldest segments while the log holds more than ``retention_bytes`` or
 while the oldest is older than ``retention_seconds``.
 
@@ -21,8 +23,10 @@ them (and stray temporary files) before the loop starts.
 >>> import tempfile
 >>> log = ExperienceLog(tempfile.mkdtemp(), segment_rows=2)
 >>> log.open(None)
->>> log.append(["a", "b", "c"], np.eye(3, 2), np.array([0, 1, 0]), np.full((3, 2), 0.5),
-...            np.array([1.0, 0.0, 1.0]), np.full(3, -1), np.zeros(3, int), np.arange(3.0))
+>>> log.append(["a", "b"], np.eye(2), np.array([0, 1]), np.full((2, 2), 0.5),
+...            np.array([1.0, 0.0]), np.full(2, -1), np.zeros(2, int), np.arange(2.0))
+>>> log.append(["c"], np.ones((1, 2)), np.array([0]), np.full((1, 2), 0.5),
+...            np.array([1.0]), np.full(1, -1), np.zeros(1, int), np.arange(1.0))
 >>> log.flush(); log.segments(), log.next_segment
 ([0, 1], 2)
 >>> rows = read_experience(log.directory); rows.ids, rows.propensities.tolist()
@@ -115,6 +119,48 @@ def dense_rows(X: Batch) -> np.ndarray:
     return np.asarray(X, dtype=np.float32)
 
 
+def _stored_rows(X: Batch) -> dict[str, np.ndarray]:
+    """A batch as stored: CSR (float32 values, int32 indices) when sparse — SynNonSep's
+    rows take a fifth of the bytes, and a segment written at a checkpoint stalls the loop
+    for less — else dense float32."""
+    if isinstance(X, SparseBatch):
+        return {"X.indptr": np.asarray(X.indptr, np.int64), "X.indices": X.indices.astype(np.int32),
+                "X.values": X.values.astype(np.float32), "X.width": np.array([X.n_features])}
+    dense = np.asarray(X, dtype=np.float32)
+    if np.count_nonzero(dense) >= 0.3 * dense.size:
+        return {"X": dense}
+    rows, cols = np.nonzero(dense)
+    indptr = np.zeros(len(dense) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=len(dense)), out=indptr[1:])
+    return {"X.indptr": indptr, "X.indices": cols.astype(np.int32), "X.values": dense[rows, cols],
+            "X.width": np.array([dense.shape[1]])}
+
+
+def _merge(chunks: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """One segment's arrays from buffered chunks (dense if any chunk is dense)."""
+    if any("X" in c for c in chunks):
+        chunks = [{**{k: v for k, v in c.items() if not k.startswith("X.")},
+                   "X": _stored_dense(c)} for c in chunks]
+    merged = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]
+              if k not in ("X.indptr", "X.width")}
+    if "X.indptr" in chunks[0]:
+        starts = np.cumsum([0] + [int(c["X.indptr"][-1]) for c in chunks[:-1]])
+        merged["X.indptr"] = np.concatenate(
+            [[0]] + [c["X.indptr"][1:] + start for c, start in zip(chunks, starts, strict=True)])
+        merged["X.width"] = chunks[0]["X.width"]
+    return merged
+
+
+def _stored_dense(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    if "X" in arrays:
+        return np.asarray(arrays["X"], dtype=np.float32)
+    indptr = arrays["X.indptr"]
+    dense = np.zeros((len(indptr) - 1, int(arrays["X.width"][0])), dtype=np.float32)
+    rows = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+    np.add.at(dense, (rows, arrays["X.indices"]), arrays["X.values"])
+    return dense
+
+
 def _read_segment(path: Path) -> ExperienceRows | None:
     """One segment, or None if retention deleted it meanwhile."""
     try:
@@ -126,7 +172,7 @@ def _read_segment(path: Path) -> ExperienceRows | None:
         raise StateError(f"{path} is not a readable experience segment: {exc}") from exc
     try:
         ids = unpack_strings(arrays["ids_utf8"], arrays["ids_ends"])
-        return _rows(ids, arrays["X"], {c: arrays[c] for c in _COLUMNS})
+        return _rows(ids, _stored_dense(arrays), {c: arrays[c] for c in _COLUMNS})
     except KeyError as exc:
         raise StateError(f"{path} lacks the array {exc}: not an experience segment.") from exc
 
@@ -225,7 +271,7 @@ class ExperienceLog:
         if not len(ids):
             return
         self._buffer.append({
-            "X": dense_rows(X), "actions": np.asarray(actions, np.int64),
+            **_stored_rows(X), "actions": np.asarray(actions, np.int64),
             "probs": np.asarray(probs, np.float32), "rewards": np.asarray(rewards, np.float64),
             "labels": np.asarray(labels, np.int64),
             "model_version": np.asarray(model_version, np.int64),
@@ -241,14 +287,10 @@ class ExperienceLog:
         return len(self._buffered_ids)
 
     def flush(self) -> None:
-        """Write the buffer as segments of at most ``segment_rows`` rows, then apply retention."""
+        """Write the buffer as one segment, then apply retention."""
         if self._buffered_ids:
-            merged = {k: np.concatenate([b[k] for b in self._buffer]) for k in self._buffer[0]}
-            ids = self._buffered_ids
-            for start in range(0, len(ids), self.segment_rows):
-                stop = min(start + self.segment_rows, len(ids))
-                self._write_segment(ids[start:stop], {k: v[start:stop] for k, v in merged.items()})
-            self.rows_written += len(ids)
+            self._write_segment(self._buffered_ids, _merge(self._buffer))
+            self.rows_written += len(self._buffered_ids)
             self._buffer, self._buffered_ids, self._buffer_since = [], [], np.inf
         self._retain()
 

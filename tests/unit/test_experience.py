@@ -33,7 +33,8 @@ def _append(log: ExperienceLog, ids: list[str], d: int = 3, K: int = 4, seed: in
 def test_rows_round_trip_in_order(tmp_path: Path) -> None:
     log = ExperienceLog(tmp_path, segment_rows=3)
     log.open(None)
-    _append(log, [f"id-{i}" for i in range(7)])
+    for lo, hi in ((0, 3), (3, 6), (6, 7)):
+        _append(log, [f"id-{i}" for i in range(lo, hi)], seed=lo)
     log.flush()
     assert log.segments() == [0, 1, 2]  # 3 + 3 + 1 rows
     rows = read_experience(tmp_path)
@@ -56,14 +57,23 @@ def test_any_unicode_id_round_trips(tmp_path_factory: pytest.TempPathFactory, id
     assert read_experience(directory).ids == ids
 
 
-def test_sparse_rows_are_stored_dense(tmp_path: Path) -> None:
+def test_sparse_and_dense_rows_mix_and_come_back_dense(tmp_path: Path) -> None:
     log = ExperienceLog(tmp_path)
     log.open(None)
-    X = SparseBatch.from_rows([[0, 2], [1]], [[1.5, -2.0], [3.0]], n_features=3)
-    log.append(["a", "b"], X, np.array([0, 1]), np.full((2, 2), 0.5), np.ones(2), np.full(2, -1),
+    columns = (np.array([0, 1]), np.full((2, 2), 0.5), np.ones(2), np.full(2, -1),
                np.zeros(2, int), np.zeros(2))
+    X = SparseBatch.from_rows([[0, 2], [1, 1]], [[1.5, -2.0], [3.0, 1.0]], n_features=3)
+    sparse_dense = np.array([[0.0, 0.0, 0.0], [0.0, 0.0, 7.0]])  # stored as CSR too
+    log.append(["a", "b"], X, *columns)
+    log.append(["c", "d"], sparse_dense, *columns)
     log.flush()
-    assert read_experience(tmp_path).X.tolist() == [[1.5, 0.0, -2.0], [0.0, 3.0, 0.0]]
+    assert "X.indptr" in np.load(tmp_path / "segment-00000000.npz").files
+    log.append(["e", "f"], np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), *columns)  # dense
+    log.append(["g", "h"], X, *columns)
+    log.flush()
+    assert read_experience(tmp_path).X.tolist() == [
+        [1.5, 0.0, -2.0], [0.0, 4.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 7.0],
+        [1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [1.5, 0.0, -2.0], [0.0, 4.0, 0.0]]
 
 
 def test_age_rotation_and_retention(tmp_path: Path) -> None:
@@ -97,8 +107,8 @@ def test_size_retention_keeps_the_newest(tmp_path: Path) -> None:
 def test_open_drops_segments_after_the_checkpoint_and_temporary_files(tmp_path: Path) -> None:
     log = ExperienceLog(tmp_path, segment_rows=2)
     log.open(None)
-    _append(log, [str(i) for i in range(6)])
-    log.flush()
+    for lo in range(0, 6, 2):
+        _append(log, [str(lo), str(lo + 1)], seed=lo)
     assert log.segments() == [0, 1, 2]
     (tmp_path / ".segment-00000003-deadbeef.tmp").write_bytes(b"half a segment")
     reopened = ExperienceLog(tmp_path, segment_rows=2)

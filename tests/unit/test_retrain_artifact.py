@@ -54,10 +54,14 @@ def test_joint_features_put_x_in_the_block_of_its_action() -> None:
         joint_features(X, np.array([0, 3, 1]), 3)
 
 
+@pytest.mark.parametrize("name", ["logistic", "rocchio", "lda", "rankboost", "network"])
 @pytest.mark.parametrize("d,K,B", [(4, 3, 7), (120, 10, 100)], ids=["one-call", "per-action"])
-def test_action_scores_equal_the_naive_per_pair_reference(d: int, K: int, B: int) -> None:
+def test_action_scores_equal_the_naive_per_pair_reference(name: str, d: int, K: int,
+                                                          B: int) -> None:
+    """Structured fast paths (linear, thresholds) and the generic paths score like φ."""
     X, a, y, w = small_world(n=300, d=d, K=K)
-    ranker = make_ranker("logistic").fit(joint_features(X, a, K), y, sample_weight=w)
+    X[:, 0] = -np.abs(X[:, 0])  # thresholds below 0 too: they fire for the other actions
+    ranker = make_ranker(name).fit(joint_features(X, a, K), y, sample_weight=w)
     np.testing.assert_allclose(action_scores(ranker, X[:B], K), naive_scores(ranker, X[:B], K),
                                rtol=1e-12, atol=1e-12)
 
