@@ -35,8 +35,12 @@ def write_log(directory: Path, n: int, seed: int, segment_rows: int = 1000) -> N
     rewards = (rng.random(n) < mean_reward(X.astype(np.float64))[np.arange(n), actions]).astype(float)
     log = ExperienceLog(directory, segment_rows=segment_rows)
     log.open(None)
-    log.append([f"{seed}-{i}" for i in range(n)], X, actions.astype(np.int64), probs, rewards,
-               np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64), np.arange(n, dtype=float))
+    ids = [f"{seed}-{i}" for i in range(n)]
+    for lo in range(0, n, segment_rows):  # one appended batch per segment
+        rows = slice(lo, lo + segment_rows)
+        log.append(ids[rows], X[rows], actions[rows].astype(np.int64), probs[rows], rewards[rows],
+                   np.full(len(ids[rows]), -1, dtype=np.int64),
+                   np.zeros(len(ids[rows]), dtype=np.int64), np.arange(n, dtype=float)[rows])
     log.flush()
 
 
