@@ -26,6 +26,7 @@ one-hot distribution, so both forms give identical numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -48,6 +49,13 @@ class Estimate:
     high: float
     n: int
     clipped: int  # how many weights were clipped
+    ess: float = math.nan  # effective sample size of the importance weights, (Σw)²/Σw²
+
+
+def effective_sample_size(w: np.ndarray) -> float:
+    """(Σw)²/Σw²: how many equally weighted rows the weighted sample is worth (0 if none)."""
+    total = float(np.square(w).sum())
+    return float(w.sum()) ** 2 / total if total > 0 else 0.0
 
 
 def _z(level: float) -> float:
@@ -102,7 +110,8 @@ def ips(rewards: np.ndarray, logged_actions: np.ndarray, propensities: np.ndarra
     """Inverse propensity scoring."""
     w, clipped = importance_weights(logged_actions, propensities, target_actions, clip, target_probs)
     terms = np.asarray(rewards, dtype=float) * w
-    return _interval(terms, float(terms.mean()) if len(terms) else math.nan, clipped, level)
+    est = _interval(terms, float(terms.mean()) if len(terms) else math.nan, clipped, level)
+    return dataclasses.replace(est, ess=effective_sample_size(w))
 
 
 def snips(rewards: np.ndarray, logged_actions: np.ndarray, propensities: np.ndarray,
@@ -113,13 +122,14 @@ def snips(rewards: np.ndarray, logged_actions: np.ndarray, propensities: np.ndar
     r = np.asarray(rewards, dtype=float)
     total = float(w.sum())
     if total == 0.0:
-        return Estimate(math.nan, math.inf, -math.inf, math.inf, len(r), clipped)
+        return Estimate(math.nan, math.inf, -math.inf, math.inf, len(r), clipped, 0.0)
     value = float((r * w).sum() / total)
     # linearisation: terms whose mean is ≈ 0 and whose variance gives the ratio's variance
     influence = w * (r - value) / (total / len(r))
     est = _interval(influence, 0.0, clipped, level)
     half = est.high
-    return Estimate(value, est.stderr, value - half, value + half, len(r), clipped)
+    return Estimate(value, est.stderr, value - half, value + half, len(r), clipped,
+                    effective_sample_size(w))
 
 
 def doubly_robust(
@@ -148,4 +158,5 @@ def doubly_robust(
     w, clipped = importance_weights(a, propensities, target_actions, clip, target_probs)
     correction = (np.asarray(rewards, dtype=float) - r_hat[rows, a]) * w
     terms = direct + correction
-    return _interval(terms, float(terms.mean()) if len(terms) else math.nan, clipped, level)
+    est = _interval(terms, float(terms.mean()) if len(terms) else math.nan, clipped, level)
+    return dataclasses.replace(est, ess=effective_sample_size(w))

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from streamlearn.errors import ConfigError, DataError
-from streamlearn.evaluation.offpolicy import Estimate
+from streamlearn.evaluation.offpolicy import _Z, Estimate
 from streamlearn.evaluation.policies import (
     best_constant,
     constant_policy,
@@ -74,7 +74,37 @@ def _finite(value: float) -> float | None:
 def estimate_dict(est: Estimate) -> dict[str, Any]:
     """An :class:`Estimate` as JSON (non-finite numbers as null)."""
     return {"value": _finite(est.value), "stderr": _finite(est.stderr), "low": _finite(est.low),
-            "high": _finite(est.high), "n": est.n, "clipped": est.clipped}
+            "high": _finite(est.high), "n": est.n, "clipped": est.clipped,
+            "ess": _finite(est.ess)}
+
+
+MIN_ESS = 20.0  # fewer effectively-matched held-out rows than this: no evidence to promote on
+
+
+def wilson_lower(value: float, n: float, z: float) -> float:
+    """The Wilson score lower bound of a mean of [0, 1] rewards observed on ``n`` rows.
+
+    >>> round(wilson_lower(1.0, 20, 1.959963984540054), 3)  # 20 of 20 rewarded
+    0.839
+    """
+    centre = value + z * z / (2 * n)
+    spread = z * math.sqrt(max(value * (1 - value), 0.0) / n + z * z / (4 * n * n))
+    return (centre - spread) / (1 + z * z / n)
+
+
+def promotion_bound(estimate: dict[str, Any], level: float) -> float | None:
+    """A candidate's lower bound for promotion: its interval's, but never above the Wilson
+    bound on its effective sample size (a sample whose matched rows all agree has a zero
+    standard error, not a certain value), and none below :data:`MIN_ESS` matched rows."""
+    low, value, ess = estimate.get("low"), estimate.get("value"), estimate.get("ess")
+    if low is None or value is None:
+        return None
+    if ess is None:
+        return float(low)
+    if ess < MIN_ESS:
+        return None
+    z = _Z[level] if level in _Z else _Z[0.95]
+    return float(min(low, wilson_lower(min(max(value, 0.0), 1.0), ess, z)))
 
 
 def split_rows(rows: ExperienceRows, fraction: float) -> tuple[ExperienceRows, ExperienceRows]:
@@ -177,16 +207,16 @@ def promotion_decision(result: dict[str, Any], estimator: str = "snips") -> dict
                           f"Got {sorted(estimates.get(current_policy, {}))}.")
     current_value = estimates[current_policy][estimator]["value"]
     candidates = [(info["policy"], name) for name, info in result["rankers"].items()]
-    # a zero standard error means a degenerate interval (e.g. the few held-out rows where the
-    # ranker agrees with the logger were all rewarded): no evidence, never a promotion
-    lows = [(estimates[policy][estimator]["low"], name) for policy, name in candidates
-            if estimates[policy][estimator]["low"] is not None
-            and (estimates[policy][estimator].get("stderr") or 0.0) > 0.0]
+    level = float(result.get("level", 0.95))
+    bounds = [(promotion_bound(estimates[policy][estimator], level), name)
+              for policy, name in candidates]
+    lows = [(low, name) for low, name in bounds if low is not None]
     decision: dict[str, Any] = {"promote": False, "ranker": None, "lower": None,
                                 "current_value": current_value, "estimator": estimator,
                                 "current": current_policy}
     if not lows:
-        return {**decision, "reason": "no new ranker has a finite, non-degenerate lower bound"}
+        return {**decision, "reason": f"no new ranker has a lower bound on at least {MIN_ESS:.0f} "
+                                      "effectively matched held-out rows"}
     lower, name = max(lows, key=lambda t: t[0])  # ties: the first listed ranker
     decision.update(ranker=name, lower=lower,
                     artifact=result["rankers"][name]["artifact"])

@@ -315,6 +315,8 @@ class Retraining:
         best = decision.get("ranker")
         entry = {"version": result.get("version"), "started": self._last_start,
                  "at": self.wall_clock(), "duration_seconds": result.get("duration_seconds"),
+                 "segments": result.get("segments"), "rows": result.get("rows"),
+                 "estimates": result.get("estimates"),
                  "held_out": result.get("heldout_rows"), "ranker": best,
                  "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),
                  "lower": decision.get("lower"), "current_value": decision.get("current_value")}

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from test_prometheus_scrape import _read_until, _value
 
@@ -27,11 +28,11 @@ from streamlearn.stream.experience import read_experience
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # planted.py: the planted rankers
 
 
 def serve(ckpt: Path, *args: str, linger: float = 0.0) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), str(HERE))),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), str(TESTS))),
            "PLANTED_LOG_DIR": str(ckpt / "experience")}
     return subprocess.Popen(
         [sys.executable, "-m", "streamlearn", "serve", "--checkpoint-dir", str(ckpt),
@@ -49,6 +50,7 @@ def finish(proc: subprocess.Popen[str], stop: bool = False) -> str:
     return err
 
 
+@pytest.mark.needs_data
 def test_retraining_on_letter_reaches_prometheus(prometheus: Callable[..., Any],
                                                  tmp_path: Path) -> None:
     proc = serve(tmp_path, "--embedded-dataset", "letter", "--retrain-every-events", "3000",
@@ -81,8 +83,25 @@ def test_retraining_on_letter_reaches_prometheus(prometheus: Callable[..., Any],
     assert len(state["history"]) == retrains
     rows = read_experience(tmp_path / "experience")
     assert len(rows.ids) == len(set(rows.ids)) > 25_000  # every learned decision, once
+    # `streamlearn evaluate` on the same log reproduces what the loop estimated
+    last = state["history"][-1]
+    first, final = last["segments"]
+    out = subprocess.run(
+        [sys.executable, "-m", "streamlearn", "evaluate", str(tmp_path / "experience"),
+         "--segments", f"{first}:{final}", "--max-rows", str(last["rows"]), "--holdout-only",
+         "--policy", "learner", "--policy", "uniform", "--estimator", "snips,dr", "--json"],
+        capture_output=True, text=True, check=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    report = orjson.loads(out)
+    for policy in ("learner", "uniform"):
+        for estimator in ("snips", "dr"):
+            ours = last["estimates"][policy][estimator]
+            theirs = report["estimates"][policy][estimator]
+            assert theirs["value"] == pytest.approx(ours["value"], abs=1e-12), (policy, estimator)
+            assert theirs["low"] == pytest.approx(ours["low"], abs=1e-12)
 
 
+@pytest.mark.needs_data
 def test_retraining_every_few_seconds_on_a_drifting_stream(tmp_path: Path) -> None:
     proc = serve(tmp_path, "--embedded-dataset", "pendigits", "--embedded-drift-at", "9000",
                  "--retrain-every-seconds", "2", "--retrain-rankers", "logistic",
@@ -96,6 +115,7 @@ def test_retraining_every_few_seconds_on_a_drifting_stream(tmp_path: Path) -> No
     assert all(entry["ranker"] == "logistic" for entry in history)
 
 
+@pytest.mark.needs_data
 @pytest.mark.parametrize("planted, better", [("CentroidOracle", True),
                                              ("CentroidAntiOracle", False)])
 def test_promotion_fires_when_and_only_when_the_lower_bound_wins(

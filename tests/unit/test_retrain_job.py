@@ -110,12 +110,20 @@ def test_the_best_lower_bound_among_several_rankers_is_the_candidate() -> None:
         promotion_decision(result, "ips")
 
 
-def test_a_degenerate_interval_is_never_promoted() -> None:
-    """Three held-out matches, all rewarded: SNIPS 1.0 with stderr 0 is no evidence."""
-    result = _result(0.3, 0.5)
-    result["estimates"]["ranker:r"]["snips"] = {"value": 1.0, "low": 1.0, "high": 1.0, "stderr": 0.0}
+@pytest.mark.parametrize("ess, current, promote", [(3.0, 0.5, False), (20.0, 0.5, True),
+                                                    (20.0, 0.838, True), (20.0, 0.839, False),
+                                                    (400.0, 0.98, True)])
+def test_a_degenerate_interval_is_bounded_by_its_effective_sample_size(
+        ess: float, current: float, promote: bool) -> None:
+    """Matched held-out rows all rewarded: SNIPS 1.0 with stderr 0. Three rows are no
+    evidence; twenty are worth the Wilson bound (0.8389), not certainty."""
+    result = _result(0.3, current)
+    result["estimates"]["ranker:r"]["snips"] = {"value": 1.0, "low": 1.0, "high": 1.0,
+                                                "stderr": 0.0, "ess": ess}
     decision = promotion_decision(result)
-    assert not decision["promote"] and "non-degenerate" in decision["reason"]
+    assert decision["promote"] is promote, decision
+    if ess < 20:
+        assert "effectively matched" in decision["reason"]
 
 
 def test_bad_specs_fail_before_any_training(logged: Path, tmp_path: Path) -> None:

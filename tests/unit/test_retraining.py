@@ -13,6 +13,7 @@ import pytest
 from test_daemon_fake import Caller, Clock, learner, settings
 
 from streamlearn.errors import ConfigError
+from streamlearn.learners import Banditron, FixedGamma
 from streamlearn.rankers.base import FitData, Ranker
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.metrics import Observer
@@ -89,7 +90,8 @@ def test_retrains_on_schedule_and_decisions_carry_the_live_ranking(tmp_path: Pat
     assert state["live"] and Path(state["live"]).is_dir()
     assert len(state["history"]) == len(observer.retrains)
     for entry in state["history"]:  # the rule: promoted exactly when the lower bound wins
-        assert entry["promoted"] == (entry["lower"] > entry["current_value"]), entry
+        wins = entry["lower"] is not None and entry["lower"] > entry["current_value"]
+        assert entry["promoted"] == wins, entry
     decisions = [orjson.loads(m.value or b"") for m in broker.messages("decisions")]
     ranked = [d for d in decisions if "ranking" in d]
     assert ranked and "ranking" not in decisions[0]  # no ranking before the first retrain
@@ -165,3 +167,44 @@ def test_a_dead_worker_process_is_replaced(tmp_path: Path) -> None:
     assert observer.failures == 1
     run(daemon, caller, clock, 400, 1000)
     assert observer.retrains, "a new worker retrained after the crash"
+
+
+def test_a_better_ranker_is_promoted_exploits_and_rolls_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The planted nearest-centroid ranker beats a barely trained Banditron: promoted, then
+    (policy = ranker) it picks the exploit action; a rollback returns to the learner."""
+    monkeypatch.setenv("PLANTED_LOG_DIR", str(tmp_path / "experience"))
+    broker, clock = InMemoryBroker(2), Clock()
+    observer = Recorder()
+    daemon = Daemon(retrain_settings(tmp_path, retrain_rankers="planted:CentroidOracle",
+                                     retrain_policy="ranker", retrain_every_events=1000),
+                    InMemoryTransport(broker=broker, partitions=2),
+                    Banditron(9, 400, FixedGamma(0.3), seed=11), observer, clock)
+    daemon.restore()
+    caller = Caller(broker)
+    run(daemon, caller, clock, 0, 1100)
+    retraining = daemon.retraining
+    history = read_ranker_state(tmp_path / "rankers")["history"]
+    assert retraining is not None and observer.promotions[:1] == ["promoted"], history[0]["reason"]
+    assert retraining.exploits and retraining.promoted is not None
+    run(daemon, caller, clock, 1100, 1500, wait_for_retrain=False)
+    decisions = [orjson.loads(m.value or b"") for m in broker.messages("decisions")]
+    late = [d for d in decisions if int(d["id"][1:]) >= 1200]
+    assert len(late) == 300
+    assert all(d["action"] == d["ranking"][0] for d in late if not d["explored"])
+    retraining.request_rollback()  # what SIGUSR1 does in serve
+    daemon.step()
+    assert not retraining.exploits and observer.promotions[-1] == "rolled_back"
+    state = read_ranker_state(tmp_path / "rankers")
+    assert state["history"][-1]["promoted_now"] is None and state["promoted"] == []
+    assert state["history"][0]["estimates"]["learner"]["snips"]["value"] is not None
+
+    from streamlearn.commands.inspect import describe_rankers
+
+    shown = describe_rankers(tmp_path / "rankers")
+    assert shown is not None and shown["promoted"] is None and shown["live"] == state["live"]
+    from streamlearn.cli import main
+
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "live ranker" in out and "PROMOTED" in out and "rolled back" in out

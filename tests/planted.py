@@ -6,7 +6,7 @@ real ranker can do — so their policy's quality is known in advance: the neares
 class centroid of the logged contexts (better than an online learner early in
 a stream) and the farthest one (worse than anything sensible). They are loaded
 by the daemon's retrainer as ``planted:CentroidOracle`` / ``planted:CentroidAntiOracle``
-(this directory on ``PYTHONPATH``).
+(``tests/`` on ``PYTHONPATH``).
 """
 
 from __future__ import annotations
