@@ -98,8 +98,10 @@ class LearnerConfig:
     """The online learner and its hyperparameters (unset ones: the learner's default)."""
 
     # perceptron is left out: it is a full-information comparator for replays, not a bandit
-    name: str = spec("banditron", "bandit learner", choices=("banditron", "pnorm", "eg",
-                                                             "epsilon-greedy"))
+    name: str = spec("linucb", "bandit learner (docs/learners.md; linucb: the best error at "
+                     "its defaults on most streams, docs/bench.md)", choices=(
+        "banditron", "pnorm", "eg", "epsilon-greedy", "squarecb", "bag", "linucb", "lints",
+        "newtron", "soba"))
     n_actions: int = spec(9, "number of actions K", ge=2)
     n_features: int = spec(400, "feature dimension d (hashing buckets for named features)", ge=1)
     q: float | None = spec(None, "pnorm: the dual norm q (unset: max(2, 2 ln(K d)))", gt=0)

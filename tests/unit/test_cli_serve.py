@@ -51,7 +51,8 @@ def test_help_documents_every_config_field_in_groups() -> None:
     (["--bootstrap", "nohost"], "kafka.bootstrap must be HOST:PORT"),
     (["--metrics-port", "-5"], "metrics.port must be an integer in [-1, 65535]"),
     (["--learner", "nope"], "learner.name must be one of 'banditron', 'pnorm', 'eg', "
-                            "'epsilon-greedy'. Got 'nope' (from --learner-name)."),
+                            "'epsilon-greedy', 'squarecb', 'bag', 'linucb', 'lints', 'newtron', "
+                            "'soba'. Got 'nope' (from --learner-name)."),
     (["--learner", "banditron", "--learner-eta", "0.5", "--max-events", "1"],
      "Learner 'banditron' does not take ['eta']"),
     (["--max-events", "0"], "--max-events must be an integer >= 1. Got 0."),
