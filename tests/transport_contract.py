@@ -122,7 +122,8 @@ def check_produce_and_produce_many_keep_their_order(h: Harness) -> None:
     wait_for(lambda: len(h.outputs("decisions")) >= 4 and len(h.outputs("dead_letter")) >= 2,
              "the produced messages")
     assert h.outputs("decisions")[-4:] == [b'{"id": "d%d", "action": 0}' % i for i in range(4)]
-    assert h.outputs("dead_letter")[-2:] == [b"dl0", b"dl1"]
+    # different keys may land on different partitions: order holds per partition only
+    assert sorted(h.outputs("dead_letter")[-2:]) == [b"dl0", b"dl1"]
     t.close()
 
 
