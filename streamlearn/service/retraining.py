@@ -113,11 +113,11 @@ def ranking_lists(scores: np.ndarray, mask: np.ndarray | None) -> list[list[int]
     >>> ranking_lists(np.array([[0.1, 0.9, 0.5]]), np.array([[True, False, True]]))
     [[2, 0]]
     """
-    order = best_first(scores, mask)
+    order: list[list[int]] = best_first(scores, mask).tolist()
     if mask is None:
-        return order.tolist()  # type: ignore[no-any-return]
+        return order
     n_allowed = np.asarray(mask, dtype=bool).sum(axis=1).tolist()
-    return [row[:n] for row, n in zip(order.tolist(), n_allowed, strict=True)]
+    return [row[:n] for row, n in zip(order, n_allowed, strict=True)]
 
 
 class Retraining:
@@ -128,12 +128,14 @@ class Retraining:
         self.settings, self.observer, self.wall_clock = settings, observer, wall_clock
         self.n_actions = settings.learner_n_actions
         self._temporary: Path | None = None
-        base = Path(settings.checkpoint_dir) if settings.checkpoint_dir else None
-        if base is None and settings.experience_dir is None:
-            self._temporary = Path(tempfile.mkdtemp(prefix="streamlearn-experience-"))
-            base = self._temporary
-        log_dir = Path(settings.experience_dir) if settings.experience_dir else base / "experience"  # type: ignore[operator]
-        self.artifact_dir = (base if base is not None else log_dir.parent) / "rankers"
+        if settings.checkpoint_dir:
+            base = Path(settings.checkpoint_dir)
+        elif settings.experience_dir:
+            base = Path(settings.experience_dir).parent
+        else:  # nothing is kept across runs: a temporary directory, removed on close
+            base = self._temporary = Path(tempfile.mkdtemp(prefix="streamlearn-experience-"))
+        log_dir = Path(settings.experience_dir) if settings.experience_dir else base / "experience"
+        self.artifact_dir = base / "rankers"
         self.log = ExperienceLog(log_dir, settings.experience_segment_rows,
                                  settings.experience_segment_seconds,
                                  settings.experience_retention_bytes,
