@@ -8,10 +8,14 @@ it sees per id, so a test can check that re-emitted decisions are identical.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -178,3 +182,41 @@ def wait_until(predicate: Any, timeout_s: float, what: str, detail: Any = None,
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{extra}")
         time.sleep(interval_s)
     return time.monotonic() - started
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def serve_crashable(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Path,
+                    *extra: str, gamma: float = 0.05) -> subprocess.Popen[bytes]:
+    """``streamlearn serve`` as the crash tests run it (Banditron, fixed γ, checkpoints every
+    5,000 input messages or 2 s, a one-hour join window), output appended to ``log``."""
+    args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
+            "--topics-instances", topics["instances_topic"],
+            "--topics-feedback", topics["feedback_topic"],
+            "--topics-decisions", topics["decisions_topic"],
+            "--topics-dead-letter", topics["dead_letter_topic"],
+            "--checkpoint-dir", str(ckpt), "--checkpoint-every-events", "5000",
+            "--checkpoint-every-seconds", "2", "--metrics-port", "-1",
+            "--progress-seconds", "0", "--learner", "banditron", "--exploration", "fixed",
+            "--gamma", str(gamma), "--seed", "5", "--join-window-seconds", "3600", *extra]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(log, "ab") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+
+
+def start_publisher(bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray,
+                    rate: int) -> threading.Thread:
+    """Publish every instance at about ``rate`` per second (chunks every 0.1 s), in a thread."""
+    def publish() -> None:
+        prod = producer(bootstrap)
+        chunk = rate // 10
+        for lo in range(0, len(y), chunk):
+            publish_instances(prod, topic, X, y, range(lo, min(len(y), lo + chunk)))
+            time.sleep(0.1)
+        prod.flush()
+        prod.close()
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    return publisher

@@ -11,11 +11,8 @@ restart is byte-identical to the first one.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,9 +22,9 @@ import pytest
 from daemon_harness import (
     Caller,
     make_topics,
-    producer,
-    publish_instances,
     read_all,
+    serve_crashable,
+    start_publisher,
     wait_until,
 )
 from kafka import KafkaConsumer, TopicPartition
@@ -41,22 +38,10 @@ pytestmark = pytest.mark.integration
 N = 100_000
 RATE = 4_000  # instances per second offered by the caller
 KILLS = 6
-REPO = Path(__file__).resolve().parents[2]
 
 
 def serve(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Path) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
-            "--topics-instances", topics["instances_topic"],
-            "--topics-feedback", topics["feedback_topic"],
-            "--topics-decisions", topics["decisions_topic"],
-            "--topics-dead-letter", topics["dead_letter_topic"],
-            "--checkpoint-dir", str(ckpt), "--checkpoint-every-events", "5000",
-            "--checkpoint-every-seconds", "2", "--metrics-port", "-1",
-            "--progress-seconds", "0", "--learner", "banditron", "--exploration", "fixed",
-            "--gamma", "0.05", "--seed", "5", "--join-window-seconds", "3600"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(log, "ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    return serve_crashable(bootstrap, topics, ckpt, log)
 
 
 def committed_everything(bootstrap: str, topics: dict[str, str]) -> bool:
@@ -78,17 +63,7 @@ def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path:
     caller = Caller(kafka_bootstrap, topics, y)
     caller.start()
 
-    def publish() -> None:
-        prod = producer(kafka_bootstrap)
-        chunk = RATE // 10
-        for lo in range(0, N, chunk):
-            publish_instances(prod, topics["instances_topic"], X, y, range(lo, min(N, lo + chunk)))
-            time.sleep(0.1)
-        prod.flush()
-        prod.close()
-
-    publisher = threading.Thread(target=publish, daemon=True)
-    publisher.start()
+    publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
     rng = np.random.default_rng(20261130)
     proc = serve(kafka_bootstrap, topics, ckpt, log)
     kill_log = []

@@ -14,19 +14,16 @@ of a ranker that was live before it.
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-from daemon_harness import Caller, make_topics, producer, publish_instances, wait_until
+from daemon_harness import Caller, make_topics, serve_crashable, start_publisher, wait_until
 from test_crash_safety import committed_everything
 
 from streamlearn.datasets.synthetic import synthetic_stream
@@ -39,24 +36,12 @@ pytestmark = pytest.mark.integration
 
 N = 60_000
 RATE = 4_000
-REPO = Path(__file__).resolve().parents[2]
 
 
 def serve(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Path) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
-            "--topics-instances", topics["instances_topic"],
-            "--topics-feedback", topics["feedback_topic"],
-            "--topics-decisions", topics["decisions_topic"],
-            "--topics-dead-letter", topics["dead_letter_topic"],
-            "--checkpoint-dir", str(ckpt), "--checkpoint-every-events", "5000",
-            "--checkpoint-every-seconds", "2", "--metrics-port", "-1",
-            "--progress-seconds", "0", "--learner", "banditron", "--exploration", "fixed",
-            "--gamma", "0.2", "--seed", "5", "--join-window-seconds", "3600",
-            "--retrain-every-events", "3000", "--retrain-rankers", "rankboost",
-            "--retrain-window-rows", "2000", "--experience-segment-rows", "1000"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(log, "ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    return serve_crashable(bootstrap, topics, ckpt, log, "--retrain-every-events", "3000",
+                           "--retrain-rankers", "rankboost", "--retrain-window-rows", "2000",
+                           "--experience-segment-rows", "1000", gamma=0.2)
 
 
 def test_sigkill_during_retrain_and_rotation_keeps_the_log_exact(kafka_bootstrap: str,
@@ -67,17 +52,7 @@ def test_sigkill_during_retrain_and_rotation_keeps_the_log_exact(kafka_bootstrap
     caller = Caller(kafka_bootstrap, topics, y)
     caller.start()
 
-    def publish() -> None:
-        prod = producer(kafka_bootstrap)
-        chunk = RATE // 10
-        for lo in range(0, N, chunk):
-            publish_instances(prod, topics["instances_topic"], X, y, range(lo, min(N, lo + chunk)))
-            time.sleep(0.1)
-        prod.flush()
-        prod.close()
-
-    publisher = threading.Thread(target=publish, daemon=True)
-    publisher.start()
+    publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
     rng = np.random.default_rng(20261201)
     proc = serve(kafka_bootstrap, topics, ckpt, log)
     wait_until(lambda: "retrain 1: ranker" in log.read_text(), 120, "a first good ranker",
