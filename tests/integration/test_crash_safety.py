@@ -56,6 +56,23 @@ def committed_everything(bootstrap: str, topics: dict[str, str]) -> bool:
         consumer.close()
 
 
+def drain_and_stop(proc: subprocess.Popen[bytes], caller: Caller, bootstrap: str,
+                   topics: dict[str, str], n: int, log: Path) -> int:
+    """Wait until every id is decided and answered and all input is committed; then stop
+    ``serve`` with SIGTERM (final checkpoint) and the caller; the exit code."""
+    try:
+        wait_until(lambda: len(caller.first) == n, 300, "a decision for every id",
+                   lambda: f"{len(caller.first)} decided; log {log.read_text()[-2000:]}")
+        wait_until(lambda: len(caller.feedback_ids) == n, 60, "feedback for every decision")
+        wait_until(lambda: committed_everything(bootstrap, topics), 120,
+                   "the daemon to commit all input", interval_s=1.0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        caller.stop()
+    return code
+
+
 def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
     X, y = synthetic_stream(N, noise=0.05, seed=8)
     topics = make_topics(kafka_bootstrap)
@@ -82,16 +99,7 @@ def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path:
         kill_log.append(len(caller.first))
         proc = serve(kafka_bootstrap, topics, ckpt, log)
     publisher.join(120)
-    try:
-        wait_until(lambda: len(caller.first) == N, 300, "a decision for every id",
-                   lambda: f"{len(caller.first)} decided; log {log.read_text()[-2000:]}")
-        wait_until(lambda: len(caller.feedback_ids) == N, 60, "feedback for every decision")
-        wait_until(lambda: committed_everything(kafka_bootstrap, topics), 120,
-                   "the daemon to commit all input", interval_s=1.0)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
-        caller.stop()
+    code = drain_and_stop(proc, caller, kafka_bootstrap, topics, N, log)
     assert code == 0, log.read_text()[-3000:]
     assert caller.error is None
     print(f"decided ids at each kill: {kill_log}; decision messages {caller.n_decisions} "

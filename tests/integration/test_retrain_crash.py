@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import pytest
 from daemon_harness import Caller, make_topics, serve_crashable, start_publisher, wait_until
-from test_crash_safety import committed_everything
+from test_crash_safety import drain_and_stop
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.retrain.artifact import load_artifact
@@ -79,16 +79,7 @@ def test_sigkill_during_retrain_and_rotation_keeps_the_log_exact(kafka_bootstrap
         proc.wait(30)
         proc = serve(kafka_bootstrap, topics, ckpt, log)
     publisher.join(120)
-    try:
-        wait_until(lambda: len(caller.first) == N, 300, "a decision for every id",
-                   lambda: f"{len(caller.first)} decided; log {log.read_text()[-2000:]}")
-        wait_until(lambda: len(caller.feedback_ids) == N, 60, "feedback for every decision")
-        wait_until(lambda: committed_everything(kafka_bootstrap, topics), 120,
-                   "the daemon to commit all input", interval_s=1.0)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
-        caller.stop()
+    code = drain_and_stop(proc, caller, kafka_bootstrap, topics, N, log)
     text = log.read_text()
     assert code == 0, text[-3000:]
     assert caller.error is None and caller.mismatches == []
