@@ -136,3 +136,35 @@ def test_promotion_fires_when_and_only_when_the_lower_bound_wins(
         assert "promoted" in err and "rejected" in err
     else:
         assert not promoted, history
+
+
+@pytest.mark.needs_data
+def test_sigusr1_rolls_the_promoted_ranker_back(tmp_path: Path) -> None:
+    log = tmp_path / "serve.err"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(REPO), str(TESTS))),
+           "PLANTED_LOG_DIR": str(tmp_path / "experience")}
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlearn", "serve", "--checkpoint-dir", str(tmp_path),
+             "--progress-seconds", "0", "--embedded-dataset", "pendigits",
+             "--retrain-every-events", "3000", "--retrain-rankers", "planted:CentroidOracle",
+             "--retrain-policy", "ranker", "--exploration", "fixed", "--gamma", "0.3",
+             "--embedded-rate", "3000", "--metrics-port", "-1"],
+            stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while "promoted (" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "promoted (" in log.read_text(), log.read_text()[-2000:]
+        proc.send_signal(signal.SIGUSR1)
+        while "rolled back" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert proc.poll() is None  # a rollback does not stop the daemon
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    text = log.read_text()
+    assert code == 0 and "rolled back" in text and "now the online learner" in text, text[-2000:]
+    state = read_ranker_state(tmp_path / "rankers")
+    rollbacks = [entry for entry in state["history"] if "rolled_back" in entry]
+    assert len(rollbacks) == 1 and rollbacks[0]["promoted_now"] is None
