@@ -6,6 +6,10 @@ Policies (``--policy``, repeatable): ``learner`` (the logged greedy action),
 ``ranker:NAME`` (the newest artifact ``NAME-v<version>`` in ``--artifacts``,
 default ``LOG_DIR/../rankers``) or ``ranker:PATH`` (an artifact directory).
 
+``--retrain V`` evaluates on exactly the held-out slice the daemon's retrain ``V``
+used (its segments, rows, held-out fraction and clip, from ``rankers/state.json``
+beside the log), so its estimates are the ones the loop exported.
+
 Rows: by default every row of the chosen segments; with ``--holdout-only`` the
 held-out slice of the retrainer (:func:`~streamlearn.evaluation.policies.holdout_mask`
 with ``--holdout-fraction``), so the same segments, clip and level reproduce
@@ -67,6 +71,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--artifacts", default=None, metavar="DIR",
                         help="where ranker:NAME is looked up (default: LOG_DIR/../rankers)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--retrain", type=int, default=None, metavar="V",
+                        help="the window and held-out slice of the daemon's retrain V "
+                             "(from <artifacts>/state.json)")
     parser.set_defaults(run=run)
 
 
@@ -140,8 +147,32 @@ def _reward_model(rows: ExperienceRows, held: np.ndarray, holdout_only: bool) ->
     return out
 
 
+def _use_retrain_window(args: argparse.Namespace) -> None:
+    """Set segments, rows, held-out slice and clip to those of the daemon's retrain ``V``."""
+    if args.segments is not None or args.max_rows is not None:
+        raise ConfigError("Expected either --retrain or --segments / --max-rows. Got both.")
+    artifacts = Path(args.artifacts) if args.artifacts else Path(args.log_dir).parent / "rankers"
+    state_file = artifacts / "state.json"
+    try:
+        history = orjson.loads(state_file.read_bytes()).get("history", [])
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ConfigError(f"Expected the retrain history {state_file}. Got: {exc}.") from exc
+    entry = next((e for e in history if e.get("version") == args.retrain and e.get("segments")),
+                 None)
+    if entry is None:
+        known = [e["version"] for e in history if e.get("segments")]
+        raise ConfigError(f"Expected --retrain to name a retrain in {state_file}: one of "
+                          f"{known}. Got {args.retrain}.")
+    first, last = entry["segments"]
+    args.segments, args.max_rows, args.holdout_only = f"{first}:{last}", entry["rows"], True
+    args.holdout_fraction = entry.get("holdout_fraction") or args.holdout_fraction
+    args.clip = entry.get("clip") or args.clip
+
+
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON report of ``streamlearn evaluate`` (policy → estimator → estimate)."""
+    if getattr(args, "retrain", None) is not None:
+        _use_retrain_window(args)
     estimators = _estimators(args.estimator)
     first, last = parse_segments(args.segments)
     log_dir = Path(args.log_dir)

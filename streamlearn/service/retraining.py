@@ -318,6 +318,8 @@ class Retraining:
         entry = {"version": result.get("version"), "started": self._last_start,
                  "at": self.wall_clock(), "duration_seconds": result.get("duration_seconds"),
                  "segments": result.get("segments"), "rows": result.get("rows"),
+                 "holdout_fraction": result.get("holdout_fraction"), "clip": result.get("clip"),
+                 "level": result.get("level"),
                  "estimates": result.get("estimates"),
                  "held_out": result.get("heldout_rows"), "ranker": best,
                  "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),

@@ -85,11 +85,10 @@ def test_retraining_on_letter_reaches_prometheus(prometheus: Callable[..., Any],
     assert len(rows.ids) == len(set(rows.ids)) > 25_000  # every learned decision, once
     # `streamlearn evaluate` on the same log reproduces what the loop estimated
     last = state["history"][-1]
-    first, final = last["segments"]
     out = subprocess.run(
         [sys.executable, "-m", "streamlearn", "evaluate", str(tmp_path / "experience"),
-         "--segments", f"{first}:{final}", "--max-rows", str(last["rows"]), "--holdout-only",
-         "--policy", "learner", "--policy", "uniform", "--estimator", "snips,dr", "--json"],
+         "--retrain", str(last["version"]), "--policy", "learner", "--policy", "uniform",
+         "--estimator", "snips,dr", "--json"],
         capture_output=True, text=True, check=True, cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
     report = orjson.loads(out)

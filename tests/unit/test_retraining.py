@@ -74,7 +74,8 @@ def run(daemon: Daemon, caller: Caller, clock: Clock, lo: int, hi: int, block: i
             daemon.step()
 
 
-def test_retrains_on_schedule_and_decisions_carry_the_live_ranking(tmp_path: Path) -> None:
+def test_retrains_on_schedule_and_decisions_carry_the_live_ranking(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     broker, clock = InMemoryBroker(2), Clock()
     transport = InMemoryTransport(broker=broker, partitions=2)
     observer = Recorder()
@@ -102,6 +103,19 @@ def test_retrains_on_schedule_and_decisions_carry_the_live_ranking(tmp_path: Pat
     by_id = {d["id"]: d for d in decisions}
     assert all(by_id[i]["action"] == a for i, a in zip(rows.ids, rows.actions.tolist(), strict=True))
     assert np.allclose(rows.propensities, [by_id[i]["prob"] for i in rows.ids], rtol=1e-6)
+    # `streamlearn evaluate --retrain V` reproduces what the loop estimated in retrain V
+    from streamlearn.cli import main
+
+    entry = state["history"][1]
+    assert main(["evaluate", str(tmp_path / "experience"), "--retrain", str(entry["version"]),
+                 "--policy", "learner", "--policy", "best_constant", "--estimator", "snips,dr",
+                 "--json"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    for policy in ("learner", "best_constant"):
+        for estimator in ("snips", "dr"):
+            assert report["estimates"][policy][estimator] == entry["estimates"][policy][estimator]
+    assert main(["evaluate", str(tmp_path / "experience"), "--retrain", "999"]) == 2
+    assert "one of" in capsys.readouterr().err
 
 
 def test_a_restart_neither_loses_nor_duplicates_log_rows(tmp_path: Path) -> None:
