@@ -164,6 +164,10 @@ def _stored_dense(arrays: dict[str, np.ndarray]) -> np.ndarray:
 def _read_segment(path: Path) -> ExperienceRows | None:
     """One segment, or None if retention deleted it meanwhile."""
     try:
+        if not zipfile.is_zipfile(path):
+            if not path.exists():
+                return None  # deleted by retention meanwhile
+            raise StateError(f"{path} is not a readable experience segment: not an .npz archive.")
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
     except FileNotFoundError:
