@@ -44,7 +44,7 @@ import numpy as np
 import orjson
 
 from streamlearn.engine import best_first
-from streamlearn.errors import StateError
+from streamlearn.errors import DataError, StateError
 from streamlearn.features import Batch, take_rows
 from streamlearn.retrain.artifact import RankerArtifact, list_artifacts, load_artifact
 from streamlearn.retrain.joint import action_scores
@@ -158,6 +158,7 @@ class Retraining:
         self._last_start = wall_clock()
         self.failures = 0
         self.retrains = 0
+        self.skipped = 0
         self._rollback_requested = False
 
     # ----------------------------------------------------------------- restore
@@ -278,6 +279,10 @@ class Retraining:
         except BrokenProcessPool as exc:
             self._failed(f"the worker process died ({exc}); starting a new one")
             self._restart_worker()
+            return
+        except DataError as exc:  # e.g. no rewarded row yet: nothing to learn, not a failure
+            self.skipped += 1
+            log.warning("retrain skipped: %s", exc)
             return
         except Exception as exc:  # a bug or bad data in a ranker: counted, the loop goes on
             log.exception("retrain failed")

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+import test_daemon_fake as f
 from test_daemon_fake import Caller, Clock, learner, settings
 
 from streamlearn.errors import ConfigError
@@ -151,6 +152,25 @@ def test_a_failing_retrain_is_counted_and_the_loop_goes_on(tmp_path: Path) -> No
     run(daemon, caller, clock, 0, 800)
     assert observer.failures >= 2 and observer.retrains == []
     assert daemon.counters.instances == 800
+
+
+def test_a_window_without_rewards_is_skipped_not_failed(tmp_path: Path) -> None:
+    """Nothing rewarded yet (every decision answered 0): no ranker can learn; the retrain is
+    skipped, which is not a failure (it would page someone)."""
+    broker, clock = InMemoryBroker(2), Clock()
+    observer = Recorder()
+    daemon = Daemon(retrain_settings(tmp_path), InMemoryTransport(broker=broker, partitions=2),
+                    learner(), observer, clock)
+    daemon.restore()
+    caller = Caller(broker)
+    original = f.Y.copy()
+    f.Y[:] = -1  # no action is ever the label: every reward is 0
+    try:
+        run(daemon, caller, clock, 0, 700)
+    finally:
+        f.Y[:] = original
+    assert daemon.retraining is not None and daemon.retraining.skipped >= 1
+    assert observer.failures == 0 and observer.retrains == []
 
 
 def test_an_unknown_ranker_is_a_config_error_at_start(tmp_path: Path) -> None:
