@@ -113,3 +113,34 @@ def test_hostile_client_with_a_sigkill(kafka_bootstrap: str, tmp_path: Path,
     state = json.loads(done.stdout)
     assert state["other"]["counters"]["feedback"]["joined"] == run.feedback_sent
     assert "Traceback" not in run.log
+
+
+def test_hostile_client_with_retraining_and_a_sigkill(kafka_bootstrap: str,
+                                                       tmp_path: Path) -> None:
+    """The same outside client, hostile messages and SIGKILL, with the rankers retraining
+    (issue 10): rankings stay inside the masks, the experience log holds every answered
+    decision once with finite contexts, and no retrain fails."""
+    names = topics(kafka_bootstrap, "hostile-retrain")
+    run = play(kafka_bootstrap, names, tmp_path, free_port(), PROBLEM, backlog_at=KILL_AT,
+               backlog=BACKLOG, kill=True, hostile=200,
+               extra=("--retrain-every-events", "2000", "--experience-segment-rows", "700"))
+    valid = [h for h in run.hostile if h[2]]
+    ranked = 0
+    for event_id, value, _ in valid:
+        decision, allowed = run.first[str(event_id)], orjson.loads(value).get("actions")
+        if "ranking" in decision:
+            ranked += 1
+            expected = sorted(allowed) if allowed is not None else list(range(PROBLEM.k))
+            assert sorted(decision["ranking"]) == expected, decision
+    late = [run.first[f"o{i}"] for i in range(PROBLEM.n - 2000, PROBLEM.n)]
+    assert ranked > 0 and all("ranking" in d for d in late)
+
+    from streamlearn.service.retraining import read_ranker_state
+    from streamlearn.stream.experience import read_experience
+
+    rows = read_experience(tmp_path / "ckpt" / "experience")
+    assert len(rows.ids) == len(set(rows.ids)) == run.feedback_sent
+    assert np.isfinite(rows.X).all() and np.abs(rows.X).max() <= 1e12
+    history = read_ranker_state(tmp_path / "ckpt" / "rankers")["history"]
+    assert len(history) >= 3
+    assert "retrain failed" not in run.log and "Traceback" not in run.log
