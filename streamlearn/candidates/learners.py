@@ -1,0 +1,167 @@
+"""Learners over candidate sets: one shared model scores φ(context, candidate).
+
+Every learner here decides a batch of requests with different candidate counts by
+segment operations on the (N,) candidate scores — per-request argmax, inverse gap
+weighting, ε-mixing and inverse-CDF sampling, with one keyed uniform per request
+(:mod:`streamlearn.learners.randomness`) — and learns from the chosen rows' φ,
+reward and logged propensity. What the fixed-action learners become here:
+
+* **ε-greedy** (:class:`CandidateEpsilonGreedy`): the greedy candidate by the
+  shared regression oracle gets 1 − ε, every candidate of the request ε/n.
+* **SquareCB** (:class:`CandidateSquareCB`): inverse gap weighting over the
+  request's candidates, p_c = 1/(n + λ_t (μ̂_best − μ̂_c)), λ_t = greediness·√(n·t)
+  (Foster & Rakhlin's schedule with n the request's candidate count, t the
+  number of requests seen); the best gets the rest.
+* **LinUCB** (:class:`CandidateLinUCB`): a shared ridge posterior (A = λI + Σ φφᵀ,
+  b = Σ rφ); the candidate with the largest θ·φ + α·√(φᵀA⁻¹φ) is exploited, and
+  a floor ε spread over the request keeps every logged propensity positive
+  (so the log is usable for off-policy evaluation and retraining).
+
+The oracle (:class:`~streamlearn.learners.oracle.RegressionOracle` with one
+output) is the same normalised, importance-invariant AdaGrad regression the
+fixed-action learners use, with its intercept the best constant when nothing
+else is learnable.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from streamlearn.candidates.joint import joint_dim, joint_features
+from streamlearn.candidates.sets import CandidateSets, segment_argmax, segment_sample
+from streamlearn.learners import randomness
+from streamlearn.learners.base import check_float
+from streamlearn.learners.oracle import RegressionOracle
+
+__all__ = ["CandidateEpsilonGreedy", "CandidateLearner", "CandidateLinUCB", "CandidateSquareCB",
+           "Decision"]
+
+
+class Decision:
+    """One decided batch: ``chosen`` (B,) global candidate rows, ``probs`` (N,) each
+    candidate's probability, ``phi`` (N, D) the joint features."""
+
+    __slots__ = ("chosen", "phi", "probs")
+
+    def __init__(self, chosen: np.ndarray, probs: np.ndarray, phi: np.ndarray) -> None:
+        self.chosen, self.probs, self.phi = chosen, probs, phi
+
+    @property
+    def propensities(self) -> np.ndarray:
+        return np.asarray(self.probs[self.chosen])
+
+
+class CandidateLearner:
+    """Shared machinery: joint features, keyed sampling, the round counter."""
+
+    def __init__(self, d_x: int, d_c: int, seed: int = 0) -> None:
+        self.d_x, self.d_c, self.seed = int(d_x), int(d_c), int(seed)
+        self.dim = joint_dim(self.d_x, self.d_c)
+        self.n_requests_ = 0
+
+    def scores(self, phi: np.ndarray) -> np.ndarray:
+        """(N,) the model's estimate of each candidate's reward."""
+        raise NotImplementedError
+
+    def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
+        """(N,) sampling probabilities, summing to 1 within each request."""
+        raise NotImplementedError
+
+    def decide(self, sets: CandidateSets, keys: object = None) -> Decision:
+        """Choose one candidate per request; keys (default: round numbers) seed the draws."""
+        phi = joint_features(sets)
+        probs = self.distribution(sets, phi)
+        B = len(sets)
+        rounds = np.arange(self.n_requests_, self.n_requests_ + B)
+        uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
+        self.n_requests_ += B
+        return Decision(segment_sample(probs, sets.offsets, uniforms), probs, phi)
+
+    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray) -> None:
+        """Learn from the chosen rows' φ (B, D), rewards (B,) and logged propensities (B,)."""
+        raise NotImplementedError
+
+
+def _mix_uniform(sets: CandidateSets, greedy: np.ndarray, epsilon: float) -> np.ndarray:
+    probs = np.repeat(epsilon / sets.sizes, sets.sizes)
+    probs[greedy] += 1.0 - epsilon
+    return probs
+
+
+class _OracleLearner(CandidateLearner):
+    def __init__(self, d_x: int, d_c: int, lr: float, seed: int, owner: str) -> None:
+        super().__init__(d_x, d_c, seed)
+        self.oracle = RegressionOracle(1, self.dim, "squared", lr, owner=owner)
+
+    def scores(self, phi: np.ndarray) -> np.ndarray:
+        return np.asarray(self.oracle.predict(phi)[:, 0])
+
+    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray) -> None:
+        B = len(rewards)
+        self.oracle.update(phi, np.zeros((B, 1), dtype=np.int64),
+                           np.asarray(rewards, dtype=np.float64).reshape(B, 1), np.ones((B, 1)))
+
+
+class CandidateEpsilonGreedy(_OracleLearner):
+    """ε-greedy over a request's candidates on the shared regression oracle."""
+
+    def __init__(self, d_x: int, d_c: int, epsilon: float = 0.05, lr: float = 0.5,
+                 seed: int = 0) -> None:
+        super().__init__(d_x, d_c, lr, seed, "CandidateEpsilonGreedy")
+        self.epsilon = check_float("CandidateEpsilonGreedy", "epsilon", epsilon, 0.0, 1.0,
+                                   low_open=False)
+
+    def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
+        return _mix_uniform(sets, segment_argmax(self.scores(phi), sets.offsets), self.epsilon)
+
+
+class CandidateSquareCB(_OracleLearner):
+    """SquareCB (inverse gap weighting) over a request's candidates."""
+
+    def __init__(self, d_x: int, d_c: int, greediness: float = 1.0, lr: float = 0.5,
+                 seed: int = 0) -> None:
+        super().__init__(d_x, d_c, lr, seed, "CandidateSquareCB")
+        self.greediness = check_float("CandidateSquareCB", "greediness", greediness, 0.0, 1e6)
+
+    def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
+        mu = np.clip(self.scores(phi), 0.0, 1.0)
+        best = segment_argmax(mu, sets.offsets)
+        sizes = np.repeat(sets.sizes, sets.sizes).astype(np.float64)
+        rounds = self.n_requests_ + 1 + sets.request_of
+        lam = self.greediness * np.sqrt(sizes * rounds)
+        gap = np.repeat(mu[best], sets.sizes) - mu
+        probs = 1.0 / (sizes + lam * gap)
+        probs[best] = 0.0
+        totals = np.add.reduceat(probs, sets.offsets[:-1])
+        probs[best] = 1.0 - totals
+        return np.asarray(probs)
+
+
+class CandidateLinUCB(CandidateLearner):
+    """A shared ridge posterior; the exploit candidate maximises θ·φ + α·√(φᵀA⁻¹φ)."""
+
+    def __init__(self, d_x: int, d_c: int, alpha: float = 0.5, ridge: float = 1.0,
+                 epsilon: float = 0.02, seed: int = 0) -> None:
+        super().__init__(d_x, d_c, seed)
+        self.alpha = check_float("CandidateLinUCB", "alpha", alpha, 0.0, 100.0, low_open=False)
+        self.ridge = check_float("CandidateLinUCB", "ridge", ridge, 0.0, math.inf)
+        self.epsilon = check_float("CandidateLinUCB", "epsilon", epsilon, 0.0, 1.0, low_open=False)
+        self.A_inv_ = np.eye(self.dim) / self.ridge
+        self.b_ = np.zeros(self.dim)
+
+    def scores(self, phi: np.ndarray) -> np.ndarray:
+        return np.asarray(phi @ (self.A_inv_ @ self.b_))
+
+    def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
+        width = np.sqrt(np.maximum(np.einsum("nd,de,ne->n", phi, self.A_inv_, phi), 0.0))
+        upper = self.scores(phi) + self.alpha * width
+        return _mix_uniform(sets, segment_argmax(upper, sets.offsets), self.epsilon)
+
+    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray) -> None:
+        # one Woodbury step for the whole batch: (A + ΦᵀΦ)⁻¹ = A⁻¹ − A⁻¹Φᵀ(I + ΦA⁻¹Φᵀ)⁻¹ΦA⁻¹
+        P = phi @ self.A_inv_
+        inner = np.eye(len(phi)) + P @ phi.T
+        self.A_inv_ = self.A_inv_ - P.T @ np.linalg.solve(inner, P)
+        self.b_ = self.b_ + phi.T @ np.asarray(rewards, dtype=np.float64)

@@ -1,0 +1,78 @@
+"""Replay a candidate-set stream through a candidate learner: online error, regret, speed.
+
+Requests are decided in micro-batches of ``batch_size`` and every decision is
+answered at once with the chosen candidate's reward from the stream (the
+candidate-set counterpart of :func:`streamlearn.replay.replay` with immediate
+feedback). Error is the mean of 1 − reward of the played candidates; regret is
+Σ (best expected reward of the request − expected reward of the played
+candidate), exact when the stream knows its expected rewards (synthetic), and
+against the realised rewards otherwise.
+
+>>> from streamlearn.candidates.learners import CandidateSquareCB
+>>> rng = np.random.default_rng(0)
+>>> sizes = rng.integers(2, 6, 2000); offsets = np.concatenate([[0], np.cumsum(sizes)])
+>>> items = rng.normal(size=(offsets[-1], 3)); rewards = (items[:, 0] > 0).astype(float)
+>>> sets = CandidateSets(np.zeros((2000, 0)), items, offsets, rewards)
+>>> result = replay_candidates(CandidateSquareCB(0, 3), sets, batch_size=32)
+>>> bool(result.error_rate < 0.5 * (1 - rewards.mean()))  # far better than picking at random
+True
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamlearn.candidates.learners import CandidateLearner
+from streamlearn.candidates.sets import CandidateSets, segment_argmax
+from streamlearn.errors import ConfigError
+
+__all__ = ["CandidateReplay", "replay_candidates"]
+
+
+@dataclass
+class CandidateReplay:
+    """What one replay measured."""
+
+    requests: int
+    error_rate: float
+    mean_regret: float
+    seconds: float
+    chosen: np.ndarray  # (B,) global candidate rows played
+    propensities: np.ndarray  # (B,) their logged probabilities
+
+    @property
+    def requests_per_second(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else float("inf")
+
+
+def replay_candidates(learner: CandidateLearner, stream: CandidateSets, batch_size: int = 32,
+                      expected: np.ndarray | None = None) -> CandidateReplay:
+    """Decide every request of ``stream`` (which carries rewards), learning as it goes.
+
+    ``expected`` (N,): expected rewards when known, for exact regret.
+    """
+    if stream.rewards is None:
+        raise ConfigError("Expected a stream with a reward per candidate. Got none.")
+    if batch_size < 1:
+        raise ConfigError(f"Expected batch_size >= 1. Got {batch_size}.")
+    value = stream.rewards if expected is None else np.asarray(expected, dtype=np.float64)
+    B = len(stream)
+    chosen = np.empty(B, dtype=np.int64)
+    propensities = np.empty(B)
+    started = time.perf_counter()
+    for lo in range(0, B, batch_size):
+        hi = min(B, lo + batch_size)
+        first, last = stream.offsets[lo], stream.offsets[hi]
+        batch = CandidateSets(stream.context[lo:hi], stream.items[first:last],
+                              stream.offsets[lo:hi + 1] - first)
+        decision = learner.decide(batch)
+        rows = decision.chosen
+        learner.update(decision.phi[rows], stream.rewards[first + rows], decision.propensities)
+        chosen[lo:hi], propensities[lo:hi] = first + rows, decision.propensities
+    seconds = time.perf_counter() - started
+    best = value[segment_argmax(value, stream.offsets)]
+    return CandidateReplay(B, float(np.mean(1.0 - stream.rewards[chosen])),
+                           float(np.mean(best - value[chosen])), seconds, chosen, propensities)

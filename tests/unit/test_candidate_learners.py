@@ -1,0 +1,158 @@
+"""Candidate-set learners: distributions, naive per-request references, unbiased draws, learning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamlearn.candidates.joint import joint_features
+from streamlearn.candidates.learners import (
+    CandidateEpsilonGreedy,
+    CandidateLearner,
+    CandidateLinUCB,
+    CandidateSquareCB,
+)
+from streamlearn.candidates.replay import replay_candidates
+from streamlearn.candidates.sets import CandidateSets, segment_argmax, segment_sample
+
+D_X, D_C = 2, 3
+
+
+def learners() -> list[CandidateLearner]:
+    return [CandidateEpsilonGreedy(D_X, D_C, seed=1), CandidateSquareCB(D_X, D_C, seed=1),
+            CandidateLinUCB(D_X, D_C, seed=1)]
+
+
+def random_sets(rng: np.random.Generator, n_requests: int, max_size: int = 8) -> CandidateSets:
+    sizes = rng.integers(1, max_size + 1, n_requests)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    return CandidateSets(rng.normal(size=(n_requests, D_X)), rng.normal(size=(offsets[-1], D_C)),
+                         offsets, rng.random(offsets[-1]))
+
+
+def trained(learner: CandidateLearner, seed: int) -> CandidateLearner:
+    rng = np.random.default_rng(seed)
+    sets = random_sets(rng, 40)
+    decision = learner.decide(sets)
+    rows = decision.chosen
+    assert sets.rewards is not None
+    learner.update(decision.phi[rows], sets.rewards[rows], decision.propensities)
+    return learner
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 30))
+def test_every_request_gets_a_distribution_over_its_own_candidates(seed: int, n: int) -> None:
+    rng = np.random.default_rng(seed)
+    sets = random_sets(rng, n)
+    for learner in learners():
+        decision = trained(learner, seed).decide(sets)
+        probs = decision.probs
+        assert np.isfinite(probs).all() and (probs >= -1e-12).all()
+        np.testing.assert_allclose(np.add.reduceat(probs, sets.offsets[:-1]), 1.0, atol=1e-9)
+        request = sets.request_of[decision.chosen]
+        assert (request == np.arange(n)).all()  # each request plays one of its own candidates
+        assert (decision.propensities > 0).all()
+
+
+def naive_probabilities(learner: CandidateLearner, sets: CandidateSets) -> np.ndarray:
+    """The per-request algorithm written as a plain loop (ALGORITHMS: batch of 1 = reference)."""
+    phi = joint_features(sets)
+    out = []
+    for r in range(len(sets)):
+        rows = phi[sets.offsets[r]:sets.offsets[r + 1]]
+        n = len(rows)
+        if isinstance(learner, CandidateLinUCB):
+            theta = learner.A_inv_ @ learner.b_
+            upper = [float(x @ theta + learner.alpha * np.sqrt(x @ learner.A_inv_ @ x)) for x in rows]
+            p = [learner.epsilon / n] * n
+            p[int(np.argmax(upper))] += 1 - learner.epsilon
+        else:
+            mu = [float(learner.oracle.predict(x[None, :])[0, 0]) for x in rows]
+            if isinstance(learner, CandidateSquareCB):
+                mu = [min(max(m, 0.0), 1.0) for m in mu]
+                best = int(np.argmax(mu))
+                lam = learner.greediness * np.sqrt(n * (learner.n_requests_ + 1 + r))
+                p = [1.0 / (n + lam * (mu[best] - m)) for m in mu]
+                p[best] = 0.0
+                p[best] = 1.0 - sum(p)
+            else:
+                assert isinstance(learner, CandidateEpsilonGreedy)
+                p = [learner.epsilon / n] * n
+                p[int(np.argmax(mu))] += 1 - learner.epsilon
+        out.extend(p)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_batched_decisions_equal_the_per_request_reference(index: int) -> None:
+    rng = np.random.default_rng(5)
+    sets = random_sets(rng, 25)
+    learner = trained(learners()[index], 3)
+    expected = naive_probabilities(learner, sets)
+    np.testing.assert_allclose(learner.distribution(sets, joint_features(sets)), expected,
+                               rtol=1e-9, atol=1e-12)
+
+
+def test_linucb_batch_update_is_the_ridge_posterior() -> None:
+    rng = np.random.default_rng(2)
+    learner = CandidateLinUCB(D_X, D_C, ridge=2.0)
+    phis, rewards = [], []
+    for _ in range(3):
+        phi, r = rng.normal(size=(7, learner.dim)), rng.random(7)
+        learner.update(phi, r, np.ones(7))
+        phis.append(phi)
+        rewards.append(r)
+    Phi, R = np.vstack(phis), np.concatenate(rewards)
+    np.testing.assert_allclose(learner.A_inv_, np.linalg.inv(2.0 * np.eye(learner.dim) + Phi.T @ Phi),
+                               atol=1e-10)
+    np.testing.assert_allclose(learner.b_, Phi.T @ R)
+
+
+def test_logged_propensities_are_the_sampling_frequencies() -> None:
+    """One request decided 30,000 times with different keys: frequencies match probs (χ²)."""
+    learner = trained(CandidateSquareCB(D_X, D_C, seed=7), 1)
+    rng = np.random.default_rng(9)
+    one = random_sets(rng, 1, max_size=6)
+    n = 30_000
+    many = one.take(np.zeros(n, dtype=np.int64))
+    learner.n_requests_ = 10**6  # every copy at (almost) the same round: one distribution
+    decision = learner.decide(many, keys=np.arange(n))
+    p = decision.probs[: one.sizes[0]]
+    counts = np.bincount(decision.chosen % one.sizes[0], minlength=one.sizes[0])
+    keep = p > 0
+    chi2 = float((((counts[keep] - n * p[keep]) ** 2) / (n * p[keep])).sum())
+    assert chi2 < 20.5  # χ² with ≤ 5 degrees of freedom at p = 0.001
+
+
+def test_segment_sampling_matches_the_distribution() -> None:
+    probs = np.array([0.2, 0.8, 0.0, 1.0, 0.0, 0.5, 0.25, 0.25])
+    offsets = np.array([0, 2, 5, 8])
+    u = np.random.default_rng(0).random((20_000, 3))
+    picks = np.stack([segment_sample(probs, offsets, row) for row in u])
+    assert (picks[:, 1] == 3).all()  # zero-probability candidates are never drawn
+    freq = np.bincount(picks.ravel(), minlength=8) / 20_000
+    np.testing.assert_allclose(freq, probs, atol=0.015)
+    assert segment_argmax(np.array([np.nan, 1.0, 1.0]), np.array([0, 3])).tolist() == [1]
+
+
+def linear_stream(n: int, seed: int) -> tuple[CandidateSets, np.ndarray]:
+    """Bernoulli rewards with a known logistic-linear mean in φ(x, c) (exact regret)."""
+    rng = np.random.default_rng(seed)
+    sets = random_sets(rng, n, max_size=10)
+    theta = rng.normal(size=joint_features(sets).shape[1]) * 1.5
+    expected = 1.0 / (1.0 + np.exp(-(joint_features(sets) @ theta)))
+    sets.rewards = (rng.random(len(expected)) < expected).astype(float)
+    return sets, expected
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_each_learner_has_far_less_regret_than_playing_at_random(index: int) -> None:
+    sets, expected = linear_stream(20_000, seed=4)
+    result = replay_candidates(learners()[index], sets, batch_size=32, expected=expected)
+    best = expected[segment_argmax(expected, sets.offsets)]
+    uniform_regret = float(np.mean(best - np.add.reduceat(expected, sets.offsets[:-1]) / sets.sizes))
+    print(type(learners()[index]).__name__, result.mean_regret, uniform_regret)
+    assert result.mean_regret < 0.15 * uniform_regret
