@@ -12,6 +12,13 @@ reward and logged propensity. What the fixed-action learners become here:
   request's candidates, p_c = 1/(n + λ_t (μ̂_best − μ̂_c)), λ_t = greediness·√(n·t)
   (Foster & Rakhlin's schedule with n the request's candidate count, t the
   number of requests seen); the best gets the rest.
+* **Banditron** (:class:`CandidateBanditron`): the multiclass weight matrix W
+  becomes one shared vector w over φ (the fixed-action case is φ(x, a) = x ⊗ e_a,
+  where w·φ = W_a·x); ĉ = argmax w·φ(x, c) over the request's candidates, play
+  c̃ ~ (1 − γ)·1[c = ĉ] + γ/n, and on feedback
+  w += φ(x, c̃)·r/P(c̃) − φ(x, ĉ) — the Banditron update, whose expectation is
+  the Perceptron's with the "label" being a rewarded candidate. n varies per
+  request, so the uniform share is γ/n of that request.
 * **LinUCB** (:class:`CandidateLinUCB`): a shared ridge posterior (A = λI + Σ φφᵀ,
   b = Σ rφ); the candidate with the largest θ·φ + α·√(φᵀA⁻¹φ) is exploited, and
   a floor ε spread over the request keeps every logged propensity positive
@@ -35,18 +42,20 @@ from streamlearn.learners import randomness
 from streamlearn.learners.base import check_float
 from streamlearn.learners.oracle import RegressionOracle
 
-__all__ = ["CandidateEpsilonGreedy", "CandidateLearner", "CandidateLinUCB", "CandidateSquareCB",
-           "Decision"]
+__all__ = ["CandidateBanditron", "CandidateEpsilonGreedy", "CandidateLearner", "CandidateLinUCB",
+           "CandidateSquareCB", "Decision"]
 
 
 class Decision:
-    """One decided batch: ``chosen`` (B,) global candidate rows, ``probs`` (N,) each
-    candidate's probability, ``phi`` (N, D) the joint features."""
+    """One decided batch: ``chosen`` (B,) global candidate rows, ``exploit`` (B,) the
+    most probable candidate of each request, ``probs`` (N,) each candidate's
+    probability, ``phi`` (N, D) the joint features."""
 
-    __slots__ = ("chosen", "phi", "probs")
+    __slots__ = ("chosen", "exploit", "phi", "probs")
 
-    def __init__(self, chosen: np.ndarray, probs: np.ndarray, phi: np.ndarray) -> None:
-        self.chosen, self.probs, self.phi = chosen, probs, phi
+    def __init__(self, chosen: np.ndarray, probs: np.ndarray, phi: np.ndarray,
+                 exploit: np.ndarray) -> None:
+        self.chosen, self.probs, self.phi, self.exploit = chosen, probs, phi, exploit
 
     @property
     def propensities(self) -> np.ndarray:
@@ -77,10 +86,14 @@ class CandidateLearner:
         rounds = np.arange(self.n_requests_, self.n_requests_ + B)
         uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
         self.n_requests_ += B
-        return Decision(segment_sample(probs, sets.offsets, uniforms), probs, phi)
+        return Decision(segment_sample(probs, sets.offsets, uniforms), probs, phi,
+                        segment_argmax(probs, sets.offsets))
 
-    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray) -> None:
-        """Learn from the chosen rows' φ (B, D), rewards (B,) and logged propensities (B,)."""
+    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
+               exploit_phi: np.ndarray | None = None) -> None:
+        """Learn from the chosen rows' φ (B, D), rewards (B,) and logged propensities (B,);
+        ``exploit_phi`` (B, D): φ of each request's exploit candidate (the Banditron's
+        update needs it; the others ignore it)."""
         raise NotImplementedError
 
 
@@ -98,7 +111,8 @@ class _OracleLearner(CandidateLearner):
     def scores(self, phi: np.ndarray) -> np.ndarray:
         return np.asarray(self.oracle.predict(phi)[:, 0])
 
-    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray) -> None:
+    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
+               exploit_phi: np.ndarray | None = None) -> None:
         B = len(rewards)
         self.oracle.update(phi, np.zeros((B, 1), dtype=np.int64),
                            np.asarray(rewards, dtype=np.float64).reshape(B, 1), np.ones((B, 1)))
@@ -139,6 +153,30 @@ class CandidateSquareCB(_OracleLearner):
         return np.asarray(probs)
 
 
+class CandidateBanditron(CandidateLearner):
+    """The Banditron over candidate sets with one shared weight vector (module docstring)."""
+
+    def __init__(self, d_x: int, d_c: int, gamma: float = 0.05, seed: int = 0) -> None:
+        super().__init__(d_x, d_c, seed)
+        self.gamma = check_float("CandidateBanditron", "gamma", gamma, 0.0, 0.5)
+        self.weights_ = np.zeros(self.dim)
+
+    def scores(self, phi: np.ndarray) -> np.ndarray:
+        return np.asarray(phi @ self.weights_)
+
+    def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
+        return _mix_uniform(sets, segment_argmax(self.scores(phi), sets.offsets), self.gamma)
+
+    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
+               exploit_phi: np.ndarray | None = None) -> None:
+        if exploit_phi is None:
+            raise ValueError("CandidateBanditron.update needs the exploit candidates' φ.")
+        gain = np.asarray(rewards, dtype=np.float64) / np.asarray(propensities, dtype=np.float64)
+        step = gain @ phi - exploit_phi.sum(axis=0)
+        if np.isfinite(step).all():  # a non-finite step is skipped, never applied
+            self.weights_ = self.weights_ + step
+
+
 class CandidateLinUCB(CandidateLearner):
     """A shared ridge posterior; the exploit candidate maximises θ·φ + α·√(φᵀA⁻¹φ)."""
 
@@ -159,7 +197,8 @@ class CandidateLinUCB(CandidateLearner):
         upper = self.scores(phi) + self.alpha * width
         return _mix_uniform(sets, segment_argmax(upper, sets.offsets), self.epsilon)
 
-    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray) -> None:
+    def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
+               exploit_phi: np.ndarray | None = None) -> None:
         # one Woodbury step for the whole batch: (A + ΦᵀΦ)⁻¹ = A⁻¹ − A⁻¹Φᵀ(I + ΦA⁻¹Φᵀ)⁻¹ΦA⁻¹
         P = phi @ self.A_inv_
         inner = np.eye(len(phi)) + P @ phi.T

@@ -70,7 +70,8 @@ def replay_candidates(learner: CandidateLearner, stream: CandidateSets, batch_si
                               stream.offsets[lo:hi + 1] - first)
         decision = learner.decide(batch)
         rows = decision.chosen
-        learner.update(decision.phi[rows], stream.rewards[first + rows], decision.propensities)
+        learner.update(decision.phi[rows], stream.rewards[first + rows], decision.propensities,
+                       decision.phi[decision.exploit])
         chosen[lo:hi], propensities[lo:hi] = first + rows, decision.propensities
     seconds = time.perf_counter() - started
     best = value[segment_argmax(value, stream.offsets)]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from streamlearn.candidates.joint import joint_features
 from streamlearn.candidates.learners import (
+    CandidateBanditron,
     CandidateEpsilonGreedy,
     CandidateLearner,
     CandidateLinUCB,
@@ -22,7 +23,7 @@ D_X, D_C = 2, 3
 
 def learners() -> list[CandidateLearner]:
     return [CandidateEpsilonGreedy(D_X, D_C, seed=1), CandidateSquareCB(D_X, D_C, seed=1),
-            CandidateLinUCB(D_X, D_C, seed=1)]
+            CandidateLinUCB(D_X, D_C, seed=1), CandidateBanditron(D_X, D_C, seed=1)]
 
 
 def random_sets(rng: np.random.Generator, n_requests: int, max_size: int = 8) -> CandidateSets:
@@ -38,7 +39,8 @@ def trained(learner: CandidateLearner, seed: int) -> CandidateLearner:
     decision = learner.decide(sets)
     rows = decision.chosen
     assert sets.rewards is not None
-    learner.update(decision.phi[rows], sets.rewards[rows], decision.propensities)
+    learner.update(decision.phi[rows], sets.rewards[rows], decision.propensities,
+                   decision.phi[decision.exploit])
     return learner
 
 
@@ -64,7 +66,10 @@ def naive_probabilities(learner: CandidateLearner, sets: CandidateSets) -> np.nd
     for r in range(len(sets)):
         rows = phi[sets.offsets[r]:sets.offsets[r + 1]]
         n = len(rows)
-        if isinstance(learner, CandidateLinUCB):
+        if isinstance(learner, CandidateBanditron):
+            p = [learner.gamma / n] * n
+            p[int(np.argmax(rows @ learner.weights_))] += 1 - learner.gamma
+        elif isinstance(learner, CandidateLinUCB):
             theta = learner.A_inv_ @ learner.b_
             upper = [float(x @ theta + learner.alpha * np.sqrt(x @ learner.A_inv_ @ x)) for x in rows]
             p = [learner.epsilon / n] * n
@@ -86,7 +91,7 @@ def naive_probabilities(learner: CandidateLearner, sets: CandidateSets) -> np.nd
     return np.array(out)
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_batched_decisions_equal_the_per_request_reference(index: int) -> None:
     rng = np.random.default_rng(5)
     sets = random_sets(rng, 25)
@@ -148,7 +153,26 @@ def linear_stream(n: int, seed: int) -> tuple[CandidateSets, np.ndarray]:
     return sets, expected
 
 
-@pytest.mark.parametrize("index", [0, 1, 2])
+def test_banditron_batch_of_one_is_the_per_event_update() -> None:
+    """Batch of one: w += φ(x, c̃)·r/P(c̃) − φ(x, ĉ), exactly (ALGORITHMS.md §2 on φ)."""
+    rng = np.random.default_rng(3)
+    learner = CandidateBanditron(D_X, D_C, gamma=0.2, seed=2)
+    w = np.zeros(learner.dim)
+    for _ in range(50):
+        sets = random_sets(rng, 1)
+        assert sets.rewards is not None
+        decision = learner.decide(sets)
+        phi = joint_features(sets)
+        c_hat = int(np.argmax(phi @ w))  # the reference's own exploit choice
+        assert c_hat == int(decision.exploit[0])
+        c = int(decision.chosen[0])
+        r = float(sets.rewards[c] > 0.5)
+        w = w + phi[c] * r / decision.probs[c] - phi[c_hat]
+        learner.update(phi[[c]], np.array([r]), decision.probs[[c]], phi[[c_hat]])
+        np.testing.assert_allclose(learner.weights_, w)
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3])
 def test_each_learner_has_far_less_regret_than_playing_at_random(index: int) -> None:
     sets, expected = linear_stream(20_000, seed=4)
     result = replay_candidates(learners()[index], sets, batch_size=32, expected=expected)
