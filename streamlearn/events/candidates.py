@@ -1,0 +1,184 @@
+"""Candidate-set request values → a :class:`CandidateRequests` batch, plus rejections.
+
+A request (DESIGN.md §3) is
+``{"id": str, "ts"?, "x"?: <shared context>, "candidates": [{"id": str, "x": <features>}, ...],
+"slots"?: k}``: the shared context in any of the three feature forms (absent when
+the deployment has no shared features, ``d_x = 0``), each candidate with its own id
+and features (dense, ``{"idx", "val"}`` or named, hashed into ``d_c`` buckets),
+and the number of slots to fill (default 1). Every malformed part is a rejection
+with its own reason: ``bad_candidates`` (not a non-empty list of objects),
+``too_many_candidates``, ``bad_candidate_id``, ``duplicate_candidate_id``,
+``bad_slots``, and the feature reasons of the instance decoder
+(``wrong_dimension``, ``bad_features``, ``non_finite``, ``value_out_of_range``)
+with a detail naming the candidate.
+
+>>> from streamlearn.stream.transport import Message
+>>> value = (b'{"id": "r1", "x": [1.0], "candidates": [{"id": "a", "x": [0.5, 1.0]}, '
+...          b'{"id": "b", "x": {"idx": [1], "val": [2.0]}}]}')
+>>> batch, bad = decode_candidate_requests([Message("req", 0, 0, b"r1", value, 0)], d_x=1, d_c=2)
+>>> batch.ids, batch.candidate_ids, batch.sets.items.tolist(), bad
+(['r1'], ['a', 'b'], [[0.5, 1.0], [0.0, 2.0]], [])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from streamlearn.candidates.sets import CandidateSets
+from streamlearn.events.payload import classify, explain, feature_batch
+from streamlearn.events.raw import (
+    DEFAULT_LIMITS,
+    DecodeLimits,
+    RawMessage,
+    Reject,
+    Rejection,
+    event_id_of,
+    parse_object,
+    timestamp_of,
+)
+from streamlearn.features import SparseBatch
+
+__all__ = ["CANDIDATE_REASONS", "CandidateRequests", "decode_candidate_requests"]
+
+CANDIDATE_REASONS = ("bad_candidates", "too_many_candidates", "bad_candidate_id",
+                     "duplicate_candidate_id", "bad_slots")
+MAX_CANDIDATES = 1000
+
+
+@dataclass
+class CandidateRequests:
+    """Accepted requests of one micro-batch, in arrival order."""
+
+    ids: list[str]
+    sets: CandidateSets
+    candidate_ids: list[str]  # one per candidate row of ``sets.items``
+    slots: np.ndarray  # int64 (B,)
+    ts: np.ndarray  # float64 (B,)
+    partitions: np.ndarray  # int64 (B,)
+    messages: list[Any] = field(default_factory=list, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class _Request:
+    msg: RawMessage
+    event_id: str
+    ts: float
+    shared: tuple[str, Any] | None
+    candidates: list[tuple[str, Any]]
+    candidate_ids: list[str]
+    slots: int
+
+
+def _candidate_list(obj: dict[str, Any], event_id: str, max_candidates: int) -> list[Any]:
+    candidates = obj.get("candidates")
+    if not (isinstance(candidates, list) and candidates
+            and all(isinstance(c, dict) for c in candidates)):
+        got = "nothing" if candidates is None else (
+            "an empty list" if candidates == [] else f"{type(candidates).__name__}")
+        raise Reject("bad_candidates", "expected 'candidates' as a non-empty list of "
+                                       f"{{\"id\", \"x\"}} objects, got {got}", event_id)
+    if len(candidates) > max_candidates:
+        raise Reject("too_many_candidates", f"expected at most {max_candidates} candidates, got "
+                                            f"{len(candidates)}", event_id)
+    return candidates
+
+
+def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
+             max_candidates: int) -> _Request:
+    obj = parse_object(msg, limits)
+    event_id = event_id_of(obj, limits)
+    ts = timestamp_of(obj, msg, event_id)
+    shared = None
+    if d_x > 0:
+        shared = classify(obj.get("x"), d_x, event_id)
+    elif obj.get("x") not in (None, [], {}):
+        raise Reject("wrong_dimension", "expected no shared 'x' (this deployment has no shared "
+                                        "context features), got one", event_id)
+    candidates = _candidate_list(obj, event_id, max_candidates)
+    ids: list[str] = []
+    forms: list[tuple[str, Any]] = []
+    for k, candidate in enumerate(candidates):
+        cid = candidate.get("id")
+        if not isinstance(cid, str) or not cid or len(cid) > limits.max_id_length:
+            raise Reject("bad_candidate_id", f"expected candidate {k} to have a string 'id' of 1 "
+                                             f"to {limits.max_id_length} characters, got "
+                                             f"{cid!r:.40}", event_id)
+        try:
+            forms.append(classify(candidate.get("x"), d_c, event_id))
+        except Reject as err:
+            raise Reject(err.reason, f"candidate {cid!r:.40}: {err.detail}", event_id) from err
+        ids.append(cid)
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        twice = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        raise Reject("duplicate_candidate_id", f"expected distinct candidate ids, got {twice!r:.40} "
+                                               "twice", event_id)
+    slots = obj.get("slots", 1)
+    if not (type(slots) is int and 1 <= slots <= len(ids)):
+        raise Reject("bad_slots", f"expected 'slots' an integer in [1, {len(ids)}] (the number of "
+                                  f"candidates), got {slots!r:.20}", event_id)
+    return _Request(msg, event_id, ts, shared, forms, ids, slots)
+
+
+def _dense(X: Any) -> np.ndarray:
+    return X.to_dense() if isinstance(X, SparseBatch) else np.asarray(X, dtype=np.float64)
+
+
+def decode_candidate_requests(
+    messages: Sequence[RawMessage], d_x: int, d_c: int, limits: DecodeLimits = DEFAULT_LIMITS,
+    max_candidates: int = MAX_CANDIDATES,
+) -> tuple[CandidateRequests, list[Rejection]]:
+    """Decode request values into :class:`CandidateRequests` plus rejections."""
+    rejections: list[Rejection] = []
+    kept: list[_Request] = []
+    for msg in messages:
+        try:
+            kept.append(_request(msg, d_x, d_c, limits, max_candidates))
+        except Reject as err:
+            rejections.append(err.of(msg))
+    # features of every candidate of every request in one pass, then of the shared contexts
+    flat = [form for r in kept for form in r.candidates]
+    ok_items, items = feature_batch(flat, d_c, limits)
+    sizes = np.array([len(r.candidates) for r in kept], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    ok = np.logical_and.reduceat(ok_items, starts[:-1]) if len(kept) else np.zeros(0, bool)
+    if d_x > 0:
+        ok_shared, shared = feature_batch([r.shared for r in kept if r.shared is not None], d_x,
+                                          limits)
+        context = _dense(shared)
+        ok &= ok_shared
+    else:
+        context = np.zeros((len(kept), 0))
+    for i in np.flatnonzero(~ok).tolist():
+        r = kept[i]
+        bad = [k for k in range(sizes[i]) if not ok_items[starts[i] + k]]
+        if bad:
+            reason, detail = explain(*r.candidates[bad[0]], d_c, limits)
+            detail = f"candidate {r.candidate_ids[bad[0]]!r:.40}: {detail}"
+        else:
+            assert r.shared is not None
+            reason, detail = explain(*r.shared, d_x, limits)
+        rejections.append(Reject(reason, detail, r.event_id).of(r.msg))
+    good = np.flatnonzero(ok)
+    rows = (np.concatenate([np.arange(starts[i], starts[i + 1]) for i in good.tolist()])
+            if len(good) else np.zeros(0, np.int64))
+    dense_items = _dense(items)
+    offsets = np.concatenate([[0], np.cumsum(sizes[good])]).astype(np.int64)
+    requests = [kept[i] for i in good.tolist()]
+    batch = CandidateRequests(
+        ids=[r.event_id for r in requests],
+        sets=CandidateSets(context[good] if len(kept) else np.zeros((0, d_x)),
+                           dense_items[rows] if len(rows) else np.zeros((0, d_c)), offsets),
+        candidate_ids=[cid for r in requests for cid in r.candidate_ids],
+        slots=np.array([r.slots for r in requests], dtype=np.int64),
+        ts=np.array([r.ts for r in requests], dtype=np.float64),
+        partitions=np.array([r.msg.partition for r in requests], dtype=np.int64),
+        messages=[r.msg for r in requests])
+    return batch, rejections

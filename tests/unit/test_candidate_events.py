@@ -1,0 +1,105 @@
+"""Candidate-set requests: every form accepted, every malformed part a specific rejection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamlearn.events.candidates import decode_candidate_requests
+from streamlearn.stream.transport import Message
+
+D_X, D_C = 2, 3
+
+
+def message(value: Any, offset: int = 0) -> Message:
+    raw = value if isinstance(value, bytes) else orjson.dumps(value)
+    return Message("requests", 0, offset, None, raw, 1_700_000_000_000)
+
+
+def good(i: int, n: int = 3) -> dict[str, Any]:
+    forms: list[Any] = [[0.5, -1.0, 2.0], {"idx": [0, 2], "val": [1.0, 3.0]},
+                        {"price": 3.5, "brand=acme": 1}]
+    return {"id": f"r{i}", "x": [1.0, float(i)], "slots": 1,
+            "candidates": [{"id": f"item-{k}", "x": forms[k % 3]} for k in range(n)]}
+
+
+def test_mixed_forms_and_sizes_decode_into_segments() -> None:
+    values = [good(0, 1), good(1, 4), good(2, 2)]
+    batch, bad = decode_candidate_requests([message(v, i) for i, v in enumerate(values)], D_X, D_C)
+    assert bad == [] and batch.ids == ["r0", "r1", "r2"]
+    assert batch.sets.offsets.tolist() == [0, 1, 5, 7]
+    assert batch.candidate_ids[1:5] == ["item-0", "item-1", "item-2", "item-3"]
+    assert batch.sets.items[0].tolist() == [0.5, -1.0, 2.0]
+    assert batch.sets.items[2].tolist() == [1.0, 0.0, 3.0]
+    assert batch.sets.context.tolist() == [[1.0, 0.0], [1.0, 1.0], [1.0, 2.0]]
+    assert batch.slots.tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize("change, reason, detail", [
+    ({"candidates": []}, "bad_candidates", "non-empty list"),
+    ({"candidates": None}, "bad_candidates", "got nothing"),
+    ({"candidates": [1, 2]}, "bad_candidates", "objects"),
+    ({"candidates": [{"id": "a", "x": [1, 2, 3]}] * 1001}, "too_many_candidates", "at most 1000"),
+    ({"candidates": [{"id": "a", "x": [1, 2, 3]}, {"id": "a", "x": [1, 2, 3]}]},
+     "duplicate_candidate_id", "'a' twice"),
+    ({"candidates": [{"id": 7, "x": [1, 2, 3]}]}, "bad_candidate_id", "candidate 0"),
+    ({"candidates": [{"id": "", "x": [1, 2, 3]}]}, "bad_candidate_id", "string 'id'"),
+    ({"candidates": [{"id": "a", "x": [1, 2]}]}, "wrong_dimension", "candidate 'a'"),
+    ({"candidates": [{"id": "a"}]}, "bad_features", "candidate 'a'"),
+    ({"candidates": [{"id": "a", "x": [1, 2, 1e300]}]}, "value_out_of_range", "candidate 'a'"),
+    ({"candidates": [{"id": "é😀", "x": {"idx": [0, 1], "val": [1.0]}}]}, "bad_features",
+     "candidate 'é😀'"),
+    ({"slots": 4}, "bad_slots", "[1, 3]"),
+    ({"slots": 0}, "bad_slots", "[1, 3]"),
+    ({"slots": True}, "bad_slots", "integer"),
+    ({"x": [1.0]}, "wrong_dimension", "expected 2"),
+    ({"x": [1.0, 1e300]}, "value_out_of_range", "x[1]"),
+])
+def test_each_malformed_part_has_its_reason(change: dict[str, Any], reason: str, detail: str) -> None:
+    value = {**good(9), **change}
+    batch, bad = decode_candidate_requests([message(good(1)), message(value, 1)], D_X, D_C)
+    assert batch.ids == ["r1"]  # the valid neighbour is kept
+    assert [b.reason for b in bad] == [reason], bad
+    assert detail in bad[0].detail and bad[0].event_id == "r9" and bad[0].offset == 1
+
+
+def test_every_candidate_reason_is_a_known_dead_letter_reason() -> None:
+    from streamlearn.events import REASONS
+    from streamlearn.events.candidates import CANDIDATE_REASONS
+
+    assert set(CANDIDATE_REASONS) <= set(REASONS)
+
+
+def test_no_shared_context_when_the_deployment_has_none() -> None:
+    value = {"id": "q", "candidates": [{"id": "d1", "x": [1.0, 2.0, 3.0]}]}
+    batch, bad = decode_candidate_requests([message(value)], 0, D_C)
+    assert bad == [] and batch.sets.context.shape == (1, 0)
+    batch, bad = decode_candidate_requests([message({**value, "x": [1.0]})], 0, D_C)
+    assert [b.reason for b in bad] == ["wrong_dimension"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["id", "x", "candidates", "slots", "idx", "val", "ts"]), inner, max_size=5),
+    max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(json_values, max_size=6))
+def test_arbitrary_json_only_ever_rejects_and_accepted_requests_are_sound(
+        values: list[Any]) -> None:
+    messages = [message(v, i) for i, v in enumerate(values)]
+    batch, bad = decode_candidate_requests(messages, D_X, D_C)
+    assert len(batch) + len(bad) == len(messages)
+    sets = batch.sets
+    assert len(sets) == len(batch.ids) and len(batch.candidate_ids) == len(sets.items)
+    assert (sets.sizes >= 1).all() and (batch.slots >= 1).all() and (batch.slots <= sets.sizes).all()
+    assert np.isfinite(sets.items).all() and np.isfinite(sets.context).all()
+    assert (np.abs(sets.items) <= 1e12).all()
