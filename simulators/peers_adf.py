@@ -89,7 +89,7 @@ def run_vw_adf(stream: CandidateStream, explorer: str, seed: int, pyvw: ModuleTy
     """Run ``--cb_explore_adf <explorer>`` over the stream once, in order; return its scores.
 
     Keys: ``system``, ``vw_args``, ``requests``, ``seconds`` (timed predict + learn),
-    ``events_per_s`` (requests per timed second), ``error`` (mean 1 − reward of
+    ``events_per_s`` (requests per timed second), ``candidates_per_s``, ``error`` (mean 1 − reward of
     the played candidate: for 0/1 rewards the fraction of misses),
     ``regret_per_request`` (against the stream's ``best_reward``), ``mean_prob``
     (mean propensity of the played candidate) and ``parse_seconds`` (untimed).
@@ -136,6 +136,7 @@ def run_vw_adf(stream: CandidateStream, explorer: str, seed: int, pyvw: ModuleTy
     return {
         "system": explorer, "vw_args": args, "requests": B, "seconds": timed,
         "events_per_s": B / timed if timed > 0 else float("nan"),
+        "candidates_per_s": len(stream.sets.items) / timed if timed > 0 else float("nan"),
         "error": stream.error(chosen), "regret_per_request": stream.regret(chosen) / B if B else float("nan"),
         "mean_prob": float(probs.mean()) if B else float("nan"), "parse_seconds": parse_s,
     }
@@ -162,9 +163,11 @@ def _fmt(value: object, spec: str) -> str:
 def _table(stream: CandidateStream, rows: list[dict[str, Any]]) -> str:
     head = (f"{stream.name}: {len(stream):,} requests, {len(stream.sets.items):,} candidates, "
             f"d_x={stream.sets.context.shape[1]}, d_c={stream.sets.items.shape[1]}, passes={stream.n_passes}")
-    lines = [head, f"{'system':<20} {'events/s':>10} {'error':>7} {'regret/req':>10} {'seconds':>8}"]
+    lines = [head, f"{'system':<20} {'events/s':>10} {'cands/s':>11} {'error':>7} {'regret/req':>10} "
+                   f"{'seconds':>8}"]
     for row in rows:
         lines.append(f"{row['system']:<20} {_fmt(row.get('events_per_s'), ',.0f'):>10} "
+                     f"{_fmt(row.get('candidates_per_s'), ',.0f'):>11} "
                      f"{_fmt(row['error'], '.4f'):>7} {_fmt(row['regret_per_request'], '.4f'):>10} "
                      f"{_fmt(row.get('seconds'), '.2f'):>8}")
     return "\n".join(lines)
