@@ -21,7 +21,7 @@ import numpy as np
 
 from streamlearn.errors import DataError
 
-__all__ = ["CandidateSets", "segment_argmax", "segment_sample"]
+__all__ = ["CandidateSets", "gather_segments", "segment_argmax", "segment_sample"]
 
 
 @dataclass
@@ -66,12 +66,24 @@ class CandidateSets:
     def take(self, requests: np.ndarray) -> CandidateSets:
         """The sub-batch of the given requests (in that order)."""
         requests = np.asarray(requests, dtype=np.int64)
-        starts, sizes = self.offsets[requests], self.sizes[requests]
-        offsets = np.zeros(len(requests) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        rows = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1])
+        offsets, rows = gather_segments(self.offsets, requests)
         return CandidateSets(self.context[requests], self.items[rows], offsets,
                              None if self.rewards is None else self.rewards[rows])
+
+
+def gather_segments(offsets: np.ndarray, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The offsets and source rows of the given segments laid end to end (in that order).
+
+    >>> o, rows = gather_segments(np.array([0, 2, 5]), np.array([1, 0, 1]))
+    >>> o.tolist(), rows.tolist()
+    ([0, 3, 5, 8], [2, 3, 4, 0, 1, 2, 3, 4])
+    """
+    segments = np.asarray(segments, dtype=np.int64)
+    starts, sizes = offsets[segments], offsets[segments + 1] - offsets[segments]
+    out = np.zeros(len(segments) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=out[1:])
+    rows = np.repeat(starts - out[:-1], sizes) + np.arange(out[-1])
+    return out, np.asarray(rows, dtype=np.int64)
 
 
 def segment_argmax(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
