@@ -52,6 +52,16 @@ def _say(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamlearn.datasets.candidates import CANDIDATE_STREAMS
+
+    if args.dataset in CANDIDATE_STREAMS:  # candidate sets: their learners against VW's ADF
+        from simulators import bench_candidates
+
+        argv = ["--dataset", args.dataset, "--passes", str(args.passes or 1), "--seed",
+                str(args.seed if args.seed is not None else 0), "--batch-size", str(args.batch_size)]
+        if args.rounds is not None:
+            argv += ["--requests", str(args.rounds)]
+        return bench_candidates.main(argv + (["--json"] if args.json else []))
     systems = parse_systems(args.systems)
     exploration = exploration_from_args(args)
     stream = prepare_from_args(args)

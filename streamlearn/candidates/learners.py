@@ -193,7 +193,7 @@ class CandidateLinUCB(CandidateLearner):
         return np.asarray(phi @ (self.A_inv_ @ self.b_))
 
     def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
-        width = np.sqrt(np.maximum(np.einsum("nd,de,ne->n", phi, self.A_inv_, phi), 0.0))
+        width = np.sqrt(np.maximum(((phi @ self.A_inv_) * phi).sum(axis=1), 0.0))
         upper = self.scores(phi) + self.alpha * width
         return _mix_uniform(sets, segment_argmax(upper, sets.offsets), self.epsilon)
 
