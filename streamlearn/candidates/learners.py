@@ -43,7 +43,7 @@ from streamlearn.learners.base import check_float
 from streamlearn.learners.oracle import RegressionOracle
 
 __all__ = ["CandidateBanditron", "CandidateEpsilonGreedy", "CandidateLearner", "CandidateLinUCB",
-           "CandidateSquareCB", "Decision"]
+           "CandidateSquareCB", "Decision", "SlateDecision"]
 
 
 class Decision:
@@ -60,6 +60,19 @@ class Decision:
     @property
     def propensities(self) -> np.ndarray:
         return np.asarray(self.probs[self.chosen])
+
+
+class SlateDecision:
+    """A decided batch of slates: ``chosen`` (B, k) global rows (−1 past a request's slots),
+    ``slot_probs`` (B, k) their conditional propensities, ``probs`` (N,), ``phi`` (N, D),
+    ``exploit`` (B,) the most probable candidate of each request."""
+
+    __slots__ = ("chosen", "exploit", "phi", "probs", "slot_probs")
+
+    def __init__(self, chosen: np.ndarray, slot_probs: np.ndarray, probs: np.ndarray,
+                 phi: np.ndarray, exploit: np.ndarray) -> None:
+        self.chosen, self.slot_probs, self.probs = chosen, slot_probs, probs
+        self.phi, self.exploit = phi, exploit
 
 
 class CandidateLearner:
@@ -88,6 +101,41 @@ class CandidateLearner:
         self.n_requests_ += B
         return Decision(segment_sample(probs, sets.offsets, uniforms), probs, phi,
                         segment_argmax(probs, sets.offsets))
+
+    def decide_slate(self, sets: CandidateSets, slots: np.ndarray,
+                     keys: object = None) -> SlateDecision:
+        """Fill ``slots[r]`` slots of each request, slot by slot (VW's CCB semantics): slot s
+        is sampled from the learner's exploration distribution over the candidates not yet
+        placed — recomputed, so slot 2 explores around the best remaining candidate — and
+        its propensity is that distribution's probability of the placed candidate. Slot s
+        of a request draws the keyed uniform of (key, s)."""
+        phi = joint_features(sets)
+        probs = self.distribution(sets, phi)
+        B = len(sets)
+        slots = np.minimum(np.asarray(slots, dtype=np.int64), sets.sizes)
+        rounds = np.arange(self.n_requests_, self.n_requests_ + B)
+        key_list = None if keys is None else list(keys)  # type: ignore[call-overload]
+        k = int(np.max(slots)) if B else 0
+        chosen = np.full((B, k), -1, dtype=np.int64)
+        slot_probs = np.zeros((B, k))
+        free = np.ones(len(sets.items), dtype=bool)
+        for s in range(k):  # a loop over slot positions, each vectorised over the requests
+            active = np.flatnonzero(slots > s)
+            keep = free & np.repeat(slots > s, sets.sizes)
+            rows = np.flatnonzero(keep)
+            sizes = np.bincount(sets.request_of[rows], minlength=B)[active]
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            remaining = CandidateSets(sets.context[active], sets.items[rows], offsets)
+            p = probs if s == 0 else self.distribution(remaining, phi[rows])
+            p = p if s > 0 else p[rows]
+            u = randomness.uniforms(self.seed + 7919 * s, rounds[active] if key_list is None
+                                    else [key_list[i] for i in active.tolist()])
+            local = segment_sample(p, offsets, u)
+            chosen[active, s] = rows[local]
+            slot_probs[active, s] = p[local]
+            free[rows[local]] = False
+        self.n_requests_ += B
+        return SlateDecision(chosen, slot_probs, probs, phi, segment_argmax(probs, sets.offsets))
 
     def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
                exploit_phi: np.ndarray | None = None) -> None:

@@ -34,14 +34,16 @@ __all__ = ["CandidateReplay", "replay_candidates"]
 
 @dataclass
 class CandidateReplay:
-    """What one replay measured."""
+    """What one replay measured (with slates: per slot position, slot 1 first)."""
 
     requests: int
     error_rate: float
     mean_regret: float
     seconds: float
-    chosen: np.ndarray  # (B,) global candidate rows played
-    propensities: np.ndarray  # (B,) their logged probabilities
+    chosen: np.ndarray  # (B,) global candidate rows played; (B, k) with slates
+    propensities: np.ndarray  # (B,) their logged probabilities; (B, k) with slates
+    slot_error_rates: list[float] | None = None
+    slot_regrets: list[float] | None = None
 
     @property
     def requests_per_second(self) -> float:
@@ -49,10 +51,14 @@ class CandidateReplay:
 
 
 def replay_candidates(learner: CandidateLearner, stream: CandidateSets, batch_size: int = 32,
-                      expected: np.ndarray | None = None) -> CandidateReplay:
+                      expected: np.ndarray | None = None, slots: int | None = None,
+                      ) -> CandidateReplay:
     """Decide every request of ``stream`` (which carries rewards), learning as it goes.
 
-    ``expected`` (N,): expected rewards when known, for exact regret.
+    ``expected`` (N,): expected rewards when known, for exact regret. ``slots``: fill
+    that many slots per request (at most its candidates) and learn from every slot's
+    reward with its conditional propensity; error and regret are then reported per
+    slot position (regret of slot s against the s-th best candidate).
     """
     if stream.rewards is None:
         raise ConfigError("Expected a stream with a reward per candidate. Got none.")
@@ -62,12 +68,24 @@ def replay_candidates(learner: CandidateLearner, stream: CandidateSets, batch_si
     B = len(stream)
     chosen = np.empty(B, dtype=np.int64)
     propensities = np.empty(B)
+    k = 0 if slots is None else int(slots)
+    chosen_slates = np.full((B, k), -1, dtype=np.int64)
+    slate_probs = np.zeros((B, k))
     started = time.perf_counter()
     for lo in range(0, B, batch_size):
         hi = min(B, lo + batch_size)
         first, last = stream.offsets[lo], stream.offsets[hi]
         batch = CandidateSets(stream.context[lo:hi], stream.items[first:last],
                               stream.offsets[lo:hi + 1] - first)
+        if slots is not None:
+            slate = learner.decide_slate(batch, np.minimum(batch.sizes, k))
+            filled = slate.chosen >= 0
+            rows, per_slot = slate.chosen[filled], slate.slot_probs[filled]
+            learner.update(slate.phi[rows], stream.rewards[first + rows], per_slot,
+                           slate.phi[np.broadcast_to(slate.exploit[:, None], filled.shape)[filled]])
+            chosen_slates[lo:hi] = np.where(filled, first + slate.chosen, -1)
+            slate_probs[lo:hi] = slate.slot_probs
+            continue
         decision = learner.decide(batch)
         rows = decision.chosen
         learner.update(decision.phi[rows], stream.rewards[first + rows], decision.propensities,
@@ -75,5 +93,25 @@ def replay_candidates(learner: CandidateLearner, stream: CandidateSets, batch_si
         chosen[lo:hi], propensities[lo:hi] = first + rows, decision.propensities
     seconds = time.perf_counter() - started
     best = value[segment_argmax(value, stream.offsets)]
+    if slots is not None:
+        return _slate_result(stream, value, chosen_slates, slate_probs, seconds, slots)
     return CandidateReplay(B, float(np.mean(1.0 - stream.rewards[chosen])),
                            float(np.mean(best - value[chosen])), seconds, chosen, propensities)
+
+
+def _slate_result(stream: CandidateSets, value: np.ndarray, chosen: np.ndarray,
+                  probs: np.ndarray, seconds: float, slots: int) -> CandidateReplay:
+    """Error and regret per slot position: slot s against the request's s-th best candidate."""
+    assert stream.rewards is not None
+    ranked = value.copy()
+    errors, regrets = [], []
+    for s in range(slots):  # a loop over positions, each vectorised over requests
+        best = segment_argmax(ranked, stream.offsets)
+        filled = chosen[:, s] >= 0
+        rows = chosen[filled, s]
+        errors.append(float(np.mean(1.0 - stream.rewards[rows])) if len(rows) else float("nan"))
+        regrets.append(float(np.mean(value[best[filled]] - value[rows])) if len(rows)
+                       else float("nan"))
+        ranked[best] = -np.inf
+    return CandidateReplay(len(stream), errors[0], regrets[0], seconds, chosen, probs,
+                           errors, regrets)

@@ -180,3 +180,45 @@ def test_each_learner_has_far_less_regret_than_playing_at_random(index: int) -> 
     uniform_regret = float(np.mean(best - np.add.reduceat(expected, sets.offsets[:-1]) / sets.sizes))
     print(type(learners()[index]).__name__, result.mean_regret, uniform_regret)
     assert result.mean_regret < 0.15 * uniform_regret
+
+
+@pytest.mark.parametrize("index", [0, 2])
+def test_slates_learn_every_slot_and_rank_better_candidates_first(index: int) -> None:
+    sets, expected = linear_stream(10_000, seed=6)
+    learner = learners()[index]
+    result = replay_candidates(learner, sets, batch_size=32, expected=expected, slots=3)
+    assert result.slot_error_rates is not None and result.slot_regrets is not None
+    chosen = result.chosen
+    filled = chosen >= 0
+    assert (filled[:, 0]).all() and (filled.sum(axis=1) == np.minimum(sets.sizes, 3)).all()
+    for row in chosen:  # distinct candidates of the request in its slots
+        placed = row[row >= 0]
+        assert len(set(placed.tolist())) == len(placed)
+    assert (result.propensities[filled] > 0).all()
+    print(type(learner).__name__, result.slot_error_rates, result.slot_regrets)
+    assert result.slot_error_rates[0] < result.slot_error_rates[2]  # better candidates first
+    assert max(result.slot_regrets) < 0.1
+
+
+def test_slate_slot_propensities_are_the_conditional_sampling_frequencies() -> None:
+    """One request decided 30,000 times: given slot 1, slot 2's candidates come with the
+    frequencies its logged propensities say (χ²), and they sum to 1 over the remaining."""
+    learner = trained(CandidateSquareCB(D_X, D_C, seed=4), 2)
+    one = random_sets(np.random.default_rng(8), 1, max_size=5)
+    while one.sizes[0] < 4:
+        one = random_sets(np.random.default_rng(int(one.sizes[0]) + 100), 1, max_size=5)
+    n, size = 30_000, int(one.sizes[0])
+    learner.n_requests_ = 10**6
+    slate = learner.decide_slate(one.take(np.zeros(n, dtype=np.int64)), np.full(n, 2),
+                                 keys=np.arange(n))
+    first, second = slate.chosen[:, 0] % size, slate.chosen[:, 1] % size
+    top = np.bincount(first, minlength=size).argmax()
+    given_top = first == top
+    p2 = np.zeros(size)
+    p2[second[given_top]] = slate.slot_probs[given_top, 1]
+    assert abs(p2.sum() - 1.0) < 1e-5 and p2[top] == 0.0  # λ_t moves by < 3 % over the copies
+    counts = np.bincount(second[given_top], minlength=size)
+    keep = p2 > 0
+    m = int(given_top.sum())
+    chi2 = float((((counts[keep] - m * p2[keep]) ** 2) / (m * p2[keep])).sum())
+    assert chi2 < 18.47  # χ² with ≤ 4 degrees of freedom at p = 0.001
