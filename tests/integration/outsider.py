@@ -194,6 +194,18 @@ class Client:
         for records in self.dead.poll(timeout_ms=0, max_records=5000).values():
             self.dead_letters.extend(orjson.loads(r.value) for r in records)
 
+    def drain_dead_letters(self, timeout_s: float = 60.0) -> None:
+        """Read the dead-letter topic up to its end offsets (a poll with no wait may return
+        before the last fetch completes)."""
+        parts = list(self.dead.assignment())
+        end = self.dead.end_offsets(parts)
+        deadline = time.monotonic() + timeout_s
+        while any(self.dead.position(tp) < end[tp] for tp in parts):
+            if time.monotonic() > deadline:
+                raise AssertionError("the dead-letter topic was not read to its end")
+            for records in self.dead.poll(timeout_ms=200, max_records=5000).values():
+                self.dead_letters.extend(orjson.loads(r.value) for r in records)
+
     def wait(self, predicate: Callable[[], bool], timeout_s: float, what: str,
              detail: Callable[[], str] = lambda: "") -> None:
         deadline = time.monotonic() + timeout_s
@@ -270,6 +282,7 @@ def play(bootstrap: str, topics: dict[str, str], workdir: Path, metrics_port: in
         code = daemon.stop()
         assert code == 0, daemon.tail()
         client.read()
+        client.drain_dead_letters()
     finally:
         if daemon.proc is not None and daemon.proc.poll() is None:
             daemon.proc.kill()
