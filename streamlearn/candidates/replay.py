@@ -83,8 +83,9 @@ def replay_candidates(learner: CandidateLearner, stream: CandidateSets, batch_si
             rows, per_slot = slate.chosen[filled], slate.slot_probs[filled]
             learner.update(slate.phi[rows], stream.rewards[first + rows], per_slot,
                            slate.phi[np.broadcast_to(slate.exploit[:, None], filled.shape)[filled]])
-            chosen_slates[lo:hi] = np.where(filled, first + slate.chosen, -1)
-            slate_probs[lo:hi] = slate.slot_probs
+            width = slate.chosen.shape[1]  # fewer when no request of the batch has k candidates
+            chosen_slates[lo:hi, :width] = np.where(filled, first + slate.chosen, -1)
+            slate_probs[lo:hi, :width] = slate.slot_probs
             continue
         decision = learner.decide(batch)
         rows = decision.chosen

@@ -53,6 +53,8 @@ def add_parser(subparsers: Any) -> None:
                           help="round at which the concept drifts")
     feedback.add_argument("--drift", choices=("permute", "prior"), default="permute",
                           help="drift kind: label permutation or class-prior shift")
+    learner.add_argument("--slots", type=int_at_least(1), default=None,
+                         help="candidate-set streams: fill this many slots per request (a slate)")
     out = parser.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print one JSON object")
     out.add_argument("--plot", metavar="FILE.png", help="error rate vs rounds (needs the plot extra)")
@@ -71,9 +73,17 @@ def hyperparameters(args: argparse.Namespace) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from streamlearn.datasets.candidates import CANDIDATE_STREAMS
     from streamlearn.datasets.stream import Drift
     from streamlearn.replay import run_with_comparator
 
+    if args.dataset in CANDIDATE_STREAMS:
+        from streamlearn.candidates.command import replay_candidate_stream
+
+        return replay_candidate_stream(args)
+    if args.slots is not None:
+        raise ConfigError(f"--slots needs a candidate-set dataset ({', '.join(CANDIDATE_STREAMS)}). "
+                          f"Got {args.dataset!r}.")
     if args.learner not in LEARNERS:
         raise ConfigError(f"--learner must be one of {sorted(LEARNERS)}. Got {args.learner!r}.")
     exploration = exploration_from_args(args)

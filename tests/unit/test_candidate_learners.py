@@ -222,3 +222,21 @@ def test_slate_slot_propensities_are_the_conditional_sampling_frequencies() -> N
     m = int(given_top.sum())
     chi2 = float((((counts[keep] - m * p2[keep]) ** 2) / (m * p2[keep])).sum())
     assert chi2 < 18.47  # χ² with ≤ 4 degrees of freedom at p = 0.001
+
+
+def test_replay_command_on_a_candidate_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    """`streamlearn replay` dispatches candidate-set datasets, slates included; a batch
+    whose requests all have fewer candidates than --slots is filled as far as it goes."""
+    import orjson
+
+    from streamlearn.cli import main
+
+    assert main(["replay", "--dataset", "synthetic-candidates", "--rounds", "3000",
+                 "--learner", "epsilon-greedy", "--slots", "3", "--batch-size", "1",
+                 "--json"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    assert report["requests"] == 3000 and len(report["slot_error_rates"]) == 3
+    assert report["mean_regret"] < 0.2
+    assert main(["replay", "--dataset", "synthetic-candidates", "--learner", "pnorm"]) == 2
+    assert "candidate-set stream" in capsys.readouterr().err
+    assert main(["replay", "--dataset", "synsep", "--rounds", "100", "--slots", "2"]) == 2
