@@ -23,22 +23,12 @@ from typing import Any
 import orjson
 
 from simulators.peers_adf import adf_explorers, adf_lines, baselines, run_vw_adf
-from streamlearn.candidates.learners import (
-    CandidateBanditron,
-    CandidateEpsilonGreedy,
-    CandidateLearner,
-    CandidateLinUCB,
-    CandidateSquareCB,
-)
+from streamlearn.candidates.command import CANDIDATE_LEARNERS
+from streamlearn.candidates.learners import CandidateLearner
 from streamlearn.candidates.replay import replay_candidates
 from streamlearn.datasets.candidates import CandidateStream, load_candidate_stream
 
-LEARNERS = {
-    "streamlearn-cand-epsilon-greedy": CandidateEpsilonGreedy,
-    "streamlearn-cand-squarecb": CandidateSquareCB,
-    "streamlearn-cand-linucb": CandidateLinUCB,
-    "streamlearn-cand-banditron": CandidateBanditron,
-}
+LEARNERS = {f"streamlearn-cand-{name}": cls for name, cls in CANDIDATE_LEARNERS.items()}
 
 
 def run_streamlearn(stream: CandidateStream, name: str, batch_size: int, seed: int) -> dict[str, Any]:
