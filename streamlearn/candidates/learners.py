@@ -229,7 +229,7 @@ class CandidateLinUCB(CandidateLearner):
     """A shared ridge posterior; the exploit candidate maximises θ·φ + α·√(φᵀA⁻¹φ)."""
 
     def __init__(self, d_x: int, d_c: int, alpha: float = 0.5, ridge: float = 1.0,
-                 epsilon: float = 0.02, seed: int = 0) -> None:
+                 epsilon: float = 0.01, seed: int = 0) -> None:
         super().__init__(d_x, d_c, seed)
         self.alpha = check_float("CandidateLinUCB", "alpha", alpha, 0.0, 100.0, low_open=False)
         self.ridge = check_float("CandidateLinUCB", "ridge", ridge, 0.0, math.inf)
