@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from streamlearn.engine import best_first
 from streamlearn.errors import DataError
 from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.rankboost import RankBoost
@@ -139,10 +140,8 @@ def rankings(scores: object, mask: object = None) -> np.ndarray:
     [[2, 0, -1]]
     """
     S, allowed = _masked(scores, mask)
-    order = np.argsort(-S, axis=1, kind="stable")
-    counts = allowed.sum(axis=1)
-    ranked = order.astype(np.int64)
-    ranked[np.arange(S.shape[1])[None, :] >= counts[:, None]] = -1
+    ranked = best_first(S, allowed).astype(np.int64)  # the order the daemon publishes
+    ranked[np.arange(S.shape[1])[None, :] >= allowed.sum(axis=1)[:, None]] = -1
     return ranked
 
 
@@ -156,4 +155,4 @@ def greedy(scores: object, mask: object = None) -> np.ndarray:
     if empty.any():
         raise DataError(f"Expected at least one allowed action per row. Got none in row "
                         f"{int(np.flatnonzero(empty)[0])}.")
-    return np.asarray(np.argmax(S, axis=1), dtype=np.int64)
+    return np.asarray(best_first(S, allowed)[:, 0], dtype=np.int64)

@@ -154,3 +154,12 @@ def test_a_user_ranker_with_unrepresentable_state_is_refused(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match="'lookup_'"):
         save_artifact(tmp_path, "opaque", 1, ranker, 1, 2)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_allowed_action_scored_minus_infinity_still_ranks_before_disallowed_ones() -> None:
+    """rankings/greedy share the daemon's order (engine.best_first): a disallowed action never
+    appears, even when an allowed one scores −inf (argsort over −inf ties used to let it in)."""
+    S = np.array([[-np.inf, 0.5, -np.inf], [-np.inf, -np.inf, 0.0]])
+    mask = np.array([[False, True, True], [False, True, False]])
+    assert rankings(S, mask).tolist() == [[1, 2, -1], [1, -1, -1]]
+    assert greedy(S, mask).tolist() == [1, 1]
