@@ -168,9 +168,9 @@ class Retraining:
         ``restored``: a checkpoint was restored (``position`` is its log position;
         one written before the log existed has none: the segments are kept).
         """
+        kept = self.log.segments() if self.log.directory.is_dir() else []
         next_segment = None if not restored else (
-            int(position["next_segment"]) if position else max(
-                (s + 1 for s in self._segments_or_empty()), default=0))
+            int(position["next_segment"]) if position else max((s + 1 for s in kept), default=0))
         self.log.open(next_segment)
         self.artifact_dir.mkdir(parents=True, exist_ok=True)
         for path in self.artifact_dir.iterdir():  # interrupted artifact writes
@@ -187,12 +187,6 @@ class Retraining:
                                          self._newest_artifact_version() + 1)
         if self.enabled:  # the worker's start-up (imports) happens before serving, not during
             self._worker().submit(_warm_up).result(timeout=120)
-
-    def _segments_or_empty(self) -> list[int]:
-        try:
-            return self.log.segments()
-        except Exception:
-            return []
 
     def _newest_artifact_version(self) -> int:
         """Artifacts of a job the last run did not harvest exist but are named in no state."""

@@ -112,10 +112,7 @@ def _rows(ids: list[str], X: np.ndarray, columns: dict[str, np.ndarray],
 def dense_rows(X: Batch) -> np.ndarray:
     """A batch as a dense float32 (B, d) array."""
     if isinstance(X, SparseBatch):
-        dense = np.zeros(X.shape, dtype=np.float32)
-        rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
-        np.add.at(dense, (rows, X.indices), X.values)
-        return dense
+        return X.to_dense().astype(np.float32)
     return np.asarray(X, dtype=np.float32)
 
 
