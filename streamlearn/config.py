@@ -228,6 +228,22 @@ class RetrainConfig:
 
 
 @dataclass(frozen=True)
+class CandidatesConfig:
+    """Candidate mode: each request carries its own candidates and slots (docs/kafka.md)."""
+
+    enabled: bool = spec(False, "requests carry candidate sets (on by itself with an embedded "
+                         "candidate-set dataset)")
+    learner: str = spec("linucb", "candidate-set learner (docs/learners.md)",
+                        choices=("linucb", "epsilon-greedy", "squarecb", "banditron"))
+    shared_features: int = spec(0, "dimension of the shared context x (0: none)", ge=0)
+    candidate_features: int = spec(45, "dimension of each candidate's features (hashing "
+                                   "buckets for named features)", ge=1)
+    max_candidates: int = spec(1000, "requests with more candidates are rejected", ge=1,
+                               le=100_000)
+    max_slots: int = spec(10, "requests asking for more slots are rejected", ge=1, le=1000)
+
+
+@dataclass(frozen=True)
 class EmbeddedConfig:
     """The in-process simulator used when no Kafka bootstrap is configured."""
 
@@ -241,13 +257,15 @@ class EmbeddedConfig:
     seed: int = spec(1, "simulator seed", ge=0)
     drift_at: int | None = spec(None, "from this instance on the labels are permuted (an "
                                 "abrupt concept drift)", ge=0)
+    slots: int = spec(1, "slots per request of a candidate-set dataset (ohsumed-candidates, "
+                      "synthetic-candidates)", ge=1)
 
 
 SECTIONS: dict[str, type] = {
     "kafka": KafkaConfig, "topics": TopicsConfig, "learner": LearnerConfig,
     "exploration": ExplorationConfig, "join": JoinConfig, "checkpoint": CheckpointConfig,
     "metrics": MetricsConfig, "limits": LimitsConfig, "experience": ExperienceConfig,
-    "retrain": RetrainConfig, "embedded": EmbeddedConfig,
+    "retrain": RetrainConfig, "candidates": CandidatesConfig, "embedded": EmbeddedConfig,
 }
 
 
@@ -265,6 +283,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     experience: ExperienceConfig = field(default_factory=ExperienceConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    candidates: CandidatesConfig = field(default_factory=CandidatesConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
     source: str | None = None  # the config file it was read from, if any
 

@@ -33,11 +33,13 @@ else is learnable.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from streamlearn.candidates.joint import joint_dim, joint_features
 from streamlearn.candidates.sets import CandidateSets, segment_argmax, segment_sample
+from streamlearn.errors import StateError
 from streamlearn.learners import randomness
 from streamlearn.learners.base import check_float
 from streamlearn.learners.oracle import RegressionOracle
@@ -76,12 +78,55 @@ class SlateDecision:
 
 
 class CandidateLearner:
-    """Shared machinery: joint features, keyed sampling, the round counter."""
+    """Shared machinery: joint features, keyed sampling, the round counter, state files."""
+
+    drift_detections_ = 0  # the daemon's drift metric; candidate learners detect none
+    n_skipped_updates_ = 0
 
     def __init__(self, d_x: int, d_c: int, seed: int = 0) -> None:
         self.d_x, self.d_c, self.seed = int(d_x), int(d_c), int(seed)
         self.dim = joint_dim(self.d_x, self.d_c)
         self.n_requests_ = 0
+
+    @property
+    def exploration(self) -> str:
+        """A description of the exploration (the daemon's info metric)."""
+        return ", ".join(f"{k}={v:g}" for k, v in self.hyperparameters().items())
+
+    def hyperparameters(self) -> dict[str, float]:
+        """The constructor keywords besides d_x, d_c and seed."""
+        raise NotImplementedError
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The learned state as arrays (names without the ``learner.`` prefix)."""
+        raise NotImplementedError
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        raise NotImplementedError
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays + JSON metadata for a checkpoint (no pickle); :meth:`from_state` reverses it."""
+        meta = {"class": type(self).__name__, "d_x": self.d_x, "d_c": self.d_c,
+                "seed": self.seed, "n_requests": self.n_requests_,
+                "hyperparameters": self.hyperparameters()}
+        return {f"learner.{k}": np.array(v) for k, v in self.arrays().items()}, meta
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> CandidateLearner:
+        """The learner of :meth:`state`; a StateError if it is not this class or does not fit."""
+        if meta.get("class") != cls.__name__:
+            raise StateError(f"Expected a {cls.__name__} state. Got {meta.get('class')!r}.")
+        learner = cls(int(meta["d_x"]), int(meta["d_c"]), seed=int(meta["seed"]),
+                      **meta["hyperparameters"])
+        learner.n_requests_ = int(meta["n_requests"])
+        loaded = {k[len("learner."):]: v for k, v in arrays.items() if k.startswith("learner.")}
+        expected = learner.arrays()
+        if {k: np.shape(v) for k, v in loaded.items()} != {k: np.shape(v)
+                                                            for k, v in expected.items()}:
+            raise StateError(f"The {cls.__name__} arrays do not fit d_x = {learner.d_x}, "
+                             f"d_c = {learner.d_c}.")
+        learner.load_arrays({k: np.array(v, dtype=np.float64) for k, v in loaded.items()})
+        return learner
 
     def scores(self, phi: np.ndarray) -> np.ndarray:
         """(N,) the model's estimate of each candidate's reward."""
@@ -159,11 +204,21 @@ class _OracleLearner(CandidateLearner):
     def scores(self, phi: np.ndarray) -> np.ndarray:
         return np.asarray(self.oracle.predict(phi)[:, 0])
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        return self.oracle.arrays()
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.oracle.load_arrays(arrays)
+
     def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
                exploit_phi: np.ndarray | None = None) -> None:
         B = len(rewards)
+        before = {k: v.copy() for k, v in self.oracle.arrays().items()}
         self.oracle.update(phi, np.zeros((B, 1), dtype=np.int64),
                            np.asarray(rewards, dtype=np.float64).reshape(B, 1), np.ones((B, 1)))
+        if not all(np.isfinite(v).all() for v in self.oracle.arrays().values()):
+            self.oracle.load_arrays(before)  # a non-finite step is skipped, never applied
+            self.n_skipped_updates_ += B
 
 
 class CandidateEpsilonGreedy(_OracleLearner):
@@ -172,8 +227,12 @@ class CandidateEpsilonGreedy(_OracleLearner):
     def __init__(self, d_x: int, d_c: int, epsilon: float = 0.05, lr: float = 0.5,
                  seed: int = 0) -> None:
         super().__init__(d_x, d_c, lr, seed, "CandidateEpsilonGreedy")
+        self.lr = lr
         self.epsilon = check_float("CandidateEpsilonGreedy", "epsilon", epsilon, 0.0, 1.0,
                                    low_open=False)
+
+    def hyperparameters(self) -> dict[str, float]:
+        return {"epsilon": self.epsilon, "lr": self.lr}
 
     def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
         return _mix_uniform(sets, segment_argmax(self.scores(phi), sets.offsets), self.epsilon)
@@ -185,7 +244,11 @@ class CandidateSquareCB(_OracleLearner):
     def __init__(self, d_x: int, d_c: int, greediness: float = 1.0, lr: float = 0.5,
                  seed: int = 0) -> None:
         super().__init__(d_x, d_c, lr, seed, "CandidateSquareCB")
+        self.lr = lr
         self.greediness = check_float("CandidateSquareCB", "greediness", greediness, 0.0, 1e6)
+
+    def hyperparameters(self) -> dict[str, float]:
+        return {"greediness": self.greediness, "lr": self.lr}
 
     def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
         mu = np.clip(self.scores(phi), 0.0, 1.0)
@@ -209,6 +272,15 @@ class CandidateBanditron(CandidateLearner):
         self.gamma = check_float("CandidateBanditron", "gamma", gamma, 0.0, 0.5)
         self.weights_ = np.zeros(self.dim)
 
+    def hyperparameters(self) -> dict[str, float]:
+        return {"gamma": self.gamma}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"weights": self.weights_}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.weights_ = arrays["weights"]
+
     def scores(self, phi: np.ndarray) -> np.ndarray:
         return np.asarray(phi @ self.weights_)
 
@@ -223,6 +295,8 @@ class CandidateBanditron(CandidateLearner):
         step = gain @ phi - exploit_phi.sum(axis=0)
         if np.isfinite(step).all():  # a non-finite step is skipped, never applied
             self.weights_ = self.weights_ + step
+        else:
+            self.n_skipped_updates_ += len(phi)
 
 
 class CandidateLinUCB(CandidateLearner):
@@ -237,6 +311,15 @@ class CandidateLinUCB(CandidateLearner):
         self.A_inv_ = np.eye(self.dim) / self.ridge
         self.b_ = np.zeros(self.dim)
 
+    def hyperparameters(self) -> dict[str, float]:
+        return {"alpha": self.alpha, "ridge": self.ridge, "epsilon": self.epsilon}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"A_inv": self.A_inv_, "b": self.b_}
+
+    def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
+        self.A_inv_, self.b_ = arrays["A_inv"], arrays["b"]
+
     def scores(self, phi: np.ndarray) -> np.ndarray:
         return np.asarray(phi @ (self.A_inv_ @ self.b_))
 
@@ -250,5 +333,12 @@ class CandidateLinUCB(CandidateLearner):
         # one Woodbury step for the whole batch: (A + ΦᵀΦ)⁻¹ = A⁻¹ − A⁻¹Φᵀ(I + ΦA⁻¹Φᵀ)⁻¹ΦA⁻¹
         P = phi @ self.A_inv_
         inner = np.eye(len(phi)) + P @ phi.T
-        self.A_inv_ = self.A_inv_ - P.T @ np.linalg.solve(inner, P)
-        self.b_ = self.b_ + phi.T @ np.asarray(rewards, dtype=np.float64)
+        try:
+            A_inv = self.A_inv_ - P.T @ np.linalg.solve(inner, P)
+        except np.linalg.LinAlgError:
+            A_inv = np.full_like(self.A_inv_, np.nan)
+        b = self.b_ + phi.T @ np.asarray(rewards, dtype=np.float64)
+        if np.isfinite(A_inv).all() and np.isfinite(b).all():  # a non-finite step is skipped
+            self.A_inv_, self.b_ = A_inv, b
+        else:
+            self.n_skipped_updates_ += len(phi)

@@ -36,6 +36,8 @@ from streamlearn.stream.transport import Transport
 
 if TYPE_CHECKING:
     from streamlearn.learners.base import Learner
+    from streamlearn.service.daemon import Daemon
+    from streamlearn.service.metrics import Observer
 
 __all__ = ["add_config_arguments", "add_logging_arguments", "add_parser", "cli_overrides",
            "configure_logging", "run", "serve"]
@@ -185,7 +187,8 @@ def build_transport(config: Config, max_instances: int | None = None) -> Transpo
                                  dataset=e.dataset, data_dir=None if e.data_dir is None
                                  else str(e.data_dir), rate=e.rate, chunk=e.chunk,
                                  delay_mean_s=e.delay_mean_seconds, drop=e.drop, seed=e.seed,
-                                 max_instances=max_instances, drift_at=e.drift_at)
+                                 max_instances=max_instances, drift_at=e.drift_at,
+                                 slots=e.slots)
     from streamlearn.stream.kafka import KafkaTransport, ensure_topics
 
     k = config.kafka
@@ -212,6 +215,50 @@ def _dimensions(config: Config, transport: Transport) -> tuple[int, int]:
             raise ConfigError(f"learner.{name} must be {want} for the embedded dataset "
                               f"'{config.embedded.dataset}'. Got {got}.")
     return transport.n_actions, transport.n_features
+
+
+def _candidate_dimensions(config: Config, transport: Transport) -> tuple[int, int] | None:
+    """(d_x, d_c) in candidate mode (the embedded dataset's when the config kept defaults),
+    None for fixed actions."""
+    dims = getattr(transport, "candidate_dims", None)
+    c = config.candidates
+    if dims is None:
+        return (c.shared_features, c.candidate_features) if c.enabled else None
+    defaults = type(c)()
+    for name, got, want, default in (
+            ("shared_features", c.shared_features, dims[0], defaults.shared_features),
+            ("candidate_features", c.candidate_features, dims[1], defaults.candidate_features)):
+        if got != want and got != default:
+            raise ConfigError(f"candidates.{name} must be {want} for the embedded dataset "
+                              f"'{config.embedded.dataset}'. Got {got}.")
+    return int(dims[0]), int(dims[1])
+
+
+def build_daemon(config: Config, transport: Transport, wrapped: Transport,
+                 observer: Observer) -> Daemon:
+    """The fixed-action daemon, or the candidate-mode one (``candidates.enabled``, or an
+    embedded candidate-set dataset)."""
+    from streamlearn.service.daemon import Daemon
+
+    dims = _candidate_dimensions(config, transport)
+    if dims is None:
+        n_actions, n_features = _dimensions(config, transport)
+        learner = build_learner(config, n_actions, n_features)
+        settings = dataclasses.replace(config.to_daemon_settings(), learner_n_actions=n_actions,
+                                       learner_n_features=n_features)
+        return Daemon(settings, wrapped, learner, observer)
+    from streamlearn.candidates.command import CANDIDATE_LEARNERS
+    from streamlearn.service.candidate_daemon import CandidateDaemon
+
+    d_x, d_c = dims
+    learner_class = CANDIDATE_LEARNERS[config.candidates.learner]
+    settings = dataclasses.replace(config.to_daemon_settings(), candidates_enabled=True,
+                                   candidates_shared_features=d_x,
+                                   candidates_candidate_features=d_c,
+                                   learner_n_actions=config.candidates.max_slots,
+                                   learner_n_features=d_x + 2 * d_c)
+    return CandidateDaemon(settings, wrapped, learner_class(d_x, d_c, seed=config.learner.seed),
+                           observer)
 
 
 def build_learner(config: Config, n_actions: int, n_features: int) -> Learner:
@@ -309,8 +356,6 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
           linger_s: float = 0.0, registry: CollectorRegistry | None = None,
           out: Any = None) -> int:
     """Run the daemon until a signal or ``max_events`` instances; return the exit code."""
-    from streamlearn.service.daemon import Daemon
-
     out = out if out is not None else sys.stdout
     disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series double the count and carry nothing we use
     registry = registry if registry is not None else CollectorRegistry()
@@ -319,12 +364,14 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
     with ExitStack() as stack:
         transport = build_transport(config, max_instances=max_events)
         stack.callback(transport.close)
-        n_actions, n_features = _dimensions(config, transport)
-        learner = build_learner(config, n_actions, n_features)
-        settings = dataclasses.replace(config.to_daemon_settings(), learner_n_actions=n_actions,
-                                       learner_n_features=n_features)
         tracker = LagTracker(transport, config.metrics.max_lag, on_lag=observer.on_lag)
-        daemon = Daemon(settings, tracker, learner, observer)
+        daemon = build_daemon(config, transport, tracker, observer)
+        settings = daemon.settings
+        if settings.candidates_enabled:
+            shape = (f"candidate sets, d_x={settings.candidates_shared_features}, "
+                     f"d_c={settings.candidates_candidate_features}")
+        else:
+            shape = f"K={settings.learner_n_actions}, d={settings.learner_n_features}"
         tracker.is_serving = lambda: bool(daemon.ready)
 
         def stop() -> None:
@@ -333,7 +380,7 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
 
         mode = ("embedded simulator (" + config.embedded.dataset + ")" if config.embedded_mode
                 else f"Kafka {config.kafka.bootstrap}")
-        print(f"streamlearn serve: {type(learner).__name__} (K={n_actions}, d={n_features}) on "
+        print(f"streamlearn serve: {type(daemon.learner).__name__} ({shape}) on "
               f"{mode}; checkpoints: {config.checkpoint.dir or 'off'}", file=out, flush=True)
         if config.metrics.port >= 0:
             server = MetricsServer(registry, config.metrics.host, config.metrics.port,

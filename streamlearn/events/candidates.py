@@ -42,11 +42,13 @@ from streamlearn.events.raw import (
 )
 from streamlearn.features import SparseBatch
 
-__all__ = ["CANDIDATE_REASONS", "CandidateRequests", "decode_candidate_requests"]
+__all__ = ["CANDIDATE_REASONS", "MAX_CANDIDATES", "MAX_SLOTS", "CandidateRequests",
+           "decode_candidate_requests"]
 
 CANDIDATE_REASONS = ("bad_candidates", "too_many_candidates", "bad_candidate_id",
                      "duplicate_candidate_id", "bad_slots")
 MAX_CANDIDATES = 1000
+MAX_SLOTS = 10
 
 
 @dataclass
@@ -91,7 +93,7 @@ def _candidate_list(obj: dict[str, Any], event_id: str, max_candidates: int) -> 
 
 
 def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
-             max_candidates: int) -> _Request:
+             max_candidates: int, max_slots: int) -> _Request:
     obj = parse_object(msg, limits)
     event_id = event_id_of(obj, limits)
     ts = timestamp_of(obj, msg, event_id)
@@ -121,9 +123,11 @@ def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
         raise Reject("duplicate_candidate_id", f"expected distinct candidate ids, got {twice!r:.40} "
                                                "twice", event_id)
     slots = obj.get("slots", 1)
-    if not (type(slots) is int and 1 <= slots <= len(ids)):
-        raise Reject("bad_slots", f"expected 'slots' an integer in [1, {len(ids)}] (the number of "
-                                  f"candidates), got {slots!r:.20}", event_id)
+    most = min(len(ids), max_slots)
+    if not (type(slots) is int and 1 <= slots <= most):
+        raise Reject("bad_slots", f"expected 'slots' an integer in [1, {most}] (at most the "
+                                  f"number of candidates, {len(ids)}, and the deployment's "
+                                  f"{max_slots}), got {slots!r:.20}", event_id)
     return _Request(msg, event_id, ts, shared, forms, ids, slots)
 
 
@@ -133,14 +137,14 @@ def _dense(X: Any) -> np.ndarray:
 
 def decode_candidate_requests(
     messages: Sequence[RawMessage], d_x: int, d_c: int, limits: DecodeLimits = DEFAULT_LIMITS,
-    max_candidates: int = MAX_CANDIDATES,
+    max_candidates: int = MAX_CANDIDATES, max_slots: int = MAX_SLOTS,
 ) -> tuple[CandidateRequests, list[Rejection]]:
     """Decode request values into :class:`CandidateRequests` plus rejections."""
     rejections: list[Rejection] = []
     kept: list[_Request] = []
     for msg in messages:
         try:
-            kept.append(_request(msg, d_x, d_c, limits, max_candidates))
+            kept.append(_request(msg, d_x, d_c, limits, max_candidates, max_slots))
         except Reject as err:
             rejections.append(err.of(msg))
     # features of every candidate of every request in one pass, then of the shared contexts

@@ -40,6 +40,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import orjson
@@ -56,8 +57,13 @@ from streamlearn.service.retraining import Retraining, ranking_lists
 from streamlearn.service.settings import DaemonSettings, blas_threads
 from streamlearn.service.state import freeze, thaw
 from streamlearn.stream.align import InputAligner
-from streamlearn.stream.checkpoint import Checkpointer, ConsumedOffsets, JournaledDecision
-from streamlearn.stream.join import Outcome, PendingJoins
+from streamlearn.stream.checkpoint import (
+    Checkpointer,
+    ConsumedOffsets,
+    JournaledDecision,
+    Restored,
+)
+from streamlearn.stream.join import Closed, Outcome, PendingJoins
 from streamlearn.stream.transport import Message, Transport
 
 __all__ = ["Daemon", "DaemonSettings", "dead_letter_value"]
@@ -105,7 +111,7 @@ class Daemon:
         self.observer = observer if observer is not None else Observer()
         self.wall_clock = wall_clock
         self.n_actions, self.n_features = settings.learner_n_actions, settings.learner_n_features
-        self.engine = Engine(learner, settings.join_settings())
+        self.engine = self._make_engine(learner)
         self.tracker = OnlineErrorTracker(settings.metrics_window)
         self.counters = Counters()
         self.model_name = settings.model_name or type(learner).__name__.lower()
@@ -128,6 +134,9 @@ class Daemon:
         self.limits = settings.limits()
         self.retraining = (Retraining(settings, self.observer, wall_clock)
                            if settings.retrain_enabled or settings.experience_dir else None)
+
+    def _make_engine(self, learner: Learner) -> Engine:
+        return Engine(learner, self.settings.join_settings())
 
     @property
     def instances_this_run(self) -> int:
@@ -181,7 +190,7 @@ class Daemon:
         if restored is None:  # a crash before the first checkpoint still left its journal
             self._journaled = self.checkpointer.journal.load(0)
             return
-        self.engine, self.counters = thaw(restored, self.settings, type(self.learner), self.tracker)
+        self._thaw(restored)
         self._drifts_seen = self.learner.drift_detections_
         self.offsets = self.checkpointer.offsets
         self._journaled = self.checkpointer.journal.load(restored.seq)
@@ -189,6 +198,13 @@ class Daemon:
         self.transport.seek({k: v for k, v in self.offsets.snapshot().items() if k in assigned})
         log.info("restored checkpoint %d (%d pending joins, %d journaled decisions)",
                  restored.seq, len(self.join), len(self._journaled))
+
+    def _thaw(self, restored: Restored) -> None:
+        """Replace the engine and counters by the restored snapshot's."""
+        self.engine, self.counters = thaw(restored, self.settings, type(self.learner), self.tracker)
+
+    def _freeze(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return freeze(self.engine, self.tracker, self.counters, self.settings)
 
     # --------------------------------------------------------------------- loop
     def step(self) -> None:
@@ -312,6 +328,11 @@ class Daemon:
         outcomes = self.engine.feedback(batch.ids, batch.rewards, batch.ts,
                                         np.array([m.partition for m in batch.messages], np.int64),
                                         wall, batch.messages)
+        self._count_outcomes(outcomes, batch.ids, batch.messages)
+
+    def _count_outcomes(self, outcomes: np.ndarray, ids: list[str],
+                        messages: list[Message]) -> None:
+        """Count the feedback outcomes; duplicates and unknown ids are dead-lettered."""
         counted: dict[str, int] = {}
         for code, n in zip(*np.unique(outcomes, return_counts=True), strict=True):
             outcome = Outcome(int(code))
@@ -319,10 +340,10 @@ class Daemon:
                 counted[outcome.metric] = counted.get(outcome.metric, 0) + int(n)
         for i in np.flatnonzero((outcomes == Outcome.DUPLICATE) | (outcomes == Outcome.UNKNOWN)
                                 ).tolist():
-            m, outcome = batch.messages[i], Outcome(outcomes[i])
+            m, outcome = messages[i], Outcome(outcomes[i])
             self._reject([Rejection(_DEAD_LETTERED[outcome],
                                     f"feedback for a {outcome.name.lower()} decision id",
-                                    m.topic, m.partition, m.offset, m.key, m.value, batch.ids[i])])
+                                    m.topic, m.partition, m.offset, m.key, m.value, ids[i])])
         for name, n in counted.items():
             self.counters.feedback[name] += n
             self.observer.on_feedback(name, n)
@@ -366,9 +387,12 @@ class Daemon:
             if learned.skipped:
                 log.warning("%d updates skipped: they would have made the model non-finite",
                             learned.skipped)
-            self.tracker.observe(closed.actions[rows], closed.rewards[rows], closed.labels[rows],
-                                 closed.probs[rows])
+            self._track(closed, rows)
         self.observer.on_learned(learned, self.tracker, self.counters.model_version)
+
+    def _track(self, closed: Closed, rows: np.ndarray) -> None:
+        self.tracker.observe(closed.actions[rows], closed.rewards[rows], closed.labels[rows],
+                             closed.probs[rows])
 
     # -------------------------------------------------------------- dead letters
     def _reject(self, rejections: list[Rejection]) -> None:
@@ -386,7 +410,7 @@ class Daemon:
         if not final and wall < self._retry_checkpoint_at:
             return None
         started = time.perf_counter()
-        arrays, meta = freeze(self.engine, self.tracker, self.counters, self.settings)
+        arrays, meta = self._freeze()
         if self.retraining is not None:  # the log is flushed first: durable with the checkpoint
             meta["experience"] = self.retraining.position()
         try:

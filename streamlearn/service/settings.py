@@ -61,6 +61,12 @@ class DaemonSettings:
     retrain_clip: float = 20.0
     retrain_worker: str = "process"
     retrain_policy: str = "learner"
+    candidates_enabled: bool = False
+    candidates_learner: str = "linucb"
+    candidates_shared_features: int = 0
+    candidates_candidate_features: int = 45
+    candidates_max_candidates: int = 1000
+    candidates_max_slots: int = 10
 
     @property
     def retrain_enabled(self) -> bool:

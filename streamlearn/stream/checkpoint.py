@@ -169,7 +169,7 @@ class DecisionJournal:
                 try:
                     rec = orjson.loads(line)
                     found.setdefault(rec["d"]["id"], JournaledDecision(
-                        int(rec["d"]["action"]), rec["p"], rec["d"]))
+                        int(rec["d"].get("action", -1)), rec["p"], rec["d"]))  # -1: candidates
                 except (orjson.JSONDecodeError, KeyError, TypeError):
                     continue  # empty or torn line (a crash in the middle of an append)
         return found

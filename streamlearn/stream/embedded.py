@@ -35,8 +35,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from streamlearn.datasets.candidates import CANDIDATE_STREAMS, load_candidate_stream
 from streamlearn.errors import ConfigError, TransportError
 from streamlearn.stream.caller import CallerStats, SimulatedCaller, StreamSource
+from streamlearn.stream.candidate_caller import CandidateCaller
 from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
 from streamlearn.stream.transport import Message, check_offsets
 
@@ -77,14 +79,22 @@ class EmbeddedTransport(InMemoryTransport):
                  dataset: str = "synnonsep", data_dir: str | None = None, rate: float = 0.0,
                  chunk: int = 256, delay_mean_s: float = 0.2, drop: float = 0.0, seed: int = 1,
                  max_instances: int | None = None, drift_at: int | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, slots: int = 1) -> None:
         if rate < 0 or chunk < 1 or delay_mean_s < 0 or not 0 <= drop <= 1:
             raise ConfigError(f"EmbeddedTransport expects rate >= 0, chunk >= 1, delay_mean_s >= "
                               f"0, 0 <= drop <= 1. Got {rate}, {chunk}, {delay_mean_s}, {drop}.")
         super().__init__(instances_topic, feedback_topic, decisions_topic, dead_letter_topic,
                          broker=InMemoryBroker(1))
-        self.source = StreamSource(dataset, data_dir, seed, drift_at=drift_at)
-        self.caller = SimulatedCaller(self.source, "e", delay_mean_s, drop, seed)
+        self.caller: SimulatedCaller | CandidateCaller
+        if dataset.lower() in CANDIDATE_STREAMS:  # requests with their own candidate sets
+            self.source = None
+            self.caller = CandidateCaller(load_candidate_stream(
+                dataset.lower(), passes=20 if dataset.lower().startswith("ohsumed") else 1,
+                seed=seed, data_dir=data_dir), "e", delay_mean_s,
+                drop, seed, slots)
+        else:
+            self.source = StreamSource(dataset, data_dir, seed, drift_at=drift_at)
+            self.caller = SimulatedCaller(self.source, "e", delay_mean_s, drop, seed)
         self.rate, self.chunk, self.max_instances = rate, chunk, max_instances
         self._clock = clock
         self._started = float(clock())
@@ -95,12 +105,18 @@ class EmbeddedTransport(InMemoryTransport):
         return self.caller.stats
 
     @property
+    def candidate_dims(self) -> tuple[int, int] | None:
+        """(d_x, d_c) of a candidate-set dataset; None for a fixed-action one."""
+        c = self.caller
+        return (c.d_x, c.d_c) if isinstance(c, CandidateCaller) else None
+
+    @property
     def n_actions(self) -> int:
-        return int(self.source.n_classes)
+        return 0 if self.source is None else int(self.source.n_classes)
 
     @property
     def n_features(self) -> int:
-        return int(self.source.n_features)
+        return 0 if self.source is None else int(self.source.n_features)
 
     # ------------------------------------------------------------ simulation
     def _simulate(self, now: float) -> None:

@@ -1,0 +1,134 @@
+"""The simulated caller for candidate-set streams (``ohsumed-candidates``, ``synthetic-candidates``).
+
+The same part :class:`~streamlearn.stream.caller.SimulatedCaller` plays for
+fixed actions, with the same interface (``instances``, ``answer``, ``due``,
+``skip_to``, ``stats``): request ``n`` (id ``<prefix><n>``) is request
+``n mod B`` of a :class:`~streamlearn.datasets.candidates.CandidateStream`, with
+its candidates (id and features) and ``slots``; a decision is answered, after an
+exponential delay (or never, with probability ``drop``), with the realised
+reward of every candidate it placed:
+``{"id": "e7", "rewards": {"<candidate id>": 1.0, ...}, "ts": ...}``.
+
+>>> from streamlearn.datasets.candidates import synthetic_candidates
+>>> caller = CandidateCaller(synthetic_candidates(10, d_x=2, d_c=3, seed=1), delay_mean_s=0.0)
+>>> [(key, sorted(orjson.loads(value))) for key, value in caller.instances(1, now=0.0)]
+[(b'e0', ['candidates', 'id', 'slots', 'ts', 'x'])]
+>>> cid = caller.stream.candidate_ids[0]
+>>> caller.answer([orjson.dumps({"id": "e0", "candidates": [{"id": cid, "prob": 1.0}]})], now=0.0)
+>>> [sorted(orjson.loads(v)["rewards"]) == [cid] for _, v in caller.due(now=0.0)]
+[True]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import orjson
+
+from streamlearn.datasets.candidates import CandidateStream
+from streamlearn.stream.caller import CallerStats
+
+__all__ = ["CandidateCaller"]
+
+AWAIT_RING = 1 << 20  # requests this many behind the newest are forgotten
+
+
+class CandidateCaller:
+    """Publishes a candidate-set stream's requests and answers their decisions."""
+
+    def __init__(self, stream: CandidateStream, prefix: str = "e", delay_mean_s: float = 0.2,
+                 drop: float = 0.0, seed: int = 1, slots: int = 1) -> None:
+        self.stream, self.prefix, self.slots = stream, prefix, int(slots)
+        self.delay_mean_s, self.drop = delay_mean_s, drop
+        self.stats = CallerStats()
+        self.next_instance = 0
+        self._rng = np.random.default_rng([seed, 3])
+        self._awaiting = np.zeros(AWAIT_RING, dtype=bool)
+        self._due: list[tuple[float, str, dict[str, float]]] = []
+
+    @property
+    def d_x(self) -> int:
+        return int(self.stream.sets.context.shape[1])
+
+    @property
+    def d_c(self) -> int:
+        return int(self.stream.sets.items.shape[1])
+
+    @property
+    def scheduled(self) -> int:
+        return len(self._due)
+
+    def skip_to(self, n: int) -> None:
+        """Continue at request ``n`` (decisions of earlier requests are no longer answered)."""
+        self.next_instance = n
+        self._awaiting[:] = False
+
+    def _rows(self, n: int) -> tuple[int, int]:
+        r = n % len(self.stream)
+        offsets = self.stream.sets.offsets
+        return int(offsets[r]), int(offsets[r + 1])
+
+    def instances(self, count: int, now: float) -> list[tuple[bytes, bytes]]:
+        """The next ``count`` requests as (key, value)."""
+        out = []
+        sets, cids = self.stream.sets, self.stream.candidate_ids
+        for n in range(self.next_instance, self.next_instance + max(count, 0)):
+            start, stop = self._rows(n)
+            request: dict[str, object] = {
+                "id": f"{self.prefix}{n}", "ts": now,
+                "candidates": [{"id": cids[row], "x": sets.items[row].tolist()}
+                               for row in range(start, stop)],
+                "slots": min(self.slots, stop - start)}
+            if self.d_x:
+                request["x"] = sets.context[n % len(self.stream)].tolist()
+            out.append((request["id"].encode(), orjson.dumps(request)))  # type: ignore[attr-defined]
+            self._awaiting[n % AWAIT_RING] = True
+        self.next_instance += max(count, 0)
+        self.stats.instances_sent += max(count, 0)
+        return out
+
+    def answer(self, values: Sequence[bytes | None], now: float) -> None:
+        """Read decisions; schedule (or drop) the per-candidate rewards of each of ours."""
+        rewards = self.stream.rewards
+        for value in values:
+            try:
+                decision = orjson.loads(value or b"")
+                event_id = str(decision["id"])
+                placed = [str(c["id"]) for c in decision["candidates"]]
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                self.stats.unparsable_decisions += 1
+                continue
+            self.stats.recent_decisions.append(value or b"")
+            digits = event_id[len(self.prefix):]
+            n = int(digits) if event_id.startswith(self.prefix) and digits.isdigit() else -1
+            if not (0 <= n < self.next_instance and n >= self.next_instance - AWAIT_RING
+                    and self._awaiting[n % AWAIT_RING]):
+                self.stats.foreign_decisions += 1
+                continue
+            self._awaiting[n % AWAIT_RING] = False
+            self.stats.decisions_received += 1
+            if self._rng.random() < self.drop:
+                self.stats.dropped += 1
+                continue
+            start, stop = self._rows(n)
+            reward_of = dict(zip(self.stream.candidate_ids[start:stop],
+                                 rewards[start:stop].tolist(), strict=True))
+            delay = self._rng.exponential(self.delay_mean_s) if self.delay_mean_s > 0 else 0.0
+            self._due.append((now + delay, event_id,
+                              {c: reward_of[c] for c in placed if c in reward_of}))
+
+    def due(self, now: float) -> list[tuple[bytes, bytes]]:
+        """The feedback messages whose time has come, as (key, value)."""
+        ready = [d for d in self._due if d[0] <= now]
+        if not ready:
+            return []
+        self._due = [d for d in self._due if d[0] > now]
+        out = []
+        for _, event_id, rewards in ready:
+            message = {"id": event_id, "rewards": rewards, "ts": now} if rewards else \
+                {"id": event_id, "reward": 0.0, "ts": now}
+            out.append((event_id.encode(), orjson.dumps(message)))
+            self.stats.rewards_sent += float(sum(rewards.values()))
+        self.stats.feedback_sent += len(out)
+        return out
