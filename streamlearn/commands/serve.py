@@ -220,9 +220,15 @@ def _dimensions(config: Config, transport: Transport) -> tuple[int, int]:
 def _candidate_dimensions(config: Config, transport: Transport) -> tuple[int, int] | None:
     """(d_x, d_c) in candidate mode (the embedded dataset's when the config kept defaults),
     None for fixed actions."""
+    from streamlearn.datasets.candidates import CANDIDATE_STREAMS
+
     dims = getattr(transport, "candidate_dims", None)
     c = config.candidates
     if dims is None:
+        if c.enabled and config.embedded_mode:
+            raise ConfigError(f"embedded.dataset must be a candidate-set stream "
+                              f"({', '.join(sorted(CANDIDATE_STREAMS))}) when candidates.enabled "
+                              f"is true. Got '{config.embedded.dataset}'.")
         return (c.shared_features, c.candidate_features) if c.enabled else None
     defaults = type(c)()
     for name, got, want, default in (

@@ -48,7 +48,10 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--config", metavar="FILE", help="TOML file for [kafka] and [topics]")
     group.add_argument("--dataset", default="synnonsep", metavar="NAME",
                        help="dataset to stream (synsep, synnonsep, letter, pendigits, ...; "
+                            "candidate-set requests: ohsumed-candidates, synthetic-candidates; "
                             "default synnonsep)")
+    group.add_argument("--slots", type=int, default=1, metavar="K",
+                       help="slots per candidate-set request (default 1)")
     group.add_argument("--data-dir", metavar="DIR", help="dataset directory")
     group.add_argument("--rate", type=float, required=True, metavar="EV_PER_S",
                        help="required, no default: instances per second; 0 = as fast as "
@@ -106,6 +109,7 @@ def _check(args: argparse.Namespace) -> None:
                 (args.events < 1, f"--events must be an integer >= 1. Got {args.events}."),
                 (args.delay_mean < 0, f"--delay-mean must be a number >= 0. Got {args.delay_mean}."),
                 (not 0 <= args.drop <= 1, f"--drop must be a number in [0, 1]. Got {args.drop}."),
+                (args.slots < 1, f"--slots must be an integer >= 1. Got {args.slots}."),
                 (args.wait_seconds < 0,
                  f"--wait-seconds must be a number >= 0. Got {args.wait_seconds}."),
                 (args.progress_seconds < 0,
@@ -125,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     summary = simulate(config, dataset=args.dataset, data_dir=args.data_dir, rate=args.rate,
                        events=args.events, delay_mean_s=args.delay_mean, drop=args.drop,
                        seed=args.seed, run_id=args.run_id, wait_s=args.wait_seconds,
-                       progress_s=args.progress_seconds,
+                       progress_s=args.progress_seconds, slots=args.slots,
                        progress_out=sys.stderr if args.json else sys.stdout)
     print(orjson.dumps(asdict(summary)).decode() if args.json else summary.text())
     return 0
@@ -161,21 +165,22 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
              rate: float = 0.0, events: int = 10_000, delay_mean_s: float = 1.0,
              drop: float = 0.0, seed: int = 1, run_id: str | None = None,
              wait_s: float = 30.0, chunk: int = 500, progress_s: float = 0.0,
-             progress_out: Any = None) -> SimulationSummary:
+             progress_out: Any = None, slots: int = 1) -> SimulationSummary:
     """Run one simulation against ``config.kafka.bootstrap``; see the module docstring.
 
     The caller is the shared :class:`~streamlearn.stream.caller.SimulatedCaller`
-    (the embedded default runs the same one in process). With ``progress_s > 0``
+    (the embedded default runs the same one in process), or for a candidate-set
+    dataset the :class:`~streamlearn.stream.candidate_caller.CandidateCaller`
+    (``slots`` per request). With ``progress_s > 0``
     a progress line goes to ``progress_out`` (default stdout) every
     ``progress_s`` seconds.
     """
     from kafka.errors import KafkaError
 
-    from streamlearn.stream.caller import SimulatedCaller, StreamSource
+    from streamlearn.stream.candidate_caller import make_caller
 
     summary = SimulationSummary(run_id or uuid.uuid4().hex[:8])
-    caller = SimulatedCaller(StreamSource(dataset, data_dir, seed), f"{summary.run_id}-",
-                             delay_mean_s, drop, seed)
+    caller = make_caller(dataset, data_dir, f"{summary.run_id}-", delay_mean_s, drop, seed, slots)
     topics = config.topics
     try:
         producer, consumer = _clients(config)

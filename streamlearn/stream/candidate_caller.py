@@ -26,10 +26,14 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
-from streamlearn.datasets.candidates import CandidateStream
-from streamlearn.stream.caller import CallerStats
+from streamlearn.datasets.candidates import (
+    CANDIDATE_STREAMS,
+    CandidateStream,
+    load_candidate_stream,
+)
+from streamlearn.stream.caller import CallerStats, SimulatedCaller, StreamSource
 
-__all__ = ["CandidateCaller"]
+__all__ = ["CandidateCaller", "make_caller"]
 
 AWAIT_RING = 1 << 20  # requests this many behind the newest are forgotten
 
@@ -132,3 +136,18 @@ class CandidateCaller:
             self.stats.rewards_sent += float(sum(rewards.values()))
         self.stats.feedback_sent += len(out)
         return out
+
+
+def make_caller(dataset: str, data_dir: str | None, prefix: str, delay_mean_s: float,
+                drop: float, seed: int, slots: int = 1, drift_at: int | None = None,
+                ) -> SimulatedCaller | CandidateCaller:
+    """The simulated caller of a dataset: a :class:`CandidateCaller` for a candidate-set
+    stream (OHSUMED: 20 shuffled passes, then cycled), else a
+    :class:`~streamlearn.stream.caller.SimulatedCaller`."""
+    name = dataset.lower()
+    if name in CANDIDATE_STREAMS:
+        stream = load_candidate_stream(name, passes=20 if name.startswith("ohsumed") else 1,
+                                       seed=seed, data_dir=data_dir)
+        return CandidateCaller(stream, prefix, delay_mean_s, drop, seed, slots)
+    return SimulatedCaller(StreamSource(dataset, data_dir, seed, drift_at=drift_at), prefix,
+                           delay_mean_s, drop, seed)

@@ -35,10 +35,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from streamlearn.datasets.candidates import CANDIDATE_STREAMS, load_candidate_stream
 from streamlearn.errors import ConfigError, TransportError
 from streamlearn.stream.caller import CallerStats, SimulatedCaller, StreamSource
-from streamlearn.stream.candidate_caller import CandidateCaller
+from streamlearn.stream.candidate_caller import CandidateCaller, make_caller
 from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
 from streamlearn.stream.transport import Message, check_offsets
 
@@ -85,16 +84,9 @@ class EmbeddedTransport(InMemoryTransport):
                               f"0, 0 <= drop <= 1. Got {rate}, {chunk}, {delay_mean_s}, {drop}.")
         super().__init__(instances_topic, feedback_topic, decisions_topic, dead_letter_topic,
                          broker=InMemoryBroker(1))
-        self.caller: SimulatedCaller | CandidateCaller
-        if dataset.lower() in CANDIDATE_STREAMS:  # requests with their own candidate sets
-            self.source = None
-            self.caller = CandidateCaller(load_candidate_stream(
-                dataset.lower(), passes=20 if dataset.lower().startswith("ohsumed") else 1,
-                seed=seed, data_dir=data_dir), "e", delay_mean_s,
-                drop, seed, slots)
-        else:
-            self.source = StreamSource(dataset, data_dir, seed, drift_at=drift_at)
-            self.caller = SimulatedCaller(self.source, "e", delay_mean_s, drop, seed)
+        self.caller = make_caller(dataset, data_dir, "e", delay_mean_s, drop, seed, slots,
+                                  drift_at)
+        self.source = self.caller.source if isinstance(self.caller, SimulatedCaller) else None
         self.rate, self.chunk, self.max_instances = rate, chunk, max_instances
         self._clock = clock
         self._started = float(clock())

@@ -195,3 +195,31 @@ def test_library_loggers_are_quiet_by_default_ours_follow_log_level() -> None:
     finally:
         root.setLevel(saved[0])
         logging.getLogger("streamlearn").setLevel(saved[1])
+
+
+def test_embedded_candidate_dataset_serves_slates_in_candidate_mode() -> None:
+    config = load_config(environ={}, cli={"metrics.port": "-1", "embedded.delay_mean_seconds": "0",
+                                          "embedded.dataset": "synthetic-candidates",
+                                          "embedded.slots": "2"})
+    registry, out = CollectorRegistry(), io.StringIO()
+    assert serve(config, max_events=3000, progress_s=0, registry=registry, out=out) == 0
+    get = registry.get_sample_value
+    assert get("streamlearn_instances_total") == 3000
+    joined = get("streamlearn_feedback_total", {"outcome": "joined"}) or 0
+    assert 2 * 2800 < joined <= 2 * 3000  # two slots per request, each joined
+    rewards = [get("streamlearn_action_rewards_total", {"action": str(s)}) for s in (0, 1)]
+    assert all(r is not None and r > 0 for r in rewards)  # per-slot reward metrics
+    assert (get("streamlearn_invalid_events_total", {"topic": "streamlearn.instances",
+                                                     "reason": "bad_slots"}) or 0) == 0
+    assert "CandidateLinUCB (candidate sets, d_x=5, d_c=5)" in out.getvalue()
+
+
+def test_candidate_mode_config_errors_say_what_was_expected() -> None:
+    config = load_config(environ={}, cli={"metrics.port": "-1", "candidates.enabled": "true",
+                                          "embedded.dataset": "synthetic-candidates",
+                                          "retrain.every_events": "100"})
+    with pytest.raises(Exception, match=r"not available in candidate mode"):
+        serve(config, max_events=10, progress_s=0, out=io.StringIO())
+    config = load_config(environ={}, cli={"metrics.port": "-1", "candidates.enabled": "true"})
+    with pytest.raises(Exception, match=r"embedded.dataset must be a candidate-set stream"):
+        serve(config, max_events=10, progress_s=0, out=io.StringIO())
