@@ -34,7 +34,9 @@ from typing import Any
 import numpy as np
 
 from streamlearn.errors import ConfigError, StateError
+from streamlearn.rankers.adarank import AdaRank
 from streamlearn.rankers.base import Ranker
+from streamlearn.rankers.ndcg_boost import NDCGBoost
 from streamlearn.rankers.rankboost import RankBoost
 from streamlearn.rankers.roger import NRoger, Roger
 from streamlearn.rankers.routing import LDA, LogisticRegression, Network, Rocchio
@@ -61,6 +63,11 @@ RANKERS: dict[str, Callable[[], Ranker]] = {
 _NEEDS_QID = {
     "adarank": "AdaRank",
     "ndcg_boost": "NDCGBoost",
+}
+# listwise rankers, for logged candidate sets (a request's placed candidates form a query)
+_LISTWISE: dict[str, Callable[[], Ranker]] = {
+    "adarank": lambda: AdaRank(n_rounds=50),
+    "ndcg_boost": lambda: NDCGBoost(n_rounds=50, max_bins=32),
 }
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _DIR = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)-v(?P<version>\d{8})$")
@@ -91,21 +98,28 @@ def _import_class(spec: str) -> type[Ranker]:
     return obj
 
 
-def make_ranker(spec: str) -> Ranker:
-    """A fresh ranker for retraining from a registered name or ``package.module:ClassName``."""
+def make_ranker(spec: str, queries: bool = False) -> Ranker:
+    """A fresh ranker for retraining from a registered name or ``package.module:ClassName``.
+
+    ``queries``: the training data has multi-document queries (candidate sets), so
+    the listwise rankers (``adarank``, ``ndcg_boost``) are available too.
+    """
     if spec in RANKERS:
         return RANKERS[spec]()
     if spec.lower() in _NEEDS_QID:
-        raise _qid_error(_NEEDS_QID[spec.lower()])
+        if not queries:
+            raise _qid_error(_NEEDS_QID[spec.lower()])
+        return _LISTWISE[spec.lower()]()
     cls = _import_class(spec)
-    if cls.requires_qid:
+    if cls.requires_qid and not queries:
         raise _qid_error(cls.__name__)
     return cls()
 
 
 def artifact_name(spec: str) -> str:
     """The artifact name of a spec: the registered name, or the class name in lower case."""
-    return spec if spec in RANKERS else spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1].lower()
+    return spec if spec in RANKERS or spec.lower() in _LISTWISE else \
+        spec.rsplit(":", 1)[-1].rsplit(".", 1)[-1].lower()
 
 
 def _class_path(obj: Ranker) -> str:

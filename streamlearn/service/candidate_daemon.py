@@ -59,9 +59,10 @@ class CandidateDaemon(Daemon):
 
     def _make_engine(self, learner: Any) -> Any:
         s = self.settings
-        if s.retrain_enabled or s.experience_dir:
-            raise ConfigError("retrain and experience are not available in candidate mode yet. "
-                              "Got candidates.enabled with a retrain or experience setting.")
+        if s.retrain_enabled and s.retrain_policy == "ranker":
+            raise ConfigError("retrain.policy must be 'learner' in candidate mode (rankers are "
+                              "retrained and measured on the logged slates, not promoted to "
+                              "serve). Got 'ranker'.")
         if not isinstance(learner, CandidateLearner):
             raise ConfigError(f"candidate mode needs a candidate-set learner. Got "
                               f"{type(learner).__name__}.")

@@ -145,7 +145,7 @@ class Retraining:
             from streamlearn.retrain.artifact import make_ranker
 
             for spec in settings.retrain_ranker_names():  # a bad name is a config error at start
-                make_ranker(spec)
+                make_ranker(spec, queries=settings.candidates_enabled)
         self.policy = settings.retrain_policy
         self.live: RankerArtifact | None = None
         self.promoted: RankerArtifact | None = None
@@ -246,15 +246,22 @@ class Retraining:
         s = self.settings
         version = int(self.state["next_version"])
         self.state["next_version"] = version + 1
-        spec = {"log_dir": str(self.log.directory), "segments": None,
+        spec: dict[str, Any] = {"log_dir": str(self.log.directory), "segments": None,
                 "max_rows": s.retrain_window(), "rankers": list(s.retrain_ranker_names()),
                 "artifact_dir": str(self.artifact_dir), "version": version, "clip": s.retrain_clip,
                 "holdout_fraction": s.retrain_holdout_fraction,
                 "current": str(self.promoted.path) if self.promoted is not None else None,
                 "level": 0.95}
-        from streamlearn.retrain.job import run_retrain  # the worker's side
+        if s.candidates_enabled:
+            from streamlearn.retrain.candidates import run_candidate_retrain
 
-        self._job = self._worker().submit(run_retrain, spec)
+            spec["candidates"] = {"d_x": s.candidates_shared_features,
+                                  "d_c": s.candidates_candidate_features}
+            self._job = self._worker().submit(run_candidate_retrain, spec)
+        else:
+            from streamlearn.retrain.job import run_retrain  # the worker's side
+
+            self._job = self._worker().submit(run_retrain, spec)
         self._job_started, self._last_start, self._since_last = time.perf_counter(), now, 0
         log.info("retrain %d started on up to %d logged decisions (%s)", version,
                  s.retrain_window(), ", ".join(s.retrain_ranker_names()))
@@ -307,6 +314,9 @@ class Retraining:
                 process.terminate()
 
     def _apply(self, result: dict[str, Any]) -> None:
+        if "candidates" in result:
+            self._apply_candidates(result)
+            return
         for policy, by_estimator in result.get("estimates", {}).items():
             for estimator, e in by_estimator.items():
                 self.observer.on_policy_value(policy, estimator, e["value"], e["low"], e["high"])
@@ -341,6 +351,37 @@ class Retraining:
         self.observer.on_promotion(outcome)
         log.info("retrain %s: ranker %s %s (%s)", result.get("version"), best, outcome,
                  decision.get("reason"))
+        self._record_history(entry)
+
+    def _apply_candidates(self, result: dict[str, Any]) -> None:
+        """Candidate mode: the rankers are measured on the held-out logged slates (NDCG, AUC)
+        and the best by NDCG becomes the live one; none is promoted to serve
+        (:mod:`streamlearn.retrain.candidates` says why)."""
+        rankers = result.get("rankers", {})
+        scored = [(info["ndcg"], name) for name, info in rankers.items()
+                  if info.get("ndcg") is not None]
+        best = max(scored)[1] if scored else next(iter(rankers), None)
+        entry = {"version": result.get("version"), "started": self._last_start,
+                 "at": self.wall_clock(), "duration_seconds": result.get("duration_seconds"),
+                 "segments": result.get("segments"), "rows": result.get("rows"),
+                 "queries": result.get("train_queries"),
+                 "documents_per_query": result.get("documents_per_query"),
+                 "held_out": result.get("heldout_rows"), "ranker": best, "promoted": False,
+                 "reason": "candidate mode: measured on the logged slates, not promoted",
+                 "learner": result.get("learner"),
+                 "rankers": {n: {k: i.get(k) for k in ("ndcg", "auc", "fit_seconds")}
+                             for n, i in rankers.items()}}
+        if best is not None:
+            info = rankers[best]
+            for metric in ("auc", "ndcg"):
+                if info.get(metric) is not None:
+                    self.observer.on_ranker_metric(metric, float(info[metric]))
+            self.state["live"] = entry["artifact"] = info["artifact"]
+            self.observer.on_ranker_version(int(result.get("version", 0)))
+        log.info("retrain %s on %s logged slates: best ranker %s (held-out NDCG %s; the "
+                 "learner's slot order %s)", result.get("version"), result.get("train_queries"),
+                 best, None if best is None else rankers[best].get("ndcg"),
+                 (result.get("learner") or {}).get("ndcg"))
         self._record_history(entry)
 
     def _record_history(self, entry: dict[str, Any]) -> None:

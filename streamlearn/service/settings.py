@@ -76,10 +76,13 @@ class DaemonSettings:
     def retrain_ranker_names(self) -> tuple[str, ...]:
         """The configured rankers; by default RankBoost and logistic regression, or Rocchio
         instead of the latter when the joint features are too wide for its Newton steps
-        (d·K > 1,000: a (d·K)² Hessian per step)."""
+        (d·K > 1,000: a (d·K)² Hessian per step); in candidate mode RankBoost, AdaRank
+        and NDCG_Boost."""
         names = tuple(n.strip() for n in (self.retrain_rankers or "").split(",") if n.strip())
         if names:
             return names
+        if self.candidates_enabled:  # requests are queries: the listwise rankers apply
+            return ("rankboost", "adarank", "ndcg_boost")
         wide = self.learner_n_features * self.learner_n_actions > 1000
         return ("rankboost", "rocchio") if wide else ("rankboost", "logistic")
 

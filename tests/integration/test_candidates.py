@@ -12,7 +12,8 @@ Checked: every valid request got a decision whose placed candidates are among
 those it sent (as many as its slots, distinct), re-emitted decisions are
 byte-identical, the final checkpoint applied every answered slot exactly once
 (count and id checksum over the (request, candidate) pairs), and each malformed
-request reached the dead-letter topic with its specific reason.
+request reached the dead-letter topic with its specific reason; the experience
+log holds every answered slot once and the rankers retrained on it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from kafka import KafkaConsumer, TopicPartition
 from test_crash_safety import committed_everything
 
 from streamlearn.service.counters import id_checksum
+from streamlearn.service.retraining import read_ranker_state
 from streamlearn.snapshot import read_snapshot
+from streamlearn.stream.experience import read_experience
 
 pytestmark = pytest.mark.integration
 
@@ -167,7 +170,7 @@ def test_candidate_requests_end_to_end_with_kills(kafka_bootstrap: str, tmp_path
     publisher.start()
     extra = ("--candidates-enabled", "true", "--candidates-shared-features", str(D_X),
              "--candidates-candidate-features", str(D_C), "--candidates-max-candidates", "60",
-             "--candidates-max-slots", "3")
+             "--candidates-max-slots", "3", "--retrain-every-events", "8000")
     proc = serve_crashable(kafka_bootstrap, topics, ckpt, log, *extra)
     rng = np.random.default_rng(20261201)
     kills = []
@@ -186,6 +189,8 @@ def test_candidate_requests_end_to_end_with_kills(kafka_bootstrap: str, tmp_path
                    lambda: f"{len(client.first)} decided; {log.read_text()[-2000:]}")
         wait_until(lambda: committed_everything(kafka_bootstrap, topics), 120,
                    "the daemon to commit all input", interval_s=1.0)
+        wait_until(lambda: read_ranker_state(ckpt / "rankers").get("history"), 120,
+                   "a retrain on the logged slates", interval_s=0.5)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
@@ -219,4 +224,12 @@ def test_candidate_requests_end_to_end_with_kills(kafka_bootstrap: str, tmp_path
     letters = {orjson.loads(r.value)["id"]: orjson.loads(r.value)["reason"]
                for r in read_all(kafka_bootstrap, topics["dead_letter_topic"])}
     assert letters == {bid: reason for bid, (_, reason) in MALFORMED.items()}
+
+    # the experience log holds every answered slot exactly once, across the kills, and the
+    # rankers were retrained on its requests as multi-document queries
+    logged = read_experience(ckpt / "experience").ids
+    assert len(logged) == len(set(logged)) and sorted(logged) == sorted(client.applied_pairs)
+    history = read_ranker_state(ckpt / "rankers")["history"]
+    assert history and history[-1]["documents_per_query"] > 1.5
+    assert {"adarank", "ndcg_boost"} <= set(history[-1]["rankers"])
     assert "Traceback" not in log.read_text()

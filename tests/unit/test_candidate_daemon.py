@@ -298,3 +298,25 @@ def test_engine_decisions_stay_inside_their_sets_and_the_model_finite(
         engine.learn()
         assert np.isfinite(engine.learner.A_inv_).all() and np.isfinite(engine.learner.b_).all()
     assert len(engine.joins) == 0 and not engine.slates
+
+
+def test_the_loop_retrains_listwise_rankers_on_its_logged_slates(tmp_path: Path) -> None:
+    from streamlearn.service.retraining import read_ranker_state
+    from streamlearn.stream.experience import read_experience
+
+    broker, clock = InMemoryBroker(2), Clock()
+    caller = Caller(broker)
+    daemon = make_daemon(broker, tmp_path, clock, retrain_every_events=400,
+                         retrain_worker="thread")
+    daemon = run(broker, daemon, caller, clock, 10)
+    while daemon.retraining is not None and daemon.retraining._job is not None:
+        time.sleep(0.05)
+        daemon.retraining.tick()
+    daemon.checkpoint(final=True)
+    assert daemon.retraining is not None and daemon.retraining.failures == 0
+    history = read_ranker_state(tmp_path / "rankers")["history"]
+    assert history and all(not h["promoted"] for h in history)
+    assert {"rankboost", "adarank", "ndcg_boost"} <= set(history[-1]["rankers"])
+    assert history[-1]["documents_per_query"] > 1.5  # multi-document queries from the loop
+    logged = read_experience(tmp_path / "experience").ids
+    assert sorted(logged) == sorted(caller.applied_pairs)  # every answered slot, once
