@@ -169,23 +169,10 @@ class CandidateDaemon(Daemon):
                             "ranking": [cids[r] for r in order[start:stop].tolist()],
                             "explored": bool(placed[0] != decided.exploit[j]),
                             "model": model, "ts": wall})
-        if self.checkpointer is not None:
-            self.checkpointer.journal.append([r["id"] for r in records],
-                                             decided.slot_probs[fresh], records)
-        for j, record in zip(fresh.tolist(), records, strict=True):
-            values[j] = orjson.dumps(record)
-        return values
+        return self._journal_and_encode(values, fresh, records, decided.slot_probs[fresh])
 
-    def _join(self, messages: list[Message], wall: float) -> None:
-        if not messages:
-            return
-        batch, rejected = decode_candidate_feedback(messages, self.limits)
-        self.observer.on_batch(len(messages), "feedback")
-        self._reject(rejected)
-        outcomes = self.engine.feedback(batch.ids, batch.rewards, batch.ts,
-                                        np.array([m.partition for m in batch.messages], np.int64),
-                                        wall, batch.messages)
-        self._count_outcomes(outcomes, batch.ids, batch.messages)
+    def _decode_feedback(self, messages: list[Message]) -> tuple[Any, list[Rejection]]:
+        return decode_candidate_feedback(messages, self.limits)
 
     def _track(self, closed: Closed, rows: np.ndarray) -> None:
         self.tracker.observe(closed.actions[rows], closed.rewards[rows])

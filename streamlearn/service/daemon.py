@@ -312,8 +312,13 @@ class Daemon:
         if rankings is not None:
             for record, ranking in zip(records, rankings, strict=True):
                 record["ranking"] = ranking
+        return self._journal_and_encode(values, fresh, records, probs[fresh])
+
+    def _journal_and_encode(self, values: list[bytes], fresh: np.ndarray,
+                            records: list[dict[str, Any]], probs: np.ndarray) -> list[bytes]:
+        """Journal the new decisions (before they are produced), then encode them in place."""
         if self.checkpointer is not None:
-            self.checkpointer.journal.append([r["id"] for r in records], probs[fresh], records)
+            self.checkpointer.journal.append([r["id"] for r in records], probs, records)
         for j, record in zip(fresh.tolist(), records, strict=True):
             values[j] = orjson.dumps(record)
         return values
@@ -322,13 +327,16 @@ class Daemon:
         """Decode and join the feedback; duplicates and unknown ids are dead-lettered."""
         if not messages:
             return
-        batch, rejected = decode_feedback(messages, self.limits)
+        batch, rejected = self._decode_feedback(messages)
         self.observer.on_batch(len(messages), "feedback")
         self._reject(rejected)
         outcomes = self.engine.feedback(batch.ids, batch.rewards, batch.ts,
                                         np.array([m.partition for m in batch.messages], np.int64),
                                         wall, batch.messages)
         self._count_outcomes(outcomes, batch.ids, batch.messages)
+
+    def _decode_feedback(self, messages: list[Message]) -> tuple[Any, list[Rejection]]:
+        return decode_feedback(messages, self.limits)
 
     def _count_outcomes(self, outcomes: np.ndarray, ids: list[str],
                         messages: list[Message]) -> None:

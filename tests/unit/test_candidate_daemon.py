@@ -12,6 +12,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loop_helpers import Clock, drain
 
 from streamlearn.candidates.engine import CandidateEngine, pair_id
 from streamlearn.candidates.learners import CandidateLinUCB
@@ -25,13 +26,6 @@ from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
 D_X, D_C = 3, 4
 THETA = np.random.default_rng(5).normal(size=(D_X, D_C))
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def features(x: np.ndarray, form: int) -> Any:
@@ -106,10 +100,6 @@ def make_daemon(broker: InMemoryBroker, tmp: Path | None, clock: Clock,
     return daemon
 
 
-def drain(daemon: CandidateDaemon) -> None:
-    end = daemon.transport.end_offsets()
-    while any(daemon.offsets.snapshot().get(tp, 0) < off for tp, off in end.items()):
-        daemon.step()
 
 
 def run(broker: InMemoryBroker, daemon: CandidateDaemon, caller: Caller, clock: Clock,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import base64
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 import pytest
+from loop_helpers import Clock, drain
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.errors import StateError, TransportError
@@ -32,15 +32,6 @@ def weights_of(lr: Learner) -> np.ndarray:
 def learner() -> Banditron:
     return Banditron(9, 400, FixedGamma(0.05), seed=11)
 
-
-class Clock:
-    """Event and wall time of the test, in the same base as the broker's message timestamps."""
-
-    def __init__(self) -> None:
-        self.t = time.time()
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Caller:
@@ -87,11 +78,6 @@ def make_daemon(broker: InMemoryBroker, tmp: Path | None, clock: Clock, **kw: An
     return daemon
 
 
-def drain(daemon: Daemon) -> None:
-    """Step until the daemon has consumed everything on its input topics."""
-    end = daemon.transport.end_offsets()
-    while any(daemon.offsets.snapshot().get(tp, 0) < off for tp, off in end.items()):
-        daemon.step()
 
 
 def lockstep(broker: InMemoryBroker, daemon: Daemon, caller: Caller, clock: Clock,

@@ -1,0 +1,23 @@
+"""Helpers of the unit tests that drive a daemon over the in-memory transport."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class Clock:
+    """Event and wall time of a test, in the same base as the broker's message timestamps."""
+
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def drain(daemon: Any) -> None:
+    """Step until the daemon has consumed everything on its input topics."""
+    end = daemon.transport.end_offsets()
+    while any(daemon.offsets.snapshot().get(tp, 0) < off for tp, off in end.items()):
+        daemon.step()
