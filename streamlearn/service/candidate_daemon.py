@@ -108,11 +108,7 @@ class CandidateDaemon(Daemon):
             s.candidates_max_candidates, s.candidates_max_slots)
         self.observer.on_batch(len(messages), "instances")
         known = self.engine.is_known(batch.ids)
-        for i in np.flatnonzero(known).tolist():
-            m = batch.messages[i]
-            rejected.append(Rejection("duplicate_id", "a request with this id is already known",
-                                      m.topic, m.partition, m.offset, m.key, m.value, batch.ids[i]))
-        self._reject(rejected)
+        self._reject_with_known(rejected, known, batch.ids, batch.messages)
         if known.any():
             batch = _take(batch, np.flatnonzero(~known))
         B = len(batch)

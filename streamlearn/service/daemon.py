@@ -251,11 +251,7 @@ class Daemon:
         batch, rejected = decode_instances(messages, self.n_features, self.n_actions, self.limits)
         self.observer.on_batch(len(messages), "instances")
         known = self.join.is_known(batch.ids)
-        for i in np.flatnonzero(known).tolist():
-            m = batch.messages[i]
-            rejected.append(Rejection("duplicate_id", "an instance with this id is already known",
-                                      m.topic, m.partition, m.offset, m.key, m.value, batch.ids[i]))
-        self._reject(rejected)
+        self._reject_with_known(rejected, known, batch.ids, batch.messages)
         if known.any():
             batch = batch.take(np.flatnonzero(~known))
         B = len(batch)
@@ -290,6 +286,15 @@ class Daemon:
         self.observer.on_decided(B, n_explored, self.wall_clock() - produced_at,
                                  B - len(decided.fresh), decided.actions,
                                  float(exploration_rates(decided.probs, batch.mask).mean()))
+
+    def _reject_with_known(self, rejected: list[Rejection], known: np.ndarray, ids: list[str],
+                           messages: list[Message]) -> None:
+        """Dead-letter the decoder's rejections and the instances whose id is already known."""
+        for i in np.flatnonzero(known).tolist():
+            m = messages[i]
+            rejected.append(Rejection("duplicate_id", "an instance with this id is already known",
+                                      m.topic, m.partition, m.offset, m.key, m.value, ids[i]))
+        self._reject(rejected)
 
     def _decision_values(self, ids: list[str], actions: np.ndarray, probs: np.ndarray,
                          fresh: np.ndarray, reused: dict[str, JournaledDecision],
