@@ -60,6 +60,15 @@ class KafkaConfig:
     bootstrap: str | None = spec(None, "Kafka bootstrap servers HOST:PORT[,HOST:PORT]; unset = "
                                  "embedded transport with a built-in simulator", kind="hostports")
     group_id: str = spec("streamlearn", "consumer group id (replicas share it)")
+    membership: str = spec("assign", "assign: this process reads every input partition; group: "
+                           "it joins group_id with the other replicas and serves the partitions "
+                           "Kafka assigns it (scale-out, docs/operations.md)",
+                           choices=("assign", "group"))
+    group_instance_id: str | None = spec(None, "static group membership (KIP-345): a stable "
+                                         "name per replica, e.g. the pod name, so a restart "
+                                         "within the session timeout keeps its partitions")
+    session_timeout_seconds: float = spec(10.0, "group membership: a replica silent this long "
+                                          "loses its partitions", gt=0)
     security_protocol: str = spec("PLAINTEXT", "security protocol", choices=SECURITY_PROTOCOLS)
     sasl_mechanism: str | None = spec(None, "SASL mechanism", choices=SASL_MECHANISMS)
     sasl_username: str | None = spec(None, "SASL username")
@@ -419,5 +428,11 @@ def _check_consistency(config: Config) -> None:
     if len(set(names)) != len(names):
         raise ConfigError(f"topics.instances, feedback, decisions and dead_letter must be four "
                           f"different topics. Got {names}.")
+    if config.kafka.membership == "group" and (config.checkpoint.dir is None
+                                               or config.kafka.bootstrap is None):
+        raise ConfigError("kafka.membership = group needs kafka.bootstrap and checkpoint.dir (the "
+                          "partitions' state, on storage every replica reaches). Got "
+                          f"bootstrap {config.kafka.bootstrap!r}, checkpoint.dir "
+                          f"{config.checkpoint.dir!r}.")
     if config.exploration.name == "fixed" and config.exploration.gamma is None:
         raise ConfigError("exploration.gamma must be set for the fixed strategy. Got nothing.")

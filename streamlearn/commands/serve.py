@@ -367,6 +367,8 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
     registry = registry if registry is not None else CollectorRegistry()
     observer = PrometheusObserver(registry)
     stopping = threading.Event()
+    if config.kafka.membership == "group":
+        return _serve_group(config, max_events, progress_s, registry, observer, out)
     with ExitStack() as stack:
         transport = build_transport(config, max_instances=max_events)
         stack.callback(transport.close)
@@ -412,3 +414,27 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
         if linger_s > 0 and not stopping.is_set():
             stopping.wait(linger_s)
     return 0
+
+
+def _serve_group(config: Config, max_events: int | None, progress_s: float,
+                 registry: CollectorRegistry, observer: PrometheusObserver, out: Any) -> int:
+    """One replica of a consumer group (kafka.membership = group)."""
+    from streamlearn.commands.serve_group import build_replica, serve_replica
+
+    with ExitStack() as stack:
+        replica = build_replica(config, observer)
+        print(f"streamlearn serve: replica of group {config.kafka.group_id!r} on Kafka "
+              f"{config.kafka.bootstrap} (learner {config.learner.name}); partition state in "
+              f"{config.checkpoint.dir}/partition-<p>", file=out, flush=True)
+        if config.metrics.port >= 0:
+            server = MetricsServer(registry, config.metrics.host, config.metrics.port,
+                                   readiness=lambda: (replica.ready and bool(replica.daemons),
+                                                      f"{len(replica.daemons)} partitions owned"))
+            server.start()
+            stack.callback(server.stop)
+            print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
+                  file=out, flush=True)
+        if progress_s > 0:
+            stack.enter_context(Progress(registry, out).every(progress_s))
+        stack.enter_context(_stop_on_signals(replica.request_stop))
+        return serve_replica(replica, max_events, out)

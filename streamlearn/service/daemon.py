@@ -173,11 +173,15 @@ class Daemon:
             self.ready = False
             self.checkpoint(final=True)
         finally:
-            self.ready = False
-            if self.checkpointer is not None:
-                self.checkpointer.close()
-            if self.retraining is not None:
-                self.retraining.close()
+            self.close()
+
+    def close(self) -> None:
+        """Release the checkpointer and the retraining worker (no checkpoint: see :meth:`run`)."""
+        self.ready = False
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+        if self.retraining is not None:
+            self.retraining.close()
 
     def restore(self) -> None:
         """Load the newest good checkpoint, seek the transport to its offsets."""

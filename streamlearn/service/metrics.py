@@ -162,6 +162,9 @@ class Observer:
     def on_lag(self, lag: int) -> None:
         """Total consumer lag (messages) over the assigned partitions."""
 
+    def on_owned_partitions(self, n: int, moves: int) -> None:
+        """Group membership: partitions this replica serves now, partitions started here."""
+
     def on_checkpoint(self, duration_s: float, written_at: float | None = None) -> None:
         """A checkpoint was written in ``duration_s``; ``written_at`` is its Unix time."""
 
@@ -256,6 +259,10 @@ class PrometheusObserver(Observer):
                              registry=r)
         self.lag = Gauge("streamlearn_consumer_lag", "Consumer lag (messages) over assigned "
                          "partitions.", registry=r)
+        self.owned = Gauge("streamlearn_owned_partitions", "Input partitions this replica serves "
+                           "(group membership).", registry=r)
+        self.partition_starts = Gauge("streamlearn_partition_starts", "Partitions started on this "
+                                      "replica since it started (moves in).", registry=r)
         self.model_version = Gauge("streamlearn_model_version", "Serving model version.",
                                    registry=r)
         self.ranker = Gauge("streamlearn_ranker_quality", "Current ranker quality metric.",
@@ -371,6 +378,10 @@ class PrometheusObserver(Observer):
 
     def on_lag(self, lag: int) -> None:
         self.lag.set(lag)
+
+    def on_owned_partitions(self, n: int, moves: int) -> None:
+        self.owned.set(n)
+        self.partition_starts.set(moves)
 
     def on_checkpoint(self, duration_s: float, written_at: float | None = None) -> None:
         self.checkpoint_duration.observe(duration_s)

@@ -173,6 +173,7 @@ class InMemoryTransport:
         group_id: str = "streamlearn",
         partitions: int = 1,
         broker: InMemoryBroker | None = None,
+        only: list[int] | None = None,
     ) -> None:
         self.instances_topic = instances_topic
         self.feedback_topic = feedback_topic
@@ -187,7 +188,8 @@ class InMemoryTransport:
                 f"instances and feedback must be co-partitioned: {instances_topic!r} has "
                 f"{n_inst} partitions, {feedback_topic!r} has {n_feed}"
             )
-        self._assigned = [(t, p) for t in (instances_topic, feedback_topic) for p in range(n_inst)]
+        chosen = range(n_inst) if only is None else sorted(set(only))  # as Kafka's `partitions`
+        self._assigned = [(t, p) for t in (instances_topic, feedback_topic) for p in chosen]
         committed = self.broker.group_offsets.get(group_id, {})
         self._positions: Offsets = {tp: committed.get(tp, 0) for tp in self._assigned}
         self._next_start = 0

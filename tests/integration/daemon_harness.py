@@ -105,11 +105,11 @@ class Caller(threading.Thread):
     """
 
     def __init__(self, bootstrap: str, topics: dict[str, str], y: np.ndarray,
-                 drop_every: int = 0) -> None:
+                 drop_every: int = 0, delay_mean_s: float = 0.0) -> None:
         super().__init__(daemon=True, name="caller")
         self.bootstrap, self.topics = bootstrap, topics
         source = StreamSource.from_arrays(np.zeros((len(y), 1)), y, int(np.max(y)) + 1)
-        self.caller = SimulatedCaller(source, "e", delay_mean_s=0.0, dropped=(
+        self.caller = SimulatedCaller(source, "e", delay_mean_s=delay_mean_s, dropped=(
             (lambda n: n % drop_every == 0) if drop_every else (lambda n: n < 0)))
         self.caller.remember(0, y)
         self.first: dict[str, bytes] = {}  # id → first decision value
@@ -150,20 +150,23 @@ class Caller(threading.Thread):
                         waiting.append(r.value)
                     elif seen != r.value:
                         self.mismatches.append((event_id, seen, r.value))
-            if self.hold.is_set() or not waiting:
+            if self.hold.is_set():
                 continue
-            dropped_before = self.caller.stats.dropped
-            self.caller.answer(waiting, time.time())
+            if waiting:
+                dropped_before = self.caller.stats.dropped
+                scheduled_before = self.caller.scheduled
+                self.caller.answer(waiting, time.time())
+                if self.caller.stats.dropped > dropped_before:  # those never get feedback
+                    kept = set(self.caller._due_n[scheduled_before:].tolist())
+                    self.dropped_ids += [i for i in (orjson.loads(v)["id"] for v in waiting)
+                                         if int(i[1:]) not in kept]
+                waiting = []
             answered = self.caller.due(time.time())
-            answered_ids = {key.decode() for key, _ in answered}
-            if self.caller.stats.dropped > dropped_before:
-                self.dropped_ids += [i for i in (orjson.loads(v)["id"] for v in waiting)
-                                     if i not in answered_ids]
             for key, value in answered:
                 prod.send(self.topics["feedback_topic"], key=key, value=value)
                 self.feedback_ids.append(key.decode())
-            waiting = []
-            prod.flush()
+            if answered:
+                prod.flush()
         prod.close()
         consumer.close()
 

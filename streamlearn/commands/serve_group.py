@@ -1,0 +1,64 @@
+"""``streamlearn serve --kafka-membership group``: this process is one replica of a group.
+
+It joins ``kafka.group_id``; Kafka assigns it instances partitions, and for each
+it runs a daemon on partition ``p`` of both input topics, with its state in
+``<checkpoint.dir>/partition-<p>`` (:mod:`streamlearn.service.replica`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from streamlearn.config import Config
+from streamlearn.service.metrics import PrometheusObserver
+from streamlearn.service.replica import Replica
+
+__all__ = ["build_replica", "serve_replica"]
+
+
+def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
+    """The replica of ``config`` (kafka.membership = group), not yet serving."""
+    from streamlearn.commands.serve import build_daemon
+    from streamlearn.service.daemon import Daemon
+    from streamlearn.service.group import GroupMembership
+    from streamlearn.stream.kafka import KafkaTransport, ensure_topics
+
+    k, t = config.kafka, config.topics
+    assert k.bootstrap is not None and config.checkpoint.dir is not None  # checked by load_config
+    bootstrap, state_dir = k.bootstrap, Path(config.checkpoint.dir)
+    options = k.client_options()
+    ensure_topics(bootstrap, [t.instances, t.feedback, t.decisions, t.dead_letter], t.partitions,
+                  client_options=options)
+    poll_s = min(config.limits.poll_timeout_seconds, 0.02)  # shared by the partition daemons
+
+    def make_daemon(partition: int) -> Daemon:
+        transport = KafkaTransport(bootstrap, t.instances, t.feedback, t.decisions, t.dead_letter,
+                                   f"{k.group_id}.partitions", client_options=options,
+                                   partitions=[partition])
+        own = dataclasses.replace(
+            config, checkpoint=dataclasses.replace(
+                config.checkpoint, dir=state_dir / f"partition-{partition}"),
+            limits=dataclasses.replace(config.limits, poll_timeout_seconds=poll_s))
+        return build_daemon(own, transport, transport, observer)
+
+    def make_membership(**handlers: Any) -> GroupMembership:
+        return GroupMembership(bootstrap, t.instances, k.group_id, **handlers,
+                               group_instance_id=k.group_instance_id, client_options=options,
+                               session_timeout_ms=int(k.session_timeout_seconds * 1000))
+
+    return Replica(make_daemon, make_membership, on_owned=observer.on_owned_partitions)
+
+
+def serve_replica(replica: Replica, max_events: int | None, out: Any) -> int:
+    """Run the replica until a signal (or ``max_events``); print its summary; exit code."""
+    started = time.monotonic()
+    replica.run(max_instances=max_events)
+    elapsed = time.monotonic() - started
+    seen = replica.instances_this_run
+    print(f"streamlearn serve: replica stopped after {seen} instances in {elapsed:.1f} s "
+          f"({seen / max(elapsed, 1e-9):,.0f}/s); partitions started here: {replica.moves}",
+          file=out, flush=True)
+    return 0

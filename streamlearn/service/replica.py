@@ -1,0 +1,145 @@
+"""One replica of a scaled-out deployment: a daemon per owned partition, following the group.
+
+``streamlearn serve --kafka-membership group`` runs a :class:`Replica`. Kafka's
+group protocol (:class:`~streamlearn.service.group.GroupMembership`) decides
+which instances partitions this replica owns; for each owned partition ``p``
+the replica runs a :class:`~streamlearn.service.daemon.Daemon` that reads
+partition ``p`` of both input topics and keeps *all* its state — learner,
+pending joins, journal, offsets, counters — in its own checkpoint directory
+``<checkpoint.dir>/partition-<p>``, on storage every replica can reach.
+
+**State moves with its partition.** When ``p`` is revoked (a rebalance moves
+it), its daemon writes a final checkpoint and closes before the revocation
+completes; the replica that gets ``p`` restores that checkpoint and seeks to
+its offsets before it reads any record of ``p``. When the owner is killed, the
+new owner restores the last periodic checkpoint and the journal, so the
+daemon's crash guarantees hold across the move: every feedback is applied
+exactly once (the per-partition counters and checksums add up over the group),
+re-emitted decisions are byte-identical, and a pending join's expiry runs on
+its decision's event time wherever the partition goes. A partition lost by
+eviction (this replica paused past the session timeout) is closed *without* a
+checkpoint: another replica owns it already.
+
+Each partition's daemon has its own learner (the unit of state that moves);
+the models topic that merges them is the next step of issue 12.
+
+Offsets are committed (for lag tools) to the group ``<group_id>.partitions``:
+the serving group itself has active members, and Kafka refuses commits from a
+consumer outside the group's generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from streamlearn.service.daemon import Daemon
+from streamlearn.service.group import GroupMembership
+
+__all__ = ["Replica"]
+
+log = logging.getLogger("streamlearn.replica")
+
+
+class Replica:
+    """The partition daemons of this replica; see the module docstring.
+
+    Parameters
+    ----------
+    make_daemon
+        Builds the (not yet restored) daemon of one partition.
+    make_membership
+        Builds the group membership with the replica's three handlers.
+    poll_timeout_s
+        How long one round may wait for input, shared by the partition daemons.
+    """
+
+    def __init__(self, make_daemon: Callable[[int], Daemon],
+                 make_membership: Callable[..., GroupMembership],
+                 poll_timeout_s: float = 0.1,
+                 on_owned: Callable[[int, int], None] | None = None) -> None:
+        self.make_daemon, self.poll_timeout_s = make_daemon, poll_timeout_s
+        self.daemons: dict[int, Daemon] = {}
+        self.on_owned = on_owned or (lambda n, moves: None)
+        self._retired = 0  # instances decided by partition daemons this replica has stopped
+        self._stop = threading.Event()
+        self.moves = 0  # partitions started here after the first assignment
+        self.ready = False
+        self.membership = make_membership(on_assigned=self._assigned, on_revoked=self._revoked,
+                                          on_lost=self._lost)
+
+    @property
+    def instances_this_run(self) -> int:
+        return sum(d.instances_this_run for d in self.daemons.values()) + self._retired
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # --------------------------------------------------------------- the group
+    def _assigned(self, partitions: list[int]) -> None:
+        for p in partitions:
+            if p in self.daemons:
+                continue
+            daemon = self.make_daemon(p)
+            daemon.restore()  # before any record of p is read: the moved state comes first
+            daemon.started_at_instances = daemon.counters.instances
+            daemon.ready = True
+            self.daemons[p] = daemon
+            self.moves += 1
+        self.on_owned(len(self.daemons), self.moves)
+
+    def _revoked(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self._retire(p, checkpoint=True)
+        self.on_owned(len(self.daemons), self.moves)
+
+    def _lost(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self._retire(p, checkpoint=False)
+        self.on_owned(len(self.daemons), self.moves)
+
+    def _retire(self, partition: int, checkpoint: bool) -> None:
+        daemon = self.daemons.pop(partition, None)
+        if daemon is None:
+            return
+        self._retired += daemon.instances_this_run
+        try:
+            if checkpoint:
+                daemon.checkpoint(final=True)
+        finally:
+            daemon.close()
+            daemon.transport.close()
+        log.info("partition %d %s", partition, "handed over" if checkpoint else "dropped")
+
+    # -------------------------------------------------------------------- loop
+    def step(self) -> None:
+        """One round: take part in the group (rebalances happen here), then one step of
+        every partition daemon."""
+        self.membership.poll(0.0 if self.daemons else self.poll_timeout_s)
+        for daemon in list(self.daemons.values()):
+            daemon.step()
+
+    def run(self, max_instances: int | None = None) -> None:
+        """Serve the owned partitions until :meth:`request_stop` (or ``max_instances``)."""
+        self.ready = True
+        try:
+            while not self._stop.is_set():
+                if max_instances is not None and self.instances_this_run >= max_instances:
+                    break
+                self.step()
+            for p in list(self.daemons):
+                self._retire(p, checkpoint=True)
+        finally:
+            self.ready = False
+            for p in list(self.daemons):  # after a failure: no checkpoint of unknown state
+                self._retire(p, checkpoint=False)
+            self.membership.close()
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Poll the group until this replica owns a partition (tests and start-up logs)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.daemons and time.monotonic() < deadline:
+            self.membership.poll(0.1)
+        return bool(self.daemons)

@@ -1,0 +1,135 @@
+"""A replica's partition daemons follow the group's assignment; their state moves with them.
+
+The group protocol is replaced by a fake membership whose handlers the test
+calls (what kafka-python's rebalance listener does inside ``poll``); transports
+are in-memory, restricted to one partition each, over one shared broker; the
+checkpoint directory is shared, as on the shared storage of a deployment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from loop_helpers import Clock
+
+from streamlearn.datasets.synthetic import synthetic_stream
+from streamlearn.learners.banditron import Banditron
+from streamlearn.learners.exploration import FixedGamma
+from streamlearn.service.counters import id_checksum
+from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.replica import Replica
+from streamlearn.snapshot import read_snapshot
+from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
+
+P, N = 4, 2000
+X, Y = synthetic_stream(N, noise=0.05, seed=4)
+
+
+class FakeMembership:
+    def __init__(self, **handlers: Any) -> None:
+        self.handlers = handlers
+        self.closed = False
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def make_replica(broker: InMemoryBroker, state: Path, clock: Clock) -> Replica:
+    def make_daemon(p: int) -> Daemon:
+        settings = DaemonSettings(checkpoint_dir=str(state / f"partition-{p}"),
+                                  checkpoint_every_events=150, checkpoint_every_seconds=1e9,
+                                  join_window_seconds=30.0, limits_poll_timeout_seconds=0.0)
+        transport = InMemoryTransport(broker=broker, partitions=P, only=[p])
+        return Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.05), seed=1),
+                      wall_clock=clock)
+    return Replica(make_daemon, FakeMembership)
+
+
+def answer(broker: InMemoryBroker, writer: InMemoryTransport, answered: set[str],
+           ts: float) -> list[str]:
+    fed = []
+    for m in broker.messages("decisions"):
+        d = orjson.loads(m.value or b"")
+        if d["id"] not in answered:
+            answered.add(d["id"])
+            reward = float(d["action"] == Y[int(d["id"][1:])])
+            writer.append_feedback(m.key, orjson.dumps({"id": d["id"], "reward": reward,
+                                                        "ts": ts}))
+            fed.append(d["id"])
+    return fed
+
+
+def rounds(*replicas: Replica, n: int = 5) -> None:
+    for _ in range(n):
+        for r in replicas:
+            r.step()
+
+
+def test_partitions_move_between_replicas_and_every_feedback_is_applied_once(
+        tmp_path: Path) -> None:
+    broker, clock = InMemoryBroker(P), Clock()
+    writer = InMemoryTransport(broker=broker, partitions=P, group_id="caller")
+    a, b = make_replica(broker, tmp_path, clock), make_replica(broker, tmp_path, clock)
+    a.membership.handlers["on_assigned"]([0, 1, 2, 3])  # type: ignore[attr-defined]
+    answered: set[str] = set()
+    fed: list[str] = []
+    decisions: dict[str, bytes] = {}
+    mismatches = []
+
+    def block(lo: int, hi: int) -> None:
+        clock.t += 1.0
+        for i in range(lo, hi):
+            nz = np.flatnonzero(X[i])
+            writer.append_instance(f"e{i}".encode(), orjson.dumps(
+                {"id": f"e{i}", "x": {"idx": nz.tolist(), "val": X[i, nz].tolist()}}))
+        rounds(a, b)
+        for m in broker.messages("decisions"):
+            d = orjson.loads(m.value or b"")
+            if decisions.setdefault(d["id"], m.value or b"") != m.value:
+                mismatches.append(d["id"])
+        fed.extend(answer(broker, writer, answered, clock.t))
+        rounds(a, b)
+
+    block(0, 500)
+    # a rebalance moves 2 and 3 to b: a hands them over with a final checkpoint
+    a.membership.handlers["on_revoked"]([2, 3])  # type: ignore[attr-defined]
+    b.membership.handlers["on_assigned"]([2, 3])  # type: ignore[attr-defined]
+    assert sorted(a.daemons) == [0, 1] and sorted(b.daemons) == [2, 3]
+    block(500, 1000)
+    # a is evicted (lost, no checkpoint: b owns 0 and 1 now) in the middle of its work
+    clock.t += 1.0
+    for i in range(1000, 1300):
+        nz = np.flatnonzero(X[i])
+        writer.append_instance(f"e{i}".encode(), orjson.dumps(
+            {"id": f"e{i}", "x": {"idx": nz.tolist(), "val": X[i, nz].tolist()}}))
+    rounds(a, b)  # decided and journaled by a, not checkpointed
+    a.membership.handlers["on_lost"]([0, 1])  # type: ignore[attr-defined]
+    b.membership.handlers["on_assigned"]([0, 1])  # type: ignore[attr-defined]
+    assert not a.daemons and sorted(b.daemons) == [0, 1, 2, 3] and b.moves == 4
+    rounds(b)
+    fed.extend(answer(broker, writer, answered, clock.t))
+    rounds(b)
+    block(1300, N)
+    clock.t += 60.0  # idle: nothing is pending any more
+    rounds(b)
+    for p in list(b.daemons):
+        b._retire(p, checkpoint=True)
+
+    assert sorted(decisions) == sorted(f"e{i}" for i in range(N)) and mismatches == []
+    assert len(broker.messages("decisions")) > N  # b re-emitted a's unsaved decisions
+    joined = checksum = instances = 0
+    for p in range(P):
+        _arrays, meta = read_snapshot(sorted((tmp_path / f"partition-{p}").glob("ckpt-*"))[-1])
+        c = meta["counters"]
+        joined += c["feedback"]["joined"]
+        instances += c["instances"]
+        checksum = (checksum + int(c["applied_checksum"])) % (1 << 64)
+        assert c["feedback"]["duplicate"] == c["feedback"]["expired"] == 0
+    assert joined == instances == len(fed) == N
+    assert checksum == id_checksum(fed)
