@@ -99,6 +99,8 @@ class TopicsConfig:
     feedback: str = spec("streamlearn.feedback", "topic the caller publishes rewards to")
     decisions: str = spec("streamlearn.decisions", "topic streamlearn publishes decisions to")
     dead_letter: str = spec("streamlearn.dead-letter", "topic for rejected events")
+    models: str = spec("streamlearn.models", "compacted topic the replicas of a group merge "
+                       "their models through (kafka.membership = group)")
     partitions: int = spec(1, "partitions per topic when streamlearn creates topics", ge=1)
 
 
@@ -237,6 +239,14 @@ class RetrainConfig:
 
 
 @dataclass(frozen=True)
+class SyncConfig:
+    """Model synchronisation of a scaled-out group (kafka.membership = group)."""
+
+    every_seconds: float = spec(2.0, "each partition learner publishes its model, and the "
+                                "merger merges them, this often", gt=0)
+
+
+@dataclass(frozen=True)
 class CandidatesConfig:
     """Candidate mode: each request carries its own candidates and slots (docs/kafka.md)."""
 
@@ -274,7 +284,8 @@ SECTIONS: dict[str, type] = {
     "kafka": KafkaConfig, "topics": TopicsConfig, "learner": LearnerConfig,
     "exploration": ExplorationConfig, "join": JoinConfig, "checkpoint": CheckpointConfig,
     "metrics": MetricsConfig, "limits": LimitsConfig, "experience": ExperienceConfig,
-    "retrain": RetrainConfig, "candidates": CandidatesConfig, "embedded": EmbeddedConfig,
+    "retrain": RetrainConfig, "sync": SyncConfig, "candidates": CandidatesConfig,
+    "embedded": EmbeddedConfig,
 }
 
 
@@ -292,6 +303,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     experience: ExperienceConfig = field(default_factory=ExperienceConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     candidates: CandidatesConfig = field(default_factory=CandidatesConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
     source: str | None = None  # the config file it was read from, if any
@@ -424,7 +436,7 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile must be given together. "
                           "Got only one of them.")
     names = [config.topics.instances, config.topics.feedback, config.topics.decisions,
-             config.topics.dead_letter]
+             config.topics.dead_letter, config.topics.models]
     if len(set(names)) != len(names):
         raise ConfigError(f"topics.instances, feedback, decisions and dead_letter must be four "
                           f"different topics. Got {names}.")

@@ -8,6 +8,8 @@ it runs a daemon on partition ``p`` of both input topics, with its state in
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,8 @@ from typing import Any
 from streamlearn.config import Config
 from streamlearn.service.metrics import PrometheusObserver
 from streamlearn.service.replica import Replica
+from streamlearn.sync.hub import ModelHub
+from streamlearn.sync.kafka_link import KafkaModelLink, ensure_models_topic
 
 __all__ = ["build_replica", "serve_replica"]
 
@@ -49,7 +53,11 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
                                group_instance_id=k.group_instance_id, client_options=options,
                                session_timeout_ms=int(k.session_timeout_seconds * 1000))
 
-    return Replica(make_daemon, make_membership, on_owned=observer.on_owned_partitions)
+    replica_id = k.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
+    ensure_models_topic(bootstrap, t.models, options)
+    hub = ModelHub(KafkaModelLink(bootstrap, t.models, options), replica_id,
+                   config.sync.every_seconds, on_sync=observer.on_model_sync)
+    return Replica(make_daemon, make_membership, on_owned=observer.on_owned_partitions, hub=hub)
 
 
 def serve_replica(replica: Replica, max_events: int | None, out: Any) -> int:

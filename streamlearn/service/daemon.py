@@ -147,6 +147,11 @@ class Daemon:
     def learner(self) -> Learner:
         return self.engine.learner
 
+    def replace_learner(self, learner: Learner) -> None:
+        """Serve ``learner`` from the next batch on (a merged model adopted, issue 12)."""
+        self.engine.learner = learner
+        self._drifts_seen = learner.drift_detections_
+
     @property
     def join(self) -> PendingJoins:
         return self.engine.joins

@@ -165,6 +165,9 @@ class Observer:
     def on_owned_partitions(self, n: int, moves: int) -> None:
         """Group membership: partitions this replica serves now, partitions started here."""
 
+    def on_model_sync(self, version: int, age_s: float, merges: int) -> None:
+        """Model sync: the global version adopted, its age, merges this replica made."""
+
     def on_checkpoint(self, duration_s: float, written_at: float | None = None) -> None:
         """A checkpoint was written in ``duration_s``; ``written_at`` is its Unix time."""
 
@@ -261,6 +264,12 @@ class PrometheusObserver(Observer):
                          "partitions.", registry=r)
         self.owned = Gauge("streamlearn_owned_partitions", "Input partitions this replica serves "
                            "(group membership).", registry=r)
+        self.global_version = Gauge("streamlearn_global_model_version", "Version of the "
+                                    "group's merged model this replica serves.", registry=r)
+        self.global_age = Gauge("streamlearn_global_model_age_seconds", "Seconds since the "
+                                "merged model this replica serves was made.", registry=r)
+        self.merges = Gauge("streamlearn_model_merges", "Merged models this replica published "
+                            "(as the merger) since it started.", registry=r)
         self.partition_starts = Gauge("streamlearn_partition_starts", "Partitions started on this "
                                       "replica since it started (moves in).", registry=r)
         self.model_version = Gauge("streamlearn_model_version", "Serving model version.",
@@ -382,6 +391,11 @@ class PrometheusObserver(Observer):
     def on_owned_partitions(self, n: int, moves: int) -> None:
         self.owned.set(n)
         self.partition_starts.set(moves)
+
+    def on_model_sync(self, version: int, age_s: float, merges: int) -> None:
+        self.global_version.set(version)
+        self.global_age.set(age_s)
+        self.merges.set(merges)
 
     def on_checkpoint(self, duration_s: float, written_at: float | None = None) -> None:
         self.checkpoint_duration.observe(duration_s)

@@ -21,7 +21,8 @@ eviction (this replica paused past the session timeout) is closed *without* a
 checkpoint: another replica owns it already.
 
 Each partition's daemon has its own learner (the unit of state that moves);
-the models topic that merges them is the next step of issue 12.
+the :class:`~streamlearn.sync.hub.ModelHub` merges them through the models
+topic every sync interval, so every partition serves the group's model.
 
 Offsets are committed (for lag tools) to the group ``<group_id>.partitions``:
 the serving group itself has active members, and Kafka refuses commits from a
@@ -37,6 +38,7 @@ from collections.abc import Callable
 
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.group import GroupMembership
+from streamlearn.sync.hub import ModelHub
 
 __all__ = ["Replica"]
 
@@ -59,7 +61,9 @@ class Replica:
     def __init__(self, make_daemon: Callable[[int], Daemon],
                  make_membership: Callable[..., GroupMembership],
                  poll_timeout_s: float = 0.1,
-                 on_owned: Callable[[int, int], None] | None = None) -> None:
+                 on_owned: Callable[[int, int], None] | None = None,
+                 hub: ModelHub | None = None) -> None:
+        self.hub = hub
         self.make_daemon, self.poll_timeout_s = make_daemon, poll_timeout_s
         self.daemons: dict[int, Daemon] = {}
         self.on_owned = on_owned or (lambda n, moves: None)
@@ -120,6 +124,8 @@ class Replica:
         self.membership.poll(0.0 if self.daemons else self.poll_timeout_s)
         for daemon in list(self.daemons.values()):
             daemon.step()
+        if self.hub is not None:
+            self.hub.tick(self.daemons)
 
     def run(self, max_instances: int | None = None) -> None:
         """Serve the owned partitions until :meth:`request_stop` (or ``max_instances``)."""

@@ -98,8 +98,11 @@ def ensure_topics(
     replication_factor: int = 1,
     client_options: Mapping[str, object] | None = None,
     timeout_s: float = 30.0,
+    topic_configs: Mapping[str, str] | None = None,
 ) -> dict[str, int]:
     """Create the missing topics among ``names``; return every topic's partition count.
+
+    ``topic_configs`` (e.g. ``{"cleanup.policy": "compact"}``) apply to the topics created.
 
     Existing topics are left as they are, so a returned count may differ from
     ``partitions``; :class:`KafkaTransport` refuses input topics that are not
@@ -123,7 +126,8 @@ def ensure_topics(
             # A concurrent creator is fine: the counts are read below.
             with contextlib.suppress(TopicAlreadyExistsError):
                 admin.create_topics(
-                    [NewTopic(n, partitions, replication_factor) for n in missing],
+                    [NewTopic(n, partitions, replication_factor, topic_configs=dict(topic_configs or {}))
+                     for n in missing],
                     timeout_ms=int(timeout_s * 1000),
                 )
         deadline = time.monotonic() + timeout_s

@@ -1,0 +1,104 @@
+"""Learner states as models-topic messages: arrays + JSON (no pickle), chunked under a limit.
+
+A state is encoded as one ``.npz`` (``allow_pickle=False``) holding the arrays
+and the metadata JSON as a ``uint8`` array. It travels as ``n`` chunk messages,
+each ``MAGIC | 4-byte header length | header JSON | payload slice``; the header
+names the sender, the state (``kind``, ``partition``, ``seq`` / ``version``)
+and the chunk (``i`` of ``n``), plus the payload's sha256. :class:`Assembler`
+rebuilds a state when all its chunks have arrived (a newer ``seq`` of the same
+key drops an incomplete older one).
+
+>>> blob = encode_state({"w": np.arange(3.0)}, {"class": "X"})
+>>> messages = chunk({"kind": "global", "version": 2}, blob, max_bytes=40)
+>>> assembler = Assembler()
+>>> done = [assembler.add(m) for m in messages][-1]
+>>> done[0]["version"], done[1]["w"].tolist(), done[2]
+(2, [0.0, 1.0, 2.0], {'class': 'X'})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+
+from streamlearn.errors import StateError
+
+__all__ = ["MAGIC", "Assembler", "chunk", "decode_state", "encode_state"]
+
+MAGIC = b"SLM1"
+META = "__meta__"
+
+
+def encode_state(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    named: dict[str, Any] = {**arrays, META: np.frombuffer(orjson.dumps(meta), dtype=np.uint8)}
+    np.savez(buffer, **named)
+    return buffer.getvalue()
+
+
+def decode_state(blob: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    try:
+        with np.load(io.BytesIO(blob), allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files if k != META}
+            meta = orjson.loads(data[META].tobytes())
+    except (ValueError, OSError, KeyError, orjson.JSONDecodeError) as exc:
+        raise StateError(f"A models-topic state does not decode: {exc}") from exc
+    return arrays, meta
+
+
+def chunk(header: dict[str, Any], blob: bytes, max_bytes: int = 900_000) -> list[bytes]:
+    """The messages of one state: ``header`` plus chunk numbering and the blob's sha256."""
+    n = max(1, -(-len(blob) // max_bytes))
+    digest = hashlib.sha256(blob).hexdigest()
+    out = []
+    for i in range(n):
+        head = orjson.dumps({**header, "i": i, "n": n, "sha256": digest})
+        out.append(MAGIC + struct.pack(">I", len(head)) + head
+                   + blob[i * max_bytes:(i + 1) * max_bytes])
+    return out
+
+
+def parse(value: bytes) -> tuple[dict[str, Any], bytes]:
+    """(header, payload slice) of one chunk message; StateError if it is not one."""
+    if len(value) < 8 or value[:4] != MAGIC:
+        raise StateError("Expected a models-topic chunk (magic SLM1). Got something else.")
+    (size,) = struct.unpack(">I", value[4:8])
+    try:
+        header = orjson.loads(value[8:8 + size])
+    except orjson.JSONDecodeError as exc:
+        raise StateError(f"A models-topic chunk header is not JSON: {exc}") from exc
+    return header, value[8 + size:]
+
+
+def _key(header: dict[str, Any]) -> tuple[Any, ...]:
+    return (header.get("kind"), header.get("partition"), header.get("replica"))
+
+
+class Assembler:
+    """Collects chunks; :meth:`add` returns (header, arrays, meta) when a state is complete."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple[Any, ...], tuple[Any, dict[int, bytes]]] = {}
+
+    def add(self, value: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray],
+                                         dict[str, Any]] | None:
+        header, payload = parse(value)
+        key, ident = _key(header), (header.get("seq"), header.get("version"), header["sha256"])
+        current = self._parts.get(key)
+        if current is None or current[0] != ident:
+            current = (ident, {})
+            self._parts[key] = current
+        current[1][int(header["i"])] = payload
+        if len(current[1]) < int(header["n"]):
+            return None
+        del self._parts[key]
+        blob = b"".join(current[1][i] for i in range(int(header["n"])))
+        if hashlib.sha256(blob).hexdigest() != header["sha256"]:
+            raise StateError("A models-topic state failed its sha256 check.")
+        arrays, meta = decode_state(blob)
+        return header, arrays, meta

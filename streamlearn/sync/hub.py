@@ -1,0 +1,243 @@
+"""The models topic: partition learners publish, the merger merges, every replica adopts.
+
+One :class:`ModelHub` per replica reads the compacted models topic from its
+beginning and, every :attr:`every_s` seconds (the sync interval), for each
+partition ``p`` the replica serves:
+
+1. **publish** — if ``p``'s learner learned since its last publish, its whole
+   state goes out as ``partition/<p>`` with the global version it is based on
+   and the examples it learned since adopting that version;
+2. **merge** (the replica serving partition 0 only: one merger at a time, the
+   group protocol moves the role with the partition) — the partition states
+   based on the current global version ``v`` are merged
+   (:func:`~streamlearn.sync.merge.merge`, weighted by examples) into version
+   ``v + 1``, published as ``global``, with the list of ``(partition, seq)``
+   it includes. States based on an older version are stale and ignored;
+3. **adopt** — when a global version newer than ``p``'s base arrives, ``p``'s
+   learner becomes that model plus its own progress it does not hold
+   (:func:`~streamlearn.sync.merge.rebase`: since its included publish, or since
+   its base when that publish missed the round). Decisions then carry
+   ``model = <learner>-g<version>-v<local updates>``.
+
+**Fencing.** The merger reads the topic to its end right before it publishes
+version ``v + 1`` and publishes nothing if a version ≥ ``v + 1`` is there
+already: a replica that was paused (and lost partition 0 meanwhile), or is
+behind, never overwrites a newer model. Readers adopt only versions newer than
+their own.
+
+Bounded loss, no double counting: a partition's progress is counted in the
+global model once (its included publish, or carried by the rebase); what a
+*killed* replica learned after its last included publish is lost with it (the
+partition's new owner re-learns the feedback after the partition's last
+checkpoint, so feedback is not lost — at most one sync interval of model
+progress is).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from streamlearn.errors import StateError, TransportError
+from streamlearn.learners.base import Learner
+from streamlearn.sync.codec import Assembler, chunk, encode_state
+from streamlearn.sync.merge import merge, merge_counters, rebase
+
+__all__ = ["ModelHub", "ModelLink", "Served"]
+
+log = logging.getLogger("streamlearn.sync")
+
+Arrays = dict[str, np.ndarray]
+
+
+class ModelLink(Protocol):
+    """The models topic as the hub needs it."""
+
+    def send(self, key: bytes, values: list[bytes]) -> None: ...
+    def fetch(self) -> list[bytes]: ...
+    def caught_up(self) -> bool: ...
+
+
+class Served(Protocol):
+    """A partition daemon as the hub sees it."""
+
+    model_name: str
+
+    @property
+    def learner(self) -> Learner: ...
+    def replace_learner(self, learner: Learner) -> None: ...
+
+
+@dataclass
+class _Partition:
+    base_version: int
+    base: Arrays  # the global model adopted (or the state at start)
+    base_counters: dict[str, Any]
+    published: Arrays | None = None
+    published_counters: dict[str, Any] = field(default_factory=dict)
+    published_seq: int = -1
+    updated_at_base: int = 0
+    updated_at_publish: int = -1
+    last_publish: float = -np.inf
+    name: str = ""
+
+
+class ModelHub:
+    """See the module docstring. ``clock`` is monotonic seconds (injectable for tests)."""
+
+    def __init__(self, link: ModelLink, replica: str, every_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_sync: Callable[[int, float, int], None] | None = None) -> None:
+        self.link, self.replica, self.every_s, self.clock = link, replica, every_s, clock
+        self.on_sync = on_sync or (lambda version, age, merges: None)
+        self.assembler = Assembler()
+        self.version = 0
+        self.global_state: tuple[Arrays, dict[str, Any]] | None = None
+        self.global_included: set[tuple[int, int]] = set()
+        self.global_made_at = 0.0  # wall time the merger made it
+        self.latest: dict[int, tuple[dict[str, Any], Arrays, dict[str, Any]]] = {}
+        self.partitions: dict[int, _Partition] = {}
+        self.merges = 0
+        self._seq = int(time.time() * 1000)  # a new run's publishes sort after an old run's
+        self._last_merge = clock()
+
+    # --------------------------------------------------------------- reading
+    def poll(self) -> None:
+        """Take in every models-topic message that arrived."""
+        for value in self.link.fetch():
+            try:
+                done = self.assembler.add(value)
+            except StateError as exc:
+                log.warning("models topic: skipped a message (%s)", exc)
+                continue
+            if done is None:
+                continue
+            header, arrays, meta = done
+            if header.get("kind") == "global":
+                if int(header["version"]) > self.version:
+                    self.version = int(header["version"])
+                    self.global_state = (arrays, meta)
+                    self.global_included = {(int(p), int(s)) for p, s in header["included"]}
+                    self.global_made_at = float(header.get("made_at", 0.0))
+            elif header.get("kind") == "partition":
+                p = int(header["partition"])
+                old = self.latest.get(p)
+                if old is None or int(header["seq"]) > int(old[0]["seq"]):
+                    self.latest[p] = (header, arrays, meta)
+
+    # ---------------------------------------------------------------- a round
+    def tick(self, served: Mapping[int, Served]) -> None:
+        """Adopt, publish and (as the merger) merge, as due; see the module docstring."""
+        self.poll()
+        now = self.clock()
+        for p in [p for p in self.partitions if p not in served]:
+            del self.partitions[p]  # moved away: its new owner starts its own record
+        for p, daemon in served.items():
+            record = self.partitions.get(p)
+            if record is None:
+                record = self._start(daemon)
+                self.partitions[p] = record
+            if self.global_state is not None and self.version > record.base_version:
+                self._adopt(p, daemon, record)
+            updated = daemon.learner.n_updated_
+            if now - record.last_publish >= self.every_s and updated > max(
+                    record.updated_at_publish, record.updated_at_base):
+                self._publish(p, daemon, record, now)
+        if 0 in served and now - self._last_merge >= self.every_s:
+            self._merge(now, served[0])
+        self.on_sync(self.version, max(time.time() - self.global_made_at, 0.0)
+                     if self.global_state is not None else 0.0, self.merges)
+
+    def _start(self, daemon: Served) -> _Partition:
+        arrays, meta = daemon.learner.state()
+        base_name = daemon.model_name.split("-g", 1)[0]
+        # with a global model out there, the first tick adopts it (base -1 < any version)
+        return _Partition(-1 if self.global_state is not None else 0, arrays,
+                          dict(meta["counters"]), updated_at_base=daemon.learner.n_updated_,
+                          name=base_name)
+
+    def _publish(self, p: int, daemon: Served, record: _Partition, now: float) -> None:
+        arrays, meta = daemon.learner.state()
+        self._seq += 1
+        examples = daemon.learner.n_updated_ - record.updated_at_base
+        header = {"kind": "partition", "partition": p, "base_version": record.base_version,
+                  "seq": self._seq, "examples": examples, "replica": self.replica}
+        try:
+            self.link.send(f"partition/{p}".encode(), chunk(header, encode_state(arrays, meta)))
+        except TransportError as exc:
+            log.warning("partition %d: model not published (next round again): %s", p, exc)
+            return
+        record.published, record.published_counters = arrays, dict(meta["counters"])
+        record.published_seq, record.updated_at_publish = self._seq, daemon.learner.n_updated_
+        record.last_publish = now
+
+    def _adopt(self, p: int, daemon: Served, record: _Partition) -> None:
+        assert self.global_state is not None
+        g_arrays, g_meta = self.global_state
+        now_arrays, now_meta = daemon.learner.state()
+        included = (p, record.published_seq) in self.global_included \
+            and record.published is not None
+        ref = record.published if included and record.published is not None else record.base
+        ref_counters = record.published_counters if included else record.base_counters
+        try:
+            arrays = rebase(g_arrays, ref, now_arrays)
+            counters = {k: int(g_meta["counters"].get(k, 0)) + int(now_meta["counters"].get(k, 0))
+                        - int(ref_counters.get(k, 0)) for k in now_meta["counters"]}
+            learner = type(daemon.learner).from_state(arrays, {**now_meta, "counters": counters})
+        except (StateError, KeyError, ValueError) as exc:
+            log.error("partition %d cannot adopt global model %d: %s", p, self.version, exc)
+            record.base_version = self.version  # do not retry this version
+            return
+        daemon.replace_learner(learner)
+        record.base, record.base_counters = g_arrays, dict(g_meta["counters"])
+        # the progress carried over by the rebase counts as learned since this base
+        record.base_version = self.version
+        record.updated_at_base = int(g_meta["counters"].get("n_updated", 0))
+        record.published, record.published_seq, record.updated_at_publish = None, -1, -1
+        daemon.model_name = f"{record.name}-g{self.version}"
+
+    # ------------------------------------------------------------- the merger
+    def _merge(self, now: float, daemon: Served) -> None:
+        self._last_merge = now
+        while not self.link.caught_up():  # fencing: the newest model and states first
+            self.poll()
+        self.poll()
+        parts = [(h, a, m) for h, a, m in self.latest.values()
+                 if int(h["base_version"]) == self.version and int(h["examples"]) > 0]
+        if not parts:
+            return
+        if self.global_state is not None:
+            base, base_meta = self.global_state
+        else:  # version 0: every partition started from a fresh learner
+            base, base_meta = daemon.learner.clone().state()
+        try:
+            arrays = merge(base, [(a, float(h["examples"])) for h, a, _ in parts])
+            counters = merge_counters(base_meta["counters"], [m["counters"] for _, _, m in parts])
+        except StateError as exc:
+            log.error("model merge skipped: %s", exc)
+            return
+        seen = self.version
+        self.poll()
+        if self.version != seen:  # another merger published meanwhile: these are stale
+            log.warning("not publishing model %d: version %d is out already", seen + 1,
+                        self.version)
+            return
+        target = seen + 1
+        header = {"kind": "global", "version": target, "replica": self.replica,
+                  "included": [[int(h["partition"]), int(h["seq"])] for h, _, _ in parts],
+                  "examples": int(sum(int(h["examples"]) for h, _, _ in parts)),
+                  "made_at": time.time()}
+        meta = {**base_meta, "counters": counters}
+        try:
+            self.link.send(b"global", chunk(header, encode_state(arrays, meta)))
+        except TransportError as exc:
+            log.warning("model %d not published (next round again): %s", target, exc)
+            return
+        self.merges += 1
+        log.info("model %d merged from %d partition states (%d examples)", target, len(parts),
+                 header["examples"])

@@ -1,0 +1,174 @@
+"""Model synchronisation through the models topic: merge rules, adoption, fencing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from streamlearn.learners import exploration_from_name, make_learner
+from streamlearn.learners.base import Learner
+from streamlearn.sync.codec import Assembler, parse
+from streamlearn.sync.hub import ModelHub
+from streamlearn.sync.merge import merge, rebase, rule_of
+
+K, D = 3, 6
+
+
+class Topic:
+    """An in-memory models topic: one log, a read position per link."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[bytes, bytes]] = []
+
+
+class Link:
+    def __init__(self, topic: Topic) -> None:
+        self.topic, self.position = topic, 0
+
+    def send(self, key: bytes, values: list[bytes]) -> None:
+        self.topic.log += [(key + b"/%d" % i, v) for i, v in enumerate(values)]
+
+    def fetch(self) -> list[bytes]:
+        new = [v for _, v in self.topic.log[self.position:]]
+        self.position = len(self.topic.log)
+        return new
+
+    def caught_up(self) -> bool:
+        return self.position >= len(self.topic.log)
+
+
+class Served:
+    def __init__(self, learner: Learner) -> None:
+        self.learner, self.model_name = learner, "linucb"
+
+    def replace_learner(self, learner: Learner) -> None:
+        self.learner = learner
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def learner(name: str = "linucb") -> Learner:
+    return make_learner(name, K, D, exploration_from_name("fixed", 0.05), 0)
+
+
+def data(n: int, seed: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    return (rng.normal(size=(n, D)), rng.integers(0, K, n), rng.random(n),
+            np.full((n, K), 1.0 / K))
+
+
+def globals_in(topic: Topic) -> list[dict[str, Any]]:
+    return [h for h, _ in (parse(v) for _, v in topic.log) if h["kind"] == "global"]
+
+
+@pytest.mark.parametrize("name", ["linucb", "lints"])
+def test_merging_ridge_statistics_equals_one_learner_that_saw_everything(name: str) -> None:
+    X, a, r, p = data(900, 1)
+    base = learner(name).state()[0]
+    parts = []
+    for lo in (0, 300, 600):
+        part = learner(name)
+        part.update(X[lo:lo + 300], a[lo:lo + 300], r[lo:lo + 300], p[lo:lo + 300])
+        parts.append((part.state()[0], 300.0))
+    merged = merge(base, parts)
+    one = learner(name)
+    one.update(X, a, r, p)
+    for key in ("learner.cov", "learner.xty", "learner.mean"):
+        np.testing.assert_allclose(merged[key], one.state()[0][key], atol=1e-10)
+
+
+def test_averaged_arrays_are_weighted_by_examples_and_rebase_keeps_local_progress() -> None:
+    base = {"learner.weights": np.zeros(2), "exploration.ring": np.zeros(1)}
+    a = {"learner.weights": np.array([4.0, 0.0]), "exploration.ring": np.ones(1)}
+    b = {"learner.weights": np.array([0.0, 4.0]), "exploration.ring": np.full(1, 2.0)}
+    merged = merge(base, [(a, 3.0), (b, 1.0)])
+    assert merged["learner.weights"].tolist() == [3.0, 1.0]
+    assert rule_of("exploration.ring") == "local" and rule_of("learner.oracle.scale") == "max"
+    now = {"learner.weights": np.array([5.0, 1.0]), "exploration.ring": np.full(1, 7.0)}
+    moved = rebase(merged, a, now)  # a published [4, 0], learned [1, 1] more since
+    assert moved["learner.weights"].tolist() == [4.0, 2.0] and moved["exploration.ring"][0] == 7
+
+
+def test_partitions_adopt_the_merged_model_which_pools_everything_they_learned() -> None:
+    topic, clock = Topic(), Clock()
+    replicas = [ModelHub(Link(topic), f"r{i}", every_s=1.0, clock=clock) for i in range(2)]
+    served = [{0: Served(learner()), 1: Served(learner())}, {2: Served(learner())}]
+    X, a, r, p = data(600, 2)
+    for hub, parts in zip(replicas, served, strict=True):
+        hub.tick(parts)  # start records
+        for q, daemon in parts.items():
+            rows = slice(200 * q, 200 * q + 200)
+            daemon.learner.update(X[rows], a[rows], r[rows], p[rows])
+    clock.t += 1.0
+    replicas[1].tick(served[1])  # publishes partition 2
+    replicas[0].tick(served[0])  # publishes 0 and 1, then merges (it serves partition 0)
+    assert [g["version"] for g in globals_in(topic)] == [1]
+    for hub, parts in zip(replicas, served, strict=True):
+        hub.tick(parts)
+    one = learner()
+    one.update(X, a, r, p)
+    for parts in served:
+        for daemon in parts.values():
+            assert daemon.model_name == "linucb-g1"
+            np.testing.assert_allclose(daemon.learner.state()[0]["learner.xty"],
+                                       one.state()[0]["learner.xty"], atol=1e-10)
+            assert daemon.learner.n_updated_ == 600
+    # nothing new learned: no publish, no merge, the version stays
+    clock.t += 5.0
+    for hub, parts in zip(replicas, served, strict=True):
+        hub.tick(parts)
+    assert [g["version"] for g in globals_in(topic)] == [1]
+
+
+def test_a_paused_merger_never_overwrites_a_newer_model() -> None:
+    topic, clock = Topic(), Clock()
+    live = ModelHub(Link(topic), "live", every_s=1.0, clock=clock)
+    zombie = ModelHub(Link(topic), "zombie", every_s=1.0, clock=clock)
+    mine, theirs = {0: Served(learner())}, {0: Served(learner())}
+    X, a, r, p = data(300, 3)
+    zombie.tick(theirs)
+    live.tick(mine)
+    for parts in (mine, theirs):
+        parts[0].learner.update(X, a, r, p)
+    clock.t += 1.0
+    zombie.tick(theirs)  # publishes its partition state, merges: version 1
+    for _ in range(3):  # the zombie is paused; the live replica (partition 0's new owner) goes on
+        mine[0].learner.update(X, a, r, p)
+        clock.t += 1.0
+        live.tick(mine)
+    versions = [g["version"] for g in globals_in(topic)]
+    assert versions == [1, 2, 3]
+    # the zombie wakes up believing version 1 is the newest, holding a partition state based on
+    # it (one the live replica merged into version 2 long ago), and merges: it must first read
+    # the topic to its end, see version 3, and publish nothing
+    stale = next(v for _, v in topic.log if parse(v)[0]["kind"] == "partition"
+                 and parse(v)[0]["base_version"] == 1)
+    state = Assembler().add(stale)
+    assert state is not None
+    zombie.latest = {0: state}
+    zombie.link.position = next(i for i, (_, v) in enumerate(topic.log)
+                                if parse(v)[0].get("version") == 1) + 1
+    zombie.version = 1
+    clock.t += 1.0
+    zombie._merge(clock.t, theirs[0])
+    assert [g["version"] for g in globals_in(topic)] == [1, 2, 3]  # nothing published over 3
+
+    class Blind(Link):  # a merger that cannot read the topic would overwrite version 2
+        def fetch(self) -> list[bytes]:
+            return []
+
+        def caught_up(self) -> bool:
+            return True
+
+    blind = ModelHub(Blind(topic), "blind", every_s=1.0, clock=clock)
+    blind.latest, blind.version, blind.global_state = {0: state}, 1, zombie.global_state
+    blind._merge(clock.t, theirs[0])
+    assert [g["version"] for g in globals_in(topic)] == [1, 2, 3, 2]
