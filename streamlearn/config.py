@@ -242,8 +242,9 @@ class RetrainConfig:
 class SyncConfig:
     """Model synchronisation of a scaled-out group (kafka.membership = group)."""
 
-    every_seconds: float = spec(2.0, "each partition learner publishes its model, and the "
-                                "merger merges them, this often", gt=0)
+    every_seconds: float = spec(0.5, "each replica publishes its learner, and the merger "
+                                "merges them, this often (shorter: closer to one learner; "
+                                "docs/operations.md)", gt=0)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streamlearn.config import Config
+from streamlearn.service.claims import PartitionClaims
 from streamlearn.service.metrics import PrometheusObserver
 from streamlearn.service.replica import Replica
 from streamlearn.sync.hub import ModelHub
@@ -57,7 +58,8 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     ensure_models_topic(bootstrap, t.models, options)
     hub = ModelHub(KafkaModelLink(bootstrap, t.models, options), replica_id,
                    config.sync.every_seconds, on_sync=observer.on_model_sync)
-    return Replica(make_daemon, make_membership, on_owned=observer.on_owned_partitions, hub=hub)
+    return Replica(make_daemon, make_membership, on_owned=observer.on_owned_partitions, hub=hub,
+                   claims=PartitionClaims(state_dir, replica_id))
 
 
 def serve_replica(replica: Replica, max_events: int | None, out: Any) -> int:
@@ -66,7 +68,10 @@ def serve_replica(replica: Replica, max_events: int | None, out: Any) -> int:
     replica.run(max_instances=max_events)
     elapsed = time.monotonic() - started
     seen = replica.instances_this_run
+    hub = replica.hub
+    adopted = hub.record.base_version if hub is not None and hub.record is not None else 0
     print(f"streamlearn serve: replica stopped after {seen} instances in {elapsed:.1f} s "
-          f"({seen / max(elapsed, 1e-9):,.0f}/s); partitions started here: {replica.moves}",
-          file=out, flush=True)
+          f"({seen / max(elapsed, 1e-9):,.0f}/s); partitions started here: {replica.moves}; "
+          f"global model: newest seen {hub.version if hub is not None else 0}, adopted "
+          f"{adopted}", file=out, flush=True)
     return 0

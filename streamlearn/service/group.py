@@ -17,16 +17,21 @@ instance and feedback together. The alternative — subscribing to both topics
 and relying on an assignor that co-partitions — holds for the (eager) range
 assignor only; the cooperative one makes no such promise.
 
-kafka-python calls the rebalance listener inside ``poll``; the callbacks only
-queue the change, and :meth:`GroupMembership.changes` hands them over, so a
-revoked partition is stopped (final checkpoint) before this member rejoins —
-kafka-python completes the revocation round only after ``on_partitions_revoked``
-returns.
+The membership consumer polls in its own thread, so heartbeats and joins go on
+whatever the serving loop is doing (polled only between serving steps, a member
+was evicted while busy). kafka-python calls the rebalance listener inside that
+thread's ``poll``; the listener hands each change to the serving thread, which
+applies it at its next :meth:`GroupMembership.poll`. A revocation waits until the
+serving thread has stopped the partitions (final checkpoints written) — kafka-python
+completes the revocation round only after ``on_partitions_revoked`` returns.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -61,31 +66,24 @@ class GroupMembership:
 
         self.topic = instances_topic
         self.owned: set[int] = set()
+        self.handlers = {"assigned": on_assigned, "revoked": on_revoked, "lost": on_lost}
+        self._changes: queue.Queue[tuple[str, list[int], threading.Event]] = queue.Queue()
+        self._closed = threading.Event()
         member = self
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+            """Runs in the membership thread: hands each change to the serving thread."""
+
             def on_partitions_revoked(self, revoked: Any) -> None:
-                parts = sorted(tp.partition for tp in revoked if tp.topic == member.topic)
-                if parts:
-                    log.info("partitions %s revoked", parts)
-                    on_revoked(parts)
-                    member.owned -= set(parts)
+                member._hand_over("revoked", revoked, wait=True)
 
             def on_partitions_assigned(self, assigned: Any) -> None:
                 tps = [tp for tp in assigned if tp.topic == member.topic]
                 member.consumer.pause(*tps)  # membership only: the replica fetches itself
-                parts = sorted(tp.partition for tp in tps)
-                if parts:
-                    log.info("partitions %s assigned", parts)
-                    member.owned |= set(parts)
-                    on_assigned(parts)
+                member._hand_over("assigned", tps, wait=False)
 
             def on_partitions_lost(self, lost: Any) -> None:  # evicted: another owns them now
-                parts = sorted(tp.partition for tp in lost if tp.topic == member.topic)
-                if parts:
-                    log.warning("partitions %s lost (this member was evicted)", parts)
-                    on_lost(parts)
-                    member.owned -= set(parts)
+                member._hand_over("lost", lost, wait=False)
 
         options = {k: v for k, v in (client_options or {}).items()
                    if k in KafkaConsumer.DEFAULT_CONFIG}
@@ -97,19 +95,73 @@ class GroupMembership:
                 session_timeout_ms=session_timeout_ms,
                 heartbeat_interval_ms=max(session_timeout_ms // 5, 500),
                 client_id="streamlearn-member")
+            # the group leader assigns only partitions it has metadata for: fetch it first
+            deadline = time.monotonic() + 30.0
+            while not self.consumer.partitions_for_topic(instances_topic):
+                if time.monotonic() > deadline:
+                    raise TransportError(f"no partition metadata for {instances_topic!r} "
+                                         "after 30 s")
+                time.sleep(0.1)
             self.consumer.subscribe([instances_topic], listener=Listener())
         except KafkaError as exc:
             raise TransportError(f"cannot join the group {group_id!r}: {exc}") from exc
+        self._thread = threading.Thread(target=self._run, name="streamlearn-membership",
+                                        daemon=True)
+        self._thread.start()
 
-    def poll(self, timeout_s: float = 0.0) -> None:
-        """Heartbeat and take part in rebalances (the listener runs in here)."""
+    # ------------------------------------------------------ membership thread
+    def _run(self) -> None:
+        """Poll continuously: heartbeats and joins progress whatever the serving loop does."""
         from kafka.errors import KafkaError
 
+        while not self._closed.is_set():
+            try:
+                self.consumer.poll(timeout_ms=100, max_records=1)
+            except KafkaError as exc:  # a broker outage: the member rejoins when it is back
+                log.warning("group poll failed: %s", exc)
+                self._closed.wait(0.5)
+            except Exception:  # never let the thread die silently: the replica would be deaf
+                log.exception("group membership thread failed; retrying")
+                self._closed.wait(0.5)
+        self.consumer.close(autocommit=False)
+
+    def _hand_over(self, kind: str, tps: Any, wait: bool) -> None:
+        parts = sorted(tp.partition for tp in tps if tp.topic == self.topic)
+        if not parts:
+            return
+        (log.warning if kind == "lost" else log.info)("partitions %s %s", parts, kind)
+        done = threading.Event()
+        self._changes.put((kind, parts, done))
+        # a revocation completes (final checkpoints written) before this member rejoins
+        while wait and not done.wait(0.5) and not self._closed.is_set():
+            pass
+
+    # -------------------------------------------------------- serving thread
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Apply the assignment changes Kafka made since the last call (in this thread)."""
         try:
-            self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=1)
-        except KafkaError as exc:  # a broker outage: the member rejoins when it is back
-            log.warning("group poll failed: %s", exc)
+            kind, parts, done = self._changes.get(timeout=timeout_s) if timeout_s > 0 \
+                else self._changes.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            try:
+                self.handlers[kind](parts)
+                if kind == "assigned":
+                    self.owned |= set(parts)
+                else:
+                    self.owned -= set(parts)
+            finally:
+                done.set()
+            try:
+                kind, parts, done = self._changes.get_nowait()
+            except queue.Empty:
+                return
 
     def close(self) -> None:
-        """Leave the group (a static member keeps its slot for the session timeout)."""
-        self.consumer.close(autocommit=False)
+        """Leave the group (a static member keeps its slot for the session timeout); pending
+        revocations are applied first."""
+        self._closed.set()
+        self.poll()
+        self._thread.join(timeout=30)
+

@@ -20,9 +20,11 @@ its decision's event time wherever the partition goes. A partition lost by
 eviction (this replica paused past the session timeout) is closed *without* a
 checkpoint: another replica owns it already.
 
-Each partition's daemon has its own learner (the unit of state that moves);
-the :class:`~streamlearn.sync.hub.ModelHub` merges them through the models
-topic every sync interval, so every partition serves the group's model.
+The replica has one learner, shared by its partition daemons (the first
+partition restored brings it; a partition moving in keeps its pending joins and
+counters, and is learned by this replica's learner): one replica learns
+exactly as the single daemon does. The :class:`~streamlearn.sync.hub.ModelHub`
+merges the replicas' learners through the models topic every sync interval.
 
 Offsets are committed (for lag tools) to the group ``<group_id>.partitions``:
 the serving group itself has active members, and Kafka refuses commits from a
@@ -36,6 +38,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from streamlearn.learners.base import Learner
+from streamlearn.service.claims import PartitionClaims
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.group import GroupMembership
 from streamlearn.sync.hub import ModelHub
@@ -62,12 +66,13 @@ class Replica:
                  make_membership: Callable[..., GroupMembership],
                  poll_timeout_s: float = 0.1,
                  on_owned: Callable[[int, int], None] | None = None,
-                 hub: ModelHub | None = None) -> None:
-        self.hub = hub
+                 hub: ModelHub | None = None, claims: PartitionClaims | None = None) -> None:
+        self.hub, self.claims = hub, claims
         self.make_daemon, self.poll_timeout_s = make_daemon, poll_timeout_s
         self.daemons: dict[int, Daemon] = {}
         self.on_owned = on_owned or (lambda n, moves: None)
         self._retired = 0  # instances decided by partition daemons this replica has stopped
+        self.learner: Learner | None = None
         self._stop = threading.Event()
         self.moves = 0  # partitions started here after the first assignment
         self.ready = False
@@ -86,8 +91,16 @@ class Replica:
         for p in partitions:
             if p in self.daemons:
                 continue
+            if self.claims is not None:
+                self.claims.claim(p)  # a replica that still serves p stops at its next step
             daemon = self.make_daemon(p)
             daemon.restore()  # before any record of p is read: the moved state comes first
+            if self.learner is None:  # the replica's one learner, shared by its partitions
+                self.learner = daemon.learner
+            else:
+                daemon.replace_learner(self.learner)
+                daemon.model_name = next(iter(self.daemons.values())).model_name \
+                    if self.daemons else daemon.model_name
             daemon.started_at_instances = daemon.counters.instances
             daemon.ready = True
             self.daemons[p] = daemon
@@ -110,7 +123,7 @@ class Replica:
             return
         self._retired += daemon.instances_this_run
         try:
-            if checkpoint:
+            if checkpoint and (self.claims is None or self.claims.holds(partition)):
                 daemon.checkpoint(final=True)
         finally:
             daemon.close()
@@ -122,10 +135,17 @@ class Replica:
         """One round: take part in the group (rebalances happen here), then one step of
         every partition daemon."""
         self.membership.poll(0.0 if self.daemons else self.poll_timeout_s)
-        for daemon in list(self.daemons.values()):
+        for p, daemon in list(self.daemons.items()):
+            if self.claims is not None and not self.claims.holds(p):
+                log.warning("partition %d is claimed by another replica: dropped (this replica "
+                            "was evicted from the group without noticing)", p)
+                self._lost([p])
+                continue
             daemon.step()
         if self.hub is not None:
             self.hub.tick(self.daemons)
+            if self.daemons:  # an adopted model replaced the shared learner
+                self.learner = next(iter(self.daemons.values())).learner
 
     def run(self, max_instances: int | None = None) -> None:
         """Serve the owned partitions until :meth:`request_stop` (or ``max_instances``)."""

@@ -1,19 +1,21 @@
-"""The models topic: partition learners publish, the merger merges, every replica adopts.
+"""The models topic: replicas publish their learners, the merger merges, every replica adopts.
 
 One :class:`ModelHub` per replica reads the compacted models topic from its
-beginning and, every :attr:`every_s` seconds (the sync interval), for each
-partition ``p`` the replica serves:
+beginning. A replica has one learner, shared by the daemons of the partitions
+it serves (so one replica learns exactly as the single daemon does). Every
+:attr:`every_s` seconds (the sync interval):
 
-1. **publish** — if ``p``'s learner learned since its last publish, its whole
-   state goes out as ``partition/<p>`` with the global version it is based on
-   and the examples it learned since adopting that version;
+1. **publish** — if the replica's learner learned since its last publish, its
+   whole state goes out as ``replica/<id>`` with the global version it is based
+   on and the examples it learned since adopting that version;
 2. **merge** (the replica serving partition 0 only: one merger at a time, the
-   group protocol moves the role with the partition) — the partition states
+   group protocol moves the role with the partition) — the replica states
    based on the current global version ``v`` are merged
    (:func:`~streamlearn.sync.merge.merge`, weighted by examples) into version
-   ``v + 1``, published as ``global``, with the list of ``(partition, seq)``
-   it includes. States based on an older version are stale and ignored;
-3. **adopt** — when a global version newer than ``p``'s base arrives, ``p``'s
+   ``v + 1``, published as ``global``, with the list of ``(replica, seq)``
+   it includes. States based on an older version are stale and ignored (a
+   killed replica's last state included);
+3. **adopt** — when a global version newer than the replica's base arrives, its
    learner becomes that model plus its own progress it does not hold
    (:func:`~streamlearn.sync.merge.rebase`: since its included publish, or since
    its base when that publish missed the round). Decisions then carry
@@ -25,11 +27,11 @@ already: a replica that was paused (and lost partition 0 meanwhile), or is
 behind, never overwrites a newer model. Readers adopt only versions newer than
 their own.
 
-Bounded loss, no double counting: a partition's progress is counted in the
+Bounded loss, no double counting: a replica's progress is counted in the
 global model once (its included publish, or carried by the rebase); what a
-*killed* replica learned after its last included publish is lost with it (the
-partition's new owner re-learns the feedback after the partition's last
-checkpoint, so feedback is not lost — at most one sync interval of model
+*killed* replica learned after its last included publish is lost with it (its
+partitions' new owners re-learn the feedback after the partitions' last
+checkpoints, so feedback is not lost — at most one sync interval of model
 progress is).
 """
 
@@ -59,12 +61,12 @@ class ModelLink(Protocol):
     """The models topic as the hub needs it."""
 
     def send(self, key: bytes, values: list[bytes]) -> None: ...
-    def fetch(self) -> list[bytes]: ...
+    def fetch(self, timeout_s: float = 0.0) -> list[bytes]: ...
     def caught_up(self) -> bool: ...
 
 
 class Served(Protocol):
-    """A partition daemon as the hub sees it."""
+    """A partition daemon as the hub sees it (the daemons of a replica share one learner)."""
 
     model_name: str
 
@@ -74,13 +76,12 @@ class Served(Protocol):
 
 
 @dataclass
-class _Partition:
+class _Learner:
     base_version: int
     base: Arrays  # the global model adopted (or the state at start)
     base_counters: dict[str, Any]
-    published: Arrays | None = None
-    published_counters: dict[str, Any] = field(default_factory=dict)
-    published_seq: int = -1
+    # every state published since adopting the base, by seq: the merger includes one of them
+    published: dict[int, tuple[Arrays, dict[str, Any]]] = field(default_factory=dict)
     updated_at_base: int = 0
     updated_at_publish: int = -1
     last_publish: float = -np.inf
@@ -98,18 +99,18 @@ class ModelHub:
         self.assembler = Assembler()
         self.version = 0
         self.global_state: tuple[Arrays, dict[str, Any]] | None = None
-        self.global_included: set[tuple[int, int]] = set()
+        self.global_included: set[tuple[str, int]] = set()
         self.global_made_at = 0.0  # wall time the merger made it
-        self.latest: dict[int, tuple[dict[str, Any], Arrays, dict[str, Any]]] = {}
-        self.partitions: dict[int, _Partition] = {}
+        self.latest: dict[str, tuple[dict[str, Any], Arrays, dict[str, Any]]] = {}
+        self.record: _Learner | None = None
         self.merges = 0
         self._seq = int(time.time() * 1000)  # a new run's publishes sort after an old run's
         self._last_merge = clock()
 
     # --------------------------------------------------------------- reading
-    def poll(self) -> None:
-        """Take in every models-topic message that arrived."""
-        for value in self.link.fetch():
+    def poll(self, timeout_s: float = 0.0) -> None:
+        """Take in every models-topic message that arrived (waiting up to ``timeout_s``)."""
+        for value in self.link.fetch(timeout_s):
             try:
                 done = self.assembler.add(value)
             except StateError as exc:
@@ -122,90 +123,98 @@ class ModelHub:
                 if int(header["version"]) > self.version:
                     self.version = int(header["version"])
                     self.global_state = (arrays, meta)
-                    self.global_included = {(int(p), int(s)) for p, s in header["included"]}
+                    self.global_included = {(str(r), int(s)) for r, s in header["included"]}
                     self.global_made_at = float(header.get("made_at", 0.0))
-            elif header.get("kind") == "partition":
-                p = int(header["partition"])
-                old = self.latest.get(p)
+            elif header.get("kind") == "replica":
+                who = str(header["replica"])
+                old = self.latest.get(who)
                 if old is None or int(header["seq"]) > int(old[0]["seq"]):
-                    self.latest[p] = (header, arrays, meta)
+                    self.latest[who] = (header, arrays, meta)
 
     # ---------------------------------------------------------------- a round
     def tick(self, served: Mapping[int, Served]) -> None:
         """Adopt, publish and (as the merger) merge, as due; see the module docstring."""
         self.poll()
+        if not served:
+            return
         now = self.clock()
-        for p in [p for p in self.partitions if p not in served]:
-            del self.partitions[p]  # moved away: its new owner starts its own record
-        for p, daemon in served.items():
-            record = self.partitions.get(p)
-            if record is None:
-                record = self._start(daemon)
-                self.partitions[p] = record
-            if self.global_state is not None and self.version > record.base_version:
-                self._adopt(p, daemon, record)
-            updated = daemon.learner.n_updated_
-            if now - record.last_publish >= self.every_s and updated > max(
-                    record.updated_at_publish, record.updated_at_base):
-                self._publish(p, daemon, record, now)
+        daemons = list(served.values())
+        learner = daemons[0].learner  # shared by every partition daemon of this replica
+        record = self.record
+        if record is None:
+            record = self.record = self._start(daemons[0])
+        adopted = False
+        if self.global_state is not None and self.version > record.base_version:
+            adopted = self._adopt(daemons, record)
+            learner = daemons[0].learner
+        # right after adopting, progress the new model lacks goes out at once: based on the
+        # newest version, the next merge includes it (a state based on an older one is stale)
+        if (adopted or now - record.last_publish >= self.every_s) and learner.n_updated_ > max(
+                record.updated_at_publish, record.updated_at_base):
+            self._publish(learner, record, now)
         if 0 in served and now - self._last_merge >= self.every_s:
             self._merge(now, served[0])
         self.on_sync(self.version, max(time.time() - self.global_made_at, 0.0)
                      if self.global_state is not None else 0.0, self.merges)
 
-    def _start(self, daemon: Served) -> _Partition:
+    def _start(self, daemon: Served) -> _Learner:
         arrays, meta = daemon.learner.state()
-        base_name = daemon.model_name.split("-g", 1)[0]
         # with a global model out there, the first tick adopts it (base -1 < any version)
-        return _Partition(-1 if self.global_state is not None else 0, arrays,
-                          dict(meta["counters"]), updated_at_base=daemon.learner.n_updated_,
-                          name=base_name)
+        return _Learner(-1 if self.global_state is not None else 0, arrays,
+                        dict(meta["counters"]), updated_at_base=daemon.learner.n_updated_,
+                        name=daemon.model_name.split("-g", 1)[0])
 
-    def _publish(self, p: int, daemon: Served, record: _Partition, now: float) -> None:
-        arrays, meta = daemon.learner.state()
+    def _publish(self, learner: Learner, record: _Learner, now: float) -> None:
+        arrays, meta = learner.state()
         self._seq += 1
-        examples = daemon.learner.n_updated_ - record.updated_at_base
-        header = {"kind": "partition", "partition": p, "base_version": record.base_version,
-                  "seq": self._seq, "examples": examples, "replica": self.replica}
+        header = {"kind": "replica", "replica": self.replica, "base_version": record.base_version,
+                  "seq": self._seq, "examples": learner.n_updated_ - record.updated_at_base}
         try:
-            self.link.send(f"partition/{p}".encode(), chunk(header, encode_state(arrays, meta)))
+            self.link.send(f"replica/{self.replica}".encode(),
+                           chunk(header, encode_state(arrays, meta)))
         except TransportError as exc:
-            log.warning("partition %d: model not published (next round again): %s", p, exc)
+            log.warning("model not published (next round again): %s", exc)
             return
-        record.published, record.published_counters = arrays, dict(meta["counters"])
-        record.published_seq, record.updated_at_publish = self._seq, daemon.learner.n_updated_
-        record.last_publish = now
+        record.published[self._seq] = (arrays, dict(meta["counters"]))
+        record.updated_at_publish, record.last_publish = learner.n_updated_, now
+        log.debug("published seq %d (base %d, %d examples)", self._seq, record.base_version,
+                  header["examples"])
 
-    def _adopt(self, p: int, daemon: Served, record: _Partition) -> None:
+    def _adopt(self, daemons: list[Served], record: _Learner) -> bool:
         assert self.global_state is not None
         g_arrays, g_meta = self.global_state
-        now_arrays, now_meta = daemon.learner.state()
-        included = (p, record.published_seq) in self.global_included \
-            and record.published is not None
-        ref = record.published if included and record.published is not None else record.base
-        ref_counters = record.published_counters if included else record.base_counters
+        current = daemons[0].learner
+        now_arrays, now_meta = current.state()
+        # the one state of ours this version includes (only the version after our base can)
+        mine = [seq for who, seq in self.global_included if who == self.replica
+                and seq in record.published]
+        ref, ref_counters = record.published[mine[0]] if mine else (record.base,
+                                                                    record.base_counters)
         try:
-            arrays = rebase(g_arrays, ref, now_arrays)
+            arrays = rebase(g_arrays, ref, now_arrays, now_meta["class"])
             counters = {k: int(g_meta["counters"].get(k, 0)) + int(now_meta["counters"].get(k, 0))
                         - int(ref_counters.get(k, 0)) for k in now_meta["counters"]}
-            learner = type(daemon.learner).from_state(arrays, {**now_meta, "counters": counters})
+            learner = type(current).from_state(arrays, {**now_meta, "counters": counters})
         except (StateError, KeyError, ValueError) as exc:
-            log.error("partition %d cannot adopt global model %d: %s", p, self.version, exc)
+            log.error("cannot adopt global model %d: %s", self.version, exc)
             record.base_version = self.version  # do not retry this version
-            return
-        daemon.replace_learner(learner)
+            return False
+        for daemon in daemons:
+            daemon.replace_learner(learner)
+            daemon.model_name = f"{record.name}-g{self.version}"
         record.base, record.base_counters = g_arrays, dict(g_meta["counters"])
         # the progress carried over by the rebase counts as learned since this base
         record.base_version = self.version
         record.updated_at_base = int(g_meta["counters"].get("n_updated", 0))
-        record.published, record.published_seq, record.updated_at_publish = None, -1, -1
-        daemon.model_name = f"{record.name}-g{self.version}"
+        record.published, record.updated_at_publish = {}, -1
+        return True
 
     # ------------------------------------------------------------- the merger
     def _merge(self, now: float, daemon: Served) -> None:
         self._last_merge = now
-        while not self.link.caught_up():  # fencing: the newest model and states first
-            self.poll()
+        if not self.link.caught_up():  # fencing: the newest model and states first
+            log.warning("models topic not read to its end in time: no merge this round")
+            return
         self.poll()
         parts = [(h, a, m) for h, a, m in self.latest.values()
                  if int(h["base_version"]) == self.version and int(h["examples"]) > 0]
@@ -213,10 +222,11 @@ class ModelHub:
             return
         if self.global_state is not None:
             base, base_meta = self.global_state
-        else:  # version 0: every partition started from a fresh learner
+        else:  # version 0: every replica started from a fresh learner
             base, base_meta = daemon.learner.clone().state()
         try:
-            arrays = merge(base, [(a, float(h["examples"])) for h, a, _ in parts])
+            arrays = merge(base, [(a, float(h["examples"])) for h, a, _ in parts],
+                           base_meta["class"])
             counters = merge_counters(base_meta["counters"], [m["counters"] for _, _, m in parts])
         except StateError as exc:
             log.error("model merge skipped: %s", exc)
@@ -229,7 +239,7 @@ class ModelHub:
             return
         target = seen + 1
         header = {"kind": "global", "version": target, "replica": self.replica,
-                  "included": [[int(h["partition"]), int(h["seq"])] for h, _, _ in parts],
+                  "included": [[str(h["replica"]), int(h["seq"])] for h, _, _ in parts],
                   "examples": int(sum(int(h["examples"]) for h, _, _ in parts)),
                   "made_at": time.time()}
         meta = {**base_meta, "counters": counters}
@@ -239,5 +249,7 @@ class ModelHub:
             log.warning("model %d not published (next round again): %s", target, exc)
             return
         self.merges += 1
-        log.info("model %d merged from %d partition states (%d examples)", target, len(parts),
-                 header["examples"])
+        log.info("model %d merged from %d replica states (%d examples; states seen: %s)", target,
+                 len(parts), header["examples"],
+                 ", ".join(f"{w}@{int(h['base_version'])}" for w, (h, _, _) in
+                           sorted(self.latest.items())))

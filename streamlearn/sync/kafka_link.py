@@ -1,12 +1,27 @@
-"""The models topic over Kafka: one partition, compacted, read from its beginning."""
+"""The models topic over Kafka: one partition, compacted, read from its beginning.
+
+The link's consumer polls in its own thread (kafka-python completes a fetch only
+while ``poll`` waits; polled in short slices between serving steps, it fell
+seconds behind under load). The thread buffers every message; :meth:`fetch`
+hands them over; :meth:`caught_up` asks the thread whether everything up to the
+topic's current end has been read, and waits for the answer (bounded).
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections import deque
 from collections.abc import Mapping
 
 from streamlearn.errors import TransportError
 
 __all__ = ["KafkaModelLink", "ensure_models_topic"]
+
+log = logging.getLogger("streamlearn.sync")
+
+CATCH_UP_S = 2.0  # the merger skips a round rather than wait longer than this
 
 
 def ensure_models_topic(bootstrap: str, topic: str,
@@ -20,7 +35,7 @@ def ensure_models_topic(bootstrap: str, topic: str,
 
 class KafkaModelLink:
     """Chunks go out keyed ``<key>/<i>`` (compaction keeps the newest of each); every
-    message of the topic is read, from its beginning."""
+    message of the topic is read, from its beginning, by a background thread."""
 
     def __init__(self, bootstrap: str, topic: str,
                  client_options: Mapping[str, object] | None = None) -> None:
@@ -30,19 +45,59 @@ class KafkaModelLink:
         options = dict(client_options or {})
         self.topic = topic
         self.tp = TopicPartition(topic, 0)
+        self._buffer: deque[bytes] = deque()
+        self._lock = threading.Lock()
+        self._check = threading.Event()  # the serving thread asks: read up to the end yet?
+        self._checked = threading.Event()
+        self._closed = threading.Event()
         try:
             self.consumer = KafkaConsumer(
                 **{k: v for k, v in options.items() if k in KafkaConsumer.DEFAULT_CONFIG},
                 bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                 client_id="streamlearn-models")
+            deadline = time.monotonic() + 30.0  # a topic created just now: wait for its metadata
+            while not self.consumer.partitions_for_topic(topic):
+                if time.monotonic() > deadline:
+                    raise TransportError(f"no metadata for the models topic {topic!r} after 30 s")
+                time.sleep(0.1)
             self.consumer.assign([self.tp])
             self.consumer.seek_to_beginning(self.tp)
             self.producer = KafkaProducer(
                 **{k: v for k, v in options.items() if k in KafkaProducer.DEFAULT_CONFIG},
                 bootstrap_servers=bootstrap, acks="all", linger_ms=5,
                 client_id="streamlearn-models")
+            self.producer.partitions_for(topic)  # its metadata now, not at the first publish
         except KafkaError as exc:
             raise TransportError(f"cannot open the models topic {topic!r}: {exc}") from exc
+        self._thread = threading.Thread(target=self._run, name="streamlearn-models",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from kafka.errors import KafkaError
+
+        target: int | None = None
+        while not self._closed.is_set():
+            try:
+                batches = self.consumer.poll(timeout_ms=100, max_records=1000)
+                values = [r.value for records in batches.values() for r in records if r.value]
+                if values:
+                    with self._lock:
+                        self._buffer.extend(values)
+                if self._check.is_set():
+                    if target is None:
+                        target = self.consumer.end_offsets([self.tp])[self.tp]
+                    if self.consumer.position(self.tp) >= target:
+                        self._check.clear()
+                        target = None
+                        self._checked.set()
+            except KafkaError as exc:
+                log.warning("models topic: poll failed: %s", exc)
+                self._closed.wait(0.5)
+            except Exception:  # never die silently: the replica would stop adopting models
+                log.exception("models topic: reader thread failed; retrying")
+                self._closed.wait(0.5)
+        self.consumer.close()
 
     def send(self, key: bytes, values: list[bytes]) -> None:
         from kafka.errors import KafkaError
@@ -54,24 +109,21 @@ class KafkaModelLink:
         except KafkaError as exc:  # the next round publishes again
             raise TransportError(f"publishing to the models topic failed: {exc}") from exc
 
-    def fetch(self) -> list[bytes]:
-        from kafka.errors import KafkaError
-
-        try:
-            batches = self.consumer.poll(timeout_ms=0, max_records=1000)
-        except KafkaError:
-            return []
-        return [r.value for records in batches.values() for r in records if r.value]
+    def fetch(self, timeout_s: float = 0.0) -> list[bytes]:
+        """The messages read since the last call (never waits: the thread reads)."""
+        with self._lock:
+            values = list(self._buffer)
+            self._buffer.clear()
+        return values
 
     def caught_up(self) -> bool:
-        from kafka.errors import KafkaError
-
-        try:
-            end = self.consumer.end_offsets([self.tp])[self.tp]
-            return bool(self.consumer.position(self.tp) >= end)
-        except KafkaError:
-            return True  # the broker is away: publish nothing newer than we know (see hub)
+        """Whether everything published before this call has been read (within
+        :data:`CATCH_UP_S`); the messages are then in :meth:`fetch`."""
+        self._checked.clear()
+        self._check.set()
+        return self._checked.wait(CATCH_UP_S)
 
     def close(self) -> None:
-        self.consumer.close()
+        self._closed.set()
+        self._thread.join(timeout=10)
         self.producer.close(timeout=10)

@@ -10,15 +10,19 @@ it: their owners hand them over with a final checkpoint). At the end every
 replica is stopped with SIGTERM and the six partitions' final checkpoints are
 read: every id was decided, every feedback applied exactly once across the
 group (count and id checksum), nothing expired, duplicated or lost in the
-moves, and every re-emitted decision is byte-identical to the first.
+moves, and every re-emitted decision is byte-identical to the first. Every
+decision names the merged model it was made with, and after the stream every
+live replica serves the newest merged model of the models topic.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -31,12 +35,14 @@ from kafka import KafkaConsumer, TopicPartition
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.service.counters import id_checksum
 from streamlearn.snapshot import read_snapshot
+from streamlearn.sync.codec import parse
 
 pytestmark = pytest.mark.integration
 
 N = 60_000
 PARTITIONS = 6
 RATE = 2_000
+SYNC_S = 0.5
 
 
 def replica(bootstrap: str, topics: dict[str, str], group: str, name: str, state: Path,
@@ -51,7 +57,8 @@ def replica(bootstrap: str, topics: dict[str, str], group: str, name: str, state
             "--checkpoint-dir", str(state), "--checkpoint-every-events", "3000",
             "--checkpoint-every-seconds", "2", "--metrics-port", "-1",
             "--progress-seconds", "0", "--learner", "banditron", "--exploration", "fixed",
-            "--gamma", "0.05", "--seed", "5", "--join-window-seconds", "3600"]
+            "--gamma", "0.05", "--seed", "5", "--join-window-seconds", "3600",
+            "--topics-models", f"models-{group}", "--sync-every-seconds", str(SYNC_S)]
     with open(log, "ab") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -74,6 +81,7 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
     X, y = synthetic_stream(N, noise=0.05, seed=12)
     topics = make_topics(kafka_bootstrap, partitions=PARTITIONS)
     group, state = f"scale-{uuid.uuid4().hex[:6]}", tmp_path / "state"
+    models = f"models-{group}"
     logs = {name: tmp_path / f"{name}.log" for name in ("r1", "r2", "r3", "r4")}
     caller = Caller(kafka_bootstrap, topics, y, delay_mean_s=0.3)
     caller.start()
@@ -101,6 +109,7 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
         wait_until(lambda: len(caller.feedback_ids) == N, 120, "feedback for every decision")
         wait_until(lambda: committed(kafka_bootstrap, topics, f"{group}.partitions"), 120,
                    "the replicas to commit all input", tails, interval_s=1.0)
+        time.sleep(2 * SYNC_S)  # the stream has ended: one sync interval to adopt the last model
         moved = "partitions [" in logs["r4"].read_text()
     finally:
         for proc in procs.values():
@@ -139,3 +148,15 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
     assert checksum == id_checksum(feedback)
     for name in ("r1", "r3", "r4"):
         assert "Traceback" not in logs[name].read_text(), tails()
+
+    # model synchronisation: every decision names the merged model it came from, and after the
+    # stream every live replica serves the newest merged model
+    versions = [int(orjson.loads(v)["model"].split("-g")[1].split("-")[0])
+                for v in caller.first.values() if "-g" in orjson.loads(v)["model"]]
+    assert len(versions) > 0.5 * N
+    newest = max(parse(r.value)[0]["version"] for r in read_all(kafka_bootstrap, models)
+                 if parse(r.value)[0]["kind"] == "global")
+    assert newest >= max(versions) > 10
+    for name in ("r1", "r3", "r4"):
+        summary = re.search(r"newest seen (\d+), adopted (\d+)", logs[name].read_text())
+        assert summary and int(summary.group(1)) == int(summary.group(2)) == newest, tails()
