@@ -1,0 +1,123 @@
+"""Scale-out on a real broker: CPU per event and online error, 1 replica against R replicas.
+
+For each replica count it creates fresh 6-partition topics, starts that many
+``streamlearn serve --kafka-membership group`` processes, waits until every
+partition is claimed, streams the dataset with ``streamlearn simulate`` (its
+summary gives the online error: 1 − rewards / feedback), then reads each
+replica's CPU time (``/proc/<pid>/stat``, user + system) since it was ready and
+stops it with SIGTERM. Without ``--bootstrap`` a broker is started with
+``deploy/kafka/kafka.sh`` and stopped at the end.
+
+    python -m simulators.bench_scale_out --events 60000 --rate 2000 --replicas 1,3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+PARTITIONS = 6
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
+    tag = uuid.uuid4().hex[:6]
+    topics = ["--topics-instances", f"i-{tag}", "--topics-feedback", f"f-{tag}",
+              "--topics-decisions", f"d-{tag}", "--topics-dead-letter", f"x-{tag}",
+              "--topics-models", f"m-{tag}", "--topics-partitions", str(PARTITIONS)]
+    state = Path(tempfile.mkdtemp(prefix="sl-scale-"))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = []
+    for r in range(replicas):
+        log = open(state / f"r{r}.log", "wb")  # noqa: SIM115
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap, *topics,
+             "--kafka-membership", "group", "--kafka-group-id", f"g-{tag}",
+             "--kafka-group-instance-id", f"r{r}", "--checkpoint-dir", str(state),
+             "--metrics-port", "-1", "--progress-seconds", "0", "--learner", args.learner,
+             "--join-window-seconds", "3600", "--sync-every-seconds", str(args.sync_seconds)],
+            stdout=log, stderr=subprocess.STDOUT, env=env))
+    deadline = time.monotonic() + 120
+    while len(list(state.glob("partition-*/owner"))) < PARTITIONS:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the group did not assign every partition; see {state}")
+        time.sleep(0.2)
+    time.sleep(2.0)  # the last restores and the first merges
+    before = [cpu_seconds(p.pid) for p in procs]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "streamlearn", "simulate", "--bootstrap", bootstrap, *topics,
+         "--dataset", args.dataset, "--rate", str(args.rate), "--events", str(args.events),
+         "--delay-mean", str(args.delay_mean), "--seed", "3", "--json",
+         "--progress-seconds", "0", "--wait-seconds", "120"], capture_output=True, text=True,
+        env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"simulate failed: {done.stderr[-2000:]}")
+    elapsed = time.monotonic() - started
+    cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, before, strict=True)]
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(60)
+    summary = orjson.loads(done.stdout)
+    answered = summary["feedback_sent"]
+    return {"replicas": replicas, "events": summary["decisions_received"],
+            "error": 1.0 - summary["rewards"] / max(answered, 1), "seconds": elapsed,
+            "cpu_s": sum(cpu), "cpu_ms_per_event": 1000 * sum(cpu) / max(args.events, 1),
+            "cpu_s_per_replica": [round(c, 2) for c in cpu]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--bootstrap")
+    parser.add_argument("--dataset", default="synnonsep")
+    parser.add_argument("--learner", default="linucb")
+    parser.add_argument("--events", type=int, default=60_000)
+    parser.add_argument("--rate", type=float, default=2000.0)
+    parser.add_argument("--delay-mean", type=float, default=0.3)
+    parser.add_argument("--replicas", default="1,3")
+    parser.add_argument("--sync-seconds", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    broker_dir = None
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        broker_dir = tempfile.mkdtemp(prefix="sl-kafka-")
+        started = subprocess.run([str(REPO / "deploy" / "kafka" / "kafka.sh"), "start", "--dir",
+                                  broker_dir], capture_output=True, text=True, check=True)
+        bootstrap = started.stdout.strip().splitlines()[-1]
+    try:
+        rows = [run(bootstrap, int(r), args) for r in args.replicas.split(",")]
+    finally:
+        if broker_dir is not None:
+            subprocess.run([str(REPO / "deploy" / "kafka" / "kafka.sh"), "stop", "--dir",
+                            broker_dir], capture_output=True, check=False)
+    base = rows[0]
+    print(f"{args.dataset}, {args.learner}, {args.events} events at {args.rate:.0f}/s, feedback "
+          f"delay {args.delay_mean} s (exponential), 6 partitions, sync every "
+          f"{args.sync_seconds} s:")
+    print("| replicas | online error | Δ vs 1 | CPU-s (all replicas) | CPU-ms / event | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['replicas']} | {row['error']:.4f} | {row['error'] - base['error']:+.4f} | "
+              f"{row['cpu_s']:.1f} {row['cpu_s_per_replica']} | {row['cpu_ms_per_event']:.3f} | "
+              f"{row['cpu_ms_per_event'] / base['cpu_ms_per_event']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
