@@ -160,3 +160,51 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
     for name in ("r1", "r3", "r4"):
         summary = re.search(r"newest seen (\d+), adopted (\d+)", logs[name].read_text())
         assert summary and int(summary.group(1)) == int(summary.group(2)) == newest, tails()
+
+
+def test_a_paused_replica_never_publishes_over_a_newer_model(kafka_bootstrap: str,
+                                                             tmp_path: Path) -> None:
+    """The merger (the owner of partition 0) is paused past the session timeout while the
+    stream flows; the other replica takes its partitions and merges on. Woken up, the paused
+    one must not publish a model older than the newest, and must stop serving what it lost."""
+    X, y = synthetic_stream(20_000, noise=0.05, seed=13)
+    topics = make_topics(kafka_bootstrap, partitions=2)
+    group, state = f"pause-{uuid.uuid4().hex[:6]}", tmp_path / "state"
+    models = f"models-{group}"
+    logs = {name: tmp_path / f"{name}.log" for name in ("p1", "p2")}
+    caller = Caller(kafka_bootstrap, topics, y, delay_mean_s=0.1)
+    caller.start()
+    procs = {name: replica(kafka_bootstrap, topics, group, name, state, logs[name])
+             for name in logs}
+
+    def tails() -> str:
+        return "\n".join(f"--- {n}\n{p.read_text()[-1500:]}" for n, p in logs.items())
+
+    wait_until(lambda: len(list(state.glob("partition-*/owner"))) == 2, 60,
+               "the group to assign both partitions", tails)
+    publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, 1000)
+    wait_until(lambda: len(caller.first) >= 4000, 120, "the stream to progress", tails)
+    owner = orjson.loads((state / "partition-0" / "owner").read_bytes())["replica"]
+    paused = procs[owner]
+    paused.send_signal(signal.SIGSTOP)
+    time.sleep(15)  # past the 6 s session timeout: the other replica takes partition 0
+    paused.send_signal(signal.SIGCONT)
+    publisher.join(120)
+    try:
+        wait_until(lambda: len(caller.first) == 20_000, 300, "a decision for every id", tails)
+        time.sleep(3)
+    finally:
+        for proc in procs.values():
+            proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(60) for proc in procs.values()]
+        caller.stop()
+    assert codes == [0, 0], tails()
+    order = [(parse(r.value)[0]["version"], parse(r.value)[0]["replica"])
+             for r in read_all(kafka_bootstrap, models) if parse(r.value)[0]["kind"] == "global"
+             and parse(r.value)[0]["i"] == 0]
+    mergers = [who for _, who in order]
+    assert owner in mergers and len(set(mergers)) == 2, order  # the role moved, and back
+    versions = [v for v, _ in order]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions), order
+    assert "claimed by another replica" in logs[owner].read_text() or \
+        "lost" in logs[owner].read_text(), tails()
