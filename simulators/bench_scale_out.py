@@ -41,6 +41,11 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
               "--topics-decisions", f"d-{tag}", "--topics-dead-letter", f"x-{tag}",
               "--topics-models", f"m-{tag}", "--topics-partitions", str(PARTITIONS)]
     state = Path(tempfile.mkdtemp(prefix="sl-scale-"))
+    from streamlearn.stream.caller import StreamSource
+
+    source = StreamSource(args.dataset)
+    dims = ["--learner-n-actions", str(source.n_classes),
+            "--learner-n-features", str(source.n_features)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = []
     for r in range(replicas):
@@ -50,7 +55,8 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
              "--kafka-membership", "group", "--kafka-group-id", f"g-{tag}",
              "--kafka-group-instance-id", f"r{r}", "--checkpoint-dir", str(state),
              "--metrics-port", "-1", "--progress-seconds", "0", "--learner", args.learner,
-             "--join-window-seconds", "3600", "--sync-every-seconds", str(args.sync_seconds)],
+             "--join-window-seconds", "3600", "--sync-every-seconds", str(args.sync_seconds),
+             *dims],
             stdout=log, stderr=subprocess.STDOUT, env=env))
     deadline = time.monotonic() + 120
     while len(list(state.glob("partition-*/owner"))) < PARTITIONS:
