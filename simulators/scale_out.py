@@ -21,29 +21,9 @@ import numpy as np
 from streamlearn.learners import exploration_from_name, make_learner
 from streamlearn.learners.base import Learner
 from streamlearn.sync.hub import ModelHub
+from streamlearn.sync.memory import InMemoryModelLink, ModelLog
 
 __all__ = ["online_error", "stream"]
-
-
-class _Topic:
-    def __init__(self) -> None:
-        self.log: list[bytes] = []
-
-
-class _Link:
-    def __init__(self, topic: _Topic) -> None:
-        self.topic, self.position = topic, 0
-
-    def send(self, key: bytes, values: list[bytes]) -> None:
-        self.topic.log += values
-
-    def fetch(self, timeout_s: float = 0.0) -> list[bytes]:
-        new = self.topic.log[self.position:]
-        self.position = len(self.topic.log)
-        return new
-
-    def caught_up(self) -> bool:  # everything sent is readable at once
-        return True
 
 
 class _Served:
@@ -82,8 +62,8 @@ def online_error(dataset: str, replicas: int, events: int = 60_000, seed: int = 
                             seed)
 
     clock = {"t": 0.0}
-    topic = _Topic()
-    hubs = [ModelHub(_Link(topic), f"r{r}", every_s, clock=lambda: clock["t"])
+    topic = ModelLog()
+    hubs = [ModelHub(InMemoryModelLink(topic), f"r{r}", every_s, clock=lambda: clock["t"])
             for r in range(replicas)]
     shared = [fresh() for _ in range(replicas)]
     served: list[dict[int, Any]] = [

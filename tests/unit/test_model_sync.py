@@ -11,32 +11,10 @@ from streamlearn.learners import exploration_from_name, make_learner
 from streamlearn.learners.base import Learner
 from streamlearn.sync.codec import Assembler, parse
 from streamlearn.sync.hub import ModelHub
+from streamlearn.sync.memory import InMemoryModelLink, ModelLog
 from streamlearn.sync.merge import merge, rebase, rule_of
 
 K, D = 3, 6
-
-
-class Topic:
-    """An in-memory models topic: one log, a read position per link."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple[bytes, bytes]] = []
-
-
-class Link:
-    def __init__(self, topic: Topic) -> None:
-        self.topic, self.position = topic, 0
-
-    def send(self, key: bytes, values: list[bytes]) -> None:
-        self.topic.log += [(key + b"/%d" % i, v) for i, v in enumerate(values)]
-
-    def fetch(self, timeout_s: float = 0.0) -> list[bytes]:
-        new = [v for _, v in self.topic.log[self.position:]]
-        self.position = len(self.topic.log)
-        return new
-
-    def caught_up(self) -> bool:  # everything sent is readable at once
-        return True
 
 
 class Served:
@@ -65,8 +43,8 @@ def data(n: int, seed: int) -> tuple[np.ndarray, ...]:
             np.full((n, K), 1.0 / K))
 
 
-def globals_in(topic: Topic) -> list[dict[str, Any]]:
-    return [h for h, _ in (parse(v) for _, v in topic.log) if h["kind"] == "global"]
+def globals_in(topic: ModelLog) -> list[dict[str, Any]]:
+    return [h for h, _ in (parse(v) for _, v in topic.messages) if h["kind"] == "global"]
 
 
 @pytest.mark.parametrize("name", ["linucb", "lints"])
@@ -98,8 +76,8 @@ def test_averaged_arrays_are_weighted_by_examples_and_rebase_keeps_local_progres
 
 
 def test_replicas_adopt_the_merged_model_which_pools_everything_they_learned() -> None:
-    topic, clock = Topic(), Clock()
-    hubs = [ModelHub(Link(topic), f"r{i}", every_s=1.0, clock=clock) for i in range(2)]
+    topic, clock = ModelLog(), Clock()
+    hubs = [ModelHub(InMemoryModelLink(topic), f"r{i}", every_s=1.0, clock=clock) for i in range(2)]
     shared = learner()  # replica 0 serves partitions 0 and 1 with one learner
     served = [{0: Served(shared), 1: Served(shared)}, {2: Served(learner())}]
     X, a, r, p = data(600, 2)
@@ -130,8 +108,8 @@ def test_replicas_adopt_the_merged_model_which_pools_everything_they_learned() -
 
 
 def test_progress_made_after_a_publish_is_kept_when_the_merge_arrives() -> None:
-    topic, clock = Topic(), Clock()
-    merger, other = (ModelHub(Link(topic), n, every_s=1.0, clock=clock) for n in ("m", "o"))
+    topic, clock = ModelLog(), Clock()
+    merger, other = (ModelHub(InMemoryModelLink(topic), n, every_s=1.0, clock=clock) for n in ("m", "o"))
     mine, theirs = {0: Served(learner())}, {1: Served(learner())}
     X, a, r, p = data(900, 5)
     merger.tick(mine)
@@ -151,9 +129,9 @@ def test_progress_made_after_a_publish_is_kept_when_the_merge_arrives() -> None:
 
 
 def test_a_paused_merger_never_overwrites_a_newer_model() -> None:
-    topic, clock = Topic(), Clock()
-    live = ModelHub(Link(topic), "live", every_s=1.0, clock=clock)
-    zombie = ModelHub(Link(topic), "zombie", every_s=1.0, clock=clock)
+    topic, clock = ModelLog(), Clock()
+    live = ModelHub(InMemoryModelLink(topic), "live", every_s=1.0, clock=clock)
+    zombie = ModelHub(InMemoryModelLink(topic), "zombie", every_s=1.0, clock=clock)
     mine, theirs = {0: Served(learner())}, {0: Served(learner())}
     X, a, r, p = data(300, 3)
     zombie.tick(theirs)
@@ -171,19 +149,19 @@ def test_a_paused_merger_never_overwrites_a_newer_model() -> None:
     # the zombie wakes up believing version 1 is the newest, holding a partition state based on
     # it (one the live replica merged into version 2 long ago), and merges: it must first read
     # the topic to its end, see version 4, and publish nothing
-    stale = next(v for _, v in topic.log if parse(v)[0]["kind"] == "replica"
+    stale = next(v for _, v in topic.messages if parse(v)[0]["kind"] == "replica"
                  and parse(v)[0]["base_version"] == 1)
     state = Assembler().add(stale)
     assert state is not None
     zombie.latest = {0: state}
-    zombie.link.position = next(i for i, (_, v) in enumerate(topic.log)
+    zombie.link.position = next(i for i, (_, v) in enumerate(topic.messages)
                                 if parse(v)[0].get("version") == 1) + 1
     zombie.version = 1
     clock.t += 1.0
     zombie._merge(clock.t, theirs[0])
     assert [g["version"] for g in globals_in(topic)] == [1, 2, 3, 4]  # nothing over 4
 
-    class Blind(Link):  # a merger that cannot read the topic would overwrite version 2
+    class Blind(InMemoryModelLink):  # a merger that cannot read the topic would overwrite version 2
         def fetch(self, timeout_s: float = 0.0) -> list[bytes]:
             return []
 
@@ -194,3 +172,13 @@ def test_a_paused_merger_never_overwrites_a_newer_model() -> None:
     blind.latest, blind.version, blind.global_state = {0: state}, 1, zombie.global_state
     blind._merge(clock.t, theirs[0])
     assert [g["version"] for g in globals_in(topic)] == [1, 2, 3, 4, 2]
+
+
+def test_the_group_simulator_learns_with_three_replicas_as_with_one() -> None:
+    from simulators.scale_out import online_error
+
+    single = online_error("synnonsep", 1, events=6000, seed=1)
+    group = online_error("synnonsep", 3, events=6000, seed=1)
+    uniform = 8 / 9  # SynNonSep has 9 actions
+    assert single < 0.5 * uniform and group < 0.5 * uniform
+    assert abs(group - single) < 0.1
