@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import orjson
+
 
 class Clock:
     """Event and wall time of a test, in the same base as the broker's message timestamps."""
@@ -21,3 +23,13 @@ def drain(daemon: Any) -> None:
     end = daemon.transport.end_offsets()
     while any(daemon.offsets.snapshot().get(tp, 0) < off for tp, off in end.items()):
         daemon.step()
+
+
+def decisions_by_id(broker: Any) -> dict[str, list[dict[str, Any]]]:
+    """Every decision on the in-memory broker's decisions topic, by id (keys checked)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for m in broker.messages("decisions"):
+        d = orjson.loads(m.value or b"")
+        assert m.key == d["id"].encode()
+        out.setdefault(d["id"], []).append(d)
+    return out

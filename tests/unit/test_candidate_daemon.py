@@ -12,7 +12,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loop_helpers import Clock, drain
+from loop_helpers import Clock, decisions_by_id, drain
 
 from streamlearn.candidates.engine import CandidateEngine, pair_id
 from streamlearn.candidates.learners import CandidateLinUCB
@@ -118,15 +118,6 @@ def run(broker: InMemoryBroker, daemon: CandidateDaemon, caller: Caller, clock: 
     clock.t += 10.0
     daemon.step()
     return daemon
-
-
-def decisions_by_id(broker: InMemoryBroker) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for m in broker.messages("decisions"):
-        d = orjson.loads(m.value or b"")
-        assert m.key == d["id"].encode()
-        out.setdefault(d["id"], []).append(d)
-    return out
 
 
 def check_decision(d: dict[str, Any], request: dict[str, Any]) -> None:

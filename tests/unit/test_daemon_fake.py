@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from loop_helpers import Clock, drain
+from loop_helpers import Clock, decisions_by_id, drain
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.errors import StateError, TransportError
@@ -123,15 +123,6 @@ def direct_weights(drop_every: int = 0, window_blocks: int = 5) -> tuple[np.ndar
     for e_rows, e_a, e_p in expiring:
         lr.update(X[e_rows], e_a, np.zeros(len(e_rows)), e_p)
     return lr.weights_, mistakes / N
-
-
-def decisions_by_id(broker: InMemoryBroker) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for m in broker.messages("decisions"):
-        d = orjson.loads(m.value or b"")
-        assert m.key == d["id"].encode()
-        out.setdefault(d["id"], []).append(d)
-    return out
 
 
 def test_whole_loop_matches_driving_the_learner_directly(tmp_path: Path) -> None:
