@@ -1,7 +1,9 @@
 """``streamlearn inspect PATH``: what a checkpoint (or a saved learner, or a ranker) holds.
 
 ``PATH`` may be one snapshot (a ``ckpt-<seq>`` directory, a directory
-written by ``save_learner`` or a ranker artifact) or a checkpoint directory, in
+written by ``save_learner`` or a ranker artifact), the state directory of a
+scaled-out group (its ``partition-<p>`` checkpoints, summed:
+:mod:`streamlearn.commands.inspect_group`) or a checkpoint directory, in
 which case its newest ``ckpt-<seq>`` is shown (``--all`` lists every one) and,
 when the daemon retrains rankers, the live and promoted ranker artifacts and
 the promotion history (``rankers/state.json``). The snapshot is
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from streamlearn.commands.inspect_group import describe_group, is_group_state, print_group
 from streamlearn.errors import StateError
 from streamlearn.snapshot import ARRAYS_FILE, META_FILE, read_snapshot
 
@@ -167,6 +170,13 @@ def _print_rankers(rankers: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     path = Path(args.path)
+    if is_group_state(path) and not any(_CKPT.match(p.name) for p in path.iterdir()):
+        group = describe_group(path)
+        if args.json:
+            print(orjson.dumps(group, option=orjson.OPT_INDENT_2, default=_json_default).decode())
+        else:
+            print_group(group)
+        return 0
     rankers = describe_rankers(path / "rankers") if path.is_dir() else None
     if rankers is None and path.is_dir() and (path / "state.json").is_file():
         rankers = describe_rankers(path)  # the rankers directory itself

@@ -8,13 +8,17 @@ checkpoint directory is shared, as on the shared storage of a deployment.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 from loop_helpers import Clock
 
+from streamlearn.commands.inspect import run as run_inspect
+from streamlearn.commands.inspect_group import describe_group
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
@@ -72,7 +76,7 @@ def rounds(*replicas: Replica, n: int = 5) -> None:
 
 
 def test_partitions_move_between_replicas_and_every_feedback_is_applied_once(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     broker, clock = InMemoryBroker(P), Clock()
     writer = InMemoryTransport(broker=broker, partitions=P, group_id="caller")
     a, b = make_replica(broker, tmp_path, clock), make_replica(broker, tmp_path, clock)
@@ -133,3 +137,14 @@ def test_partitions_move_between_replicas_and_every_feedback_is_applied_once(
         assert c["feedback"]["duplicate"] == c["feedback"]["expired"] == 0
     assert joined == instances == len(fed) == N
     assert checksum == id_checksum(fed)
+
+    # `streamlearn inspect STATE_DIR` sums the group the same way
+    group = describe_group(tmp_path)
+    assert [row["partition"] for row in group["partitions"]] == list(range(P))
+    assert group["totals"]["joined"] == group["totals"]["instances"] == N
+    assert int(group["totals"]["applied_checksum"]) == id_checksum(fed)
+    assert group["totals"]["pending_joins"] == 0
+    args = argparse.Namespace(path=str(tmp_path), json=False, all=False)
+    assert run_inspect(args) == 0
+    text = capsys.readouterr().out
+    assert f"instances {N:,}, joined {N:,}" in text and "partition" not in text.split("\n")[0][:5]
