@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from streamlearn.candidates.joint import joint_features
+from streamlearn.candidates.joint import stored_joint_features
 from streamlearn.candidates.learners import CandidateLearner
 from streamlearn.candidates.sets import CandidateSets
 from streamlearn.engine import Learned
@@ -200,7 +200,7 @@ class CandidateEngine:
         if self.joins.early:  # feedback that came before its request
             held = [(r, fb) for r in ids if (fb := self.joins.early.pop(request_key(r), None))]
             if held:
-                self._join([r for r, _ in held],
+                self.feedback([r for r, _ in held],
                            [self.early_rewards.pop(request_key(r), fb.reward) for r, fb in held],
                            np.array([fb.ts for _, fb in held]),
                            np.array([fb.partition for _, fb in held], dtype=np.int64), wall)
@@ -211,11 +211,6 @@ class CandidateEngine:
                  ) -> np.ndarray:
         """Join a feedback batch; one :class:`Outcome` code per feedback event (that of the
         first slot it reached)."""
-        return self._join(ids, rewards, ts, partitions, wall, sources)
-
-    def _join(self, ids: Sequence[str], rewards: Sequence[RewardSpec], ts: np.ndarray,
-              partitions: np.ndarray, wall: float, sources: Sequence[Any] | None = None,
-              ) -> np.ndarray:
         default = self.joins.settings.default_reward
         event_ids: list[str] = []
         values: list[float] = []
@@ -270,9 +265,8 @@ class CandidateEngine:
         skipped = 0
         if len(rows):
             X = X[rows]
-            single = np.arange(len(rows) + 1)
-            phi = joint_features(CandidateSets(X[:, :d_x], X[:, d_x:d_x + d_c], single))
-            exploit_phi = joint_features(CandidateSets(X[:, :d_x], X[:, d_x + d_c:], single))
+            phi = stored_joint_features(X, d_x, d_c)
+            exploit_phi = stored_joint_features(X, d_x, d_c, column=1)
             propensities = closed.probs[rows, closed.actions[rows]]
             before = self.learner.n_skipped_updates_
             self.learner.update(phi, closed.rewards[rows], propensities, exploit_phi)

@@ -19,7 +19,7 @@ import numpy as np
 from streamlearn.candidates.sets import CandidateSets
 from streamlearn.errors import DataError
 
-__all__ = ["MAX_JOINT_DIM", "joint_dim", "joint_features"]
+__all__ = ["MAX_JOINT_DIM", "joint_dim", "joint_features", "stored_joint_features"]
 
 MAX_JOINT_DIM = 1 << 16
 
@@ -39,3 +39,12 @@ def joint_features(sets: CandidateSets) -> np.ndarray:
     context = sets.context[sets.request_of]
     outer = (context[:, :, None] * sets.items[:, None, :]).reshape(N, d_x * d_c)
     return np.hstack([sets.items, outer, np.ones((N, 1))])
+
+
+def stored_joint_features(rows: np.ndarray, d_x: int, d_c: int, column: int = 0) -> np.ndarray:
+    """φ of stored candidate rows ``[context (d_x), candidate (d_c), exploit candidate (d_c)]``
+    (pending joins, experience-log rows): ``column`` 0 for the candidate, 1 for the exploit
+    candidate."""
+    start = d_x + column * d_c
+    return joint_features(CandidateSets(rows[:, :d_x], rows[:, start:start + d_c],
+                                        np.arange(len(rows) + 1)))

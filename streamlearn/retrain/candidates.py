@@ -31,8 +31,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from streamlearn.candidates.joint import joint_features
-from streamlearn.candidates.sets import CandidateSets
+from streamlearn.candidates.joint import stored_joint_features
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.evaluation.policies import holdout_mask
 from streamlearn.rankers.metrics import auc, ndcg
@@ -51,8 +50,7 @@ def candidate_queries(rows: ExperienceRows, d_x: int, d_c: int,
                         f"{X.shape[1]}.")
     requests = [orjson.loads(i)[0] for i in rows.ids]
     names, qid = np.unique(np.array(requests, dtype=object), return_inverse=True)
-    single = np.arange(len(X) + 1)
-    phi = joint_features(CandidateSets(X[:, :d_x], X[:, d_x:d_x + d_c], single))
+    phi = stored_joint_features(X, d_x, d_c)
     return phi, np.asarray(qid, dtype=np.int64), [str(n) for n in names]
 
 

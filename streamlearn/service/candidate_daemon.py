@@ -19,7 +19,6 @@ and a feedback outcome is counted per placed candidate once it closes.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,10 +33,11 @@ from streamlearn.errors import ConfigError, StateError
 from streamlearn.events import Rejection
 from streamlearn.events.candidate_feedback import decode_candidate_feedback
 from streamlearn.events.candidates import CandidateRequests, decode_candidate_requests
-from streamlearn.service.counters import Counters, tracker_arrays, tracker_load
+from streamlearn.service.counters import Counters, tracker_load
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.metrics import Observer
 from streamlearn.service.settings import DaemonSettings
+from streamlearn.service.state import freeze
 from streamlearn.stream.checkpoint import Restored
 from streamlearn.stream.join import Closed, PendingJoins
 from streamlearn.stream.transport import Message, Transport
@@ -70,14 +70,9 @@ class CandidateDaemon(Daemon):
 
     # ------------------------------------------------------------------ state
     def _freeze(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        learner_arrays, learner_meta = self.engine.learner.state()
-        join_arrays, join_meta = self.engine.joins.export()
-        t_arrays, t_meta = tracker_arrays(self.tracker)
-        meta = {"learner": learner_meta, "join": join_meta, "tracker": t_meta,
-                "counters": self.counters.to_json(),
-                "settings": dataclasses.asdict(self.settings),
-                "candidates": {"early_rewards": self.engine.early_rewards}}
-        return {**learner_arrays, **join_arrays, **t_arrays}, meta
+        arrays, meta = freeze(self.engine, self.tracker, self.counters, self.settings)
+        meta["candidates"] = {"early_rewards": self.engine.early_rewards}
+        return arrays, meta
 
     def _thaw(self, restored: Restored) -> None:
         arrays, meta, s = restored.arrays, restored.meta, self.settings
@@ -126,18 +121,10 @@ class CandidateDaemon(Daemon):
                                      self.counters.model_version)
         values = self._values(batch, decided, journaled, wall)
         self.outputs.decisions([i.encode("utf-8") for i in batch.ids], values)
-        explored = decided.explored
-        self.counters.instances += B
-        self.counters.instance_batches += 1
-        self.counters.decisions += B
-        self.counters.explored += int(explored.sum())
-        self.counters.reemitted += B - len(decided.fresh)
-        produced_at = np.array([batch.messages[i].timestamp_ms for i in decided.fresh.tolist()],
-                               dtype=np.float64) / 1e3
         first = decided.slot_probs[decided.fresh, 0]
-        self.observer.on_decided(B, int(explored.sum()), self.wall_clock() - produced_at,
-                                 B - len(decided.fresh), np.zeros(0, np.int64),
-                                 float(np.mean(1.0 - first)) if len(first) else 0.0)
+        self._count_decided(batch.messages, decided.fresh, int(decided.explored.sum()),
+                            np.zeros(0, np.int64),
+                            float(np.mean(1.0 - first)) if len(first) else 0.0)
 
     def _values(self, batch: CandidateRequests, decided: CandidateDecided,
                 journaled: dict[str, Any], wall: float) -> list[bytes]:

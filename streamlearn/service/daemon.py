@@ -283,18 +283,24 @@ class Daemon:
             None if scores is None else ranking_lists(
                 scores[decided.fresh], None if batch.mask is None else batch.mask[decided.fresh]))
         self.outputs.decisions([i.encode("utf-8") for i in batch.ids], values)
-        n_explored = int(decided.explored.sum())
+        self._count_decided(batch.messages, decided.fresh, int(decided.explored.sum()),
+                            decided.actions,
+                            float(exploration_rates(decided.probs, batch.mask).mean()))
+
+    def _count_decided(self, messages: list[Message], fresh: np.ndarray, n_explored: int,
+                       actions: np.ndarray, gamma: float) -> None:
+        """Counters and metrics of a published batch (``fresh``: the rows decided now)."""
+        B = len(messages)
         self.counters.instances += B
         self.counters.instance_batches += 1
         self.counters.decisions += B
         self.counters.explored += n_explored
-        self.counters.reemitted += B - len(decided.fresh)
+        self.counters.reemitted += B - len(fresh)
         # latency of decisions made now; re-emitted (journaled) ones keep their first ts
-        produced_at = np.array([batch.messages[i].timestamp_ms for i in decided.fresh.tolist()],
+        produced_at = np.array([messages[i].timestamp_ms for i in fresh.tolist()],
                                dtype=np.float64) / 1e3
-        self.observer.on_decided(B, n_explored, self.wall_clock() - produced_at,
-                                 B - len(decided.fresh), decided.actions,
-                                 float(exploration_rates(decided.probs, batch.mask).mean()))
+        self.observer.on_decided(B, n_explored, self.wall_clock() - produced_at, B - len(fresh),
+                                 actions, gamma)
 
     def _reject_with_known(self, rejected: list[Rejection], known: np.ndarray, ids: list[str],
                            messages: list[Message]) -> None:

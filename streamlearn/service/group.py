@@ -65,7 +65,6 @@ class GroupMembership:
         from kafka.errors import KafkaError
 
         self.topic = instances_topic
-        self.owned: set[int] = set()
         self.handlers = {"assigned": on_assigned, "revoked": on_revoked, "lost": on_lost}
         self._changes: queue.Queue[tuple[str, list[int], threading.Event]] = queue.Queue()
         self._closed = threading.Event()
@@ -147,10 +146,6 @@ class GroupMembership:
         while True:
             try:
                 self.handlers[kind](parts)
-                if kind == "assigned":
-                    self.owned |= set(parts)
-                else:
-                    self.owned -= set(parts)
             finally:
                 done.set()
             try:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 from streamlearn.learners.base import Learner
@@ -162,10 +161,3 @@ class Replica:
             for p in list(self.daemons):  # after a failure: no checkpoint of unknown state
                 self._retire(p, checkpoint=False)
             self.membership.close()
-
-    def wait_ready(self, timeout_s: float) -> bool:
-        """Poll the group until this replica owns a partition (tests and start-up logs)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.daemons and time.monotonic() < deadline:
-            self.membership.poll(0.1)
-        return bool(self.daemons)

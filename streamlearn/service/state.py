@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from streamlearn.candidates.engine import CandidateEngine
 from streamlearn.engine import Engine
 from streamlearn.errors import StateError
 from streamlearn.evaluation.online import OnlineErrorTracker
@@ -25,7 +26,7 @@ from streamlearn.stream.join import PendingJoins
 __all__ = ["freeze", "thaw"]
 
 
-def freeze(engine: Engine, tracker: OnlineErrorTracker, counters: Counters,
+def freeze(engine: Engine | CandidateEngine, tracker: OnlineErrorTracker, counters: Counters,
            settings: DaemonSettings) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """The state as arrays + JSON metadata (call between steps: nothing closed undrained)."""
     learner_arrays, learner_meta = engine.learner.state()

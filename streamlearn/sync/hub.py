@@ -61,7 +61,7 @@ class ModelLink(Protocol):
     """The models topic as the hub needs it."""
 
     def send(self, key: bytes, values: list[bytes]) -> None: ...
-    def fetch(self, timeout_s: float = 0.0) -> list[bytes]: ...
+    def fetch(self) -> list[bytes]: ...
     def caught_up(self) -> bool: ...
 
 
@@ -108,9 +108,9 @@ class ModelHub:
         self._last_merge = clock()
 
     # --------------------------------------------------------------- reading
-    def poll(self, timeout_s: float = 0.0) -> None:
-        """Take in every models-topic message that arrived (waiting up to ``timeout_s``)."""
-        for value in self.link.fetch(timeout_s):
+    def poll(self) -> None:
+        """Take in every models-topic message that arrived."""
+        for value in self.link.fetch():
             try:
                 done = self.assembler.add(value)
             except StateError as exc:

@@ -109,7 +109,7 @@ class KafkaModelLink:
         except KafkaError as exc:  # the next round publishes again
             raise TransportError(f"publishing to the models topic failed: {exc}") from exc
 
-    def fetch(self, timeout_s: float = 0.0) -> list[bytes]:
+    def fetch(self) -> list[bytes]:
         """The messages read since the last call (never waits: the thread reads)."""
         with self._lock:
             values = list(self._buffer)

@@ -27,7 +27,7 @@ class InMemoryModelLink:
     def send(self, key: bytes, values: list[bytes]) -> None:
         self.log.messages += [(key + b"/%d" % i, v) for i, v in enumerate(values)]
 
-    def fetch(self, timeout_s: float = 0.0) -> list[bytes]:
+    def fetch(self) -> list[bytes]:
         new = [v for _, v in self.log.messages[self.position:]]
         self.position = len(self.log.messages)
         return new

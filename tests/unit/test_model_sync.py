@@ -162,7 +162,7 @@ def test_a_paused_merger_never_overwrites_a_newer_model() -> None:
     assert [g["version"] for g in globals_in(topic)] == [1, 2, 3, 4]  # nothing over 4
 
     class Blind(InMemoryModelLink):  # a merger that cannot read the topic would overwrite version 2
-        def fetch(self, timeout_s: float = 0.0) -> list[bytes]:
+        def fetch(self) -> list[bytes]:
             return []
 
         def caught_up(self) -> bool:
