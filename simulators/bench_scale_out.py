@@ -24,6 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,6 +34,25 @@ PARTITIONS = 6
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def batch_totals(state: Path) -> tuple[int, int]:
+    """(instances, instance batches) summed over the partitions' newest checkpoints."""
+    instances = batches = 0
+    for part in state.glob("partition-*"):
+        newest = sorted(part.glob("ckpt-*"))
+        if newest:
+            counters = orjson.loads((newest[-1] / "meta.json").read_bytes())["counters"]
+            instances += int(counters["instances"])
+            batches += int(counters["instance_batches"])
+    return instances, batches
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(60)
 
 
 def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -56,6 +76,7 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
              "--kafka-group-instance-id", f"r{r}", "--checkpoint-dir", str(state),
              "--metrics-port", "-1", "--progress-seconds", "0", "--learner", args.learner,
              "--join-window-seconds", "3600", "--sync-every-seconds", str(args.sync_seconds),
+             "--kafka-round-seconds", str(args.round_seconds),
              *dims],
             stdout=log, stderr=subprocess.STDOUT, env=env))
     deadline = time.monotonic() + 120
@@ -66,6 +87,12 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
     time.sleep(2.0)  # the last restores and the first merges
     before = [cpu_seconds(p.pid) for p in procs]
     started = time.monotonic()
+    if args.idle_seconds:  # no traffic: what the replicas cost by just being there
+        time.sleep(args.idle_seconds)
+        cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, before, strict=True)]
+        stop(procs)
+        return {"replicas": replicas, "cpu_ms_per_second": 1000 * sum(cpu) / args.idle_seconds,
+                "cpu_s_per_replica": [round(c, 2) for c in cpu]}
     done = subprocess.run(
         [sys.executable, "-m", "streamlearn", "simulate", "--bootstrap", bootstrap, *topics,
          "--dataset", args.dataset, "--rate", str(args.rate), "--events", str(args.events),
@@ -76,13 +103,12 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
         raise SystemExit(f"simulate failed: {done.stderr[-2000:]}")
     elapsed = time.monotonic() - started
     cpu = [cpu_seconds(p.pid) - b for p, b in zip(procs, before, strict=True)]
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        p.wait(60)
+    stop(procs)
     summary = orjson.loads(done.stdout)
     answered = summary["feedback_sent"]
-    return {"replicas": replicas, "events": summary["decisions_received"],
+    instances, batches = batch_totals(state)
+    return {"events_per_batch": instances / max(batches, 1), "replicas": replicas,
+            "events": summary["decisions_received"],
             "error": 1.0 - summary["rewards"] / max(answered, 1), "seconds": elapsed,
             "cpu_s": sum(cpu), "cpu_ms_per_event": 1000 * sum(cpu) / max(args.events, 1),
             "cpu_s_per_replica": [round(c, 2) for c in cpu]}
@@ -97,7 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=2000.0)
     parser.add_argument("--delay-mean", type=float, default=0.3)
     parser.add_argument("--replicas", default="1,3")
-    parser.add_argument("--sync-seconds", type=float, default=0.5)
+    parser.add_argument("--sync-seconds", type=float, default=0.25)
+    parser.add_argument("--round-seconds", type=float, default=0.1,
+                        help="serve --kafka-round-seconds (the shortest round of a replica)")
+    parser.add_argument("--idle-seconds", type=float, default=0.0,
+                        help="instead of a stream: the replicas' CPU over this many idle seconds")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the replica counts this many times, alternating (1 3 1 3 ...), "
+                        "and report each run and the means")
     args = parser.parse_args(argv)
     broker_dir = None
     bootstrap = args.bootstrap
@@ -107,21 +140,49 @@ def main(argv: list[str] | None = None) -> int:
                                   broker_dir], capture_output=True, text=True, check=True)
         bootstrap = started.stdout.strip().splitlines()[-1]
     try:
-        rows = [run(bootstrap, int(r), args) for r in args.replicas.split(",")]
+        rows = []
+        for k in range(args.repeats):
+            for r in args.replicas.split(","):
+                rows.append(run(bootstrap, int(r), args))
+                print(f"run {k + 1}/{args.repeats}, {r} replicas: " + ", ".join(
+                    f"{key} {value}" for key, value in rows[-1].items()
+                    if key in ("error", "cpu_ms_per_event", "cpu_ms_per_second")),
+                    file=sys.stderr, flush=True)
     finally:
         if broker_dir is not None:
             subprocess.run([str(REPO / "deploy" / "kafka" / "kafka.sh"), "stop", "--dir",
                             broker_dir], capture_output=True, check=False)
+    if args.idle_seconds:
+        print(f"idle replicas over {args.idle_seconds:.0f} s (6 partitions, sync every "
+              f"{args.sync_seconds} s, shortest round {args.round_seconds} s):")
+        for row in rows:
+            print(f"  {row['replicas']} replica(s): {row['cpu_ms_per_second']:.1f} CPU-ms per second "
+                  f"(per replica, CPU-s: {row['cpu_s_per_replica']})")
+        return 0
+    counts = [int(r) for r in args.replicas.split(",")]
+    means = {n: {key: float(np.mean([row[key] for row in rows if row["replicas"] == n]))
+                 for key in ("error", "cpu_ms_per_event", "events_per_batch")} for n in counts}
     base = rows[0]
     print(f"{args.dataset}, {args.learner}, {args.events} events at {args.rate:.0f}/s, feedback "
           f"delay {args.delay_mean} s (exponential), 6 partitions, sync every "
-          f"{args.sync_seconds} s:")
-    print("| replicas | online error | Δ vs 1 | CPU-s (all replicas) | CPU-ms / event | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|")
+          f"{args.sync_seconds} s, shortest round {args.round_seconds} s:")
+    print("| replicas | online error | Δ vs 1 | events / batch | CPU-s (all replicas) | "
+          "CPU-ms / event | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['replicas']} | {row['error']:.4f} | {row['error'] - base['error']:+.4f} | "
+              f"{row['events_per_batch']:.1f} | "
               f"{row['cpu_s']:.1f} {row['cpu_s_per_replica']} | {row['cpu_ms_per_event']:.3f} | "
               f"{row['cpu_ms_per_event'] / base['cpu_ms_per_event']:.2f} |")
+    if args.repeats > 1:
+        first = means[counts[0]]
+        print(f"\nmeans over {args.repeats} runs each:")
+        print("| replicas | online error | Δ vs 1 | events / batch | CPU-ms / event | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for n, m in means.items():
+            print(f"| {n} | {m['error']:.4f} | {m['error'] - first['error']:+.4f} | "
+                  f"{m['events_per_batch']:.1f} | {m['cpu_ms_per_event']:.3f} | "
+                  f"{m['cpu_ms_per_event'] / first['cpu_ms_per_event']:.2f} |")
     return 0
 
 

@@ -52,8 +52,8 @@ def stream(dataset: str, events: int, seed: int) -> tuple[np.ndarray, np.ndarray
 
 
 def online_error(dataset: str, replicas: int, events: int = 60_000, seed: int = 0,
-                 learner: str = "linucb", partitions: int = 6, batch: int = 64,
-                 rate: float = 2000.0, every_s: float = 0.5) -> float:
+                 learner: str = "linucb", partitions: int = 6, batch: int = 32,
+                 rate: float = 2000.0, every_s: float = 0.25) -> float:
     """The online error of ``replicas`` replicas (1 = the single daemon) on one stream."""
     X, y, K = stream(dataset, events, seed)
 

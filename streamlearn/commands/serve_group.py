@@ -37,7 +37,8 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     options = k.client_options()
     ensure_topics(bootstrap, [t.instances, t.feedback, t.decisions, t.dead_letter], t.partitions,
                   client_options=options)
-    poll_s = min(config.limits.poll_timeout_seconds, 0.02)  # shared by the partition daemons
+    # the partition daemons take what has arrived; the replica paces the rounds (round_seconds)
+    poll_s = 0.0
 
     def make_daemon(partition: int) -> Daemon:
         transport = KafkaTransport(bootstrap, t.instances, t.feedback, t.decisions, t.dead_letter,
@@ -58,7 +59,8 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     ensure_models_topic(bootstrap, t.models, options)
     hub = ModelHub(KafkaModelLink(bootstrap, t.models, options), replica_id,
                    config.sync.every_seconds, on_sync=observer.on_model_sync)
-    return Replica(make_daemon, make_membership, on_owned=observer.on_owned_partitions, hub=hub,
+    return Replica(make_daemon, make_membership, poll_timeout_s=config.limits.poll_timeout_seconds,
+                   round_s=k.round_seconds, on_owned=observer.on_owned_partitions, hub=hub,
                    claims=PartitionClaims(state_dir, replica_id))
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from streamlearn.learners.base import Learner
@@ -58,16 +59,24 @@ class Replica:
     make_membership
         Builds the group membership with the replica's three handlers.
     poll_timeout_s
-        How long one round may wait for input, shared by the partition daemons.
+        How long a round with no partition owned waits for an assignment.
+    round_s
+        The shortest round: the partition daemons poll without waiting, and a round that
+        filled no micro-batch waits out the rest of ``round_s`` (for group changes) before
+        the next one. The batches then hold what arrived in one round whatever the number
+        of partitions this replica owns, so the CPU spent per event (the per-poll cost is
+        paid per batch) stays the same as replicas are added, at the price of at most
+        ``round_s`` of added latency (docs/performance.md).
     """
 
     def __init__(self, make_daemon: Callable[[int], Daemon],
                  make_membership: Callable[..., GroupMembership],
-                 poll_timeout_s: float = 0.1,
+                 poll_timeout_s: float = 0.1, round_s: float = 0.0,
                  on_owned: Callable[[int, int], None] | None = None,
                  hub: ModelHub | None = None, claims: PartitionClaims | None = None) -> None:
         self.hub, self.claims = hub, claims
         self.make_daemon, self.poll_timeout_s = make_daemon, poll_timeout_s
+        self.round_s = round_s
         self.daemons: dict[int, Daemon] = {}
         self.on_owned = on_owned or (lambda n, moves: None)
         self._retired = 0  # instances decided by partition daemons this replica has stopped
@@ -133,18 +142,25 @@ class Replica:
     def step(self) -> None:
         """One round: take part in the group (rebalances happen here), then one step of
         every partition daemon."""
+        started = time.monotonic()
         self.membership.poll(0.0 if self.daemons else self.poll_timeout_s)
+        filled = False
         for p, daemon in list(self.daemons.items()):
             if self.claims is not None and not self.claims.holds(p):
                 log.warning("partition %d is claimed by another replica: dropped (this replica "
                             "was evicted from the group without noticing)", p)
                 self._lost([p])
                 continue
+            before = daemon.counters.messages
             daemon.step()
+            filled |= daemon.counters.messages - before >= daemon.settings.limits_poll_max_records
         if self.hub is not None:
             self.hub.tick(self.daemons)
             if self.daemons:  # an adopted model replaced the shared learner
                 self.learner = next(iter(self.daemons.values())).learner
+        rest = self.round_s - (time.monotonic() - started)
+        if self.daemons and not filled and rest > 0:
+            self.membership.poll(rest)  # a rebalance during the wait is applied at once
 
     def run(self, max_instances: int | None = None) -> None:
         """Serve the owned partitions until :meth:`request_stop` (or ``max_instances``)."""

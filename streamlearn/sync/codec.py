@@ -80,13 +80,21 @@ def _key(header: dict[str, Any]) -> tuple[Any, ...]:
 
 
 class Assembler:
-    """Collects chunks; :meth:`add` returns (header, arrays, meta) when a state is complete."""
+    """Collects chunks; :meth:`add` returns (header, arrays, meta) when a state is complete
+    (:meth:`add_raw`: (header, checked blob), to decode later, or never)."""
 
     def __init__(self) -> None:
         self._parts: dict[tuple[Any, ...], tuple[Any, dict[int, bytes]]] = {}
 
     def add(self, value: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray],
                                          dict[str, Any]] | None:
+        done = self.add_raw(value)
+        if done is None:
+            return None
+        arrays, meta = decode_state(done[1])
+        return done[0], arrays, meta
+
+    def add_raw(self, value: bytes) -> tuple[dict[str, Any], bytes] | None:
         header, payload = parse(value)
         key, ident = _key(header), (header.get("seq"), header.get("version"), header["sha256"])
         current = self._parts.get(key)
@@ -100,5 +108,4 @@ class Assembler:
         blob = b"".join(current[1][i] for i in range(int(header["n"])))
         if hashlib.sha256(blob).hexdigest() != header["sha256"]:
             raise StateError("A models-topic state failed its sha256 check.")
-        arrays, meta = decode_state(blob)
-        return header, arrays, meta
+        return header, blob

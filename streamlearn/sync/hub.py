@@ -21,9 +21,11 @@ it serves (so one replica learns exactly as the single daemon does). Every
    its base when that publish missed the round). Decisions then carry
    ``model = <learner>-g<version>-v<local updates>``.
 
-**Fencing.** The merger reads the topic to its end right before it publishes
-version ``v + 1`` and publishes nothing if a version ≥ ``v + 1`` is there
-already: a replica that was paused (and lost partition 0 meanwhile), or is
+**Fencing.** The merger reads the topic to its end before it merges (it asks
+the link to catch up and merges at the first round the link has; the serving
+thread never waits for it), reads what arrived once more right before it
+publishes version ``v + 1``, and publishes nothing if a version ≥ ``v + 1`` is
+there already: a replica that was paused (and lost partition 0 meanwhile), or is
 behind, never overwrites a newer model. Readers adopt only versions newer than
 their own.
 
@@ -47,7 +49,7 @@ import numpy as np
 
 from streamlearn.errors import StateError, TransportError
 from streamlearn.learners.base import Learner
-from streamlearn.sync.codec import Assembler, chunk, encode_state
+from streamlearn.sync.codec import Assembler, chunk, decode_state, encode_state
 from streamlearn.sync.merge import merge, merge_counters, rebase
 
 __all__ = ["ModelHub", "ModelLink", "Served"]
@@ -56,12 +58,15 @@ log = logging.getLogger("streamlearn.sync")
 
 Arrays = dict[str, np.ndarray]
 
+CATCH_UP_S = 2.0  # the merger skips a round rather than wait longer for the topic's end
+
 
 class ModelLink(Protocol):
     """The models topic as the hub needs it."""
 
     def send(self, key: bytes, values: list[bytes]) -> None: ...
     def fetch(self) -> list[bytes]: ...
+    def request_catch_up(self) -> None: ...
     def caught_up(self) -> bool: ...
 
 
@@ -101,35 +106,45 @@ class ModelHub:
         self.global_state: tuple[Arrays, dict[str, Any]] | None = None
         self.global_included: set[tuple[str, int]] = set()
         self.global_made_at = 0.0  # wall time the merger made it
-        self.latest: dict[str, tuple[dict[str, Any], Arrays, dict[str, Any]]] = {}
+        # each replica's newest state, still encoded: only the merger decodes them (every
+        # replica decoding every state cost each replica CPU in proportion to the group's size)
+        self.latest: dict[str, tuple[dict[str, Any], bytes]] = {}
         self.record: _Learner | None = None
         self.merges = 0
         self._seq = int(time.time() * 1000)  # a new run's publishes sort after an old run's
         self._last_merge = clock()
+        self._catch_up_asked: float | None = None  # when the merger asked the link to catch up
 
     # --------------------------------------------------------------- reading
     def poll(self) -> None:
         """Take in every models-topic message that arrived."""
+        newest: tuple[dict[str, Any], bytes] | None = None  # decoded once, after the loop
         for value in self.link.fetch():
             try:
-                done = self.assembler.add(value)
+                done = self.assembler.add_raw(value)
             except StateError as exc:
                 log.warning("models topic: skipped a message (%s)", exc)
                 continue
             if done is None:
                 continue
-            header, arrays, meta = done
-            if header.get("kind") == "global":
-                if int(header["version"]) > self.version:
-                    self.version = int(header["version"])
-                    self.global_state = (arrays, meta)
-                    self.global_included = {(str(r), int(s)) for r, s in header["included"]}
-                    self.global_made_at = float(header.get("made_at", 0.0))
+            header = done[0]
+            if header.get("kind") == "global" and int(header["version"]) > max(
+                    self.version, int(newest[0]["version"]) if newest is not None else 0):
+                newest = done
             elif header.get("kind") == "replica":
-                who = str(header["replica"])
-                old = self.latest.get(who)
+                old = self.latest.get(str(header["replica"]))
                 if old is None or int(header["seq"]) > int(old[0]["seq"]):
-                    self.latest[who] = (header, arrays, meta)
+                    self.latest[str(header["replica"])] = done
+        if newest is not None:
+            header, blob = newest
+            try:
+                self.global_state = decode_state(blob)
+            except StateError as exc:
+                log.warning("models topic: global model %s skipped (%s)", header["version"], exc)
+                return
+            self.version = int(header["version"])
+            self.global_included = {(str(r), int(s)) for r, s in header["included"]}
+            self.global_made_at = float(header.get("made_at", 0.0))
 
     # ---------------------------------------------------------------- a round
     def tick(self, served: Mapping[int, Served]) -> None:
@@ -153,7 +168,7 @@ class ModelHub:
                 record.updated_at_publish, record.updated_at_base):
             self._publish(learner, record, now)
         if 0 in served and now - self._last_merge >= self.every_s:
-            self._merge(now, served[0])
+            self._merge_when_caught_up(now, served[0])
         self.on_sync(self.version, max(time.time() - self.global_made_at, 0.0)
                      if self.global_state is not None else 0.0, self.merges)
 
@@ -210,14 +225,30 @@ class ModelHub:
         return True
 
     # ------------------------------------------------------------- the merger
+    def _merge_when_caught_up(self, now: float, daemon: Served) -> None:
+        """Fencing: merge only once the topic has been read to its end (the newest model and
+        states first); the catch-up runs in the link's reader while this replica serves."""
+        if self._catch_up_asked is None:
+            self.link.request_catch_up()
+            self._catch_up_asked = now
+        if self.link.caught_up():
+            self._catch_up_asked = None
+            self._merge(now, daemon)
+        elif now - self._catch_up_asked > CATCH_UP_S:
+            log.warning("models topic not read to its end in %.0f s: no merge this round",
+                        CATCH_UP_S)
+            self._catch_up_asked, self._last_merge = None, now
+
     def _merge(self, now: float, daemon: Served) -> None:
         self._last_merge = now
-        if not self.link.caught_up():  # fencing: the newest model and states first
-            log.warning("models topic not read to its end in time: no merge this round")
-            return
         self.poll()
-        parts = [(h, a, m) for h, a, m in self.latest.values()
-                 if int(h["base_version"]) == self.version and int(h["examples"]) > 0]
+        parts = []
+        for h, blob in self.latest.values():
+            if int(h["base_version"]) == self.version and int(h["examples"]) > 0:
+                try:
+                    parts.append((h, *decode_state(blob)))
+                except StateError as exc:
+                    log.warning("models topic: state of %s skipped (%s)", h["replica"], exc)
         if not parts:
             return
         if self.global_state is not None:
@@ -251,5 +282,5 @@ class ModelHub:
         self.merges += 1
         log.info("model %d merged from %d replica states (%d examples; states seen: %s)", target,
                  len(parts), header["examples"],
-                 ", ".join(f"{w}@{int(h['base_version'])}" for w, (h, _, _) in
+                 ", ".join(f"{w}@{int(h['base_version'])}" for w, (h, _) in
                            sorted(self.latest.items())))

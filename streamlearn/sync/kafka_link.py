@@ -3,8 +3,9 @@
 The link's consumer polls in its own thread (kafka-python completes a fetch only
 while ``poll`` waits; polled in short slices between serving steps, it fell
 seconds behind under load). The thread buffers every message; :meth:`fetch`
-hands them over; :meth:`caught_up` asks the thread whether everything up to the
-topic's current end has been read, and waits for the answer (bounded).
+hands them over; :meth:`request_catch_up` asks the thread to read up to the
+topic's current end, and :meth:`caught_up` says (without waiting) whether it has.
+The serving thread never blocks on the models topic.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ from streamlearn.errors import TransportError
 __all__ = ["KafkaModelLink", "ensure_models_topic"]
 
 log = logging.getLogger("streamlearn.sync")
-
-CATCH_UP_S = 2.0  # the merger skips a round rather than wait longer than this
 
 
 def ensure_models_topic(bootstrap: str, topic: str,
@@ -47,8 +46,9 @@ class KafkaModelLink:
         self.tp = TopicPartition(topic, 0)
         self._buffer: deque[bytes] = deque()
         self._lock = threading.Lock()
-        self._check = threading.Event()  # the serving thread asks: read up to the end yet?
-        self._checked = threading.Event()
+        # catch-up requests, numbered: the serving thread asks, the reader answers the newest
+        self._asked = 0
+        self._answered = 0
         self._closed = threading.Event()
         try:
             self.consumer = KafkaConsumer(
@@ -76,21 +76,20 @@ class KafkaModelLink:
     def _run(self) -> None:
         from kafka.errors import KafkaError
 
-        target: int | None = None
+        target, target_for = 0, 0  # the end offset the newest request must reach
         while not self._closed.is_set():
             try:
                 batches = self.consumer.poll(timeout_ms=100, max_records=1000)
                 values = [r.value for records in batches.values() for r in records if r.value]
-                if values:
-                    with self._lock:
-                        self._buffer.extend(values)
-                if self._check.is_set():
-                    if target is None:
-                        target = self.consumer.end_offsets([self.tp])[self.tp]
+                with self._lock:
+                    self._buffer.extend(values)
+                    asked = self._asked
+                if asked > self._answered:
+                    if target_for != asked:  # the end as of (after) the request
+                        target, target_for = self.consumer.end_offsets([self.tp])[self.tp], asked
                     if self.consumer.position(self.tp) >= target:
-                        self._check.clear()
-                        target = None
-                        self._checked.set()
+                        with self._lock:
+                            self._answered = target_for
             except KafkaError as exc:
                 log.warning("models topic: poll failed: %s", exc)
                 self._closed.wait(0.5)
@@ -116,12 +115,16 @@ class KafkaModelLink:
             self._buffer.clear()
         return values
 
+    def request_catch_up(self) -> None:
+        """Ask the reader to read everything published so far (answered by :meth:`caught_up`)."""
+        with self._lock:
+            self._asked += 1
+
     def caught_up(self) -> bool:
-        """Whether everything published before this call has been read (within
-        :data:`CATCH_UP_S`); the messages are then in :meth:`fetch`."""
-        self._checked.clear()
-        self._check.set()
-        return self._checked.wait(CATCH_UP_S)
+        """Whether everything published before the last :meth:`request_catch_up` has been
+        read (the messages are then in :meth:`fetch`); never waits."""
+        with self._lock:
+            return self._answered >= self._asked
 
     def close(self) -> None:
         self._closed.set()

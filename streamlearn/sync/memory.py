@@ -32,5 +32,8 @@ class InMemoryModelLink:
         self.position = len(self.log.messages)
         return new
 
-    def caught_up(self) -> bool:  # everything sent is readable at once
+    def request_catch_up(self) -> None:  # everything sent is readable at once
+        pass
+
+    def caught_up(self) -> bool:
         return True

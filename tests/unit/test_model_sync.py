@@ -151,7 +151,7 @@ def test_a_paused_merger_never_overwrites_a_newer_model() -> None:
     # the topic to its end, see version 4, and publish nothing
     stale = next(v for _, v in topic.messages if parse(v)[0]["kind"] == "replica"
                  and parse(v)[0]["base_version"] == 1)
-    state = Assembler().add(stale)
+    state = Assembler().add_raw(stale)
     assert state is not None
     zombie.latest = {0: state}
     zombie.link.position = next(i for i, (_, v) in enumerate(topic.messages)

@@ -148,3 +148,40 @@ def test_partitions_move_between_replicas_and_every_feedback_is_applied_once(
     assert run_inspect(args) == 0
     text = capsys.readouterr().out
     assert f"instances {N:,}, joined {N:,}" in text and "partition" not in text.split("\n")[0][:5]
+
+
+class RecordingMembership(FakeMembership):
+    def __init__(self, **handlers: Any) -> None:
+        super().__init__(**handlers)
+        self.waits: list[float] = []
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        self.waits.append(timeout_s)
+
+
+@pytest.mark.parametrize("backlog, waits", [(5, True), (50, False)])
+def test_a_round_that_filled_no_batch_waits_out_the_shortest_round(
+        tmp_path: Path, backlog: int, waits: bool) -> None:
+    """Pacing (kafka.round_seconds): small batches → the replica waits the rest of the round
+    (for group changes) before polling again; a full micro-batch → the next round at once."""
+    broker = InMemoryBroker(P)
+
+    def make_daemon(p: int) -> Daemon:
+        settings = DaemonSettings(checkpoint_dir=str(tmp_path / f"partition-{p}"),
+                                  limits_poll_timeout_seconds=0.0, limits_poll_max_records=20)
+        return Daemon(settings, InMemoryTransport(broker=broker, partitions=P, only=[p]),
+                      Banditron(9, 400, FixedGamma(0.05), seed=1))
+
+    replica = Replica(make_daemon, RecordingMembership, round_s=0.05)
+    membership = replica.membership
+    assert isinstance(membership, RecordingMembership)
+    membership.handlers["on_assigned"]([0])
+    writer = InMemoryTransport(broker=broker, partitions=P)
+    for i in range(backlog * P):  # keys spread the events over the partitions
+        writer.append_instance(f"e{i}".encode(), orjson.dumps(
+            {"id": f"e{i}", "x": X[i].tolist(), "label": int(Y[i])}))
+    replica.step()
+    first, *rest = membership.waits
+    assert first == 0.0  # with partitions owned, the group is polled without waiting first
+    assert bool(rest) is waits
+    assert all(0.0 < w <= 0.05 for w in rest)
