@@ -56,6 +56,11 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, Any]:
+    # the same offered load for every replica count, or (--per-replica-rate) the same per replica
+    rate, events = args.rate, args.events
+    if args.per_replica_rate:
+        most = max(int(r) for r in args.replicas.split(","))
+        rate, events = args.per_replica_rate * replicas, args.events * replicas // most
     tag = uuid.uuid4().hex[:6]
     topics = ["--topics-instances", f"i-{tag}", "--topics-feedback", f"f-{tag}",
               "--topics-decisions", f"d-{tag}", "--topics-dead-letter", f"x-{tag}",
@@ -95,7 +100,7 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
                 "cpu_s_per_replica": [round(c, 2) for c in cpu]}
     done = subprocess.run(
         [sys.executable, "-m", "streamlearn", "simulate", "--bootstrap", bootstrap, *topics,
-         "--dataset", args.dataset, "--rate", str(args.rate), "--events", str(args.events),
+         "--dataset", args.dataset, "--rate", str(rate), "--events", str(events),
          "--delay-mean", str(args.delay_mean), "--seed", "3", "--json",
          "--progress-seconds", "0", "--wait-seconds", "120"], capture_output=True, text=True,
         env=env, check=False)
@@ -110,7 +115,8 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
     return {"events_per_batch": instances / max(batches, 1), "replicas": replicas,
             "events": summary["decisions_received"],
             "error": 1.0 - summary["rewards"] / max(answered, 1), "seconds": elapsed,
-            "cpu_s": sum(cpu), "cpu_ms_per_event": 1000 * sum(cpu) / max(args.events, 1),
+            "cpu_s": sum(cpu), "cpu_ms_per_event": 1000 * sum(cpu) / max(events, 1),
+            "rate": rate,
             "cpu_s_per_replica": [round(c, 2) for c in cpu]}
 
 
@@ -126,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-seconds", type=float, default=0.25)
     parser.add_argument("--round-seconds", type=float, default=0.1,
                         help="serve --kafka-round-seconds (the shortest round of a replica)")
+    parser.add_argument("--per-replica-rate", type=float, default=0.0,
+                        help="weak scaling: offer each replica count this rate per replica (and "
+                        "--events x R / max R events), instead of --rate to every count")
     parser.add_argument("--idle-seconds", type=float, default=0.0,
                         help="instead of a stream: the replicas' CPU over this many idle seconds")
     parser.add_argument("--repeats", type=int, default=1,
@@ -163,7 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     means = {n: {key: float(np.mean([row[key] for row in rows if row["replicas"] == n]))
                  for key in ("error", "cpu_ms_per_event", "events_per_batch")} for n in counts}
     base = rows[0]
-    print(f"{args.dataset}, {args.learner}, {args.events} events at {args.rate:.0f}/s, feedback "
+    load = (f"{args.per_replica_rate:.0f} events/s per replica" if args.per_replica_rate
+            else f"{args.events} events at {args.rate:.0f}/s")
+    print(f"{args.dataset}, {args.learner}, {load}, feedback "
           f"delay {args.delay_mean} s (exponential), 6 partitions, sync every "
           f"{args.sync_seconds} s, shortest round {args.round_seconds} s:")
     print("| replicas | online error | Δ vs 1 | events / batch | CPU-s (all replicas) | "

@@ -30,6 +30,7 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     from streamlearn.service.daemon import Daemon
     from streamlearn.service.group import GroupMembership
     from streamlearn.stream.kafka import KafkaTransport, ensure_topics
+    from streamlearn.stream.kafka_shared import SharedKafkaClients
 
     k, t = config.kafka, config.topics
     assert k.bootstrap is not None and config.checkpoint.dir is not None  # checked by load_config
@@ -40,10 +41,14 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     # the partition daemons take what has arrived; the replica paces the rounds (round_seconds)
     poll_s = 0.0
 
+    # one consumer and one producer for every partition this replica serves (docs/operations.md)
+    clients = SharedKafkaClients(bootstrap, f"{k.group_id}.partitions", options,
+                                 fetch_max_records=4 * config.limits.poll_max_records)
+
     def make_daemon(partition: int) -> Daemon:
         transport = KafkaTransport(bootstrap, t.instances, t.feedback, t.decisions, t.dead_letter,
-                                   f"{k.group_id}.partitions", client_options=options,
-                                   partitions=[partition])
+                                   f"{k.group_id}.partitions", partitions=[partition],
+                                   shared=clients)
         own = dataclasses.replace(
             config, checkpoint=dataclasses.replace(
                 config.checkpoint, dir=state_dir / f"partition-{partition}"),
@@ -61,7 +66,7 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
                    config.sync.every_seconds, on_sync=observer.on_model_sync)
     return Replica(make_daemon, make_membership, poll_timeout_s=config.limits.poll_timeout_seconds,
                    round_s=k.round_seconds, on_owned=observer.on_owned_partitions, hub=hub,
-                   claims=PartitionClaims(state_dir, replica_id))
+                   claims=PartitionClaims(state_dir, replica_id), on_close=clients.close)
 
 
 def serve_replica(replica: Replica, max_events: int | None, out: Any) -> int:

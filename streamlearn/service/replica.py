@@ -60,6 +60,8 @@ class Replica:
         Builds the group membership with the replica's three handlers.
     poll_timeout_s
         How long a round with no partition owned waits for an assignment.
+    on_close
+        Called once the replica stopped (closes what its partition daemons shared).
     round_s
         The shortest round: the partition daemons poll without waiting, and a round that
         filled no micro-batch waits out the rest of ``round_s`` (for group changes) before
@@ -73,8 +75,10 @@ class Replica:
                  make_membership: Callable[..., GroupMembership],
                  poll_timeout_s: float = 0.1, round_s: float = 0.0,
                  on_owned: Callable[[int, int], None] | None = None,
-                 hub: ModelHub | None = None, claims: PartitionClaims | None = None) -> None:
+                 hub: ModelHub | None = None, claims: PartitionClaims | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
         self.hub, self.claims = hub, claims
+        self.on_close = on_close or (lambda: None)
         self.make_daemon, self.poll_timeout_s = make_daemon, poll_timeout_s
         self.round_s = round_s
         self.daemons: dict[int, Daemon] = {}
@@ -177,3 +181,4 @@ class Replica:
             for p in list(self.daemons):  # after a failure: no checkpoint of unknown state
                 self._retire(p, checkpoint=False)
             self.membership.close()
+            self.on_close()  # clients shared by the partition daemons, after every daemon

@@ -7,11 +7,16 @@ import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from streamlearn.errors import TransportError
 from streamlearn.stream.transport import Message, Offsets, check_offsets, produce_each
 
-__all__ = ["CONNECT_TIMEOUT_S", "KafkaTransport", "check_reachable", "ensure_topics"]
+if TYPE_CHECKING:
+    from streamlearn.stream.kafka_shared import SharedKafkaClients
+
+__all__ = ["CONNECT_TIMEOUT_S", "KafkaTransport", "check_reachable", "ensure_topics",
+           "open_clients"]
 
 #: How long :func:`check_reachable` waits for some bootstrap server to accept a connection.
 CONNECT_TIMEOUT_S = 5.0
@@ -150,6 +155,35 @@ def ensure_topics(
     return {n: described[n] for n in wanted}
 
 
+def open_clients(bootstrap_servers: str, group_id: str | None,
+                 client_options: Mapping[str, object] | None = None,
+                 auto_offset_reset: str = "earliest") -> tuple[Any, Any]:
+    """(consumer, idempotent acks=all producer) as every streamlearn transport opens them."""
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.errors import KafkaError
+
+    consumer_opts, producer_opts = _split_options(client_options or {})
+    check_reachable(bootstrap_servers)
+    common: dict[str, object] = {"client_id": "streamlearn", "reconnect_backoff_max_ms": 2000}
+    try:
+        consumer = KafkaConsumer(
+            **{**common, **consumer_opts},
+            bootstrap_servers=bootstrap_servers,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=auto_offset_reset,
+        )
+        producer = KafkaProducer(
+            **{"linger_ms": 5, **common, **producer_opts},
+            bootstrap_servers=bootstrap_servers,
+            enable_idempotence=True,
+            acks="all",
+        )
+    except KafkaError as exc:
+        raise TransportError(f"cannot connect to Kafka at {bootstrap_servers}: {exc}") from exc
+    return consumer, producer
+
+
 @dataclass(slots=True)
 class _Pending:
     topic: str
@@ -189,6 +223,11 @@ class KafkaTransport:
         Start position of a partition without a committed offset.
     request_timeout_s : float
         Bound on metadata discovery, commit and end-offset requests.
+    shared : SharedKafkaClients, optional
+        Use these clients (one consumer and producer for several transports, e.g. the
+        partition daemons of a replica) instead of opening a consumer and a producer;
+        ``bootstrap_servers``, ``group_id``, ``client_options`` and ``auto_offset_reset``
+        are then the shared clients'.
     """
 
     def __init__(
@@ -203,8 +242,9 @@ class KafkaTransport:
         partitions: list[int] | None = None,
         auto_offset_reset: str = "earliest",
         request_timeout_s: float = 30.0,
+        shared: SharedKafkaClients | None = None,
     ) -> None:
-        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+        from kafka import TopicPartition
         from kafka.errors import KafkaError
 
         self.instances_topic = instances_topic
@@ -215,25 +255,12 @@ class KafkaTransport:
         self._timeout_ms = int(request_timeout_s * 1000)
         self._pending: list[_Pending] = []
         self._closed = False
-        consumer_opts, producer_opts = _split_options(client_options or {})
-        check_reachable(bootstrap_servers)
-        common: dict[str, object] = {"client_id": "streamlearn", "reconnect_backoff_max_ms": 2000}
-        try:
-            self._consumer = KafkaConsumer(
-                **{**common, **consumer_opts},
-                bootstrap_servers=bootstrap_servers,
-                group_id=group_id,
-                enable_auto_commit=False,
-                auto_offset_reset=auto_offset_reset,
-            )
-            self._producer = KafkaProducer(
-                **{"linger_ms": 5, **common, **producer_opts},
-                bootstrap_servers=bootstrap_servers,
-                enable_idempotence=True,
-                acks="all",
-            )
-        except KafkaError as exc:
-            raise TransportError(f"cannot connect to Kafka at {bootstrap_servers}: {exc}") from exc
+        self._shared = shared
+        if shared is None:
+            self._consumer, self._producer = open_clients(
+                bootstrap_servers, group_id, client_options, auto_offset_reset)
+        else:
+            self._consumer, self._producer = shared.consumer, shared.producer
         counts = {t: self._partition_count(t, request_timeout_s) for t in (instances_topic, feedback_topic)}
         n_inst, n_feed = counts[instances_topic], counts[feedback_topic]
         if n_inst != n_feed:
@@ -248,7 +275,10 @@ class KafkaTransport:
             raise TransportError(f"expected partitions within 0..{n_inst - 1}, got {partitions}")
         self._assigned = {(t, p) for t in (instances_topic, feedback_topic) for p in chosen}
         self._tp = {tp: TopicPartition(*tp) for tp in self._assigned}
-        self._consumer.assign(list(self._tp.values()))
+        if shared is None:
+            self._consumer.assign(list(self._tp.values()))
+        else:
+            shared.attach(self._tp)
         for topic in (decisions_topic, dead_letter_topic):
             # Fetch output metadata now, so that a later send never blocks on it.
             try:
@@ -287,6 +317,8 @@ class KafkaTransport:
 
         self._check_open()
         try:
+            if self._shared is not None:
+                return self._shared.take(self._tp, max_records, timeout_s)
             batches = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         except KafkaError as exc:
             if getattr(exc, "retriable", False):
@@ -369,6 +401,8 @@ class KafkaTransport:
         check_offsets(offsets, self._assigned, "seek")
         for tp, off in offsets.items():
             self._consumer.seek(self._tp[tp], off)
+        if self._shared is not None:  # records fetched before the seek are not to be read
+            self._shared.forget_buffered(offsets)
 
     def assignment(self) -> set[tuple[str, int]]:
         """The assigned input partitions."""
@@ -415,6 +449,8 @@ class KafkaTransport:
             except (AttributeError, KeyError):  # the client's internals moved: say "not known"
                 position = highwater = None
             out[tp] = None if position is None or highwater is None else max(0, highwater - position)
+            if self._shared is not None and out[tp] is not None:  # fetched, not yet taken
+                out[tp] = int(out[tp] or 0) + self._shared.buffered(tp)
         return out
 
     def close(self, timeout_s: float = 10.0) -> None:
@@ -427,6 +463,9 @@ class KafkaTransport:
         except TransportError:
             pass  # the error already says how many messages are lost; close anyway
         self._closed = True
+        if self._shared is not None:  # the clients stay open for the other transports
+            self._shared.detach(getattr(self, "_tp", {}))
+            return
         if hasattr(self, "_consumer"):
             self._consumer.close(autocommit=False)
         if hasattr(self, "_producer"):

@@ -12,6 +12,7 @@ from transport_contract import CHECKS
 
 from streamlearn.errors import TransportError
 from streamlearn.stream.kafka import KafkaTransport, ensure_topics
+from streamlearn.stream.kafka_shared import SharedKafkaClients
 from streamlearn.stream.transport import Message, Transport
 
 pytestmark = pytest.mark.integration
@@ -50,6 +51,27 @@ def make_transport(kafka_bootstrap: str, topics: dict[str, str]) -> Iterator[Fac
         transport.close()
 
 
+@pytest.fixture
+def make_shared_transport(kafka_bootstrap: str, topics: dict[str, str]) -> Iterator[Factory]:
+    """Transports over one SharedKafkaClients per group (as a replica's partition daemons)."""
+    clients: dict[str, SharedKafkaClients] = {}
+    opened: list[KafkaTransport] = []
+
+    def make(group_id: str = "g", **kwargs: Any) -> KafkaTransport:
+        if group_id not in clients:
+            clients[group_id] = SharedKafkaClients(kafka_bootstrap, group_id)
+        transport = open_transport(kafka_bootstrap, topics, group_id, shared=clients[group_id],
+                                   **kwargs)
+        opened.append(transport)
+        return transport
+
+    yield make
+    for transport in opened:
+        transport.close()
+    for shared in clients.values():
+        shared.close()
+
+
 class KafkaHarness:
     """The contract's harness on a real broker: fresh topics, input written by kafka-python."""
 
@@ -75,10 +97,14 @@ class KafkaHarness:
                                         key=lambda r: (r.partition, r.offset))]
 
 
+@pytest.mark.parametrize("clients", ["own", "shared"])
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
-def test_transport_contract(check: Callable[[Any], None], kafka_bootstrap: str,
-                            topics: dict[str, str], make_transport: Factory) -> None:
-    harness = KafkaHarness(kafka_bootstrap, topics, make_transport)
+def test_transport_contract(check: Callable[[Any], None], clients: str, kafka_bootstrap: str,
+                            topics: dict[str, str], make_transport: Factory,
+                            make_shared_transport: Factory) -> None:
+    """Every check on a transport with its own clients, and on one over shared clients."""
+    harness = KafkaHarness(kafka_bootstrap, topics,
+                           make_transport if clients == "own" else make_shared_transport)
     try:
         check(harness)
     finally:
@@ -181,3 +207,42 @@ def test_prometheus_fixture_scrapes_a_target(prometheus: Any) -> None:
     finally:
         server.shutdown()
         thread.join(timeout=5)
+
+
+def test_transports_sharing_clients_read_only_their_partitions(
+        make_shared_transport: Factory, make_transport: Factory, topics: dict[str, str]) -> None:
+    """Two partition transports over one consumer (a replica serving partitions 0 and 1): each
+    reads exactly its partition's records in offset order, a seek of one does not move the
+    other, and a closed one's partition is no longer fetched for the other."""
+    from kafka import KafkaProducer
+
+    writer = make_transport(group_id="writer")
+    producer = KafkaProducer(bootstrap_servers=writer.bootstrap_servers, acks="all")
+    for p in range(PARTITIONS):
+        for i in range(40):
+            producer.send(topics["instances_topic"], value=f"{p}:{i}".encode(), partition=p)
+    producer.flush()
+    producer.close()
+    first = make_shared_transport(group_id="replica", partitions=[0])
+    second = make_shared_transport(group_id="replica", partitions=[1])
+    with pytest.raises(TransportError, match="read by another transport"):
+        make_shared_transport(group_id="replica", partitions=[1])
+
+    def read(transport: KafkaTransport, count: int) -> list[bytes]:
+        got = [m.value or b"" for m in poll_until(transport, count, timeout_s=30.0)]
+        assert {m.split(b":")[0] for m in got} <= {str(transport_partition(transport)).encode()}
+        return got
+
+    assert read(first, 40) == [f"0:{i}".encode() for i in range(40)]
+    second.seek({(topics["instances_topic"], 1): 30})
+    assert read(second, 10) == [f"1:{i}".encode() for i in range(30, 40)]
+    first.seek({(topics["instances_topic"], 0): 38})
+    assert read(first, 2) == [b"0:38", b"0:39"]
+    first.close()
+    second.seek({(topics["instances_topic"], 1): 0})
+    assert read(second, 40) == [f"1:{i}".encode() for i in range(40)]
+
+
+def transport_partition(transport: KafkaTransport) -> int:
+    (p,) = {p for _, p in transport.assignment()}
+    return p
