@@ -40,6 +40,8 @@ from streamlearn.errors import TransportError
 __all__ = ["GroupMembership"]
 
 MIN_POLL_S = 0.05  # the membership thread's shortest poll cycle (a poll may return at once)
+BUSY_WINDOW_S = 5.0  # the watchdog looks at the poll thread's CPU over windows this long
+BUSY_SHARE = 0.15  # ... and replaces the consumer when it used more than this share of a core
 
 log = logging.getLogger("streamlearn.group")
 
@@ -100,16 +102,19 @@ class GroupMembership:
 
         options = {k: v for k, v in (client_options or {}).items()
                    if k in KafkaConsumer.DEFAULT_CONFIG}
-        try:
-            self.consumer = KafkaConsumer(
+
+        def open_consumer() -> Any:
+            consumer = KafkaConsumer(
                 **options, bootstrap_servers=bootstrap_servers, group_id=group_id,
                 group_instance_id=group_instance_id,
-                # Auto-commit, though this consumer reads nothing. Without it, now and then one
-                # replica's membership consumer burnt a core from its start (a busy loop inside
-                # kafka-python 3.0.12's coordinator code, cf. dpkp/kafka-python#2695: no request
-                # of its own to the coordinator) and the group evicted it ten seconds later:
-                # 4 replicas in 9 runs of 3; with auto-commit, none in 6. The offsets it commits
-                # (of paused partitions) are read by no one; see _QuietPreRebalanceCommit.
+                # Auto-commit, though this consumer reads nothing. Without it, now and then
+                # one replica's membership consumer burnt a core from its start (a busy loop
+                # inside kafka-python 3.0.12's coordinator code, cf. dpkp/kafka-python#2695)
+                # and the group evicted it ten seconds later (4 replicas in 7 diagnostic runs
+                # of 3; with auto-commit no eviction in 18, the busy loop once). The watchdog
+                # in _run replaces a consumer caught in that loop.
+                # The offsets it commits (of paused partitions) are read by no one; see
+                # _QuietPreRebalanceCommit.
                 enable_auto_commit=True, auto_commit_interval_ms=1000,
                 partition_assignment_strategy=(CooperativeStickyAssignor,),
                 session_timeout_ms=session_timeout_ms,
@@ -117,12 +122,19 @@ class GroupMembership:
                 client_id="streamlearn-member")
             # the group leader assigns only partitions it has metadata for: fetch it first
             deadline = time.monotonic() + 30.0
-            while not self.consumer.partitions_for_topic(instances_topic):
+            while not consumer.partitions_for_topic(instances_topic):
                 if time.monotonic() > deadline:
+                    consumer.close(autocommit=False)
                     raise TransportError(f"no partition metadata for {instances_topic!r} "
                                          "after 30 s")
                 time.sleep(0.1)
-            self.consumer.subscribe([instances_topic], listener=Listener())
+            consumer.subscribe([instances_topic], listener=Listener())
+            return consumer
+
+        self._open_consumer = open_consumer
+        self.reopened = 0  # consumers replaced after a busy loop (see _run)
+        try:
+            self.consumer = open_consumer()
         except KafkaError as exc:
             raise TransportError(f"cannot join the group {group_id!r}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="streamlearn-membership",
@@ -134,6 +146,7 @@ class GroupMembership:
         """Poll continuously: heartbeats and joins progress whatever the serving loop does."""
         from kafka.errors import KafkaError
 
+        window, cpu = time.monotonic(), time.thread_time()
         while not self._closed.is_set():
             started = time.monotonic()
             try:
@@ -142,6 +155,14 @@ class GroupMembership:
                 rest = MIN_POLL_S - (time.monotonic() - started)
                 if rest > 0:
                     self._closed.wait(rest)
+                if time.monotonic() - window >= BUSY_WINDOW_S:
+                    # Watchdog: this thread only waits on a healthy client (~1 % of a core).
+                    # Stuck in the client's busy loop, it burns most of one: replace the
+                    # consumer (with static membership it takes its slot back, same partitions).
+                    share = (time.thread_time() - cpu) / (time.monotonic() - window)
+                    if share > BUSY_SHARE:
+                        self._reopen(share)
+                    window, cpu = time.monotonic(), time.thread_time()
             except KafkaError as exc:  # a broker outage: the member rejoins when it is back
                 log.warning("group poll failed: %s", exc)
                 self._closed.wait(0.5)
@@ -149,6 +170,25 @@ class GroupMembership:
                 log.exception("group membership thread failed; retrying")
                 self._closed.wait(0.5)
         self.consumer.close(autocommit=False)
+
+    def _reopen(self, share: float) -> None:
+        log.warning("group client busy-looping (%.0f %% of a core in its poll thread): "
+                    "replacing its consumer", 100 * share)
+        from kafka.errors import KafkaError
+
+        try:
+            self.consumer.close(autocommit=False, timeout_ms=5000)
+        except Exception:  # a stuck client may not close cleanly; the new one takes over
+            log.exception("closing the busy group consumer failed")
+        while not self._closed.is_set():
+            try:
+                self.consumer = self._open_consumer()
+            except (KafkaError, TransportError) as exc:
+                log.warning("group consumer not reopened (retrying in 1 s): %s", exc)
+                self._closed.wait(1.0)
+                continue
+            self.reopened += 1
+            return
 
     def _hand_over(self, kind: str, tps: Any, wait: bool) -> None:
         parts = sorted(tp.partition for tp in tps if tp.topic == self.topic)
