@@ -92,18 +92,18 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
         return "\n".join(f"--- {n}\n{p.read_text()[-1500:]}" for n, p in logs.items()
                          if p.exists())
 
-    wait_until(lambda: len(list(state.glob("partition-*"))) == PARTITIONS, 60,
-               "the group to assign every partition", tails)
-    publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
-    wait_until(lambda: len(caller.first) >= 0.3 * N, 120, "the stream to progress", tails)
-    procs["r2"].send_signal(signal.SIGKILL)  # mid-stream; its partitions move after 6 s
-    procs["r2"].wait(30)
-    killed_at = len(caller.first)
-    wait_until(lambda: len(caller.first) >= 0.6 * N, 180, "the stream to go on", tails)
-    procs["r4"] = replica(kafka_bootstrap, topics, group, "r4", state, logs["r4"])
-    added_at = len(caller.first)
-    publisher.join(120)
-    try:
+    try:  # from the first replica on: a failure anywhere stops them all
+        wait_until(lambda: len(list(state.glob("partition-*"))) == PARTITIONS, 60,
+                   "the group to assign every partition", tails)
+        publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
+        wait_until(lambda: len(caller.first) >= 0.3 * N, 120, "the stream to progress", tails)
+        procs["r2"].send_signal(signal.SIGKILL)  # mid-stream; its partitions move after 6 s
+        procs["r2"].wait(30)
+        killed_at = len(caller.first)
+        wait_until(lambda: len(caller.first) >= 0.6 * N, 180, "the stream to go on", tails)
+        procs["r4"] = replica(kafka_bootstrap, topics, group, "r4", state, logs["r4"])
+        added_at = len(caller.first)
+        publisher.join(120)
         wait_until(lambda: len(caller.first) == N, 300, "a decision for every id",
                    lambda: f"{len(caller.first)} decided\n{tails()}")
         wait_until(lambda: len(caller.feedback_ids) == N, 120, "feedback for every decision")
@@ -180,21 +180,22 @@ def test_a_paused_replica_never_publishes_over_a_newer_model(kafka_bootstrap: st
     def tails() -> str:
         return "\n".join(f"--- {n}\n{p.read_text()[-1500:]}" for n, p in logs.items())
 
-    wait_until(lambda: len(list(state.glob("partition-*/owner"))) == 2, 60,
-               "the group to assign both partitions", tails)
-    publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, 1000)
-    wait_until(lambda: len(caller.first) >= 4000, 120, "the stream to progress", tails)
-    owner = orjson.loads((state / "partition-0" / "owner").read_bytes())["replica"]
-    paused = procs[owner]
-    paused.send_signal(signal.SIGSTOP)
-    time.sleep(15)  # past the 6 s session timeout: the other replica takes partition 0
-    paused.send_signal(signal.SIGCONT)
-    publisher.join(120)
-    try:
+    try:  # from the first replica on: a failure anywhere stops them all
+        wait_until(lambda: len(list(state.glob("partition-*/owner"))) == 2, 60,
+                   "the group to assign both partitions", tails)
+        publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, 1000)
+        wait_until(lambda: len(caller.first) >= 4000, 120, "the stream to progress", tails)
+        owner = orjson.loads((state / "partition-0" / "owner").read_bytes())["replica"]
+        paused = procs[owner]
+        paused.send_signal(signal.SIGSTOP)
+        time.sleep(15)  # past the 6 s session timeout: the other replica takes partition 0
+        paused.send_signal(signal.SIGCONT)
+        publisher.join(120)
         wait_until(lambda: len(caller.first) == 20_000, 300, "a decision for every id", tails)
         time.sleep(3)
     finally:
         for proc in procs.values():
+            proc.send_signal(signal.SIGCONT)  # a failure while one was paused
             proc.send_signal(signal.SIGTERM)
         codes = [proc.wait(60) for proc in procs.values()]
         caller.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -18,6 +18,8 @@ K = 5
 @settings(max_examples=200, deadline=None)
 @given(hnp.arrays(np.float64, (4, K), elements=st.floats(allow_nan=True, allow_infinity=True)),
        hnp.arrays(bool, (4, K)), hnp.arrays(np.float64, 4, elements=st.floats(0.0, 1.0)))
+@example(np.tile([np.nan, -np.inf, np.nan, np.nan, np.nan], (4, 1)), np.ones((4, K), bool),
+         np.zeros(4))  # NaN and −inf tie (found by a CI run)
 def test_distributions_stay_in_the_mask_and_sum_to_one(scores: np.ndarray, mask: np.ndarray,
                                                        gamma: np.ndarray) -> None:
     mask[:, 0] |= ~mask.any(axis=1)  # every event allows at least one action
@@ -31,8 +33,10 @@ def test_distributions_stay_in_the_mask_and_sum_to_one(scores: np.ndarray, mask:
     rankings = ranking_lists(scores, mask)
     for row, allowed, ranking in zip(scores, mask, rankings, strict=True):
         assert sorted(ranking) == np.flatnonzero(allowed).tolist()  # every allowed action once
-        finite = np.nan_to_num(row[ranking], nan=-np.inf)
-        assert (finite[:-1] >= finite[1:]).all()  # best first
+        # NaN ranks as −inf (best_first); nan_to_num's default would turn −inf into the
+        # most negative float and order it above NaN
+        ordered = np.nan_to_num(row[ranking], nan=-np.inf, neginf=-np.inf)
+        assert (ordered[:-1] >= ordered[1:]).all()  # best first
 
 
 def test_logged_propensities_are_the_sampling_frequencies() -> None:
