@@ -448,9 +448,10 @@ class KafkaTransport:
                 highwater = state.highwater
             except (AttributeError, KeyError):  # the client's internals moved: say "not known"
                 position = highwater = None
-            out[tp] = None if position is None or highwater is None else max(0, highwater - position)
-            if self._shared is not None and out[tp] is not None:  # fetched, not yet taken
-                out[tp] = int(out[tp] or 0) + self._shared.buffered(tp)
+            lag = None if position is None or highwater is None else max(0, highwater - position)
+            if lag is not None and self._shared is not None:  # fetched, not yet taken
+                lag += self._shared.buffered(tp)
+            out[tp] = lag
         return out
 
     def close(self, timeout_s: float = 10.0) -> None:
