@@ -1,7 +1,12 @@
 """Learner states as models-topic messages: arrays + JSON (no pickle), chunked under a limit.
 
-A state is encoded as one ``.npz`` (``allow_pickle=False``) holding the arrays
-and the metadata JSON as a ``uint8`` array. It travels as ``n`` chunk messages,
+A state is encoded as ``STATE_MAGIC | 4-byte layout length | layout JSON | raw
+arrays``: the layout JSON holds the metadata and, per array, its name, dtype,
+shape and byte offset; the arrays follow, each aligned to 8 bytes. Decoding is
+one ``np.frombuffer`` per array (an ``.npz`` — a zip archive — cost 0.4–0.5 ms
+per state to read, in every replica, several times a second; this format
+≈ 0.03 ms). Object arrays are refused (no pickle), and an ``.npz`` blob (the
+format before) still decodes. A state travels as ``n`` chunk messages,
 each ``MAGIC | 4-byte header length | header JSON | payload slice``; the header
 names the sender, the state (``kind``, ``partition``, ``seq`` / ``version``)
 and the chunk (``i`` of ``n``), plus the payload's sha256. :class:`Assembler`
@@ -31,17 +36,53 @@ from streamlearn.errors import StateError
 __all__ = ["MAGIC", "Assembler", "chunk", "decode_state", "encode_state"]
 
 MAGIC = b"SLM1"
+STATE_MAGIC = b"SLS1"
 META = "__meta__"
+_ALIGN = 8
 
 
 def encode_state(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    named: dict[str, Any] = {**arrays, META: np.frombuffer(orjson.dumps(meta), dtype=np.uint8)}
-    np.savez(buffer, **named)
-    return buffer.getvalue()
+    """``arrays`` (numeric, bool or fixed-width text; no objects) and ``meta`` as one blob."""
+    layout, pieces, offset = [], [], 0
+    for name, value in arrays.items():
+        array = np.asarray(value, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
+        if array.dtype.hasobject:
+            raise StateError(f"Cannot encode the object array {name!r} (no pickle in states).")
+        layout.append([name, array.dtype.str, list(array.shape), offset])
+        pad = -array.nbytes % _ALIGN
+        pieces += [array.tobytes(), b"\0" * pad]
+        offset += array.nbytes + pad
+    head = orjson.dumps({"meta": meta, "arrays": layout})
+    head += b" " * (-(len(STATE_MAGIC) + 4 + len(head)) % _ALIGN)  # arrays start aligned
+    return b"".join([STATE_MAGIC, struct.pack(">I", len(head)), head, *pieces])
 
 
 def decode_state(blob: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The (arrays, meta) of :func:`encode_state` (writable copies); StateError if damaged."""
+    if blob[:2] == b"PK":  # an .npz state, as published before this format
+        return _decode_npz(blob)
+    try:
+        if blob[:4] != STATE_MAGIC:
+            raise ValueError("no state magic")
+        (size,) = struct.unpack(">I", blob[4:8])
+        head = orjson.loads(blob[8:8 + size])
+        data = memoryview(blob)[8 + size:]
+        arrays = {}
+        for name, dtype_str, shape, offset in head["arrays"]:
+            dtype = np.dtype(dtype_str)
+            if dtype.hasobject:
+                raise ValueError(f"object array {name!r}")
+            count = int(np.prod(shape, dtype=np.int64))
+            if offset < 0 or offset + count * dtype.itemsize > len(data):
+                raise ValueError(f"array {name!r} runs past the end of the state")
+            arrays[str(name)] = np.frombuffer(data, dtype=dtype, count=count,
+                                              offset=offset).reshape(tuple(shape)).copy()
+        return arrays, dict(head["meta"])
+    except (ValueError, TypeError, KeyError, struct.error, orjson.JSONDecodeError) as exc:
+        raise StateError(f"A models-topic state does not decode: {exc}") from exc
+
+
+def _decode_npz(blob: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     try:
         with np.load(io.BytesIO(blob), allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files if k != META}

@@ -5,6 +5,10 @@ beginning. A replica has one learner, shared by the daemons of the partitions
 it serves (so one replica learns exactly as the single daemon does). Every
 :attr:`every_s` seconds (the sync interval):
 
+Only the merger reads the replicas' states (the link follows them while this
+replica serves partition 0, from the ``states_from`` offset the newest global
+model names); every replica reads the global models.
+
 1. **publish** — if the replica's learner learned since its last publish, its
    whole state goes out as ``replica/<id>`` with the global version it is based
    on and the examples it learned since adopting that version;
@@ -68,6 +72,8 @@ class ModelLink(Protocol):
     def fetch(self) -> list[bytes]: ...
     def request_catch_up(self) -> None: ...
     def caught_up(self) -> bool: ...
+    def follow_states(self, on: bool, from_offset: int | None = None) -> None: ...
+    def states_position(self) -> int | None: ...
 
 
 class Served(Protocol):
@@ -106,6 +112,10 @@ class ModelHub:
         self.global_state: tuple[Arrays, dict[str, Any]] | None = None
         self.global_included: set[tuple[str, int]] = set()
         self.global_made_at = 0.0  # wall time the merger made it
+        # where the states based on the newest global start in the topic (its merger read the
+        # states up to there before publishing it): a new merger reads them from there
+        self.states_from: int | None = None
+        self.following = False  # reading the replicas' states (this replica is the merger)
         # each replica's newest state, still encoded: only the merger decodes them (every
         # replica decoding every state cost each replica CPU in proportion to the group's size)
         self.latest: dict[str, tuple[dict[str, Any], bytes]] = {}
@@ -145,11 +155,19 @@ class ModelHub:
             self.version = int(header["version"])
             self.global_included = {(str(r), int(s)) for r, s in header["included"]}
             self.global_made_at = float(header.get("made_at", 0.0))
+            states_from = header.get("states_from")
+            self.states_from = None if states_from is None else int(states_from)
 
     # ---------------------------------------------------------------- a round
     def tick(self, served: Mapping[int, Served]) -> None:
         """Adopt, publish and (as the merger) merge, as due; see the module docstring."""
         self.poll()
+        merger = 0 in served
+        if merger != self.following:  # only the merger reads the replicas' states
+            self.link.follow_states(merger, self.states_from if merger else None)
+            self.following = merger
+            if not merger:
+                self.latest.clear()
         if not served:
             return
         now = self.clock()
@@ -273,6 +291,9 @@ class ModelHub:
                   "included": [[str(h["replica"]), int(h["seq"])] for h, _, _ in parts],
                   "examples": int(sum(int(h["examples"]) for h, _, _ in parts)),
                   "made_at": time.time()}
+        states_from = self.link.states_position()
+        if states_from is not None:
+            header["states_from"] = states_from
         meta = {**base_meta, "counters": counters}
         try:
             self.link.send(b"global", chunk(header, encode_state(arrays, meta)))

@@ -1,4 +1,22 @@
-"""The models topic over Kafka: one partition, compacted, read from its beginning.
+"""The models topic over Kafka: compacted, global models on partition 0, replica states on 1.
+
+**Two partitions, so that only the merger reads the replicas' states.** Every
+replica must read the global models (partition 0); only the merger (the replica
+serving instances partition 0) needs the replicas' states. With both on one
+partition every replica fetched every replica's state, several times a second:
+with 3 replicas on SynNonSep (0.15 MB states) 2.4 MB/s per replica, in proportion
+to the group's size (the models client's IO thread was the busiest thread after
+the serving one). :meth:`KafkaModelLink.follow_states` makes the reader add
+partition 1 when this replica becomes the merger, from the offset the newest
+global model names (``states_from``: every state based on that version was
+published after it, so nothing older is needed), and drop it when the role moves.
+A models topic made with one partition (before this layout) still works: both
+kinds then share partition 0 and every replica reads everything, as before.
+
+The topic is created with ``segment.ms`` of 60 s so that the log cleaner can
+compact it (Kafka never compacts the active segment, 7 days long by default):
+what a replica reads from the beginning at its start stays bounded by about a
+minute of publishes plus one message per key.
 
 The link's consumer polls in its own thread (kafka-python completes a fetch only
 while ``poll`` waits; polled in short slices between serving steps, it fell
@@ -23,18 +41,25 @@ __all__ = ["KafkaModelLink", "ensure_models_topic"]
 log = logging.getLogger("streamlearn.sync")
 
 
+GLOBALS, STATES = 0, 1  # the models topic's partitions (one partition: both on 0)
+TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.ms": "60000",
+                 "min.cleanable.dirty.ratio": "0.1"}
+
+
 def ensure_models_topic(bootstrap: str, topic: str,
                         client_options: Mapping[str, object] | None = None) -> None:
-    """Create the models topic (one partition, ``cleanup.policy=compact``) if it is missing."""
+    """Create the models topic (two partitions, compacted; see the module docstring) if it
+    is missing."""
     from streamlearn.stream.kafka import ensure_topics
 
-    ensure_topics(bootstrap, [topic], 1, client_options=client_options,
-                  topic_configs={"cleanup.policy": "compact"})
+    ensure_topics(bootstrap, [topic], 2, client_options=client_options,
+                  topic_configs=TOPIC_CONFIGS)
 
 
 class KafkaModelLink:
-    """Chunks go out keyed ``<key>/<i>`` (compaction keeps the newest of each); every
-    message of the topic is read, from its beginning, by a background thread."""
+    """Chunks go out keyed ``<key>/<i>`` (compaction keeps the newest of each); a background
+    thread reads the global models from the beginning, and the replica states while
+    :meth:`follow_states` is on."""
 
     def __init__(self, bootstrap: str, topic: str,
                  client_options: Mapping[str, object] | None = None) -> None:
@@ -43,23 +68,29 @@ class KafkaModelLink:
 
         options = dict(client_options or {})
         self.topic = topic
-        self.tp = TopicPartition(topic, 0)
-        self._buffer: deque[bytes] = deque()
+        self.tp = TopicPartition(topic, GLOBALS)
+        self._buffer: deque[tuple[bool, bytes]] = deque()  # (from the states partition, value)
         self._lock = threading.Lock()
         # catch-up requests, numbered: the serving thread asks, the reader answers the newest
         self._asked = 0
         self._answered = 0
+        # the states partition: wanted by the serving thread, applied by the reader thread
+        self._follow: tuple[bool, int | None] = (False, None)
+        self._following = False
+        self._states_read_to: int | None = None  # position on it at the last catch-up
         self._closed = threading.Event()
         try:
             self.consumer = KafkaConsumer(
                 **{k: v for k, v in options.items() if k in KafkaConsumer.DEFAULT_CONFIG},
                 bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                auto_offset_reset="earliest",  # a compacted-away start offset: the oldest kept
                 client_id="streamlearn-models")
             deadline = time.monotonic() + 30.0  # a topic created just now: wait for its metadata
-            while not self.consumer.partitions_for_topic(topic):
+            while not (parts := self.consumer.partitions_for_topic(topic)):
                 if time.monotonic() > deadline:
                     raise TransportError(f"no metadata for the models topic {topic!r} after 30 s")
                 time.sleep(0.1)
+            self.states_tp = TopicPartition(topic, STATES) if STATES in parts else None
             self.consumer.assign([self.tp])
             self.consumer.seek_to_beginning(self.tp)
             self.producer = KafkaProducer(
@@ -76,20 +107,28 @@ class KafkaModelLink:
     def _run(self) -> None:
         from kafka.errors import KafkaError
 
-        target, target_for = 0, 0  # the end offset the newest request must reach
+        targets: dict[object, int] = {}  # the end offsets the newest request must reach
+        target_for = 0
         while not self._closed.is_set():
             try:
+                with self._lock:  # read together: a request made after follow_states sees it
+                    follow, asked = self._follow, self._asked
+                if follow[0] != self._following:
+                    self._set_following(*follow)
+                    target_for = 0  # a pending request's targets now include the change
                 batches = self.consumer.poll(timeout_ms=100, max_records=1000)
-                values = [r.value for records in batches.values() for r in records if r.value]
+                values = [(tp == self.states_tp, r.value) for tp, records in batches.items()
+                          for r in records if r.value]
                 with self._lock:
                     self._buffer.extend(values)
-                    asked = self._asked
                 if asked > self._answered:
-                    if target_for != asked:  # the end as of (after) the request
-                        target, target_for = self.consumer.end_offsets([self.tp])[self.tp], asked
-                    if self.consumer.position(self.tp) >= target:
+                    if target_for != asked:  # the ends as of (after) the request
+                        targets = self.consumer.end_offsets(list(self.consumer.assignment()))
+                        target_for = asked
+                    if all(self.consumer.position(tp) >= end for tp, end in targets.items()):
                         with self._lock:
                             self._answered = target_for
+                            self._states_read_to = targets.get(self.states_tp)
             except KafkaError as exc:
                 log.warning("models topic: poll failed: %s", exc)
                 self._closed.wait(0.5)
@@ -98,12 +137,40 @@ class KafkaModelLink:
                 self._closed.wait(0.5)
         self.consumer.close()
 
+    def _set_following(self, on: bool, from_offset: int | None) -> None:
+        """In the reader thread: add the states partition (from ``from_offset``, or its
+        beginning) or drop it."""
+        self._following = on
+        if self.states_tp is None:  # one partition: the states are read with the models
+            return
+        self.consumer.assign([self.tp, self.states_tp] if on else [self.tp])
+        if on and from_offset is not None:
+            self.consumer.seek(self.states_tp, from_offset)
+        elif on:
+            self.consumer.seek_to_beginning(self.states_tp)
+        with self._lock:
+            self._states_read_to = None
+
+    def follow_states(self, on: bool, from_offset: int | None = None) -> None:
+        """Read the replicas' states too (the merger) from ``from_offset``, or stop reading
+        them; applied by the reader thread, before it answers a later catch-up request."""
+        with self._lock:
+            self._follow = (on, from_offset)
+
+    def states_position(self) -> int | None:
+        """The states partition's offset the last answered catch-up read up to (None if this
+        link does not follow it, or the topic has one partition)."""
+        with self._lock:
+            return self._states_read_to
+
     def send(self, key: bytes, values: list[bytes]) -> None:
         from kafka.errors import KafkaError
 
+        partition = GLOBALS if key == b"global" or self.states_tp is None else STATES
         try:
             for i, value in enumerate(values):
-                self.producer.send(self.topic, key=key + b"/%d" % i, value=value)
+                self.producer.send(self.topic, key=key + b"/%d" % i, value=value,
+                                   partition=partition)
             self.producer.flush(timeout=30)
         except KafkaError as exc:  # the next round publishes again
             raise TransportError(f"publishing to the models topic failed: {exc}") from exc
@@ -111,7 +178,8 @@ class KafkaModelLink:
     def fetch(self) -> list[bytes]:
         """The messages read since the last call (never waits: the thread reads)."""
         with self._lock:
-            values = list(self._buffer)
+            following = self._follow[0]  # states read before an unfollow are not handed out
+            values = [value for is_state, value in self._buffer if following or not is_state]
             self._buffer.clear()
         return values
 

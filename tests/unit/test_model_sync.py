@@ -128,6 +128,59 @@ def test_progress_made_after_a_publish_is_kept_when_the_merge_arrives() -> None:
     assert theirs[1].learner.n_updated_ == 900
 
 
+def test_only_the_merger_reads_the_states_and_a_new_merger_starts_where_the_model_says() -> None:
+    topic, clock = ModelLog(), Clock()
+
+    class Recording(InMemoryModelLink):
+        def __init__(self, log: ModelLog) -> None:
+            super().__init__(log)
+            self.read: list[dict[str, Any]] = []  # the headers of every message fetched
+
+        def fetch(self) -> list[bytes]:
+            values = super().fetch()
+            self.read += [parse(v)[0] for v in values]
+            return values
+
+    links = [Recording(topic) for _ in range(2)]
+    hubs = [ModelHub(link, f"r{i}", every_s=1.0, clock=clock) for i, link in enumerate(links)]
+    parts = [{0: Served(learner())}, {1: Served(learner())}]
+    X, a, r, p = data(1200, 7)
+
+    def sync_round(lo: int, hi: int) -> None:
+        half = (lo + hi) // 2
+        for (lo_, hi_), served in zip([(lo, half), (half, hi)], parts, strict=True):
+            next(iter(served.values())).learner.update(X[lo_:hi_], a[lo_:hi_], r[lo_:hi_],
+                                                       p[lo_:hi_])
+        clock.t += 1.0
+        for hub, served in sorted(zip(hubs, parts, strict=True), key=lambda h: 0 in h[1]):
+            hub.tick(served)  # the merger last: it merges both states of this round
+        for hub, served in zip(hubs, parts, strict=True):
+            hub.tick(served)  # both adopt
+
+    for hub, served in zip(hubs, parts, strict=True):
+        hub.tick(served)
+    sync_round(0, 400)
+    assert [links[0].following, links[1].following] == [True, False]
+    assert hubs[1].latest == {} and {h["kind"] for h in links[1].read} == {"global"}
+    first = globals_in(topic)[-1]
+    assert first["version"] == 1 and first["states_from"] > 0
+    parts.reverse()  # partition 0 moves: replica 1 merges from now on
+    sync_round(400, 800)
+    assert [links[0].following, links[1].following] == [False, True]
+    assert hubs[0].latest == {}  # dropped with the role
+    second = globals_in(topic)[-1]
+    assert second["version"] == 2 and second["replica"] == "r1"
+    assert {r for r, _ in second["included"]} == {"r0", "r1"}
+    # replica 1 read no state older than the model it merged from
+    assert {h["base_version"] for h in links[1].read if h["kind"] == "replica"} == {1}
+    sync_round(800, 1200)
+    one = learner()
+    one.update(X, a, r, p)  # the pooled statistics still equal one learner on everything
+    for served in parts:
+        np.testing.assert_allclose(next(iter(served.values())).learner.state()[0]["learner.xty"],
+                                   one.state()[0]["learner.xty"], atol=1e-10)
+
+
 def test_a_paused_merger_never_overwrites_a_newer_model() -> None:
     topic, clock = ModelLog(), Clock()
     live = ModelHub(InMemoryModelLink(topic), "live", every_s=1.0, clock=clock)

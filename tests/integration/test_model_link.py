@@ -1,0 +1,80 @@
+"""The models topic on a real broker: global models for every reader, replica states only for
+the merger, from the offset it is given; a one-partition topic (the layout before) still
+carries both."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+
+from streamlearn.stream.kafka import ensure_topics
+from streamlearn.sync.codec import chunk, parse
+from streamlearn.sync.kafka_link import KafkaModelLink, ensure_models_topic
+
+pytestmark = pytest.mark.integration
+
+
+def message(kind: str, n: int) -> list[bytes]:
+    return chunk({"kind": kind, "replica": "r", "seq": n, "version": n}, b"x" * 64)
+
+
+def read_until(link: KafkaModelLink, done: Callable[[list[dict[str, object]]], bool],
+               timeout_s: float = 20.0) -> list[dict[str, object]]:
+    """Headers fetched until ``done`` holds for them, after a caught-up catch-up."""
+    link.request_catch_up()
+    seen: list[dict[str, object]] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen += [parse(v)[0] for v in link.fetch()]
+        if link.caught_up() and done(seen):
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"not read in {timeout_s} s; got {seen}")
+
+
+def test_only_a_follower_reads_the_states_and_from_the_offset_it_gives(
+        kafka_bootstrap: str) -> None:
+    topic = f"models-{uuid.uuid4().hex[:8]}"
+    ensure_models_topic(kafka_bootstrap, topic)
+    writer = KafkaModelLink(kafka_bootstrap, topic)
+    reader = KafkaModelLink(kafka_bootstrap, topic)
+    try:
+        assert reader.states_tp is not None  # created with its two partitions
+        writer.send(b"replica/r", message("replica", 1))
+        writer.send(b"global", message("global", 1))
+        writer.send(b"replica/r", message("replica", 2))
+        seen = read_until(reader, lambda s: len(s) >= 1)
+        assert [h["kind"] for h in seen] == ["global"]  # not following: no state
+        assert reader.states_position() is None
+        reader.follow_states(True, from_offset=1)  # the second state onwards
+        seen = read_until(reader, lambda s: len(s) >= 1)
+        assert [(h["kind"], h["seq"]) for h in seen] == [("replica", 2)]
+        assert reader.states_position() == 2  # read to the states partition's end
+        reader.follow_states(False)
+        writer.send(b"replica/r", message("replica", 3))
+        writer.send(b"global", message("global", 2))
+        seen = read_until(reader, lambda s: any(h["kind"] == "global" for h in s))
+        assert [h["kind"] for h in seen] == ["global"]
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_one_partition_models_topic_carries_models_and_states_to_every_reader(
+        kafka_bootstrap: str) -> None:
+    topic = f"models-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [topic], 1, topic_configs={"cleanup.policy": "compact"})
+    writer = KafkaModelLink(kafka_bootstrap, topic)
+    reader = KafkaModelLink(kafka_bootstrap, topic)
+    try:
+        assert reader.states_tp is None
+        writer.send(b"replica/r", message("replica", 1))
+        writer.send(b"global", message("global", 1))
+        seen = read_until(reader, lambda s: len(s) >= 2)
+        assert [h["kind"] for h in seen] == ["replica", "global"]
+    finally:
+        writer.close()
+        reader.close()
