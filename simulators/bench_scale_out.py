@@ -1,6 +1,8 @@
 """Scale-out on a real broker: CPU per event and online error, 1 replica against R replicas.
 
-For each replica count it creates fresh 6-partition topics, starts that many
+For each replica count it creates fresh 6-partition topics (``--partitions-per-replica
+k``: k partitions per replica, so that every replica owns as many partitions
+whatever the count), starts that many
 ``streamlearn serve --kafka-membership group`` processes, waits until every
 partition is claimed, streams the dataset with ``streamlearn simulate`` (its
 summary gives the online error: 1 − rewards / feedback), then reads each
@@ -61,10 +63,11 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
     if args.per_replica_rate:
         most = max(int(r) for r in args.replicas.split(","))
         rate, events = args.per_replica_rate * replicas, args.events * replicas // most
+    partitions = args.partitions_per_replica * replicas or PARTITIONS
     tag = uuid.uuid4().hex[:6]
     topics = ["--topics-instances", f"i-{tag}", "--topics-feedback", f"f-{tag}",
               "--topics-decisions", f"d-{tag}", "--topics-dead-letter", f"x-{tag}",
-              "--topics-models", f"m-{tag}", "--topics-partitions", str(PARTITIONS)]
+              "--topics-models", f"m-{tag}", "--topics-partitions", str(partitions)]
     state = Path(tempfile.mkdtemp(prefix="sl-scale-"))
     from streamlearn.stream.caller import StreamSource
 
@@ -85,7 +88,7 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
              *dims],
             stdout=log, stderr=subprocess.STDOUT, env=env))
     deadline = time.monotonic() + 120
-    while len(list(state.glob("partition-*/owner"))) < PARTITIONS:
+    while len(list(state.glob("partition-*/owner"))) < partitions:
         if time.monotonic() > deadline:
             raise SystemExit(f"the group did not assign every partition; see {state}")
         time.sleep(0.2)
@@ -135,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-replica-rate", type=float, default=0.0,
                         help="weak scaling: offer each replica count this rate per replica (and "
                         "--events x R / max R events), instead of --rate to every count")
+    parser.add_argument("--partitions-per-replica", type=int, default=0,
+                        help="topics with this many partitions per replica (instead of 6 for "
+                        "every count): with --per-replica-rate, each replica then has the same "
+                        "load, partitions and batch sizes whatever the count")
     parser.add_argument("--idle-seconds", type=float, default=0.0,
                         help="instead of a stream: the replicas' CPU over this many idle seconds")
     parser.add_argument("--repeats", type=int, default=1,
@@ -174,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     base = rows[0]
     load = (f"{args.per_replica_rate:.0f} events/s per replica" if args.per_replica_rate
             else f"{args.events} events at {args.rate:.0f}/s")
+    layout = (f"{args.partitions_per_replica} partitions per replica"
+              if args.partitions_per_replica else f"{PARTITIONS} partitions")
     print(f"{args.dataset}, {args.learner}, {load}, feedback "
-          f"delay {args.delay_mean} s (exponential), 6 partitions, sync every "
+          f"delay {args.delay_mean} s (exponential), {layout}, sync every "
           f"{args.sync_seconds} s, shortest round {args.round_seconds} s:")
     print("| replicas | online error | Δ vs 1 | events / batch | CPU-s (all replicas) | "
           "CPU-ms / event | ratio |")

@@ -5,7 +5,8 @@ replica ``p mod R``, whose one learner decides and learns its partitions'
 events in micro-batches (as a partition daemon does per poll). Every replica
 runs a real :class:`~streamlearn.sync.hub.ModelHub` over an in-memory models
 topic, ticked on an event clock (``rate`` events per second, sync every
-``every_s`` seconds), so the merge, the adoption and the rebase are the
+``every_s`` seconds, sooner while the model is young: ``early_fraction``), so
+the merge, the adoption and the rebase are the
 daemon's code. The single replica is the same loop with R = 1.
 
     python -m simulators.scale_out --dataset synnonsep --events 60000 --seeds 3
@@ -53,7 +54,8 @@ def stream(dataset: str, events: int, seed: int) -> tuple[np.ndarray, np.ndarray
 
 def online_error(dataset: str, replicas: int, events: int = 60_000, seed: int = 0,
                  learner: str = "linucb", partitions: int = 6, batch: int = 32,
-                 rate: float = 2000.0, every_s: float = 0.25) -> float:
+                 rate: float = 2000.0, every_s: float = 0.25,
+                 early_fraction: float = 0.05) -> float:
     """The online error of ``replicas`` replicas (1 = the single daemon) on one stream."""
     X, y, K = stream(dataset, events, seed)
 
@@ -63,8 +65,8 @@ def online_error(dataset: str, replicas: int, events: int = 60_000, seed: int = 
 
     clock = {"t": 0.0}
     topic = ModelLog()
-    hubs = [ModelHub(InMemoryModelLink(topic), f"r{r}", every_s, clock=lambda: clock["t"])
-            for r in range(replicas)]
+    hubs = [ModelHub(InMemoryModelLink(topic), f"r{r}", every_s, clock=lambda: clock["t"],
+                     early_fraction=early_fraction) for r in range(replicas)]
     shared = [fresh() for _ in range(replicas)]
     served: list[dict[int, Any]] = [
         {p: _Served(shared[r]) for p in range(partitions) if p % replicas == r}

@@ -104,8 +104,10 @@ class ModelHub:
 
     def __init__(self, link: ModelLink, replica: str, every_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic,
-                 on_sync: Callable[[int, float, int], None] | None = None) -> None:
+                 on_sync: Callable[[int, float, int], None] | None = None,
+                 early_fraction: float = 0.0) -> None:
         self.link, self.replica, self.every_s, self.clock = link, replica, every_s, clock
+        self.early_fraction = early_fraction
         self.on_sync = on_sync or (lambda version, age, merges: None)
         self.assembler = Assembler()
         self.version = 0
@@ -182,13 +184,20 @@ class ModelHub:
             learner = daemons[0].learner
         # right after adopting, progress the new model lacks goes out at once: based on the
         # newest version, the next merge includes it (a state based on an older one is stale)
-        if (adopted or now - record.last_publish >= self.every_s) and learner.n_updated_ > max(
-                record.updated_at_publish, record.updated_at_base):
+        new = learner.n_updated_ - max(record.updated_at_publish, record.updated_at_base)
+        if new > 0 and (adopted or now - record.last_publish >= self.every_s
+                        or new >= self.early_fraction * learner.n_updated_ > 0):
             self._publish(learner, record, now)
-        if 0 in served and now - self._last_merge >= self.every_s:
+        if 0 in served and (now - self._last_merge >= self.every_s or self._pending_examples()
+                            >= self.early_fraction * learner.n_updated_ > 0):
             self._merge_when_caught_up(now, served[0])
         self.on_sync(self.version, max(time.time() - self.global_made_at, 0.0)
                      if self.global_state is not None else 0.0, self.merges)
+
+    def _pending_examples(self) -> int:
+        """Examples in the replica states the next merge would include (headers only)."""
+        return sum(int(h["examples"]) for h, _ in self.latest.values()
+                   if int(h["base_version"]) == self.version)
 
     def _start(self, daemon: Served) -> _Learner:
         arrays, meta = daemon.learner.state()

@@ -227,6 +227,40 @@ def test_a_paused_merger_never_overwrites_a_newer_model() -> None:
     assert [g["version"] for g in globals_in(topic)] == [1, 2, 3, 4, 2]
 
 
+def test_a_young_model_is_published_and_merged_before_the_interval() -> None:
+    X, a, r, p = data(400, 9)
+
+    def versions_after(early_fraction: float) -> int:
+        topic, clock = ModelLog(), Clock()
+        hub = ModelHub(InMemoryModelLink(topic), "m", every_s=10.0, clock=clock,
+                       early_fraction=early_fraction)
+        mine = {0: Served(learner())}
+        hub.tick(mine)
+        for lo in range(0, 400, 40):  # ten rounds of 40 examples, 0.1 s apart
+            mine[0].learner.update(X[lo:lo + 40], a[lo:lo + 40], r[lo:lo + 40], p[lo:lo + 40])
+            clock.t += 0.1
+            hub.tick(mine)
+        return len(globals_in(topic))
+
+    assert versions_after(0.0) == 0  # the 10 s interval has not passed
+    # 40 new examples are >= 5 % of what the model holds until it holds 800: a state goes
+    # out, the next round reads and merges it, the one after adopts and publishes again
+    assert versions_after(0.05) == 5
+    assert 0 < versions_after(0.2) < 5  # fewer once 40 examples are < 20 % of the model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset", ["letter", "synnonsep"])
+def test_three_replicas_in_process_err_within_0_02_of_one(dataset: str) -> None:
+    """Immediate feedback, so a replica's staleness between syncs is all that differs (the
+    real-broker comparison, with delayed feedback, is docs/performance.md's)."""
+    from simulators.scale_out import online_error
+
+    gaps = [online_error(dataset, 3, 60_000, seed) - online_error(dataset, 1, 60_000, seed)
+            for seed in range(2)]
+    assert float(np.mean(gaps)) <= 0.02, gaps
+
+
 def test_the_group_simulator_learns_with_three_replicas() -> None:
     """A smoke test of the in-process group (the measured comparison with one replica is in
     docs/operations.md, over 60,000 events and 3 seeds)."""
