@@ -188,8 +188,15 @@ class ModelHub:
         if new > 0 and (adopted or now - record.last_publish >= self.every_s
                         or new >= self.early_fraction * learner.n_updated_ > 0):
             self._publish(learner, record, now)
-        if 0 in served and (now - self._last_merge >= self.every_s or self._pending_examples()
-                            >= self.early_fraction * learner.n_updated_ > 0):
+        # the merger: nothing read to merge, nothing to do (an idle merger used to ask the
+        # broker for the topic's end every interval); otherwise read to the end, then merge
+        pending = 0
+        if 0 in served:
+            self.poll()  # this round's publishes too, where the link has them already
+            pending = self._pending_examples()
+        if pending > 0 and (
+                now - self._last_merge >= self.every_s
+                or pending >= self.early_fraction * learner.n_updated_ > 0):
             self._merge_when_caught_up(now, served[0])
         self.on_sync(self.version, max(time.time() - self.global_made_at, 0.0)
                      if self.global_state is not None else 0.0, self.merges)
