@@ -62,12 +62,20 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
 
     replica_id = k.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
     ensure_models_topic(bootstrap, t.models, options)
-    hub = ModelHub(KafkaModelLink(bootstrap, t.models, options), replica_id,
+    link = KafkaModelLink(bootstrap, t.models, options)
+    hub = ModelHub(link, replica_id,
                    config.sync.every_seconds, on_sync=observer.on_model_sync,
                    early_fraction=config.sync.early_fraction)
+
+    def close_clients() -> None:  # after every partition daemon: they share these clients
+        try:
+            clients.close()
+        finally:
+            link.close()
+
     return Replica(make_daemon, make_membership, poll_timeout_s=config.limits.poll_timeout_seconds,
                    round_s=k.round_seconds, on_owned=observer.on_owned_partitions, hub=hub,
-                   claims=PartitionClaims(state_dir, replica_id), on_close=clients.close)
+                   claims=PartitionClaims(state_dir, replica_id), on_close=close_clients)
 
 
 def serve_replica(replica: Replica, max_events: int | None, out: Any) -> int:
