@@ -42,6 +42,7 @@ log = logging.getLogger("streamlearn.sync")
 
 
 GLOBALS, STATES = 0, 1  # the models topic's partitions (one partition: both on 0)
+IDLE_POLL_MS = 500  # the reader's poll when this replica is not the merger
 TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.ms": "60000",
                  "min.cleanable.dirty.ratio": "0.1"}
 
@@ -116,7 +117,10 @@ class KafkaModelLink:
                 if follow[0] != self._following:
                     self._set_following(*follow)
                     target_for = 0  # a pending request's targets now include the change
-                batches = self.consumer.poll(timeout_ms=100, max_records=1000)
+                # a poll returns as soon as records arrive; the wait only bounds how late a
+                # catch-up request or a follow change is seen, which only the merger makes
+                wait_ms = 100 if self._following or asked > self._answered else IDLE_POLL_MS
+                batches = self.consumer.poll(timeout_ms=wait_ms, max_records=1000)
                 values = [(tp == self.states_tp, r.value) for tp, records in batches.items()
                           for r in records if r.value]
                 with self._lock:
