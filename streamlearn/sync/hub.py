@@ -201,10 +201,15 @@ class ModelHub:
         self.on_sync(self.version, max(time.time() - self.global_made_at, 0.0)
                      if self.global_state is not None else 0.0, self.merges)
 
+    def _mergeable(self) -> list[tuple[dict[str, Any], bytes]]:
+        """The replica states (still encoded) the next merge includes: those based on the
+        current version, with examples learned since."""
+        return [(h, blob) for h, blob in self.latest.values()
+                if int(h["base_version"]) == self.version and int(h["examples"]) > 0]
+
     def _pending_examples(self) -> int:
-        """Examples in the replica states the next merge would include (headers only)."""
-        return sum(int(h["examples"]) for h, _ in self.latest.values()
-                   if int(h["base_version"]) == self.version)
+        """Examples in the states the next merge would include (headers only)."""
+        return sum(int(h["examples"]) for h, _ in self._mergeable())
 
     def _start(self, daemon: Served) -> _Learner:
         arrays, meta = daemon.learner.state()
@@ -277,12 +282,11 @@ class ModelHub:
         self._last_merge = now
         self.poll()
         parts = []
-        for h, blob in self.latest.values():
-            if int(h["base_version"]) == self.version and int(h["examples"]) > 0:
-                try:
-                    parts.append((h, *decode_state(blob)))
-                except StateError as exc:
-                    log.warning("models topic: state of %s skipped (%s)", h["replica"], exc)
+        for h, blob in self._mergeable():
+            try:
+                parts.append((h, *decode_state(blob)))
+            except StateError as exc:
+                log.warning("models topic: state of %s skipped (%s)", h["replica"], exc)
         if not parts:
             return
         if self.global_state is not None:
