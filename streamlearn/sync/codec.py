@@ -14,7 +14,7 @@ rebuilds a state when all its chunks have arrived (a newer ``seq`` of the same
 key drops an incomplete older one).
 
 >>> blob = encode_state({"w": np.arange(3.0)}, {"class": "X"})
->>> messages = chunk({"kind": "global", "version": 2}, blob, max_bytes=40)
+>>> messages = chunk({"kind": "global", "version": 2, "included": []}, blob, max_bytes=40)
 >>> assembler = Assembler()
 >>> done = [assembler.add(m) for m in messages][-1]
 >>> done[0]["version"], done[1]["w"].tolist(), done[2]
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import struct
 from typing import Any
 
@@ -39,6 +40,7 @@ MAGIC = b"SLM1"
 STATE_MAGIC = b"SLS1"
 META = "__meta__"
 _ALIGN = 8
+_PLAIN_DTYPE = re.compile(r"[<>|=][biufcUS]\d+")  # dtype.str of numbers, booleans and text
 
 
 def encode_state(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
@@ -46,8 +48,10 @@ def encode_state(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bytes:
     layout, pieces, offset = [], [], 0
     for name, value in arrays.items():
         array = np.asarray(value, order="C")  # (ascontiguousarray makes 0-d arrays 1-d)
-        if array.dtype.hasobject:
-            raise StateError(f"Cannot encode the object array {name!r} (no pickle in states).")
+        if not _PLAIN_DTYPE.fullmatch(array.dtype.str):
+            raise StateError(f"Cannot encode the array {name!r} of dtype {array.dtype} (plain "
+                             "numbers, booleans and fixed-width text only: no objects, no "
+                             "pickle in states).")
         layout.append([name, array.dtype.str, list(array.shape), offset])
         pad = -array.nbytes % _ALIGN
         pieces += [array.tobytes(), b"\0" * pad]
@@ -69,11 +73,15 @@ def decode_state(blob: bytes) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         data = memoryview(blob)[8 + size:]
         arrays = {}
         for name, dtype_str, shape, offset in head["arrays"]:
+            # only what encode_state writes: numpy parses other dtype strings with ast
+            if not (isinstance(dtype_str, str) and _PLAIN_DTYPE.fullmatch(dtype_str)):
+                raise ValueError(f"array {name!r} has the dtype {dtype_str!r}")
             dtype = np.dtype(dtype_str)
-            if dtype.hasobject:
-                raise ValueError(f"object array {name!r}")
+            if not (isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape)
+                    and type(offset) is int and offset >= 0):
+                raise ValueError(f"array {name!r} has the shape {shape!r} at {offset!r}")
             count = int(np.prod(shape, dtype=np.int64))
-            if offset < 0 or offset + count * dtype.itemsize > len(data):
+            if offset + count * dtype.itemsize > len(data):
                 raise ValueError(f"array {name!r} runs past the end of the state")
             arrays[str(name)] = np.frombuffer(data, dtype=dtype, count=count,
                                               offset=offset).reshape(tuple(shape)).copy()
@@ -116,6 +124,37 @@ def parse(value: bytes) -> tuple[dict[str, Any], bytes]:
     return header, value[8 + size:]
 
 
+# the fields a chunk header must carry, by kind, with their types (anything else on the
+# models topic is skipped as a StateError, never a crash of the replica reading it)
+_COMMON = {"i": int, "n": int, "sha256": str}
+_BY_KIND: dict[str, dict[str, type]] = {
+    "global": {"version": int, "included": list},
+    "replica": {"replica": str, "seq": int, "base_version": int, "examples": int},
+}
+_OPTIONAL: dict[str, type | tuple[type, ...]] = {"made_at": (int, float), "states_from": int}
+
+
+def _check_header(header: Any) -> None:
+    kind = header.get("kind") if isinstance(header, dict) else None
+    if kind not in _BY_KIND:
+        raise StateError(f"A models-topic chunk of an unknown kind: {kind!r}.")
+    for name, kind_type in {**_COMMON, **_BY_KIND[kind]}.items():
+        value = header.get(name)
+        if not isinstance(value, kind_type) or isinstance(value, bool):
+            raise StateError(f"A {kind} chunk header needs {name!r} ({kind_type.__name__}); "
+                             f"got {value!r}.")
+    for name, types in _OPTIONAL.items():
+        value = header.get(name)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            raise StateError(f"A {kind} chunk header's {name!r} is {value!r}.")
+    if not 0 <= header["i"] < header["n"]:
+        raise StateError(f"A models-topic chunk numbered {header['i']} of {header['n']}.")
+    if kind == "global" and not all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+            and isinstance(p[1], int) for p in header["included"]):
+        raise StateError("A global model's 'included' must be [replica, seq] pairs.")
+
+
 def _key(header: dict[str, Any]) -> tuple[Any, ...]:
     return (header.get("kind"), header.get("partition"), header.get("replica"))
 
@@ -137,6 +176,7 @@ class Assembler:
 
     def add_raw(self, value: bytes) -> tuple[dict[str, Any], bytes] | None:
         header, payload = parse(value)
+        _check_header(header)
         key, ident = _key(header), (header.get("seq"), header.get("version"), header["sha256"])
         current = self._parts.get(key)
         if current is None or current[0] != ident:

@@ -130,7 +130,7 @@ class ModelHub:
     # --------------------------------------------------------------- reading
     def poll(self) -> None:
         """Take in every models-topic message that arrived."""
-        newest: tuple[dict[str, Any], bytes] | None = None  # decoded once, after the loop
+        fresh: list[tuple[dict[str, Any], bytes]] = []  # newer global models, still encoded
         for value in self.link.fetch():
             try:
                 done = self.assembler.add_raw(value)
@@ -140,25 +140,25 @@ class ModelHub:
             if done is None:
                 continue
             header = done[0]
-            if header.get("kind") == "global" and int(header["version"]) > max(
-                    self.version, int(newest[0]["version"]) if newest is not None else 0):
-                newest = done
-            elif header.get("kind") == "replica":
-                old = self.latest.get(str(header["replica"]))
-                if old is None or int(header["seq"]) > int(old[0]["seq"]):
-                    self.latest[str(header["replica"])] = done
-        if newest is not None:
-            header, blob = newest
+            if header["kind"] == "global" and header["version"] > self.version:
+                fresh.append(done)
+            elif header["kind"] == "replica":
+                old = self.latest.get(header["replica"])
+                if old is None or header["seq"] > old[0]["seq"]:
+                    self.latest[header["replica"]] = done
+        # only the newest is decoded, unless it does not decode (then the next newest)
+        for header, blob in sorted(fresh, key=lambda d: d[0]["version"], reverse=True):
             try:
                 self.global_state = decode_state(blob)
             except StateError as exc:
                 log.warning("models topic: global model %s skipped (%s)", header["version"], exc)
-                return
+                continue
             self.version = int(header["version"])
             self.global_included = {(str(r), int(s)) for r, s in header["included"]}
             self.global_made_at = float(header.get("made_at", 0.0))
             states_from = header.get("states_from")
             self.states_from = None if states_from is None else int(states_from)
+            return
 
     # ---------------------------------------------------------------- a round
     def tick(self, served: Mapping[int, Served]) -> None:
