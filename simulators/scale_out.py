@@ -15,6 +15,7 @@ daemon's code. The single replica is the same loop with R = 1.
 from __future__ import annotations
 
 import argparse
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -55,12 +56,14 @@ def stream(dataset: str, events: int, seed: int) -> tuple[np.ndarray, np.ndarray
 def online_error(dataset: str, replicas: int, events: int = 60_000, seed: int = 0,
                  learner: str = "linucb", partitions: int = 6, batch: int = 32,
                  rate: float = 2000.0, every_s: float = 0.25,
-                 early_fraction: float = 0.05) -> float:
-    """The online error of ``replicas`` replicas (1 = the single daemon) on one stream."""
+                 early_fraction: float = 0.05, delay_rounds: int = 0,
+                 exploration: str = "adaptive", gamma: float | None = None) -> float:
+    """The online error of ``replicas`` replicas (1 = the single daemon) on one stream; a
+    decision's feedback is learned ``delay_rounds`` rounds after it (0: at once)."""
     X, y, K = stream(dataset, events, seed)
 
     def fresh() -> Learner:
-        return make_learner(learner, K, X.shape[1], exploration_from_name("adaptive", None),
+        return make_learner(learner, K, X.shape[1], exploration_from_name(exploration, gamma),
                             seed)
 
     clock = {"t": 0.0}
@@ -74,10 +77,14 @@ def online_error(dataset: str, replicas: int, events: int = 60_000, seed: int = 
     part = np.arange(events) % partitions
     mistakes = 0.0
     step = batch * partitions  # one poll round: a micro-batch per partition
+    waiting: list[deque[tuple[int, Any]]] = [deque() for _ in range(replicas)]  # (due, feedback)
     for lo in range(0, events, step):
         clock["t"] = lo / rate
         for r in range(replicas):
             hubs[r].tick(served[r])
+            while waiting[r] and waiting[r][0][0] <= lo:
+                shared_learner = next(iter(served[r].values())).learner
+                shared_learner.update(*waiting[r].popleft()[1])
             for p, daemon in served[r].items():
                 rows = lo + np.flatnonzero(part[lo:lo + step] == p)
                 if not len(rows):
@@ -86,7 +93,10 @@ def online_error(dataset: str, replicas: int, events: int = 60_000, seed: int = 
                 a, probs = lr.decide(X[rows], keys=rows)
                 reward = (a == y[rows]).astype(np.float64)
                 mistakes += float((1.0 - reward).sum())
-                lr.update(X[rows], a, reward, probs)
+                if delay_rounds:
+                    waiting[r].append((lo + delay_rounds * step, (X[rows], a, reward, probs)))
+                else:
+                    lr.update(X[rows], a, reward, probs)
     return mistakes / events
 
 
@@ -97,11 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--learner", default="linucb")
     parser.add_argument("--replicas", type=int, default=3)
+    parser.add_argument("--delay-rounds", type=int, default=0,
+                        help="feedback learned this many rounds (~0.1 s each) after its decision")
+    parser.add_argument("--exploration", default="adaptive")
+    parser.add_argument("--gamma", type=float, default=None)
     args = parser.parse_args(argv)
+    options = {"delay_rounds": args.delay_rounds, "exploration": args.exploration,
+               "gamma": args.gamma}
     singles, groups = [], []
     for seed in range(args.seeds):
-        singles.append(online_error(args.dataset, 1, args.events, seed, args.learner))
-        groups.append(online_error(args.dataset, args.replicas, args.events, seed, args.learner))
+        singles.append(online_error(args.dataset, 1, args.events, seed, args.learner, **options))
+        groups.append(online_error(args.dataset, args.replicas, args.events, seed, args.learner,
+                                   **options))
         print(f"seed {seed}: single {singles[-1]:.4f}, {args.replicas} replicas "
               f"{groups[-1]:.4f}", flush=True)
     print(f"{args.dataset} ({args.learner}, {args.events} events, {args.seeds} seeds): single "
