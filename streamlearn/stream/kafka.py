@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from streamlearn.stream.kafka_shared import SharedKafkaClients
 
 __all__ = ["CONNECT_TIMEOUT_S", "KafkaTransport", "check_reachable", "ensure_topics",
-           "open_clients"]
+           "open_clients", "to_message"]
 
 #: How long :func:`check_reachable` waits for some bootstrap server to accept a connection.
 CONNECT_TIMEOUT_S = 5.0
@@ -153,6 +153,12 @@ def ensure_topics(
     if absent:
         raise TransportError(f"topics {absent} not visible on {bootstrap_servers} after {timeout_s} s")
     return {n: described[n] for n in wanted}
+
+
+def to_message(record: Any) -> Message:
+    """A kafka-python ``ConsumerRecord`` as the transports hand it out."""
+    return Message(record.topic, record.partition, record.offset, record.key, record.value,
+                   record.timestamp)
 
 
 def open_clients(bootstrap_servers: str, group_id: str | None,
@@ -324,11 +330,7 @@ class KafkaTransport:
             if getattr(exc, "retriable", False):
                 return []  # kafka-python reconnects on its own; the next poll resumes
             raise TransportError(f"poll failed on {self.bootstrap_servers}: {exc!r}") from exc
-        return [
-            Message(r.topic, r.partition, r.offset, r.key, r.value, r.timestamp)
-            for records in batches.values()
-            for r in records
-        ]
+        return [to_message(r) for records in batches.values() for r in records]
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Queue one message; kafka-python retries it until the broker acknowledges it."""

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.kafka import open_clients
+from streamlearn.stream.kafka import open_clients, to_message
 from streamlearn.stream.transport import Message
 
 __all__ = ["SharedKafkaClients"]
@@ -102,8 +102,7 @@ class SharedKafkaClients:
             for r in records:
                 buffer = self._buffers.get((r.topic, r.partition))
                 if buffer is not None:  # a partition detached meanwhile: not ours to keep
-                    buffer.append(Message(r.topic, r.partition, r.offset, r.key, r.value,
-                                          r.timestamp))
+                    buffer.append(to_message(r))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close both clients (after the transports: their ``close`` flushes)."""
