@@ -108,15 +108,15 @@ class Learned:
 
     @property
     def joined(self) -> np.ndarray:
-        return np.asarray(self.closed.outcome == Outcome.JOINED)
+        return np.asarray(self.closed.outcome == Outcome.JOINED.value)
 
     @property
     def expired(self) -> np.ndarray:
-        return np.asarray(self.closed.outcome == Outcome.EXPIRED)
+        return np.asarray(self.closed.outcome == Outcome.EXPIRED.value)
 
     @property
     def shed(self) -> int:
-        return int((self.closed.outcome == Outcome.SHED).sum())
+        return int((self.closed.outcome == Outcome.SHED.value).sum())
 
 
 class Engine:
@@ -173,11 +173,11 @@ class Engine:
                                      model_version)
         else:
             rewards, feedback_ts = answer(actions)
-            answered = ~np.isnan(rewards)
-            if answered.all():
+            if not np.isnan(rewards).any():
                 self.joins.add_joined(ids, X, actions, probs, labels, decided_at, partitions,
                                       rewards, feedback_ts, wall, model_version)
                 return Decided(actions, probs, fresh)
+            answered = ~np.isnan(rewards)
             for rows, joined in ((np.flatnonzero(answered), True), (np.flatnonzero(~answered), False)):
                 if not len(rows):
                     continue
@@ -220,10 +220,10 @@ class Engine:
     def learn(self) -> Learned:
         """Apply every decision closed since the last call with one update."""
         closed = self.joins.drain()
-        rows = np.flatnonzero(closed.learn)
+        rows = np.arange(len(closed)) if closed.learn.all() else np.flatnonzero(closed.learn)
         skipped = 0
         if self.learner.full_information:  # learns the label (reward 1) of what was answered
-            rows = rows[(closed.labels[rows] >= 0) & (closed.outcome[rows] == Outcome.JOINED)]
+            rows = rows[(closed.labels[rows] >= 0) & (closed.outcome[rows] == Outcome.JOINED.value)]
         if len(rows):
             X, actions, rewards, probs = closed.X, closed.actions, closed.rewards, closed.probs
             if self.learner.full_information:

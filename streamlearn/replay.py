@@ -90,10 +90,12 @@ def default_window(delay_mean: float) -> int:
     return max(1, math.ceil(10 * delay_mean))
 
 
-def _as_float(X: Batch) -> Batch:
+def _rows(X: Batch, lo: int, hi: int) -> Batch:
+    """Rows ``lo:hi`` as a float64 batch: a view of a dense float64 block (nothing in the
+    engine writes into a batch), a copy otherwise."""
     if isinstance(X, SparseBatch):
-        return X
-    return np.asarray(X, dtype=np.float64)
+        return X.take(np.arange(lo, hi))
+    return np.asarray(X[lo:hi], dtype=np.float64)
 
 
 class _FeedbackDraws:
@@ -176,7 +178,10 @@ class _Run:
         at_once = not delays.any() and not len(self.mailbox.rows)
 
         def answer(actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return np.where(dropped, np.nan, (actions == labels).astype(np.float64)), times
+            rewards = (actions == labels).astype(np.float64)
+            if dropped.any():
+                rewards[dropped] = np.nan
+            return rewards, times
 
         decided = engine.decide(ids, Xb, None, labels=labels, ts=times, partitions=_zeros(B),
                                 wall=float(hi), keys=rows if self.id_format is None else None,
@@ -196,7 +201,7 @@ class _Run:
         engine.advance(float(hi), event_time=float(hi))
         learned = engine.learn()
         self.applied += len(learned.applied)
-        self.expired += int(np.count_nonzero(learned.closed.outcome == Outcome.EXPIRED))
+        self.expired += int(np.count_nonzero(learned.closed.outcome == Outcome.EXPIRED.value))
         if self.next_point < len(self.curve_rounds) and self.curve_rounds[self.next_point] <= hi:
             self.curve.append((hi, self.tracker.error_rate))
             while self.next_point < len(self.curve_rounds) and self.curve_rounds[self.next_point] <= hi:
@@ -269,8 +274,8 @@ def replay_stream(
             began = time.perf_counter()
             for lo in range(0, size, batch_size):
                 hi = min(size, lo + batch_size)
-                run.step(_as_float(take_rows(X_block, np.arange(lo, hi))), start + lo,
-                         y_block[lo:hi], delays[lo:hi], dropped[lo:hi])
+                run.step(_rows(X_block, lo, hi), start + lo, y_block[lo:hi], delays[lo:hi],
+                         dropped[lo:hi])
             run.seconds += time.perf_counter() - began
         start += size
         now = time.perf_counter()

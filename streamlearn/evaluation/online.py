@@ -51,28 +51,46 @@ class OnlineErrorTracker:
         and, with labels, the exact exploit error.
         """
         chosen = np.asarray(chosen)
+        B = len(chosen)
         if rewards is None:
             if labels is None:
                 raise ValueError("observe needs rewards or labels.")
-            rewards = (chosen == labels).astype(float)
-        losses = 1.0 - np.asarray(rewards, dtype=float)
-        B = len(chosen)
+            hits = chosen == labels
+            rewards = hits.astype(float)
+            losses = 1.0 - rewards
+            self.mistakes += B - int(np.count_nonzero(hits))  # exact: the losses are 0 or 1
+        else:
+            rewards = np.asarray(rewards, dtype=float)
+            losses = 1.0 - rewards
+            self.mistakes += float(losses.sum())
         self.rounds += B
-        self.mistakes += float(losses.sum())
-        tail = losses[-self.window:]
-        positions = (self._ring_pos + B - len(tail) + np.arange(len(tail))) % self.window
-        self._ring[positions] = tail
-        self._ring_pos += B
+        self._remember(losses)
         if probs is not None:
             exploit = np.argmax(probs, axis=1)
-            rows = np.arange(B)
-            values = np.asarray(rewards) * (chosen == exploit) / probs[rows, exploit]
+            at_exploit = np.arange(0, probs.size, probs.shape[1])
+            at_exploit += exploit
+            values = rewards * (chosen == exploit) / probs.take(at_exploit)
             self._exploit_value_sum += float(values.sum())
             self._exploit_value_rounds += B
             if labels is not None:  # rows with label -1 (unknown) are left out
-                known = np.asarray(labels) >= 0
-                self.exploit_mistakes += int(((exploit != labels) & known).sum())
-                self.labelled_rounds += int(known.sum())
+                labels = np.asarray(labels)
+                if B and labels.min() >= 0:
+                    self.exploit_mistakes += int(np.count_nonzero(exploit != labels))
+                    self.labelled_rounds += B
+                else:
+                    known = labels >= 0
+                    self.exploit_mistakes += int(np.count_nonzero((exploit != labels) & known))
+                    self.labelled_rounds += int(np.count_nonzero(known))
+
+    def _remember(self, losses: np.ndarray) -> None:
+        """Write the batch's last ``window`` losses into the ring (at most two slices)."""
+        tail = losses[-self.window:]
+        n = len(tail)
+        start = (self._ring_pos + len(losses) - n) % self.window
+        first = min(n, self.window - start)
+        self._ring[start:start + first] = tail[:first]
+        self._ring[:n - first] = tail[first:]
+        self._ring_pos += len(losses)
 
     @property
     def error_rate(self) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamlearn.features import Batch, add_outer
-from streamlearn.learners.base import LinearLearner
+from streamlearn.learners.base import LinearLearner, row_starts
 
 __all__ = ["Banditron", "banditron_coefficients"]
 
@@ -18,13 +18,14 @@ def banditron_coefficients(
     Row ŷ loses x; the chosen row ỹ gains r·x / P(ỹ). Its expectation over ỹ is
     the Perceptron update (for r = 1[ỹ = y]).
     """
-    B = len(actions)
-    rows = np.arange(B)
-    exploit = np.argmax(probs, axis=1)
-    coef = np.zeros_like(probs)
-    coef[rows, actions] += rewards / probs[rows, actions]
-    coef[rows, exploit] -= 1.0
-    return coef
+    B, K = probs.shape
+    starts = row_starts(B, K)
+    chosen = starts + actions
+    coef = np.zeros(B * K)
+    coef[chosen] = rewards / probs.take(chosen)
+    starts += probs.argmax(axis=1)  # now the exploit entries
+    coef[starts] -= 1.0
+    return coef.reshape(B, K)
 
 
 class Banditron(LinearLearner):

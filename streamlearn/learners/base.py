@@ -89,8 +89,8 @@ def masked_argmax(score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarr
 
 def _argmax_ranked(ranked: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     if mask is None:
-        return np.asarray(np.argmax(ranked, axis=1))
-    return np.asarray(np.argmax(np.where(mask, ranked, -np.inf), axis=1))
+        return np.asarray(ranked.argmax(axis=1))
+    return np.asarray(np.where(mask, ranked, -np.inf).argmax(axis=1))
 
 
 def safe_distribution(probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
@@ -203,8 +203,13 @@ class Learner(abc.ABC):
         rounds = self.n_decided_ + 1 + np.arange(B)
         gammas = self.exploration.gammas(score_matrix, exploit, rounds, m, self.n_actions)
         # γ ≤ ½; a NaN γ gives NaN rows, which safe_distribution replaces by uniform ones
-        probs = safe_distribution(self._probabilities(batch, score_matrix, exploit,
-                                                      np.minimum(gammas, GAMMA_MAX), m), m)
+        gammas = np.minimum(gammas, GAMMA_MAX)
+        probs = self._probabilities(batch, score_matrix, exploit, gammas, m)
+        # The default ε-greedy rows are distributions by construction when every γ is in
+        # [0, ½] (NaN fails the test); any other rule is checked row by row.
+        if not (type(self)._probabilities is Learner._probabilities and B
+                and gammas.min() >= 0.0):
+            probs = safe_distribution(probs, m)
         uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
         actions = randomness.sample(probs, uniforms)
         self.n_decided_ += B
@@ -256,7 +261,9 @@ class Learner(abc.ABC):
             probs[:] = (gammas / K)[:, None]
         else:
             probs = mask * (gammas / mask.sum(axis=1))[:, None]
-        probs[np.arange(B), exploit] += 1.0 - gammas
+        picked = row_starts(B, K)
+        picked += exploit
+        probs.reshape(-1)[picked] += 1.0 - gammas
         return probs
 
     # ---------------------------------------------------------------- update
@@ -282,9 +289,9 @@ class Learner(abc.ABC):
             return
         if a.min() < 0 or a.max() >= self.n_actions:
             raise ConfigError(f"Actions must be in [0, {self.n_actions}). Got {a.min()}..{a.max()}.")
-        if not (np.isfinite(r).all() and r.min() >= 0.0 and r.max() <= 1.0):
+        if not (r.min() >= 0.0 and r.max() <= 1.0):  # NaN fails both, ±inf one of them
             raise ConfigError("Rewards must be finite and in [0, 1].")
-        chosen_p = p[np.arange(B), a]
+        chosen_p = p.take(row_starts(B, self.n_actions) + a)
         if not full_or_positive(chosen_p, self.full_information):
             raise ConfigError("The logged probability of every chosen action must be > 0.")
         if not all_finite(batch):
@@ -450,6 +457,19 @@ class LinearLearner(Learner):
     def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.weights_ = arrays["weights"]
 
+    # the whole state is one matrix: snapshot and check it without the generic dicts
+    def _snapshot(self) -> dict[str, np.ndarray]:
+        return {"weights": self.weights_.copy()}
+
+    def _state_finite(self) -> bool:
+        return bool(np.isfinite(self.weights_).all())
+
+
+def row_starts(B: int, K: int) -> np.ndarray:
+    """The flat index of each row's first entry in a C-ordered (B, K) array (a fresh array:
+    add the column indices in place to index ``a.reshape(-1)`` with one flat gather)."""
+    return np.arange(0, B * K, K)
+
 
 def all_finite(X: Batch) -> bool:
     values = X.values if isinstance(X, SparseBatch) else X
@@ -458,4 +478,4 @@ def all_finite(X: Batch) -> bool:
 
 def full_or_positive(chosen_p: np.ndarray, full_information: bool) -> bool:
     """Full-information learners accept any logged probability; bandit learners need p > 0."""
-    return full_information or bool(np.all(chosen_p > 0.0))
+    return full_information or not len(chosen_p) or bool(chosen_p.min() > 0.0)  # NaN fails

@@ -24,17 +24,24 @@ from streamlearn.features import _fnv1a_64, hash_strings
 __all__ = ["hash_keys", "sample", "splitmix64", "uniforms"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_S11, _S27, _S30, _S31 = (np.uint64(s) for s in (11, 27, 30, 31))
+_UNIT = 1.0 / (1 << 53)
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser, elementwise on uint64 arrays (wrapping arithmetic).
 
     Array arithmetic on uint64 wraps silently, so no ``errstate`` is needed here.
+    The input is never modified: the first addition makes the array worked on in place.
     """
     z = np.asarray(x, dtype=np.uint64) + _GOLDEN
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
+    z ^= z >> _S30
+    z *= _MIX1
+    z ^= z >> _S27
+    z *= _MIX2
+    z ^= z >> _S31
+    return z
 
 
 def hash_keys(keys: object) -> np.ndarray:
@@ -43,6 +50,8 @@ def hash_keys(keys: object) -> np.ndarray:
     A list of strings is hashed byte for byte (an id ending in NUL keeps its NUL);
     a numpy ``U`` array has already lost trailing NULs when it was built.
     """
+    if type(keys) is np.ndarray and keys.dtype == np.int64:  # round numbers: the hot path
+        return keys.astype(np.uint64).reshape(-1)
     if isinstance(keys, (list, tuple)) and keys and all(isinstance(k, str) for k in keys):
         return hash_strings(keys)
     arr = np.asarray(keys)
@@ -69,7 +78,10 @@ def _seed_mix(seed: int) -> np.uint64:
 def uniforms(seed: int, keys: object) -> np.ndarray:
     """Uniform [0, 1) draws, one per key, determined by (seed, key) alone."""
     bits = splitmix64(hash_keys(keys) ^ _seed_mix(seed))
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    bits >>= _S11
+    u = bits.astype(np.float64)
+    u *= _UNIT
+    return u
 
 
 def sample(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -79,7 +91,8 @@ def sample(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
     action never raises the CDF, so it can never be that first index. The
     threshold is kept strictly below the total so rounding cannot run past the end.
     """
-    cdf = np.cumsum(probs, axis=1)
+    cdf = np.asarray(probs).cumsum(axis=1)
     total = cdf[:, -1]
-    threshold = np.minimum(u * total, np.nextafter(total, 0.0))
-    return np.asarray(np.argmax(cdf > threshold[:, None], axis=1))
+    threshold = u * total
+    np.minimum(threshold, np.nextafter(total, 0.0), out=threshold)
+    return np.asarray((cdf > threshold[:, None]).argmax(axis=1))

@@ -366,7 +366,7 @@ class Daemon:
             outcome = Outcome(int(code))
             if outcome not in (Outcome.JOINED, Outcome.HELD):  # joined is counted when it closes
                 counted[outcome.metric] = counted.get(outcome.metric, 0) + int(n)
-        for i in np.flatnonzero((outcomes == Outcome.DUPLICATE) | (outcomes == Outcome.UNKNOWN)
+        for i in np.flatnonzero((outcomes == Outcome.DUPLICATE.value) | (outcomes == Outcome.UNKNOWN.value)
                                 ).tolist():
             m, outcome = messages[i], Outcome(outcomes[i])
             self._reject([Rejection(_DEAD_LETTERED[outcome],

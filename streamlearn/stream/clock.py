@@ -20,6 +20,7 @@ it) the clock moves on with the wall clock, so expiry never stalls.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -39,7 +40,7 @@ class EventClock:
     def observe(self, ts_max: float, floor_only: bool = False) -> None:
         """Data with event times up to ``ts_max`` arrived (``floor_only``: only set a start)."""
         if floor_only:
-            if not np.isfinite(self.event_time):
+            if not math.isfinite(self.event_time):
                 self.event_time = ts_max
             return
         self.event_time = max(self.event_time, ts_max)
@@ -50,7 +51,7 @@ class EventClock:
             self.idle_since = wall
 
     def now(self, wall: float) -> float:
-        if np.isfinite(self.event_time):
+        if math.isfinite(self.event_time):
             idle = 0.0 if self.idle_since is None else max(0.0, wall - self.idle_since)
             self._now = max(self._now, self.event_time + idle)
         return self._now
@@ -92,6 +93,20 @@ class PartitionClocks:
         newest = np.maximum.reduceat(ts[order], starts)
         for p, t in zip(parts.tolist(), newest.tolist(), strict=True):
             self._clock(stream, p).observe(t, floor_only)
+
+    def observe_pair(self, partitions: np.ndarray, instance_ts: np.ndarray,
+                     feedback_ts: np.ndarray) -> None:
+        """``observe`` of the instance and the feedback stream for one batch of decisions that
+        came with their feedback (same partitions): the one-partition test is made once."""
+        if not len(partitions):
+            return
+        first = int(partitions[0])
+        if len(partitions) == 1 or not (partitions != first).any():
+            self._clock("instances", first).observe(float(instance_ts.max()))
+            self._clock("feedback", first).observe(float(feedback_ts.max()))
+            return
+        self.observe("instances", partitions, instance_ts)
+        self.observe("feedback", partitions, feedback_ts)
 
     def mark_idle(self, stream: str, partitions: Iterable[int], wall: float) -> None:
         for p in partitions:

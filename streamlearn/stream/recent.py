@@ -20,6 +20,7 @@ needs, with no per-id eviction work.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +58,7 @@ class RecentlyClosed:
 
     def age(self, now: float) -> None:
         """Start a new generation when the young one spans a window or is full."""
-        if not np.isfinite(self.young_since):
+        if not math.isfinite(self.young_since):
             self.young_since = now
         elif now - self.young_since >= self.window_s or len(self.young) >= self.capacity:
             self.old, self.young, self.young_since = self.young, {}, now
