@@ -148,7 +148,7 @@ class Engine:
         """
         B = len(ids)
         reused = [known.get(i) for i in ids] if known else []
-        if any(r is not None for r in reused):
+        if reused and any(r is not None for r in reused):
             fresh = np.array([j for j, r in enumerate(reused) if r is None], dtype=np.int64)
             actions = np.zeros(B, dtype=np.int64)
             probs = np.zeros((B, self.learner.n_actions))

@@ -187,7 +187,7 @@ class _Run:
                                 wall=float(hi), keys=rows if self.id_format is None else None,
                                 answer=answer if at_once else None)
         self.last_probs = decided.probs[-1:]
-        played = (np.argmax(decided.probs, axis=1) if engine.learner.full_information
+        played = (decided.probs.argmax(axis=1) if engine.learner.full_information
                   else decided.actions)
         self.tracker.observe(played, labels=labels, probs=decided.probs)
         if not at_once:

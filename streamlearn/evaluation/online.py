@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from streamlearn.learners.base import row_starts
+
 __all__ = ["OnlineErrorTracker"]
 
 
@@ -66,9 +68,8 @@ class OnlineErrorTracker:
         self.rounds += B
         self._remember(losses)
         if probs is not None:
-            exploit = np.argmax(probs, axis=1)
-            at_exploit = np.arange(0, probs.size, probs.shape[1])
-            at_exploit += exploit
+            exploit = probs.argmax(axis=1)
+            at_exploit = row_starts(*probs.shape) + exploit
             values = rewards * (chosen == exploit) / probs.take(at_exploit)
             self._exploit_value_sum += float(values.sum())
             self._exploit_value_rounds += B

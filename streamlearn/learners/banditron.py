@@ -23,8 +23,7 @@ def banditron_coefficients(
     chosen = starts + actions
     coef = np.zeros(B * K)
     coef[chosen] = rewards / probs.take(chosen)
-    starts += probs.argmax(axis=1)  # now the exploit entries
-    coef[starts] -= 1.0
+    coef[starts + probs.argmax(axis=1)] -= 1.0  # the exploit entries
     return coef.reshape(B, K)
 
 

@@ -127,6 +127,10 @@ class FixedGamma(Exploration):
     def rule(self, t: np.ndarray, n_actions: int) -> np.ndarray:
         return np.full(len(t), self.gamma)
 
+    def gammas(self, scores: np.ndarray, exploit: np.ndarray, rounds: np.ndarray,
+               mask: np.ndarray | None, n_actions: int) -> np.ndarray:
+        return np.full(len(rounds), self.gamma)  # the rounds need no conversion
+
     def params(self) -> dict[str, Any]:
         return {"gamma": self.gamma}
 

@@ -252,7 +252,7 @@ class PendingJoins:
         self.model[slots] = model_version
         self.reward[slots], self.n_feedback[slots], self.feedback_ts[slots] = 0.0, 0, np.nan
         self.active[slots] = True
-        self._oldest = min(self._oldest, float(np.min(decided_at)))
+        self._oldest = min(self._oldest, float(np.asarray(decided_at).min()))
         self.rows.put(slots, X)
         self.slot_of.update(zip(ids, slots.tolist(), strict=True))
         if self.early:
