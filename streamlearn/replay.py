@@ -77,6 +77,9 @@ class ReplayResult:
         return self.rounds / self.seconds if self.seconds > 0 else float("inf")
 
 
+TRACK_ROUNDS = 4096  # rounds the error tracker is fed at once (see _Run.unobserved)
+
+
 @functools.lru_cache(maxsize=8)
 def _zeros(n: int) -> np.ndarray:
     """Partition 0 for n events (read-only, shared)."""
@@ -161,6 +164,11 @@ class _Run:
     expired: int = 0
     last_probs: np.ndarray | None = None
     seconds: float = 0.0
+    # (played, labels, probs) of batches not yet given to the tracker: it is fed blocks of
+    # about TRACK_ROUNDS rounds (one vectorised call instead of one per micro-batch) and
+    # flushed before anything reads it
+    unobserved: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
+    unobserved_rounds: int = 0
 
     def ids(self, rows: np.ndarray) -> list[Any]:
         return rows.tolist() if self.id_format is None else [self.id_format.format(r)
@@ -189,7 +197,10 @@ class _Run:
         self.last_probs = decided.probs[-1:]
         played = (decided.probs.argmax(axis=1) if engine.learner.full_information
                   else decided.actions)
-        self.tracker.observe(played, labels=labels, probs=decided.probs)
+        self.unobserved.append((played, labels, decided.probs))
+        self.unobserved_rounds += B
+        if self.unobserved_rounds >= TRACK_ROUNDS:
+            self.flush()
         if not at_once:
             sent = ~dropped
             self.mailbox.post(rows[sent], (decided.actions == labels)[sent].astype(np.float64),
@@ -203,11 +214,22 @@ class _Run:
         self.applied += len(learned.applied)
         self.expired += int(np.count_nonzero(learned.closed.outcome == Outcome.EXPIRED.value))
         if self.next_point < len(self.curve_rounds) and self.curve_rounds[self.next_point] <= hi:
+            self.flush()
             self.curve.append((hi, self.tracker.error_rate))
             while self.next_point < len(self.curve_rounds) and self.curve_rounds[self.next_point] <= hi:
                 self.next_point += 1
 
+    def flush(self) -> None:
+        """Give the tracker every batch it has not seen yet, as one block."""
+        if not self.unobserved:
+            return
+        played, labels, probs = zip(*self.unobserved, strict=True)
+        self.unobserved, self.unobserved_rounds = [], 0
+        self.tracker.observe(np.concatenate(played), labels=np.concatenate(labels),
+                             probs=np.concatenate(probs))
+
     def result(self, n: int, dropped: int) -> ReplayResult:
+        self.flush()
         t = self.tracker
         return ReplayResult(
             rounds=n, error_rate=t.error_rate, exploit_error_rate=t.exploit_error_rate,
@@ -280,10 +302,16 @@ def replay_stream(
         start += size
         now = time.perf_counter()
         if progress is not None and now - last_report >= 2.0:
+            for run in runs:
+                run.flush()
             progress(start, n, [r.tracker.error_rate for r in runs])
             last_report = now
     if start != n:
         raise ValueError(f"the blocks held {start} rounds, expected n = {n}")
+    for run in runs:  # the tracker's last block, timed like the others
+        began = time.perf_counter()
+        run.flush()
+        run.seconds += time.perf_counter() - began
     return [run.result(n, dropped_total) for run in runs]
 
 
