@@ -266,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-events", type=int, default=30_000)
     parser.add_argument("--format", choices=("dense", "sparse"), default="dense")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="repeat the throughput runs (bare, relay, daemon on a fresh "
+                             "backlog each time) and the latency run; medians are printed")
     parser.add_argument("--retrain-every-events", type=int, metavar="N",
                         help="measure only latency: without retraining, then retraining every N "
                              "learned decisions in a process and in a thread (issue 10)")
@@ -295,18 +298,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"broker {bootstrap}; SynNonSep d=400 K=9, {args.format} JSON "
               f"(~{len(encode(0, X[0], int(y[0]), args.format))} bytes/event), 2 partitions; "
               f"kafka-python CRC32C: {crc}")
-        daemon, bare, relay = throughput(bootstrap, X[:args.events], y[:args.events],
-                                         args.format, work)
-        print(f"throughput  daemon {daemon:,.0f} events/s (backlog of {args.events:,}); bare "
-              f"kafka-python consume+orjson {bare:,.0f} events/s (ratio {daemon / bare:.2f}); "
-              f"bare consume+orjson+produce one reply {relay:,.0f} events/s "
-              f"(ratio {daemon / relay:.2f})")
+        rates: dict[str, list[float]] = {"daemon": [], "bare": [], "relay": []}
+        for _ in range(args.repeats):
+            daemon, bare, relay = throughput(bootstrap, X[:args.events], y[:args.events],
+                                             args.format, work)
+            for key, value in (("daemon", daemon), ("bare", bare), ("relay", relay)):
+                rates[key].append(value)
+            print(f"throughput  daemon {daemon:,.0f} events/s (backlog of {args.events:,}); bare "
+                  f"kafka-python consume+orjson {bare:,.0f} events/s (ratio {daemon / bare:.2f}); "
+                  f"bare consume+orjson+produce one reply {relay:,.0f} events/s "
+                  f"(ratio {daemon / relay:.2f})", flush=True)
         n = args.latency_events
-        res = latency(bootstrap, X[:n], y[:n], args.format, args.rate, work, warmup=n // 10)
-        print(f"latency     offered {res['offered']:,.0f} events/s, {res['decided']:,} decided; "
-              f"instance→decision p50 {res['p50'] * 1e3:.1f} ms, p99 {res['p99'] * 1e3:.1f} ms, "
-              f"max {res['max'] * 1e3:.1f} ms (after {n // 10:,} warm-up events, "
-              f"n={res['n']:,}; feedback for every decision)")
+        p99s = []
+        for _ in range(args.repeats):
+            res = latency(bootstrap, X[:n], y[:n], args.format, args.rate, work, warmup=n // 10)
+            p99s.append(res["p99"])
+            print(f"latency     offered {res['offered']:,.0f} events/s, {res['decided']:,} decided; "
+                  f"instance→decision p50 {res['p50'] * 1e3:.1f} ms, p99 {res['p99'] * 1e3:.1f} ms, "
+                  f"max {res['max'] * 1e3:.1f} ms (after {n // 10:,} warm-up events, "
+                  f"n={res['n']:,}; feedback for every decision)", flush=True)
+        if args.repeats > 1:
+            med = {k: float(np.median(v)) for k, v in rates.items()}
+            ratios = [d / r for d, r in zip(rates["daemon"], rates["relay"], strict=True)]
+            print(f"median of {args.repeats}: daemon {med['daemon']:,.0f} events/s, bare relay "
+                  f"{med['relay']:,.0f} events/s, daemon / relay per run "
+                  f"{', '.join(f'{x:.2f}' for x in ratios)} (median {np.median(ratios):.2f}); "
+                  f"p99 {', '.join(f'{x * 1e3:.0f}' for x in p99s)} ms "
+                  f"(median {np.median(p99s) * 1e3:.1f} ms)")
     return 0
 
 

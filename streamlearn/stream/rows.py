@@ -23,6 +23,10 @@ from streamlearn.features import Batch, SparseBatch
 
 __all__ = ["RowStore", "as_sparse", "concat_rows", "segment_gather"]
 
+# Dense rows with fewer non-zeros than this fraction are stored in the sparse arena: 16 bytes
+# per non-zero instead of 8 per column, and fresh memory is costly to touch (page faults).
+SPARSE_BELOW = 0.25
+
 
 def as_sparse(X: Batch) -> SparseBatch:
     """Any batch as CSR (dense rows keep their non-zeros)."""
@@ -76,11 +80,16 @@ class RowStore:
         self.is_sparse = np.concatenate([self.is_sparse, np.zeros(extra, dtype=bool)])
         self.start = np.concatenate([self.start, np.zeros(extra, dtype=np.int64)])
         self.length = np.concatenate([self.length, np.zeros(extra, dtype=np.int64)])
-        if self.dense is not None:
-            self.dense = np.concatenate([self.dense, np.zeros((extra, self.n_features))])
+        if self.dense is not None:  # a free slot's row is never read: no need to zero it
+            dense = np.empty((capacity, self.n_features))
+            dense[:self.capacity] = self.dense
+            self.dense = dense
         self.capacity = capacity
 
     def put(self, slots: np.ndarray, X: Batch) -> None:
+        if not isinstance(X, SparseBatch) and X.size and \
+                np.count_nonzero(X) < SPARSE_BELOW * X.size:
+            X = as_sparse(X)  # mostly zeros: the arena holds it in a fraction of the memory
         if not isinstance(X, SparseBatch):
             if self.dense is None:
                 self.dense = np.zeros((self.capacity, self.n_features))
