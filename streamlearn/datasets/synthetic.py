@@ -67,10 +67,20 @@ def _tail_mask(n_rows: int) -> np.ndarray:
 
 
 def _features(topics: np.ndarray, off_uniforms: np.ndarray, on_uniforms: np.ndarray) -> np.ndarray:
-    """Rows from their topic vectors and the uniforms that pick the switched-off/on coordinates."""
-    off = _subset_mask(off_uniforms, topics > 0, N_SWITCHED_OFF)
-    on = _subset_mask(on_uniforms, _tail_mask(len(topics)), N_SWITCHED_ON)
-    return np.asarray((np.where(off, 0.0, topics) + on).astype(np.float32))
+    """Rows from their topic vectors and the uniforms that pick the switched-off/on coordinates.
+
+    The same masks as ``_subset_mask`` over all 400 columns, computed on the columns that
+    can be chosen: the support lies in the first 120, the switched-on ones in the last 280.
+    """
+    head = topics[:, :SUPPORT_WIDTH]
+    off = _subset_mask(off_uniforms[:, :SUPPORT_WIDTH], head > 0, N_SWITCHED_OFF)
+    out = np.empty(topics.shape, dtype=np.float32)
+    out[:, :SUPPORT_WIDTH] = np.where(off, 0.0, head)
+    tail = on_uniforms[:, SUPPORT_WIDTH:]
+    on = np.argpartition(tail, N_SWITCHED_ON - 1, axis=1)[:, :N_SWITCHED_ON]
+    out[:, SUPPORT_WIDTH:] = 0.0
+    np.put_along_axis(out[:, SUPPORT_WIDTH:], on, 1.0, axis=1)
+    return out
 
 
 def synthetic_stream(
