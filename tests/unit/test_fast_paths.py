@@ -1,0 +1,148 @@
+"""The hot paths rewritten for speed give exactly what their plain definitions give.
+
+Each test puts a vectorised or flat-index rewrite beside a straightforward reference written
+here from its definition, on random (hypothesis) inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamlearn.datasets.synthetic import (
+    N_FEATURES,
+    N_SWITCHED_OFF,
+    N_SWITCHED_ON,
+    SUPPORT_WIDTH,
+    _features,
+    topic_vectors,
+)
+from streamlearn.evaluation.online import OnlineErrorTracker
+from streamlearn.features import SparseBatch
+from streamlearn.learners import randomness
+from streamlearn.learners.banditron import banditron_coefficients
+from streamlearn.stream.caller import encode_instances
+from streamlearn.stream.rows import RowStore
+
+seeds = st.integers(0, 2**32 - 1)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, rows=st.integers(1, 50))
+def test_synthetic_rows_choose_among_all_400_columns_as_the_paper_says(seed: int,
+                                                                        rows: int) -> None:
+    rng = np.random.default_rng(seed)
+    topics = topic_vectors(rng)[rng.integers(0, 9, rows)]
+    off_u, on_u = rng.random((rows, N_FEATURES)), rng.random((rows, N_FEATURES))
+    # reference: the k allowed coordinates with the smallest uniforms, over every column
+    expected = topics.copy()
+    for i in range(rows):
+        support = np.flatnonzero(topics[i] > 0)
+        expected[i, support[np.argsort(off_u[i, support])[:N_SWITCHED_OFF]]] = 0.0
+        tail = np.arange(SUPPORT_WIDTH, N_FEATURES)
+        expected[i, tail[np.argsort(on_u[i, tail])[:N_SWITCHED_ON]]] = 1.0
+    got = _features(topics, off_u, on_u)
+    assert got.dtype == np.float32 and np.array_equal(got, expected.astype(np.float32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, n=st.integers(0, 40), d=st.integers(1, 60), density=st.floats(0.0, 1.0),
+       single=st.booleans())
+def test_encoded_instances_are_the_json_of_plain_lists(seed: int, n: int, d: int,
+                                                       density: float, single: bool) -> None:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < density)
+    X = X.astype(np.float32) if single else X
+    y = rng.integers(0, 5, n)
+    sparse = np.count_nonzero(X) < 0.3 * X.size
+    expected = []
+    for i in range(n):
+        row = X[i].astype(np.float64)
+        nz = np.flatnonzero(row)
+        x: object = ({"idx": nz.tolist(), "val": row[nz].tolist()} if sparse else row.tolist())
+        expected.append((f"q{7 + i}".encode(), orjson.dumps(
+            {"id": f"q{7 + i}", "ts": 2.5, "x": x, "label": int(y[i])})))
+    assert encode_instances(7, X, y, 2.5, prefix="q") == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, window=st.integers(1, 40),
+       sizes=st.lists(st.integers(0, 70), min_size=1, max_size=12), labelled=st.booleans())
+def test_a_tracker_fed_one_block_equals_one_fed_batch_by_batch(
+        seed: int, window: int, sizes: list[int], labelled: bool) -> None:
+    """What replay relies on when it feeds its tracker blocks of micro-batches."""
+    rng = np.random.default_rng(seed)
+    K = 4
+    batches = []
+    for B in sizes:
+        probs = rng.random((B, K)) + 0.01
+        probs /= probs.sum(axis=1, keepdims=True)
+        batches.append((rng.integers(0, K, B), rng.integers(-1 if not labelled else 0, K, B),
+                        probs))
+    per_batch, one_block = OnlineErrorTracker(window), OnlineErrorTracker(window)
+    for chosen, labels, probs in batches:
+        per_batch.observe(chosen, labels=labels, probs=probs)
+    one_block.observe(np.concatenate([b[0] for b in batches]),
+                      labels=np.concatenate([b[1] for b in batches]),
+                      probs=np.concatenate([b[2] for b in batches]))
+    assert one_block.rounds == per_batch.rounds
+    assert one_block.error_rate == per_batch.error_rate
+    assert one_block.window_error_rate == per_batch.window_error_rate
+    assert one_block.exploit_mistakes == per_batch.exploit_mistakes
+    assert one_block.labelled_rounds == per_batch.labelled_rounds
+    assert np.isclose(one_block.exploit_error_estimate, per_batch.exploit_error_estimate,
+                      rtol=1e-12, equal_nan=True)
+    # the ring holds the last `window` losses in order
+    losses = 1.0 - np.concatenate([(c == lab) for c, lab, _ in batches]).astype(float)
+    tail = losses[-window:]
+    if len(tail):
+        assert np.isclose(per_batch.window_error_rate, tail.mean(), rtol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, B=st.integers(1, 40), K=st.integers(2, 12))
+def test_banditron_coefficients_match_the_per_event_definition(seed: int, B: int, K: int) -> None:
+    rng = np.random.default_rng(seed)
+    probs = rng.random((B, K)) + 0.01
+    probs /= probs.sum(axis=1, keepdims=True)
+    actions, rewards = rng.integers(0, K, B), rng.random(B)
+    expected = np.zeros((B, K))
+    for i in range(B):  # ALGORITHMS.md §2: chosen row + r/P, exploit row − 1
+        expected[i, actions[i]] += rewards[i] / probs[i, actions[i]]
+        expected[i, int(np.argmax(probs[i]))] -= 1.0
+    assert np.array_equal(banditron_coefficients(actions, rewards, probs), expected)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, keys=st.lists(st.integers(-2**63, 2**63 - 1), min_size=0, max_size=30))
+def test_uniforms_are_the_splitmix64_of_the_key(seed: int, keys: list[int]) -> None:
+    mask = (1 << 64) - 1
+
+    def splitmix(z: int) -> int:
+        z = (z + 0x9E3779B97F4A7C15) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        return z ^ (z >> 31)
+
+    mix = splitmix(seed & mask)
+    expected = [(splitmix((k & mask) ^ mix) >> 11) * 2.0**-53 for k in keys]
+    got = randomness.uniforms(seed & mask, np.array(keys, dtype=np.int64))
+    assert got.tolist() == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, n=st.integers(1, 30), d=st.integers(1, 30), density=st.floats(0.0, 1.0))
+def test_rows_put_dense_come_back_with_exactly_their_values(seed: int, n: int, d: int,
+                                                            density: float) -> None:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < density)
+    store = RowStore(d)
+    store.grow(64)
+    slots = rng.permutation(64)[:n]
+    store.put(slots, X)
+    got = store.take(slots)
+    assert np.array_equal(got.to_dense() if isinstance(got, SparseBatch) else got, X)
+    if np.count_nonzero(X) < 0.25 * X.size:
+        assert store.dense is None  # mostly zeros: kept in the sparse arena
