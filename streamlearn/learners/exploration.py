@@ -282,13 +282,14 @@ class Adaptive(Exploration):
         r_hat = self.exploit_error()
         target = self.c * (n_actions * r_hat / tau) ** self.power
         floor = self.c_floor * np.sqrt(n_actions / tau)
-        return np.clip(np.maximum(target, floor), 0.0, GAMMA_MAX)
+        # clip to [0, ½] (NaN stays NaN, as with np.clip)
+        return np.minimum(np.maximum(np.maximum(target, floor), 0.0), GAMMA_MAX)
 
     def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
-        exploit = np.argmax(probs, axis=1)
-        rows = np.arange(len(actions))
+        exploit = probs.argmax(axis=1)
         played_exploit = actions == exploit
-        c = rewards * played_exploit / probs[rows, exploit]
+        at_exploit = np.arange(0, probs.size, probs.shape[1]) + exploit
+        c = rewards * played_exploit / probs.take(at_exploit)
         if self.detect_drift:
             changes, last = self._detector.update(1.0 - rewards[played_exploit])
             if changes:

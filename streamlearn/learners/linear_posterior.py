@@ -43,7 +43,10 @@ __all__ = ["LinTS", "LinUCB", "RidgePosterior"]
 def _augment(X: Batch) -> np.ndarray:
     """Dense x with the constant 1 appended (the intercept)."""
     dense = X.to_dense() if isinstance(X, SparseBatch) else X
-    return np.hstack([dense, np.ones((dense.shape[0], 1))])
+    Z = np.empty((dense.shape[0], dense.shape[1] + 1))
+    Z[:, :-1] = dense
+    Z[:, -1] = 1.0
+    return Z
 
 
 class RidgePosterior:
@@ -68,6 +71,8 @@ class RidgePosterior:
             self.cov_ = np.full((n_actions, self.dim), 1.0 / ridge)  # diagonal of A⁻¹
         # diagonal mode's means; optimistic start, as the oracle learners (unused in full mode)
         self.oracle_ = RegressionOracle(n_actions, n_features if not self.full else 1, initial=1.0)
+        self._columns_of: np.ndarray | None = None  # the cov_ that _columns was made from
+        self._columns: np.ndarray = np.zeros(0)
 
     def predict(self, X: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Posterior means and widths √(zᵀA_a⁻¹z), each (B, K)."""
@@ -76,10 +81,18 @@ class RidgePosterior:
             return self.oracle_.predict(X), np.sqrt(np.maximum(quad, 0.0))
         Z = _augment(X)
         means = Z @ self.mean_.T
-        K, D = self.n_actions, self.dim
-        projected = (Z @ self.cov_.transpose(1, 0, 2).reshape(D, K * D)).reshape(-1, K, D)
+        projected = (Z @ self._cov_columns()).reshape(-1, self.n_actions, self.dim)
         quad = np.einsum("bkd,bd->bk", projected, Z)
         return means, np.sqrt(np.maximum(quad, 0.0))
+
+    def _cov_columns(self) -> np.ndarray:
+        """A⁻¹ of every action side by side, (D, K·D): what ``predict`` multiplies z by. Kept
+        until ``cov_`` is replaced (every change of A⁻¹ assigns a new array)."""
+        if self._columns_of is not self.cov_:
+            K, D = self.n_actions, self.dim
+            self._columns = self.cov_.transpose(1, 0, 2).reshape(D, K * D)
+            self._columns_of = self.cov_
+        return self._columns
 
     def update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray) -> None:
         """Add the events (x_i, r_i) to the statistics of their actions."""
@@ -177,6 +190,29 @@ class _RidgeLearner(Learner):
     def _load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.posterior_.load_arrays(arrays)
         self.drift_seen_ = arrays["drift_seen"]
+
+    # In full mode an update changes only A⁻¹, b, θ and drift_seen (the oracle is unused):
+    # the guard around every update snapshots and checks those alone.
+    def _snapshot(self) -> dict[str, np.ndarray]:
+        if not self.posterior_.full:
+            return super()._snapshot()
+        p = self.posterior_
+        return {"cov": p.cov_.copy(), "xty": p.xty_.copy(), "mean": p.mean_.copy(),
+                "drift_seen": self.drift_seen_.copy()}
+
+    def _restore(self, saved: dict[str, np.ndarray]) -> None:
+        if not self.posterior_.full:
+            super()._restore(saved)
+            return
+        p = self.posterior_
+        p.cov_, p.xty_, p.mean_ = saved["cov"].copy(), saved["xty"].copy(), saved["mean"].copy()
+        self.drift_seen_ = saved["drift_seen"].copy()
+
+    def _state_finite(self) -> bool:
+        if not self.posterior_.full:
+            return super()._state_finite()
+        p = self.posterior_
+        return all(bool(np.isfinite(a).all()) for a in (p.cov_, p.xty_, p.mean_))
 
 
 class LinUCB(_RidgeLearner):
