@@ -230,19 +230,22 @@ class RegressionOracle:
         B, J = outputs.shape
         if B == 0:
             return
-        rows = np.repeat(np.arange(B), J)
+        rows = np.arange(B) if J == 1 else np.repeat(np.arange(B), J)
         out = outputs.reshape(-1)
         h = importance.reshape(-1).astype(np.float64)
         y = targets.reshape(-1).astype(np.float64)
-        pred = self.predict(X)[rows, out]
+        pred = self.predict(X).take(rows * self.n_outputs + out)
         if self.loss == "squared":  # VW predicts, and learns from, the score clipped to the label range
             pred = np.clip(pred, 0.0, 1.0)
         grad, positive = _loss_gradient(self.loss, pred, y)
         active = positive & (h > 0.0) & (grad != 0.0)
-        if not active.any():
+        if active.all():  # the usual case: every event updates its output, X is used as it is
+            Xa = X if J == 1 else take_rows(X, rows)
+        elif not active.any():
             return
-        rows, out, h, y, pred, grad = (a[active] for a in (rows, out, h, y, pred, grad))
-        Xa = take_rows(X, rows)  # one row per (event, output) update
+        else:
+            rows, out, h, y, pred, grad = (a[active] for a in (rows, out, h, y, pred, grad))
+            Xa = take_rows(X, rows)  # one row per (event, output) update
         if isinstance(Xa, SparseBatch):
             # only the columns present in the batch change: solve the update on those columns
             present = np.zeros(self.n_features, dtype=bool)
@@ -262,7 +265,7 @@ class RegressionOracle:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The update on the columns of X: row e of X is the features of update e (output out[e])."""
         E, d = X.shape
-        rows = np.arange(E)
+        at = np.arange(0, E * self.n_outputs, self.n_outputs) + out  # flat (e, out[e]) entries
         # normaliser: a new largest |x_j| rescales column j (as if the new scale had been the old one)
         new_N = np.maximum(N, _column_max_abs(X, d))
         grown = (new_N > N) & (N > 0.0)
@@ -271,7 +274,7 @@ class RegressionOracle:
             W[:, grown] *= N[grown] / new_N[grown]
         # AdaGrad accumulators, this batch's gradients included
         coef = np.zeros((E, self.n_outputs))
-        coef[rows, out] = h * grad * grad
+        coef.reshape(-1)[at] = h * grad * grad
         X2 = _square(X)
         G = G + _outer_sum(coef, X2, d)
         self.intercept_sq_grad_ += coef.sum(axis=0)
@@ -287,7 +290,7 @@ class RegressionOracle:
         joint = multiplier * _joint_sensitivity(X, out, rate, rate_b)
         step = multiplier * invariant_step(self.loss, pred, y, self.learning_rate * h, joint)
         coef = np.zeros((E, self.n_outputs))
-        coef[rows, out] = step
+        coef.reshape(-1)[at] = step
         W = W + rate * _outer_sum(coef, X, d)
         self.intercept_ += rate_b * coef.sum(axis=0)
         return W, G, new_N
