@@ -1,8 +1,9 @@
 """Feature rows stored by slot, for decisions that wait for feedback.
 
-Dense rows live in one ``(capacity, d)`` matrix; sparse rows live in one
-append-only *arena* of indices and values, each slot pointing at its
-``(start, length)``. Putting and taking a batch are a handful of numpy calls
+Dense rows live in one ``(slots, d)`` matrix over the first slots (at most
+``DENSE_MAX_BYTES``); sparse rows, and dense rows put in slots beyond that
+matrix, live in one append-only *arena* of indices and values, each slot
+pointing at its ``(start, length)``. Putting and taking a batch are a handful of numpy calls
 whatever its size (segment gathers, no per-row Python); the arena is compacted
 when the dead entries outnumber the live ones. A gather that mixes dense and
 sparse rows returns CSR.
@@ -23,9 +24,11 @@ from streamlearn.features import Batch, SparseBatch
 
 __all__ = ["RowStore", "as_sparse", "concat_rows", "segment_gather"]
 
-# Dense rows with fewer non-zeros than this fraction are stored in the sparse arena: 16 bytes
-# per non-zero instead of 8 per column, and fresh memory is costly to touch (page faults).
-SPARSE_BELOW = 0.25
+# The dense matrix covers the first slots only, up to this many bytes; dense rows put in
+# slots beyond it (a large backlog of pending decisions) go to the sparse arena, which holds
+# a mostly-zero row in a fraction of the memory. Growing a (capacity, d) matrix means copying
+# it and touching fresh pages, which under a backlog cost more than the rows' learning.
+DENSE_MAX_BYTES = 32 << 20
 
 
 def as_sparse(X: Batch) -> SparseBatch:
@@ -75,28 +78,38 @@ class RowStore:
         self.arena_val = np.zeros(1024)
         self.used = 0  # arena entries written (live + dead)
 
+    @property
+    def dense_rows(self) -> int:
+        """Slots below this may hold a dense row (see ``DENSE_MAX_BYTES``)."""
+        return min(self.capacity, max(1024, DENSE_MAX_BYTES // (8 * self.n_features)))
+
     def grow(self, capacity: int) -> None:
         extra = capacity - self.capacity
         self.is_sparse = np.concatenate([self.is_sparse, np.zeros(extra, dtype=bool)])
         self.start = np.concatenate([self.start, np.zeros(extra, dtype=np.int64)])
         self.length = np.concatenate([self.length, np.zeros(extra, dtype=np.int64)])
-        if self.dense is not None:  # a free slot's row is never read: no need to zero it
-            dense = np.empty((capacity, self.n_features))
-            dense[:self.capacity] = self.dense
-            self.dense = dense
+        old_rows = self.dense_rows
         self.capacity = capacity
+        if self.dense is not None and self.dense_rows > old_rows:
+            dense = np.empty((self.dense_rows, self.n_features))  # free rows are never read
+            dense[:old_rows] = self.dense
+            self.dense = dense
 
     def put(self, slots: np.ndarray, X: Batch) -> None:
-        if not isinstance(X, SparseBatch) and X.size and \
-                np.count_nonzero(X) < SPARSE_BELOW * X.size:
-            X = as_sparse(X)  # mostly zeros: the arena holds it in a fraction of the memory
         if not isinstance(X, SparseBatch):
-            if self.dense is None:
-                self.dense = np.zeros((self.capacity, self.n_features))
-            self.dense[slots] = X
-            self.is_sparse[slots] = False
-            self.length[slots] = 0
-            return
+            beyond = slots >= self.dense_rows
+            if beyond.any():  # slots past the dense matrix: their rows go to the arena
+                inside = np.flatnonzero(~beyond)
+                if len(inside):
+                    self.put(slots[inside], X[inside])
+                X, slots = as_sparse(np.asarray(X[beyond])), slots[beyond]
+            else:
+                if self.dense is None:
+                    self.dense = np.empty((self.dense_rows, self.n_features))
+                self.dense[slots] = X
+                self.is_sparse[slots] = False
+                self.length[slots] = 0
+                return
         nnz = len(X.indices)
         if self.used + nnz > len(self.arena_idx):
             self._compact(extra=nnz)

@@ -6,6 +6,8 @@ here from its definition, on random (hypothesis) inputs.
 
 from __future__ import annotations
 
+from unittest.mock import patch
+
 import numpy as np
 import orjson
 from hypothesis import given, settings
@@ -23,6 +25,7 @@ from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.features import SparseBatch
 from streamlearn.learners import randomness
 from streamlearn.learners.banditron import banditron_coefficients
+from streamlearn.stream import rows as rows_module
 from streamlearn.stream.caller import encode_instances
 from streamlearn.stream.rows import RowStore
 
@@ -133,16 +136,31 @@ def test_uniforms_are_the_splitmix64_of_the_key(seed: int, keys: list[int]) -> N
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=seeds, n=st.integers(1, 30), d=st.integers(1, 30), density=st.floats(0.0, 1.0))
+@given(seed=seeds, n=st.integers(1, 60), d=st.integers(1, 30), density=st.floats(0.0, 1.0),
+       first=st.integers(0, 2000))
 def test_rows_put_dense_come_back_with_exactly_their_values(seed: int, n: int, d: int,
-                                                            density: float) -> None:
+                                                            density: float, first: int) -> None:
+    """Also across the end of the dense matrix (the slots past it keep their rows sparse)."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d)) * (rng.random((n, d)) < density)
-    store = RowStore(d)
-    store.grow(64)
-    slots = rng.permutation(64)[:n]
-    store.put(slots, X)
-    got = store.take(slots)
+    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):  # the dense matrix: 1,024 rows
+        store = RowStore(d)
+        store.grow(4096)
+        slots = first + rng.permutation(n)
+        store.put(slots, X)
+        got = store.take(slots)
+        assert store.dense_rows == 1024
+        assert np.array_equal(store.is_sparse[slots], slots >= store.dense_rows)
+        assert store.dense is None or len(store.dense) == store.dense_rows
     assert np.array_equal(got.to_dense() if isinstance(got, SparseBatch) else got, X)
-    if np.count_nonzero(X) < 0.25 * X.size:
-        assert store.dense is None  # mostly zeros: kept in the sparse arena
+
+
+def test_the_dense_matrix_keeps_its_rows_when_it_grows() -> None:
+    rng = np.random.default_rng(5)
+    store = RowStore(3)
+    store.grow(1024)
+    X = rng.normal(size=(1024, 3))
+    store.put(np.arange(1024), X)
+    store.grow(4096)
+    assert store.dense is not None and len(store.dense) == 4096
+    assert np.array_equal(store.take(np.arange(1024)), X)
