@@ -16,6 +16,7 @@ all on an in-memory transport — no broker, no simulator in the timing):
 Usage::
 
     python -m simulators.bench_loop [--events 50000] [--repeats 3] [--compare-with /tmp/old]
+    python -m simulators.bench_loop --caller-only --events 200000   # serve's simulated caller alone
 """
 
 from __future__ import annotations
@@ -91,6 +92,23 @@ def loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
     return daemon.counters.instances / elapsed
 
 
+def caller_rate(n: int) -> float:
+    """Events/s of the embedded default's simulated caller alone: SynNonSep instances
+    generated and encoded, one decision per instance read back, its feedback written."""
+    from streamlearn.stream.caller import SimulatedCaller, StreamSource
+
+    caller = SimulatedCaller(StreamSource("synnonsep", seed=1), delay_mean_s=0.0)
+    chunk, now = 256, 0.0
+    started = time.perf_counter()
+    for _ in range(0, n, chunk):
+        fresh = caller.instances(chunk, now)
+        caller.answer([orjson.dumps({"id": key.decode(), "action": 0, "prob": 0.9})
+                       for key, _ in fresh], now)
+        caller.due(now)
+        now += 0.01
+    return caller.stats.instances_sent / (time.perf_counter() - started)
+
+
 def _other(directory: str, events: int) -> float:
     env = {**os.environ, "PYTHONPATH": directory, "OPENBLAS_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, __file__, "--events", str(events), "--loop-only"],
@@ -105,7 +123,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare-with", metavar="DIR",
                         help="a checkout of another commit to measure the same loop on")
     parser.add_argument("--loop-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--caller-only", action="store_true",
+                        help="time only the simulated caller of `serve`'s embedded default "
+                             "(no daemon): the ceiling of that default's events/s")
     args = parser.parse_args(argv)
+    if args.caller_only:
+        for r in range(args.repeats):
+            rate = caller_rate(args.events)
+            print(f"simulated caller alone, repeat {r + 1}/{args.repeats}: {rate:,.0f} events/s "
+                  f"({1e6 / rate:.1f} µs per event)")
+        return 0
     messages, _ = stream(args.events)
     if args.loop_only:
         print(json.dumps({"loop": loop_rate(messages)}))
