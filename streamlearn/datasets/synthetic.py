@@ -55,17 +55,6 @@ def _subset_mask(uniforms: np.ndarray, allowed: np.ndarray, k: int) -> np.ndarra
     return mask
 
 
-def _random_subset_mask(rng: np.random.Generator, allowed: np.ndarray, k: int) -> np.ndarray:
-    """Per row, a mask of k coordinates chosen uniformly among the allowed ones (vectorised)."""
-    return _subset_mask(rng.random(allowed.shape), allowed, k)
-
-
-def _tail_mask(n_rows: int) -> np.ndarray:
-    tail = np.zeros((n_rows, N_FEATURES), dtype=bool)
-    tail[:, SUPPORT_WIDTH:] = True
-    return tail
-
-
 def _features(topics: np.ndarray, off_uniforms: np.ndarray, on_uniforms: np.ndarray) -> np.ndarray:
     """Rows from their topic vectors and the uniforms that pick the switched-off/on coordinates.
 

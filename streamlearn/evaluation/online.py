@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamlearn.learners.base import row_starts
+from streamlearn.features import row_starts
 
 __all__ = ["OnlineErrorTracker"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamlearn.features import Batch, add_outer
-from streamlearn.learners.base import LinearLearner, row_starts
+from streamlearn.features import Batch, add_outer, row_starts
+from streamlearn.learners.base import LinearLearner
 
 __all__ = ["Banditron", "banditron_coefficients"]
 

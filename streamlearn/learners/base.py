@@ -29,14 +29,21 @@ from __future__ import annotations
 
 import abc
 import copy
-import functools
 import inspect
 from typing import Any, ClassVar
 
 import numpy as np
 
 from streamlearn.errors import ConfigError, StateError
-from streamlearn.features import Batch, SparseBatch, as_batch, batch_size, scores, take_rows
+from streamlearn.features import (
+    Batch,
+    SparseBatch,
+    as_batch,
+    batch_size,
+    row_starts,
+    scores,
+    take_rows,
+)
 from streamlearn.learners import randomness
 from streamlearn.learners.exploration import GAMMA_MAX, Exploration, FixedGamma
 
@@ -462,16 +469,6 @@ class LinearLearner(Learner):
 
     def _state_finite(self) -> bool:
         return bool(np.isfinite(self.weights_).all())
-
-
-@functools.lru_cache(maxsize=64)
-def row_starts(B: int, K: int) -> np.ndarray:
-    """The flat index of each row's first entry in a C-ordered (B, K) array (read-only,
-    shared): ``row_starts(B, K) + columns`` indexes ``a.reshape(-1)`` with one flat gather,
-    cheaper than ``a[np.arange(B), columns]``."""
-    starts = np.arange(0, B * K, K)
-    starts.flags.writeable = False
-    return starts
 
 
 def all_finite(X: Batch) -> bool:

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from streamlearn.errors import ConfigError
+from streamlearn.features import row_starts
 
 __all__ = [
     "STRATEGIES",
@@ -288,7 +289,7 @@ class Adaptive(Exploration):
     def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         exploit = probs.argmax(axis=1)
         played_exploit = actions == exploit
-        at_exploit = np.arange(0, probs.size, probs.shape[1]) + exploit
+        at_exploit = row_starts(*probs.shape) + exploit
         c = rewards * played_exploit / probs.take(at_exploit)
         if self.detect_drift:
             changes, last = self._detector.update(1.0 - rewards[played_exploit])

@@ -64,7 +64,7 @@ import math
 import numpy as np
 
 from streamlearn.errors import ConfigError
-from streamlearn.features import Batch, SparseBatch, scores, take_rows
+from streamlearn.features import Batch, SparseBatch, row_starts, scores, take_rows
 
 __all__ = ["LOSSES", "RegressionOracle", "invariant_step", "lambert_wexpmx"]
 
@@ -234,7 +234,7 @@ class RegressionOracle:
         out = outputs.reshape(-1)
         h = importance.reshape(-1).astype(np.float64)
         y = targets.reshape(-1).astype(np.float64)
-        pred = self.predict(X).take(rows * self.n_outputs + out)
+        pred = self.predict(X).take(rows * self.n_outputs + out)  # flat (row, output) entries
         if self.loss == "squared":  # VW predicts, and learns from, the score clipped to the label range
             pred = np.clip(pred, 0.0, 1.0)
         grad, positive = _loss_gradient(self.loss, pred, y)
@@ -265,7 +265,7 @@ class RegressionOracle:
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The update on the columns of X: row e of X is the features of update e (output out[e])."""
         E, d = X.shape
-        at = np.arange(0, E * self.n_outputs, self.n_outputs) + out  # flat (e, out[e]) entries
+        at = row_starts(E, self.n_outputs) + out  # flat (e, out[e]) entries
         # normaliser: a new largest |x_j| rescales column j (as if the new scale had been the old one)
         new_N = np.maximum(N, _column_max_abs(X, d))
         grown = (new_N > N) & (N > 0.0)
