@@ -292,3 +292,28 @@ def test_every_id_round_trips_through_a_checkpoint_byte_for_byte(ids: list[str])
     assert sorted(q.drain().ids) == sorted(ids[half:])
     assert [outcome for _, outcome in feedback(q, ids[:half], [1.0] * half, t=2.0)] == [
         "duplicate"] * half
+
+
+def test_pending_rows_past_the_dense_matrix_survive_a_checkpoint_exactly() -> None:
+    """A backlog larger than the dense matrix keeps its later rows in the sparse arena; a
+    checkpoint and a restore give every row back with exactly its values."""
+    from unittest.mock import patch
+
+    from streamlearn.stream import rows as rows_module
+
+    n, d = 1500, 6
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < 0.6)
+    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):  # a dense matrix of 1,024 rows
+        p = PendingJoins(K, d, JoinSettings(max_pending=10_000))
+        ids = [f"e{i}" for i in range(n)]
+        p.add_decisions(ids, X, np.zeros(n, np.int64), np.full((n, K), 1.0 / K),
+                        np.full(n, -1), np.zeros(n), np.zeros(n, np.int64), wall=0.0)
+        assert p.rows.is_sparse.any() and not p.rows.is_sparse.all()
+        arrays, meta = p.export()
+        q = PendingJoins.restore(K, d, p.settings, arrays, meta)
+        advance(q, 1e9)
+        closed = q.drain()
+    got = closed.X.to_dense() if isinstance(closed.X, SparseBatch) else closed.X
+    order = np.argsort([int(i[1:]) for i in closed.ids])
+    assert np.array_equal(got[order], X)
