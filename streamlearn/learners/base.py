@@ -215,8 +215,9 @@ class Learner(abc.ABC):
         probs = self._probabilities(batch, score_matrix, exploit, gammas, m)
         # The default ε-greedy rows are distributions by construction when every γ is in
         # [0, ½] (NaN fails the test); any other rule is checked row by row.
-        if not (type(self)._probabilities is Learner._probabilities and B
-                and gammas.min() >= 0.0):
+        cls = type(self)
+        if not (cls._probabilities is Learner._probabilities
+                and cls._distribution is Learner._distribution and B and gammas.min() >= 0.0):
             probs = safe_distribution(probs, m)
         uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
         actions = randomness.sample(probs, uniforms)
