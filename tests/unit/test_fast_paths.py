@@ -164,3 +164,16 @@ def test_the_dense_matrix_keeps_its_rows_when_it_grows() -> None:
     store.grow(4096)
     assert store.dense is not None and len(store.dense) == 4096
     assert np.array_equal(store.take(np.arange(1024)), X)
+
+
+def test_a_learner_with_its_own_distribution_still_gets_checked_rows() -> None:
+    """The default ε-greedy rows skip the row check; an overridden rule never does."""
+    from streamlearn.learners.banditron import Banditron
+
+    class Broken(Banditron):
+        def _distribution(self, exploit: np.ndarray, gammas: np.ndarray,
+                          mask: np.ndarray | None) -> np.ndarray:
+            return np.full((len(exploit), self.n_actions), np.nan)
+
+    _, probs = Broken(4, 3).decide(np.ones((5, 3)))
+    assert np.allclose(probs, 0.25)  # every broken row replaced by the uniform one
