@@ -177,3 +177,28 @@ def test_a_learner_with_its_own_distribution_still_gets_checked_rows() -> None:
 
     _, probs = Broken(4, 3).decide(np.ones((5, 3)))
     assert np.allclose(probs, 0.25)  # every broken row replaced by the uniform one
+
+
+def test_a_refilled_batch_array_is_decided_afresh_by_the_posterior_learners() -> None:
+    """LinUCB/LinTS reuse their prediction of a batch within one decide only: a caller that
+    refills the same array between calls gets the decisions of the new contents."""
+    from streamlearn.learners import make_learner
+
+    rng = np.random.default_rng(11)
+    for name in ("linucb", "lints"):
+        learner, twin = make_learner(name, 5, 6, seed=2), make_learner(name, 5, 6, seed=2)
+        for start in range(0, 2048, 64):  # learn that the best action is the largest x_j
+            warm = rng.normal(size=(64, 6))
+            a, p = learner.decide(warm, keys=np.arange(start, start + 64) + 10_000)
+            twin.decide(warm.copy(), keys=np.arange(start, start + 64) + 10_000)
+            reward = (a == warm[:, :5].argmax(axis=1)).astype(float)
+            for one in (learner, twin):
+                one.update(warm, a, reward, p)
+        buffer = rng.normal(size=(32, 6))
+        original = buffer.copy()
+        learner.decide(buffer, keys=np.arange(32))
+        twin.decide(original, keys=np.arange(32))
+        buffer[:] = rng.normal(size=(32, 6))  # the same object, refilled; no update between
+        got = learner.decide(buffer, keys=np.arange(32, 64))
+        want = twin.decide(buffer.copy(), keys=np.arange(32, 64))
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), name
