@@ -112,11 +112,18 @@ class Bagging(Learner):
         return np.asarray(self._copy_scores(X).mean(axis=1))
 
     def _copy_scores(self, X: Batch) -> np.ndarray:
+        """Each copy's reward estimates (B, N, K), once per decide."""
+        return self._once_per_call("copy_scores", (X,), lambda: self._estimate_copies(X))
+
+    def _estimate_copies(self, X: Batch) -> np.ndarray:
         raw = self.oracle_.predict(X).reshape(-1, self.n_bags, self.n_actions)
         return np.asarray(np.clip(self.oracle_.expected(raw), 0.0, 1.0))
 
     def votes(self, X: Batch, mask: np.ndarray | None = None) -> np.ndarray:
         """Share of copies whose best allowed action is a (ties split the vote), (B, K)."""
+        return self._once_per_call("votes", (X, mask), lambda: self._votes(X, mask))
+
+    def _votes(self, X: Batch, mask: np.ndarray | None) -> np.ndarray:
         per_copy = self._copy_scores(X)
         if mask is not None:
             per_copy = np.where(mask[:, None, :], per_copy, -np.inf)

@@ -30,7 +30,8 @@ from __future__ import annotations
 import abc
 import copy
 import inspect
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
 
@@ -46,6 +47,8 @@ from streamlearn.features import (
 )
 from streamlearn.learners import randomness
 from streamlearn.learners.exploration import GAMMA_MAX, Exploration, FixedGamma
+
+_T = TypeVar("_T")
 
 __all__ = ["Learner", "check_float", "check_int", "exploit_actions", "masked_argmax", "mix_uniform"]
 
@@ -177,6 +180,8 @@ class Learner(abc.ABC):
                 f"Got {exploration!r} instead."
             )
         self.seed = check_int(name, "seed", seed, low=0)
+        # values computed for the objects of the current decide call (see _once_per_call)
+        self._call_memo: dict[tuple[object, ...], Any] | None = None
         self.n_decided_ = 0  # rounds decided so far (the t of the exploration schedules)
         self.n_updated_ = 0  # feedback events applied so far
         self.n_skipped_updates_ = 0  # feedback events not applied: they made the state non-finite
@@ -202,6 +207,26 @@ class Learner(abc.ABC):
         full sampling distribution of shape (B, K). ``keys`` (ints or strings, one per
         event) seed the exploration randomness; without keys the round numbers are used.
         """
+        self._call_memo = {}
+        try:
+            return self._decide(X, mask, keys)
+        finally:
+            self._call_memo = None
+
+    def _once_per_call(self, name: str, objects: tuple[object, ...],
+                       compute: Callable[[], _T]) -> _T:
+        """``compute()``, computed once per ``decide`` call for the same ``objects`` (by
+        identity: a batch is not changed during the call, though a caller may refill the
+        same array between calls); outside ``decide`` computed every time."""
+        memo = self._call_memo
+        if memo is None:
+            return compute()
+        key = (name, *(id(o) for o in objects))
+        if key not in memo:  # the objects are kept with the value: no id is reused in the call
+            memo[key] = (objects, compute())
+        return cast(_T, memo[key][1])
+
+    def _decide(self, X: object, mask: object, keys: object) -> tuple[np.ndarray, np.ndarray]:
         batch = as_batch(X, self.n_features)
         B = batch_size(batch)
         m = _check_mask(mask, B, self.n_actions)

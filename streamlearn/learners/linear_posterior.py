@@ -73,37 +73,17 @@ class RidgePosterior:
         self.oracle_ = RegressionOracle(n_actions, n_features if not self.full else 1, initial=1.0)
         self._columns_of: np.ndarray | None = None  # the cov_ that _columns was made from
         self._columns: np.ndarray = np.zeros(0)
-        # the last full-mode prediction while remembering: (batch, cov_, mean_, means, widths)
-        self._predicted: tuple[Batch, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
-        self.remembering = False
 
     def predict(self, X: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Posterior means and widths √(zᵀA_a⁻¹z), each (B, K)."""
         if not self.full:
             quad = scores(self.cov_[:, :-1], _square(X)) + self.cov_[:, -1]
             return self.oracle_.predict(X), np.sqrt(np.maximum(quad, 0.0))
-        # Inside one decide (``remembering``) the same batch is asked for several times (LinTS:
-        # its scores, its mode and its distribution); full mode replaces A⁻¹ and θ by new
-        # arrays whenever they change, so the same batch under the same arrays has one answer.
-        memo = self._predicted
-        if memo is not None and memo[0] is X and memo[1] is self.cov_ and memo[2] is self.mean_:
-            return memo[3], memo[4]
         Z = _augment(X)
         means = Z @ self.mean_.T
         projected = (Z @ self._cov_columns()).reshape(-1, self.n_actions, self.dim)
         quad = np.einsum("bkd,bd->bk", projected, Z)
-        widths = np.sqrt(np.maximum(quad, 0.0))
-        if self.remembering:
-            self._predicted = (X, self.cov_, self.mean_, means, widths)
-        return means, widths
-
-    def remember(self, on: bool) -> None:
-        """Reuse predictions of the same batch object from now on (on) / no more (off).
-
-        Only for the span of one call that does not change the batch: a caller may refill
-        the same array between calls."""
-        self.remembering = on
-        self._predicted = None
+        return means, np.sqrt(np.maximum(quad, 0.0))
 
     def _cov_columns(self) -> np.ndarray:
         """A⁻¹ of every action side by side, (D, K·D): what ``predict`` multiplies z by. Kept
@@ -194,15 +174,10 @@ class _RidgeLearner(Learner):
         self.drift_memory = check_float(name, "drift_memory", drift_memory, 0.0, 1.0, low_open=False)
         self.drift_seen_ = np.zeros(1)
 
-    def decide(self, X: object, mask: object = None, keys: object = None,
-               ) -> tuple[np.ndarray, np.ndarray]:
-        """See :meth:`Learner.decide`; within the call the posterior's prediction of the batch
-        is computed once."""
-        self.posterior_.remember(True)
-        try:
-            return super().decide(X, mask, keys)
-        finally:
-            self.posterior_.remember(False)
+    def _predict(self, X: Batch) -> tuple[np.ndarray, np.ndarray]:
+        """The posterior's means and widths for the batch (once per decide: LinTS asks three
+        times, for its scores, its mode and its distribution)."""
+        return self._once_per_call("predict", (X,), lambda: self.posterior_.predict(X))
 
     def _weights(self) -> np.ndarray:
         if not self.posterior_.full:
@@ -293,7 +268,7 @@ class LinUCB(_RidgeLearner):
 
     def decision_scores(self, X: Batch) -> np.ndarray:
         """Upper confidence bounds θ_a·x + α·width (B, K)."""
-        means, widths = self.posterior_.predict(X)
+        means, widths = self._predict(X)
         return means + self.alpha * widths
 
 
@@ -345,15 +320,18 @@ class LinTS(_RidgeLearner):
         self.n_samples = check_int("LinTS", "n_samples", n_samples, low=1)
         self._normals = np.random.default_rng([self.seed, 0x7415]).standard_normal(
             (self.n_samples, self.n_actions))
-        self._thompson_memo: tuple[Batch, np.ndarray | None, np.ndarray, np.ndarray] | None = None
 
     def decision_scores(self, X: Batch) -> np.ndarray:
         """Posterior means θ_a·x (B, K)."""
-        return self.posterior_.predict(X)[0]
+        return self._predict(X)[0]
 
     def thompson_probabilities(self, X: Batch, mask: np.ndarray | None = None) -> np.ndarray:
         """Share of the fixed posterior draws in which each allowed action is best (B, K)."""
-        means, widths = self.posterior_.predict(X)
+        return self._once_per_call("thompson", (X, mask),
+                                   lambda: self._thompson_probabilities(X, mask))
+
+    def _thompson_probabilities(self, X: Batch, mask: np.ndarray | None) -> np.ndarray:
+        means, widths = self._predict(X)
         draws = means[:, None, :] + self.scale * widths[:, None, :] * self._normals[None, :, :]
         if mask is not None:
             draws = np.where(mask[:, None, :], draws, -np.inf)
@@ -363,28 +341,10 @@ class LinTS(_RidgeLearner):
         return counts.reshape(B, K) / self.n_samples
 
     def _exploit(self, X: Batch, score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        return np.asarray(np.argmax(self._thompson(X, mask), axis=1))
+        return np.asarray(np.argmax(self.thompson_probabilities(X, mask), axis=1))
 
     def _probabilities(
         self, X: Batch, score_matrix: np.ndarray, exploit: np.ndarray, gammas: np.ndarray,
         mask: np.ndarray | None,
     ) -> np.ndarray:
-        return mix_uniform(self._thompson(X, mask), gammas, mask)
-
-    def _thompson(self, X: Batch, mask: np.ndarray | None) -> np.ndarray:
-        """``thompson_probabilities`` once per decide: its mode and its distribution share it."""
-        memo = self._thompson_memo
-        if (self.posterior_.remembering and memo is not None and memo[0] is X
-                and memo[1] is mask and memo[2] is self.posterior_.cov_):
-            return memo[3]
-        probs = self.thompson_probabilities(X, mask)
-        self._thompson_memo = (X, mask, self.posterior_.cov_, probs)
-        return probs
-
-    def decide(self, X: object, mask: object = None, keys: object = None,
-               ) -> tuple[np.ndarray, np.ndarray]:
-        self._thompson_memo = None
-        try:
-            return super().decide(X, mask, keys)
-        finally:
-            self._thompson_memo = None
+        return mix_uniform(self.thompson_probabilities(X, mask), gammas, mask)

@@ -179,13 +179,13 @@ def test_a_learner_with_its_own_distribution_still_gets_checked_rows() -> None:
     assert np.allclose(probs, 0.25)  # every broken row replaced by the uniform one
 
 
-def test_a_refilled_batch_array_is_decided_afresh_by_the_posterior_learners() -> None:
-    """LinUCB/LinTS reuse their prediction of a batch within one decide only: a caller that
+def test_a_refilled_batch_array_is_decided_afresh() -> None:
+    """Learners reuse what they computed for a batch within one decide only: a caller that
     refills the same array between calls gets the decisions of the new contents."""
     from streamlearn.learners import make_learner
 
     rng = np.random.default_rng(11)
-    for name in ("linucb", "lints"):
+    for name in ("linucb", "lints", "bag", "squarecb"):
         learner, twin = make_learner(name, 5, 6, seed=2), make_learner(name, 5, 6, seed=2)
         for start in range(0, 2048, 64):  # learn that the best action is the largest x_j
             warm = rng.normal(size=(64, 6))
