@@ -81,18 +81,6 @@ class SparseBatch:
         )
         return cls(indptr, flat_idx, flat_val, int(n_features))
 
-    @functools.cached_property
-    def dense_if_dense_enough(self) -> np.ndarray | None:
-        """The rows as a read-only dense matrix when >= ``DENSE_ENOUGH`` of the entries are
-        non-zero (computed once; None for sparser batches)."""
-        B, d = self.shape
-        if not B or len(self.indices) < DENSE_ENOUGH * B * d:
-            return None
-        dense = np.bincount(self.row_ids() * d + self.indices, weights=self.values,
-                            minlength=B * d).reshape(B, d)
-        dense.flags.writeable = False
-        return dense
-
     def row_ids(self) -> np.ndarray:
         """The row of each stored entry (length ``nnz``)."""
         return np.repeat(np.arange(self.shape[0]), np.diff(self.indptr))
@@ -167,12 +155,12 @@ DENSE_ENOUGH = 0.05  # sparse batches at least this dense are multiplied as dens
 
 
 def _as_dense_if_dense_enough(X: SparseBatch) -> np.ndarray | None:
-    """The batch as a dense matrix when it has >= 5 % non-zeros (a dense product is faster).
-
-    Built once per batch (decide, the exploration rule and the update all multiply the same
-    batch) and kept on it: a batch's arrays are never written to.
-    """
-    return X.dense_if_dense_enough
+    """The batch as a dense matrix when it has >= 5 % non-zeros (a dense product is faster)."""
+    B, d = X.shape
+    if not B or len(X.indices) < DENSE_ENOUGH * B * d:
+        return None
+    flat = np.bincount(X.row_ids() * d + X.indices, weights=X.values, minlength=B * d)
+    return flat.reshape(B, d)
 
 
 def scores(W: np.ndarray, X: Batch) -> np.ndarray:

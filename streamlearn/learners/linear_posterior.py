@@ -71,8 +71,6 @@ class RidgePosterior:
             self.cov_ = np.full((n_actions, self.dim), 1.0 / ridge)  # diagonal of A⁻¹
         # diagonal mode's means; optimistic start, as the oracle learners (unused in full mode)
         self.oracle_ = RegressionOracle(n_actions, n_features if not self.full else 1, initial=1.0)
-        self._columns_of: np.ndarray | None = None  # the cov_ that _columns was made from
-        self._columns: np.ndarray = np.zeros(0)
 
     def predict(self, X: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Posterior means and widths √(zᵀA_a⁻¹z), each (B, K)."""
@@ -81,18 +79,10 @@ class RidgePosterior:
             return self.oracle_.predict(X), np.sqrt(np.maximum(quad, 0.0))
         Z = _augment(X)
         means = Z @ self.mean_.T
-        projected = (Z @ self._cov_columns()).reshape(-1, self.n_actions, self.dim)
+        K, D = self.n_actions, self.dim
+        projected = (Z @ self.cov_.transpose(1, 0, 2).reshape(D, K * D)).reshape(-1, K, D)
         quad = np.einsum("bkd,bd->bk", projected, Z)
         return means, np.sqrt(np.maximum(quad, 0.0))
-
-    def _cov_columns(self) -> np.ndarray:
-        """A⁻¹ of every action side by side, (D, K·D): what ``predict`` multiplies z by. Kept
-        until ``cov_`` is replaced (every change of A⁻¹ assigns a new array)."""
-        if self._columns_of is not self.cov_:
-            K, D = self.n_actions, self.dim
-            self._columns = self.cov_.transpose(1, 0, 2).reshape(D, K * D)
-            self._columns_of = self.cov_
-        return self._columns
 
     def update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray) -> None:
         """Add the events (x_i, r_i) to the statistics of their actions."""
