@@ -173,13 +173,19 @@ def decode_candidate_requests(
     good = np.flatnonzero(ok)
     rows = (np.concatenate([np.arange(starts[i], starts[i + 1]) for i in good.tolist()])
             if len(good) else np.zeros(0, np.int64))
-    dense_items = _dense(items)
+    # feature_batch returns the rows it accepted only: flat position p is row "accepted
+    # before p" of its result (every row of a good request was accepted)
+    dense_items = _dense(items)[(np.cumsum(ok_items) - 1)[rows]] if len(rows) else \
+        np.zeros((0, d_c))
+    if d_x > 0 and len(good):
+        context = context[(np.cumsum(ok_shared) - 1)[good]]
+    else:
+        context = context[good] if len(kept) else np.zeros((0, d_x))
     offsets = np.concatenate([[0], np.cumsum(sizes[good])]).astype(np.int64)
     requests = [kept[i] for i in good.tolist()]
     batch = CandidateRequests(
         ids=[r.event_id for r in requests],
-        sets=CandidateSets(context[good] if len(kept) else np.zeros((0, d_x)),
-                           dense_items[rows] if len(rows) else np.zeros((0, d_c)), offsets),
+        sets=CandidateSets(context, dense_items, offsets),
         candidate_ids=[cid for r in requests for cid in r.candidate_ids],
         slots=np.array([r.slots for r in requests], dtype=np.int64),
         ts=np.array([r.ts for r in requests], dtype=np.float64),

@@ -103,3 +103,21 @@ def test_arbitrary_json_only_ever_rejects_and_accepted_requests_are_sound(
     assert (sets.sizes >= 1).all() and (batch.slots >= 1).all() and (batch.slots <= sets.sizes).all()
     assert np.isfinite(sets.items).all() and np.isfinite(sets.context).all()
     assert (np.abs(sets.items) <= 1e12).all()
+
+
+@pytest.mark.parametrize("change", [
+    {"candidates": [{"id": "a", "x": [1, 2, 1e300]}, {"id": "b", "x": [1, 2, 3]}]},  # dense rows
+    {"candidates": [{"id": "a", "x": {"idx": [0], "val": [1e300]}}]},  # a sparse row
+    {"x": [1.0, 1e300]},  # the shared context
+])
+def test_a_rejected_request_does_not_shift_the_features_of_the_next_ones(
+        change: dict[str, Any]) -> None:
+    """The features of the requests kept are their own, whatever was rejected before them."""
+    values = [{**good(9), **change}, good(1, 4), good(2, 2)]
+    batch, bad = decode_candidate_requests([message(v, i) for i, v in enumerate(values)], D_X, D_C)
+    assert [b.event_id for b in bad] == ["r9"] and batch.ids == ["r1", "r2"]
+    alone = [decode_candidate_requests([message(v)], D_X, D_C)[0] for v in values[1:]]
+    np.testing.assert_array_equal(batch.sets.items,
+                                  np.concatenate([a.sets.items for a in alone]))
+    np.testing.assert_array_equal(batch.sets.context,
+                                  np.concatenate([a.sets.context for a in alone]))
