@@ -2,10 +2,15 @@
 
 Three measurements, each on fresh topics (2 partitions):
 
-1. **Bare consumer**: a kafka-python consume + ``orjson.loads`` loop over a
-   backlog of instance events: the ceiling any Python consumer has here; and
-   a **bare relay** that also produces one small reply per event (what the
-   daemon must do at least: it publishes one decision per event).
+1. **Bare consumer**: a kafka-python consume + decode loop over a backlog of
+   instance events (``orjson.loads`` and the features into a numpy row, as the
+   in-memory relay of ``simulators.bench_loop``): the ceiling any Python
+   consumer has here; and a **bare relay** that also produces one small reply
+   per event (what the daemon must do at least: it publishes one decision per
+   event). Both consume with the daemon's consumer settings
+   (``streamlearn.stream.kafka.FETCH_MAX_WAIT_MS``); with kafka-python's
+   default 500 ms the relay ran at ~23k or ~37k events/s from one run to the
+   next, depending on whether one partition ran dry before the other.
 2. **Throughput**: the daemon (a ``python -m streamlearn serve`` process)
    decides the same kind of backlog; events/s from the first to the last
    decision's broker timestamp. The ratio to (1) is the daemon's efficiency.
@@ -94,7 +99,10 @@ def producer(bootstrap: str) -> Any:
 def consumer_for(bootstrap: str, topic: str) -> Any:
     from kafka import KafkaConsumer, TopicPartition
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+    from streamlearn.stream.kafka import FETCH_MAX_WAIT_MS
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                      fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
     while not c.partitions_for_topic(topic):
         time.sleep(0.1)
     parts = [TopicPartition(topic, p) for p in c.partitions_for_topic(topic)]
@@ -116,8 +124,16 @@ def serve(bootstrap: str, topics: dict[str, str], ckpt: Path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def _row(x: Any) -> np.ndarray:
+    """An instance's features as numpy: the dense row, or (sparse form) indices and values."""
+    if isinstance(x, dict):
+        return np.stack([np.asarray(x["idx"], dtype=np.float64), np.asarray(x["val"], dtype=np.float64)])
+    return np.asarray(x, dtype=np.float64)
+
+
 def bare_rate(bootstrap: str, topic: str, n: int, relay_to: str | None = None) -> float:
-    """Consume + ``orjson.loads`` (+ produce one small reply per event with ``relay_to``)."""
+    """Consume + decode (``orjson.loads``, the features into a numpy row) (+ produce one small
+    reply per event with ``relay_to``)."""
     c = consumer_for(bootstrap, topic)
     prod = producer(bootstrap) if relay_to else None
     got, started = 0, None
@@ -127,6 +143,7 @@ def bare_rate(bootstrap: str, topic: str, n: int, relay_to: str | None = None) -
                 started = time.perf_counter()
             for r in records:
                 event = orjson.loads(r.value)
+                _row(event["x"])
                 if prod is not None:
                     prod.send(relay_to, key=r.key, value=orjson.dumps({"id": event["id"]}))
             got += len(records)
@@ -149,13 +166,19 @@ def throughput(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str,
     bare = bare_rate(bootstrap, topics["instances"], len(y))
     relay = bare_rate(bootstrap, topics["instances"], len(y), relay_to=topics["dead_letter"])
     proc = serve(bootstrap, topics, work / f"ckpt-{topics['instances']}")
+    # Nothing reads the decisions while the daemon works (the relay's replies are not read
+    # either): a consumer beside it would take CPU from it and the broker on a small machine.
+    # Only the end offsets are asked, five times a second; the timestamps are read afterwards.
     c = consumer_for(bootstrap, topics["decisions"])
+    parts = sorted(c.assignment(), key=lambda tp: tp.partition)
+    while sum(c.end_offsets(parts).values()) < len(y):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
     stamps: list[int] = []
     while len(stamps) < len(y):
         for records in c.poll(timeout_ms=500).values():
             stamps.extend(r.timestamp for r in records)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(60)
     c.close()
     daemon = len(y) / ((max(stamps) - min(stamps)) / 1000.0)
     return daemon, bare, relay
@@ -305,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             for key, value in (("daemon", daemon), ("bare", bare), ("relay", relay)):
                 rates[key].append(value)
             print(f"throughput  daemon {daemon:,.0f} events/s (backlog of {args.events:,}); bare "
-                  f"kafka-python consume+orjson {bare:,.0f} events/s (ratio {daemon / bare:.2f}); "
-                  f"bare consume+orjson+produce one reply {relay:,.0f} events/s "
+                  f"kafka-python consume+decode {bare:,.0f} events/s (ratio {daemon / bare:.2f}); "
+                  f"bare consume+decode+produce one reply {relay:,.0f} events/s "
                   f"(ratio {daemon / relay:.2f})", flush=True)
         n = args.latency_events
         p99s = []

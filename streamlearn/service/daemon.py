@@ -229,10 +229,11 @@ class Daemon:
         self._learn()
         self.offsets.consumed(messages)
         self.counters.messages += len(messages)
-        self.observer.on_pending(len(self.join) + len(self.join.early))
+        pending = len(self.join) + len(self.join.early)
+        self.observer.on_pending(pending)
         if self.retraining is not None:
             self.retraining.tick()
-        if self.checkpointer is not None and self.checkpointer.due(len(messages)):
+        if self.checkpointer is not None and self.checkpointer.due(len(messages), pending):
             self.checkpoint()
 
     def _poll(self) -> list[Message]:

@@ -199,7 +199,8 @@ class Checkpointer:
     keep
         Snapshots kept (>= 2 so a corrupt newest one has a fallback).
     every_events, every_s
-        A checkpoint is due after this many input messages or seconds, whichever first.
+        A checkpoint is due after this many input messages (or as many as there are pending
+        decisions, if more: :meth:`due`) or seconds, whichever first.
     """
 
     def __init__(self, directory: str | os.PathLike[str], keep: int = 2,
@@ -239,10 +240,17 @@ class Checkpointer:
         self.journal.open_segment(restored.seq if restored else 0)
         return restored
 
-    def due(self, n_events: int) -> bool:
-        """Count ``n_events`` processed input messages; whether a checkpoint is due now."""
+    def due(self, n_events: int, pending: int = 0) -> bool:
+        """Count ``n_events`` processed input messages; whether a checkpoint is due now.
+
+        With ``pending`` decisions awaiting feedback, the message count due is at least
+        ``pending``: a snapshot writes every pending decision's row, so under a backlog whose
+        feedback has not come (yet) a snapshot every ``every_events`` messages would write
+        rows in proportion to the backlog *squared*; this way a snapshot writes at most about
+        one row per message read since the one before. ``every_s`` still bounds the interval.
+        """
         self.events_since += n_events
-        return (self.events_since >= self.every_events
+        return (self.events_since >= max(self.every_events, pending)
                 or time.monotonic() - self.last_time >= self.every_s)
 
     def save(self, transport: Transport, arrays: dict[str, np.ndarray], meta: dict[str, Any],

@@ -11,7 +11,7 @@ import pytest
 from transport_contract import CHECKS
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.kafka import KafkaTransport, ensure_topics
+from streamlearn.stream.kafka import FETCH_MAX_WAIT_MS, KafkaTransport, ensure_topics
 from streamlearn.stream.kafka_shared import SharedKafkaClients
 from streamlearn.stream.transport import Message, Transport
 
@@ -150,6 +150,14 @@ def test_producer_is_idempotent_and_options_cannot_weaken_it(
     assert t.producer_id >= 0  # only idempotent producers get an id from the broker
     with pytest.raises(TransportError, match="enable_idempotence"):
         open_transport(kafka_bootstrap, topics, "g", client_options={"enable_idempotence": False})
+
+
+def test_consumer_does_not_hold_a_fetch_for_the_idle_topic_long(make_transport: Factory) -> None:
+    """kafka-python keeps one fetch in flight per broker, without the partitions whose records
+    are still buffered: at its default 500 ms wait, an idle feedback topic's fetch held up the
+    next instances under a backlog (docs/performance.md, the broker's bimodal relay rate)."""
+    t = make_transport()
+    assert t._consumer.config["fetch_max_wait_ms"] == FETCH_MAX_WAIT_MS <= 100
 
 
 def test_unknown_topic_is_a_clear_error(kafka_bootstrap: str) -> None:

@@ -127,3 +127,26 @@ def test_due_by_count_or_time(tmp_path: Path) -> None:
     assert ck.due(1)
     with pytest.raises(StateError):
         Checkpointer(tmp_path, every_events=0)
+
+
+def test_due_waits_for_as_many_messages_as_there_are_pending_decisions(tmp_path: Path) -> None:
+    ck = Checkpointer(tmp_path, every_events=100, every_s=3600)
+    assert not ck.due(100, pending=250)
+    assert not ck.due(149, pending=250)
+    assert ck.due(1, pending=250)
+    ck.events_since = 0
+    assert ck.due(100, pending=40)  # a short backlog: every_events as before
+
+
+@pytest.mark.parametrize("every_events", [100, 1_000, 10_000])
+def test_rows_written_under_a_backlog_grow_linearly(tmp_path: Path, every_events: int) -> None:
+    """A backlog with no feedback: every decision stays pending, and each snapshot writes them
+    all. The rows written over the backlog stay below twice its length plus one interval
+    (at a fixed interval they would grow with its square: 5e6 rows at 100k, interval 1000)."""
+    ck = Checkpointer(tmp_path, every_events=every_events, every_s=3600)
+    n, batch, written = 100_000, 500, 0
+    for pending in range(batch, n + 1, batch):
+        if ck.due(batch, pending):
+            written += pending
+            ck.events_since = 0
+    assert written <= 2 * n + every_events
