@@ -8,7 +8,8 @@ Three measurements, each on fresh topics (2 partitions):
    consumer has here; and a **bare relay** that also produces one small reply
    per event (what the daemon must do at least: it publishes one decision per
    event). Both consume with the daemon's consumer settings
-   (``streamlearn.stream.kafka.FETCH_MAX_WAIT_MS``); with kafka-python's
+   (``streamlearn.stream.kafka.FETCH_MAX_WAIT_MS``) and run with its
+   collector thresholds (``streamlearn.service.settings.DAEMON_GC_THRESHOLDS``); with kafka-python's
    default 500 ms the relay ran at ~23k or ~37k events/s from one run to the
    next, depending on whether one partition ran dry before the other.
 2. **Throughput**: the daemon (a ``python -m streamlearn serve`` process)
@@ -31,6 +32,7 @@ temporary directory and stopped at the end.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import subprocess
@@ -134,8 +136,12 @@ def _row(x: Any) -> np.ndarray:
 def bare_rate(bootstrap: str, topic: str, n: int, relay_to: str | None = None) -> float:
     """Consume + decode (``orjson.loads``, the features into a numpy row) (+ produce one small
     reply per event with ``relay_to``)."""
+    from streamlearn.service.settings import DAEMON_GC_THRESHOLDS
+
     c = consumer_for(bootstrap, topic)
     prod = producer(bootstrap) if relay_to else None
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)  # as the daemon's process: nothing favours either
     got, started = 0, None
     while got < n:
         for records in c.poll(timeout_ms=500, max_records=500).values():
@@ -151,6 +157,7 @@ def bare_rate(bootstrap: str, topic: str, n: int, relay_to: str | None = None) -
         prod.flush()
         prod.close()
     elapsed = time.perf_counter() - (started or time.perf_counter())
+    gc.set_threshold(*thresholds)
     c.close()
     return n / elapsed
 

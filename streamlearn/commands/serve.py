@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import logging
 import signal
 import sys
@@ -32,6 +33,7 @@ from streamlearn.config import Config, env_name, field_specs, flag_name, load_co
 from streamlearn.errors import ConfigError
 from streamlearn.service.http import LagTracker, MetricsServer
 from streamlearn.service.metrics import PrometheusObserver
+from streamlearn.service.settings import DAEMON_GC_THRESHOLDS
 from streamlearn.stream.transport import Transport
 
 if TYPE_CHECKING:
@@ -153,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         print(to_toml(config), end="")
         return 0
     configure_logging(args.log_level, args.library_log_level)
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)  # the process is the daemon's: see there
     return serve(config, max_events=args.max_events, progress_s=args.progress_seconds,
                  linger_s=args.linger_seconds)
 

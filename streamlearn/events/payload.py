@@ -57,8 +57,11 @@ def _row_flags(values: np.ndarray, row_of: np.ndarray, n_rows: int,
 
 def _dense_flags(dense: np.ndarray, limits: DecodeLimits) -> np.ndarray:
     """:func:`_row_flags` for a dense (n, d) block."""
+    bound = limits.max_abs_feature
     with np.errstate(over="ignore", invalid="ignore"):
-        within = (np.abs(dense) <= limits.max_abs_feature).all(axis=1)
+        # two reductions instead of |dense| (a temporary as large as the batch, in fresh pages:
+        # 2.4 µs per 400-feature row); a NaN makes its row's max and min NaN, so it fails too
+        within = (dense.max(axis=1, initial=-np.inf) <= bound) & (dense.min(axis=1, initial=np.inf) >= -bound)
         sq = np.einsum("ij,ij->i", dense, dense)
     return np.asarray(within & (sq <= limits.max_row_squared_norm))
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.transport import Message, Offsets, check_offsets, produce_each
+from streamlearn.stream.transport import Message, Offsets, check_offsets
 
 if TYPE_CHECKING:
     from streamlearn.stream.kafka_shared import SharedKafkaClients
@@ -343,20 +343,25 @@ class KafkaTransport:
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Queue one message; kafka-python retries it until the broker acknowledges it."""
+        self.produce_many(topic, [key], [value])
+
+    def produce_many(self, topic: str, keys: Sequence[bytes | None], values: Sequence[bytes]) -> None:
+        """Queue several messages in order (see ``Transport.produce_many``): :meth:`produce`
+        with its per-call steps hoisted out of the loop (one ``send`` per message remains)."""
         from kafka.errors import KafkaError
 
         self._check_open()
-        try:
-            future = self._producer.send(topic, value=value, key=key)
-        except KafkaError as exc:
-            raise TransportError(f"could not queue a message for {topic}: {exc!r}") from exc
-        self._pending.append(_Pending(topic, key, value, future))
-        if len(self._pending) >= 50_000:
-            self._reap()
-
-    def produce_many(self, topic: str, keys: Sequence[bytes | None], values: Sequence[bytes]) -> None:
-        """Queue several messages in order (see ``Transport.produce_many``)."""
-        produce_each(self.produce, topic, keys, values)
+        send = self._producer.send
+        for n, (key, value) in enumerate(zip(keys, values, strict=True)):
+            try:
+                future = send(topic, value=value, key=key)
+            except KafkaError as exc:
+                error = TransportError(f"could not queue a message for {topic}: {exc!r}")
+                error.queued = n  # type: ignore[attr-defined]
+                raise error from exc
+            self._pending.append(_Pending(topic, key, value, future))
+            if len(self._pending) >= 50_000:
+                self._reap()
 
     def _reap(self) -> int:
         """Drop acknowledged messages, re-send failed ones; return how many are in flight."""
