@@ -172,6 +172,10 @@ class MetricsServer:
         self.stop()
 
 
+#: Longest wait between two tries to read the end offsets while they cannot be read.
+MAX_RETRY_S = 30.0
+
+
 class LagTracker:
     """A transport wrapper that measures consumer lag in the polling thread, for ``/readyz``.
 
@@ -208,6 +212,7 @@ class LagTracker:
         self.lag_error = ""
         self._start: dict[tuple[str, int], int] | None = None
         self._next_refresh = 0.0
+        self._retry_s = refresh_s  # grows while the offsets cannot be read (the broker is away)
 
     def poll(self, max_records: int, timeout_s: float) -> list[Message]:
         messages = self.inner.poll(max_records, timeout_s)
@@ -216,11 +221,15 @@ class LagTracker:
         now = time.monotonic()
         if now >= self._next_refresh:
             self._next_refresh = now + self.refresh_s
-            self.refresh()
+            if not self.refresh():  # back off (2 s, doubling up to MAX_RETRY_S): a try may block
+                self._retry_s = min(max(2.0 * self._retry_s, 1.0), MAX_RETRY_S)
+                self._next_refresh = time.monotonic() + self._retry_s
+            else:
+                self._retry_s = self.refresh_s
         return messages
 
-    def refresh(self) -> None:
-        """Measure the lag now (call from the polling thread only)."""
+    def refresh(self) -> bool:
+        """Measure the lag now (call from the polling thread only); False if it could not."""
         from streamlearn.errors import TransportError
 
         try:
@@ -229,12 +238,13 @@ class LagTracker:
             ends = self.inner.end_offsets()
         except TransportError as exc:
             self.lag, self.lag_error = None, f"cannot read offsets: {exc}"
-            return
+            return False
         self.lag = int(sum(max(0, end - self.positions.get(tp, self._start.get(tp, 0)))
                            for tp, end in ends.items()))
         self.lag_error = ""
         if self.on_lag is not None:
             self.on_lag(self.lag)
+        return True
 
     def readiness(self) -> tuple[bool, str]:
         """``(ready, reason)``: serving, partitions assigned, lag measured and within bound."""

@@ -15,8 +15,8 @@ from streamlearn.stream.transport import Message, Offsets, check_offsets
 if TYPE_CHECKING:
     from streamlearn.stream.kafka_shared import SharedKafkaClients
 
-__all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "KafkaTransport", "check_reachable", "ensure_topics",
-           "open_clients", "to_message"]
+__all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "OFFSETS_TIMEOUT_S", "KafkaTransport",
+           "check_reachable", "ensure_topics", "open_clients", "to_message"]
 
 #: How long :func:`check_reachable` waits for some bootstrap server to accept a connection.
 CONNECT_TIMEOUT_S = 5.0
@@ -29,6 +29,14 @@ CONNECT_TIMEOUT_S = 5.0
 #: a backlog at 500 ms the daemon spent 24 µs per event polling against 10.5 µs at 5–100 ms
 #: (docs/performance.md). An idle consumer sends about 1000 / this many fetches per second.
 FETCH_MAX_WAIT_MS = 50
+
+#: Bound on the ``end_offsets`` and ``commit`` requests of the serving loop (at most
+#: ``request_timeout_s``). The loop asks for the end offsets to measure its lag
+#: (``LagTracker``, once a second) and commits after each snapshot; a healthy broker answers
+#: in milliseconds. While the broker is away the loop must not sit in these requests for the
+#: full request timeout (30 s): a SIGTERM 8 s into an outage then took 22-31 s to stop
+#: ``serve``; a failed commit is retried by the next checkpoint (the snapshot holds the offsets).
+OFFSETS_TIMEOUT_S = 3.0
 
 
 _OWNED_OPTIONS = frozenset(
@@ -237,7 +245,8 @@ class KafkaTransport:
     auto_offset_reset : {"earliest", "latest"}
         Start position of a partition without a committed offset.
     request_timeout_s : float
-        Bound on metadata discovery, commit and end-offset requests.
+        Bound on metadata discovery, commit and end-offset requests (the latter two at most
+        ``OFFSETS_TIMEOUT_S``).
     shared : SharedKafkaClients, optional
         Use these clients (one consumer and producer for several transports, e.g. the
         partition daemons of a replica) instead of opening a consumer and a producer;
@@ -268,6 +277,7 @@ class KafkaTransport:
         self.dead_letter_topic = dead_letter_topic
         self.bootstrap_servers = bootstrap_servers
         self._timeout_ms = int(request_timeout_s * 1000)
+        self._offsets_timeout_ms = min(self._timeout_ms, int(OFFSETS_TIMEOUT_S * 1000))
         self._pending: list[_Pending] = []
         self._closed = False
         self._shared = shared
@@ -407,7 +417,7 @@ class KafkaTransport:
         check_offsets(offsets, self._assigned, "commit")
         payload = {self._tp[tp]: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
         try:
-            self._consumer.commit(payload, timeout_ms=self._timeout_ms)
+            self._consumer.commit(payload, timeout_ms=self._offsets_timeout_ms)
         except KafkaError as exc:
             raise TransportError(f"commit of {dict(offsets)} failed: {exc!r}") from exc
 
@@ -445,7 +455,9 @@ class KafkaTransport:
 
         self._check_open()
         try:
-            ends = self._consumer.end_offsets(list(self._tp.values()), timeout_ms=self._timeout_ms)
+            ends = self._consumer.end_offsets(
+                list(self._tp.values()),
+                timeout_ms=self._offsets_timeout_ms)
         except KafkaError as exc:
             raise TransportError(f"could not read end offsets: {exc!r}") from exc
         return {(tp.topic, tp.partition): off for tp, off in ends.items()}

@@ -6,7 +6,9 @@ import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
@@ -154,3 +156,43 @@ def test_lag_tracker_counts_unread_partitions_from_committed_offsets() -> None:
     tracker.refresh()
     assert tracker.lag == 3
     assert tracker.assignment() == first.assignment()
+
+
+def test_lag_tracker_backs_off_while_the_offsets_cannot_be_read(monkeypatch: Any) -> None:
+    """Each try may block the serving loop (up to the transport's request timeout): while the
+    broker is away the tracker tries again after 2, 4, 8, ... 30 s (polls come every 0.1 s
+    here), and once a second again after it answers."""
+    from streamlearn.errors import TransportError
+    from streamlearn.service import http
+    from streamlearn.stream.memory import InMemoryTransport
+
+    now = [1000.0]
+    monkeypatch.setattr(http.time, "monotonic", lambda: now[0])
+    inner = InMemoryTransport()
+    tries: list[float] = []
+    broker_up = [False]
+    real_end_offsets = inner.end_offsets
+
+    def end_offsets() -> Any:
+        tries.append(now[0])
+        if not broker_up[0]:
+            raise TransportError("could not read end offsets: KafkaTimeoutError")
+        return real_end_offsets()
+
+    monkeypatch.setattr(inner, "end_offsets", end_offsets)
+    tracker = http.LagTracker(inner, max_lag=10, refresh_s=1.0)
+    for _ in range(1200):  # two minutes of polls, ten a second
+        tracker.poll(10, 0.0)
+        now[0] += 0.1
+    gaps = np.diff(tries)
+    assert np.allclose(gaps[:6], [2.0, 4.0, 8.0, 16.0, 30.0, 30.0], atol=0.15), gaps
+    assert len(tries) <= 9 and tracker.lag is None and "cannot read offsets" in tracker.lag_error
+    broker_up[0] = True
+    while tracker.lag is None:
+        tracker.poll(10, 0.0)
+        now[0] += 0.1
+    count = len(tries)
+    for _ in range(50):
+        tracker.poll(10, 0.0)
+        now[0] += 0.1
+    assert 4 <= len(tries) - count <= 5 and tracker.lag == 0  # once a second again
