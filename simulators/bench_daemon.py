@@ -142,22 +142,24 @@ def bare_rate(bootstrap: str, topic: str, n: int, relay_to: str | None = None) -
     prod = producer(bootstrap) if relay_to else None
     thresholds = gc.get_threshold()
     gc.set_threshold(*DAEMON_GC_THRESHOLDS)  # as the daemon's process: nothing favours either
-    got, started = 0, None
-    while got < n:
-        for records in c.poll(timeout_ms=500, max_records=500).values():
-            if started is None:
-                started = time.perf_counter()
-            for r in records:
-                event = orjson.loads(r.value)
-                _row(event["x"])
-                if prod is not None:
-                    prod.send(relay_to, key=r.key, value=orjson.dumps({"id": event["id"]}))
-            got += len(records)
-    if prod is not None:
-        prod.flush()
-        prod.close()
-    elapsed = time.perf_counter() - (started or time.perf_counter())
-    gc.set_threshold(*thresholds)
+    try:
+        got, started = 0, None
+        while got < n:
+            for records in c.poll(timeout_ms=500, max_records=500).values():
+                if started is None:
+                    started = time.perf_counter()
+                for r in records:
+                    event = orjson.loads(r.value)
+                    _row(event["x"])
+                    if prod is not None:
+                        prod.send(relay_to, key=r.key, value=orjson.dumps({"id": event["id"]}))
+                got += len(records)
+        if prod is not None:
+            prod.flush()
+            prod.close()
+        elapsed = time.perf_counter() - (started or time.perf_counter())
+    finally:
+        gc.set_threshold(*thresholds)
     c.close()
     return n / elapsed
 

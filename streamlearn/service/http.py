@@ -220,12 +220,12 @@ class LagTracker:
             self.positions[(m.topic, m.partition)] = m.offset + 1
         now = time.monotonic()
         if now >= self._next_refresh:
-            self._next_refresh = now + self.refresh_s
-            if not self.refresh():  # back off (2 s, doubling up to MAX_RETRY_S): a try may block
+            if self.refresh():
+                self._retry_s = self.refresh_s
+                self._next_refresh = now + self.refresh_s
+            else:  # back off (2 s, doubling up to MAX_RETRY_S): a try may block
                 self._retry_s = min(max(2.0 * self._retry_s, 1.0), MAX_RETRY_S)
                 self._next_refresh = time.monotonic() + self._retry_s
-            else:
-                self._retry_s = self.refresh_s
         return messages
 
     def refresh(self) -> bool:
