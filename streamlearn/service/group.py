@@ -197,8 +197,12 @@ class GroupMembership:
         (log.warning if kind == "lost" else log.info)("partitions %s %s", parts, kind)
         done = threading.Event()
         self._changes.put((kind, parts, done))
-        # a revocation completes (final checkpoints written) before this member rejoins
-        while wait and not done.wait(0.5) and not self._closed.is_set():
+        # A revocation completes (final checkpoints written) before this member rejoins.
+        # Once closing, nobody applies it (the replica has handed every partition over
+        # already): return at once. This runs on kafka-python's IO thread, and blocking it
+        # while the client closes from another thread let a socket read race the close
+        # (a logged AttributeError inside kafka-python 3.0.12's transport).
+        while wait and not self._closed.is_set() and not done.wait(0.1):
             pass
 
     # -------------------------------------------------------- serving thread
