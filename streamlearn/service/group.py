@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from streamlearn.errors import TransportError
+from streamlearn.stream import kafka_logs
 
 __all__ = ["GroupMembership"]
 
@@ -58,6 +59,7 @@ class _QuietPreRebalanceCommit(logging.Filter):
 
 
 logging.getLogger("kafka.coordinator.consumer").addFilter(_QuietPreRebalanceCommit())
+kafka_logs.install()
 
 
 class GroupMembership:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from streamlearn.errors import TransportError
+from streamlearn.stream import kafka_logs
 from streamlearn.stream.transport import Message, Offsets, check_offsets
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ FETCH_MAX_WAIT_MS = 50
 #: ``serve``; a failed commit is retried by the next checkpoint (the snapshot holds the offsets).
 OFFSETS_TIMEOUT_S = 3.0
 
+kafka_logs.install()  # no traceback in the log of a clean close (see the module)
 
 _OWNED_OPTIONS = frozenset(
     {
