@@ -117,7 +117,8 @@ class Bagging(Learner):
 
     def _estimate_copies(self, X: Batch) -> np.ndarray:
         raw = self.oracle_.predict(X).reshape(-1, self.n_bags, self.n_actions)
-        return np.asarray(np.clip(self.oracle_.expected(raw), 0.0, 1.0))
+        # into [0, 1]; fmax maps NaN (an extreme row's estimate) to 0, the lowest
+        return np.asarray(np.fmin(np.fmax(self.oracle_.expected(raw), 0.0), 1.0))
 
     def votes(self, X: Batch, mask: np.ndarray | None = None) -> np.ndarray:
         """Share of copies whose best allowed action is a (ties split the vote), (B, K)."""

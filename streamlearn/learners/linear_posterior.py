@@ -322,7 +322,8 @@ class LinTS(_RidgeLearner):
 
     def _thompson_probabilities(self, X: Batch, mask: np.ndarray | None) -> np.ndarray:
         means, widths = self._predict(X)
-        draws = means[:, None, :] + self.scale * widths[:, None, :] * self._normals[None, :, :]
+        with np.errstate(over="ignore", invalid="ignore"):  # extreme rows: argmax takes a NaN
+            draws = means[:, None, :] + self.scale * widths[:, None, :] * self._normals[None, :, :]
         if mask is not None:
             draws = np.where(mask[:, None, :], draws, -np.inf)
         best = np.argmax(draws, axis=2)  # (B, S)

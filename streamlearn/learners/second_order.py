@@ -195,7 +195,8 @@ class Newtron(_SecondOrderLearner):
         """
         allowed = np.isfinite(score_matrix) if mask is None else mask
         best = np.where(allowed, score_matrix, -np.inf).max(axis=1, keepdims=True)
-        near = allowed & (score_matrix >= best - 1e-9 * (1.0 + np.abs(best)))
+        with np.errstate(over="ignore"):  # best ≈ -1e308: the tolerance overflows to -inf
+            near = allowed & (score_matrix >= best - 1e-9 * (1.0 + np.abs(best)))
         return np.where(near, best, score_matrix)
 
     def _exploit(self, X: Batch, score_matrix: np.ndarray, mask: np.ndarray | None) -> np.ndarray:

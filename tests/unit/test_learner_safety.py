@@ -4,7 +4,9 @@ Issue 7: one instance of ``[1e308] * d`` used to turn a weight row into
 −1e308, later rows into ±inf/NaN, and decisions then ignored their mask. The
 decoder now rejects such values, but the learners must stay safe on their own:
 these are property tests over extreme floats (±1e308, subnormals, −0.0, mixed
-scales), masks and every learner in ``LEARNERS``.
+scales), masks and every learner in ``LEARNERS``. A numpy RuntimeWarning (overflow, invalid
+value) fails them: every such step is either avoided or deliberate (inside ``np.errstate``,
+its non-finite result ranked or replaced right after).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from hypothesis import strategies as st
 
 from streamlearn.features import SparseBatch
 from streamlearn.learners import LEARNERS, Banditron, FixedGamma, Learner
+
+pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 
 K, D = 4, 6
 EXTREME = [1e308, -1e308, 1.7976931348623157e308, -1.7976931348623157e308, 5e-324, -5e-324,
