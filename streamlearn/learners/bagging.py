@@ -51,7 +51,7 @@ class Bagging(Learner):
     n_actions, n_features
         K and d.
     exploration
-        Source of γ (default ``FixedGamma(0.001)``).
+        Source of γ (default ``FixedGamma(0.0001)``: a floor under every allowed action).
     n_bags
         N, the number of copies.
     importance
@@ -61,7 +61,8 @@ class Bagging(Learner):
     seed
         Seeds the exploration and bootstrap randomness.
     initial
-        Every action's reward estimate before any feedback (1: optimistic).
+        Every action's reward estimate before any feedback (default 0.5, the middle of
+        the reward range; 1 is optimistic). docs/learners.md says how it was chosen.
     drift_memory
         Share of the oracles' step-size statistics kept after a detected change.
 
@@ -86,13 +87,13 @@ class Bagging(Learner):
         loss: str = "squared",
         lr: float = 0.5,
         seed: int = 0,
-        initial: float = 1.0,
+        initial: float = 0.5,
         drift_memory: float = 0.0,
     ) -> None:
         from streamlearn.learners.exploration import FixedGamma
 
         super().__init__(n_actions, n_features,
-                         exploration if exploration is not None else FixedGamma(0.001), seed)
+                         exploration if exploration is not None else FixedGamma(0.0001), seed)
         self.n_bags = check_int("Bagging", "n_bags", n_bags, low=1)
         if importance not in ("ips", "none"):
             raise ConfigError(f"The 'importance' parameter of Bagging must be 'ips' or 'none'. "

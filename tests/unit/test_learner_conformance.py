@@ -182,8 +182,9 @@ def ref_squarecb(X: np.ndarray, y: np.ndarray, gamma: float) -> tuple[list[int],
     return actions, oracle.W
 
 
-def ref_bag(X: np.ndarray, y: np.ndarray, gamma: float, n_bags: int) -> tuple[list[int], np.ndarray]:
-    oracle, actions = NaiveOracle(n_bags * K, initial=1.0), []
+def ref_bag(X: np.ndarray, y: np.ndarray, gamma: float, n_bags: int,
+            initial: float) -> tuple[list[int], np.ndarray]:
+    oracle, actions = NaiveOracle(n_bags * K, initial=initial), []
     for t, (x, label) in enumerate(zip(X, y, strict=True)):
         votes = np.zeros(K)
         for n in range(n_bags):  # each copy votes for its best actions, ties split
@@ -287,7 +288,7 @@ REFERENCES: dict[str, tuple[Callable[..., tuple[list[int], np.ndarray]], dict[st
     "perceptron": (ref_perceptron, {}, "weights_"),
     "epsilon-greedy": (ref_epsilon_greedy, {}, "oracle_.weights_"),
     "squarecb": (ref_squarecb, {}, "oracle_.weights_"),
-    "bag": (ref_bag, {"n_bags": 3}, "oracle_.weights_"),
+    "bag": (ref_bag, {"n_bags": 3, "initial": 0.5}, "oracle_.weights_"),
     "linucb": (ref_linucb, {"alpha": 0.3}, "posterior_.mean_"),
     "lints": (ref_lints, {"scale": 0.5, "n_samples": 16}, "posterior_.mean_"),
     "newtron": (ref_newtron, {"alpha": 2.0, "beta": 0.05}, "weights_"),
