@@ -36,7 +36,8 @@ class EpsilonGreedy(OracleLearner):
     loss
         ``"squared"`` or ``"logistic"``.
     initial
-        Every action's reward estimate before any feedback (1: optimistic).
+        Every action's reward estimate before any feedback (default 0.5, the middle of
+        the reward range; 1 is optimistic). docs/learners.md says how it was chosen.
     importance
         ``"ips"`` (1/(K·P(ỹ))) or ``"none"``.
     drift_memory
@@ -60,7 +61,7 @@ class EpsilonGreedy(OracleLearner):
         lr: float = 0.5,
         seed: int = 0,
         loss: str = "squared",
-        initial: float = 1.0,
+        initial: float = 0.5,
         importance: str = "none",
         drift_memory: float = 0.0,
     ) -> None:

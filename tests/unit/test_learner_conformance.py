@@ -158,8 +158,9 @@ def _keyed(P: np.ndarray, key: int) -> int:
     return int(sample(P[None, :], uniforms(SEED, np.array([key])))[0])
 
 
-def ref_epsilon_greedy(X: np.ndarray, y: np.ndarray, gamma: float) -> tuple[list[int], np.ndarray]:
-    oracle, actions = NaiveOracle(K, initial=1.0), []
+def ref_epsilon_greedy(X: np.ndarray, y: np.ndarray, gamma: float,
+                       initial: float) -> tuple[list[int], np.ndarray]:
+    oracle, actions = NaiveOracle(K, initial=initial), []
     for t, (x, label) in enumerate(zip(X, y, strict=True)):
         P = np.full(K, gamma / K)
         P[np.argmax(oracle.W @ x + oracle.b)] += 1 - gamma
@@ -286,7 +287,7 @@ REFERENCES: dict[str, tuple[Callable[..., tuple[list[int], np.ndarray]], dict[st
     "pnorm": (ref_pnorm, {"q": 3.0}, "theta_"),
     "eg": (ref_eg, {"eta": 0.05}, "theta_"),
     "perceptron": (ref_perceptron, {}, "weights_"),
-    "epsilon-greedy": (ref_epsilon_greedy, {}, "oracle_.weights_"),
+    "epsilon-greedy": (ref_epsilon_greedy, {"initial": 0.5}, "oracle_.weights_"),
     "squarecb": (ref_squarecb, {}, "oracle_.weights_"),
     "bag": (ref_bag, {"n_bags": 3, "initial": 0.5}, "oracle_.weights_"),
     "linucb": (ref_linucb, {"alpha": 0.3}, "posterior_.mean_"),
