@@ -69,8 +69,9 @@ class RidgePosterior:
             self.cov_ = np.tile(np.eye(self.dim) / ridge, (n_actions, 1, 1))  # A⁻¹ per action
         else:
             self.cov_ = np.full((n_actions, self.dim), 1.0 / ridge)  # diagonal of A⁻¹
-        # diagonal mode's means; optimistic start, as the oracle learners (unused in full mode)
-        self.oracle_ = RegressionOracle(n_actions, n_features if not self.full else 1, initial=1.0)
+        # diagonal mode's means, starting in the middle of the reward range (as ε-greedy and
+        # bagging: docs/learners.md, "Initial prediction"); unused in full mode
+        self.oracle_ = RegressionOracle(n_actions, n_features if not self.full else 1, initial=0.5)
 
     def predict(self, X: Batch) -> tuple[np.ndarray, np.ndarray]:
         """Posterior means and widths √(zᵀA_a⁻¹z), each (B, K)."""

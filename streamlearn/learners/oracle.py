@@ -33,8 +33,9 @@ logistic).
 Batch semantics: every event of a batch is predicted with the weights of the
 batch's start; the batch's squared gradients, normaliser and multiplier are
 accumulated first, then the updates are summed, each taken against its
-output's joint sensitivity in the batch (:func:`_joint_sensitivity`) so that
-several events of one output cannot overshoot together. A batch of one event
+output's joint sensitivity in the batch (:func:`_joint_sensitivity`: the
+updates of the same output that push the same way) so that several events of one
+output cannot overshoot together. A batch of one event
 is exactly VW's per-event rule (tests/unit/test_oracle.py compares it with a
 naive per-event implementation and with VW). Each event may update several
 distinct outputs at once (bagging updates the same action in every bag copy).
@@ -146,21 +147,26 @@ def _column_max_abs(X: Batch, n_features: int) -> np.ndarray:
     return np.asarray(np.abs(X).max(axis=0))
 
 
-def _joint_sensitivity(X: Batch, out: np.ndarray, rate: np.ndarray, rate_b: np.ndarray) -> np.ndarray:
+def _joint_sensitivity(X: Batch, out: np.ndarray, rate: np.ndarray, rate_b: np.ndarray,
+                       direction: np.ndarray) -> np.ndarray:
     """Each update's sensitivity, counting the batch's other updates of the same output (÷ M).
 
-    Update e of output o moves o's prediction on update f by u_e·⟨x_e, x_f⟩_o, the inner
-    product in o's step-size metric, intercept included. Taking each step against
-    S_e = Σ_f |⟨x_e, x_f⟩_o| over the batch's updates of o (Gershgorin's bound on the
-    batch's joint sensitivity) instead of its own ⟨x_e, x_e⟩_o keeps the summed steps
-    from overshooting: n identical events move o exactly like one event of n times
-    the importance, orthogonal events move it as if alone, and a batch of one event
-    takes VW's own step.
+    Update f of output o moves o's prediction on update e by u_f·⟨x_f, x_e⟩_o, the inner
+    product in o's step-size metric, intercept included; ``direction`` is the sign of
+    each update's step (towards its target). Only the updates that push e's prediction
+    the way e's own step goes can make the summed steps overshoot e's target: those with
+    direction_e·direction_f·⟨x_e, x_f⟩_o > 0. Taking each step against
+    S_e = Σ_f max(0, direction_e·direction_f·⟨x_e, x_f⟩_o) over the batch's updates of o
+    (a one-sided Gershgorin bound on the batch's joint sensitivity) instead of its own
+    ⟨x_e, x_e⟩_o keeps them from overshooting together: n identical events move o exactly
+    like one event of n times the importance, orthogonal events — and events pulling
+    against each other — move it as if alone, and a batch of one event takes VW's own step.
     """
     dense = X.to_dense() if isinstance(X, SparseBatch) else X
     gram = (dense * rate[out]) @ dense.T + rate_b[out][:, None]
+    toward = gram * direction[:, None] * direction[None, :]
     same = out[:, None] == out[None, :]
-    return np.asarray(np.where(same, np.abs(gram), 0.0).sum(axis=1))
+    return np.asarray(np.where(same & (toward > 0.0), toward, 0.0).sum(axis=1))
 
 
 class RegressionOracle:
@@ -287,7 +293,7 @@ class RegressionOracle:
         rate = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0.0)
         isg = self.intercept_sq_grad_
         rate_b = np.divide(1.0, np.sqrt(isg), out=np.zeros_like(isg), where=isg > 0.0)
-        joint = multiplier * _joint_sensitivity(X, out, rate, rate_b)
+        joint = multiplier * _joint_sensitivity(X, out, rate, rate_b, -np.sign(grad))
         step = multiplier * invariant_step(self.loss, pred, y, self.learning_rate * h, joint)
         coef = np.zeros((E, self.n_outputs))
         coef.reshape(-1)[at] = step

@@ -206,7 +206,7 @@ def ref_linucb(X: np.ndarray, y: np.ndarray, gamma: float, alpha: float,
                full: bool = True) -> tuple[list[int], np.ndarray]:
     """Full mode: exact ridge. Diagonal mode: means from the oracle, widths from diag(A)."""
     A, b, actions = np.tile(np.eye(D + 1), (K, 1, 1)), np.zeros((K, D + 1)), []
-    oracle = NaiveOracle(K, initial=1.0)
+    oracle = NaiveOracle(K, initial=0.5)  # diagonal mode's means
     for t, (x, label) in enumerate(zip(X, y, strict=True)):
         z = np.append(x, 1.0)
         cov = [np.linalg.inv(A[k]) if full else np.diag(1 / np.diag(A[k])) for k in range(K)]

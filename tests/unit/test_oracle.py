@@ -7,7 +7,7 @@ import pytest
 
 from streamlearn.errors import ConfigError
 from streamlearn.features import SparseBatch
-from streamlearn.learners.oracle import RegressionOracle, lambert_wexpmx
+from streamlearn.learners.oracle import RegressionOracle, _joint_sensitivity, lambert_wexpmx
 
 
 def naive_vw(X: np.ndarray, outs: np.ndarray, ys: np.ndarray, hs: np.ndarray, loss: str,
@@ -111,6 +111,19 @@ def test_n_identical_events_in_a_batch_move_like_one_event_of_importance_n() -> 
     single.update(x, np.zeros((1, 1), int), np.ones((1, 1)), np.full((1, 1), 5.0))
     np.testing.assert_allclose(batch.predict(x), single.predict(x), rtol=1e-12)
     assert batch.predict(x)[0, 0] <= 1.0  # the invariant update never overshoots the target
+
+
+def test_joint_sensitivity_counts_only_the_updates_pushing_the_same_way() -> None:
+    """Same output: events pulling one way add to each other's sensitivity; events pulling
+    against them (or moving another output, or orthogonal) do not."""
+    x, other = np.array([1.0, 2.0, 0.0]), np.array([0.0, 0.0, 3.0])
+    X = np.vstack([x, x, x, -x, other, x])
+    out = np.array([0, 0, 0, 0, 0, 1])
+    direction = np.array([1.0, 1.0, -1.0, -1.0, 1.0, 1.0])  # row 3: -x pulled down = x pushed up
+    rate, rate_b = np.full((2, 3), 0.5), np.zeros(2)
+    q = 0.5 * float(x @ x)
+    expected = [3 * q, 3 * q, q, 3 * q, 0.5 * float(other @ other), q]
+    np.testing.assert_allclose(_joint_sensitivity(X, out, rate, rate_b, direction), expected)
 
 
 def test_without_signal_the_intercept_converges_to_the_best_constant() -> None:
