@@ -46,15 +46,14 @@ class DriftRun:
                 f"{self.gamma[AT - WINDOW:AT].mean():.4f} → {self.gamma[AT:AT + WINDOW].mean():.4f} |")
 
 
-def run(label: str, name: str, exploration: Exploration | None) -> DriftRun:
-    stream = prepare_stream("pendigits", passes=5, seed=0, drift=Drift(AT, "permute", 0))
-    features, y = stream.materialise()
-    X = np.asarray(features)  # pendigits is dense
-    K = stream.n_classes
-    learner = make_learner(name, K, stream.n_features, exploration, seed=0)
-    wrong, gamma = np.zeros(stream.rounds), np.zeros(stream.rounds)
-    for lo in range(0, stream.rounds, BATCH):
-        rows = np.arange(lo, min(stream.rounds, lo + BATCH))
+def run(label: str, name: str, exploration: Exploration | None, X: np.ndarray,
+        y: np.ndarray, n_classes: int) -> DriftRun:
+    """One learner over the stream (X, y), decided and updated in batches of BATCH."""
+    K, n = n_classes, len(y)
+    learner = make_learner(name, K, X.shape[1], exploration, seed=0)
+    wrong, gamma = np.zeros(n), np.zeros(n)
+    for lo in range(0, n, BATCH):
+        rows = np.arange(lo, min(n, lo + BATCH))
         actions, probs = learner.decide(X[rows], keys=rows)
         wrong[rows] = actions != y[rows]
         gamma[rows] = (1 - probs.max(axis=1)) * K / (K - 1)
@@ -96,9 +95,12 @@ def main(argv: list[str] | None = None) -> None:
           "(last 1,000) | events to within 0.05 of it | detections | mean γ, 1,000 before → "
           "1,000 after |")
     print("|---|---:|---:|---:|---:|---|")
+    stream = prepare_stream("pendigits", passes=5, seed=0, drift=Drift(AT, "permute", 0))
+    features, y = stream.materialise()
+    X = np.asarray(features)  # pendigits is dense
     runs = []
     for label, name, exploration in configs:
-        runs.append(run(label, name, exploration))
+        runs.append(run(label, name, exploration, X, y, stream.n_classes))
         print(runs[-1].row(), flush=True)
     if args.plot:
         plot(runs, args.plot)
