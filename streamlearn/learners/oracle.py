@@ -32,13 +32,17 @@ logistic).
 
 Batch semantics: every event of a batch is predicted with the weights of the
 batch's start; the batch's squared gradients, normaliser and multiplier are
-accumulated first, then the updates are summed, each taken against its
-output's joint sensitivity in the batch (:func:`_joint_sensitivity`: the
-updates of the same output that push the same way) so that several events of one
-output cannot overshoot together. A batch of one event
-is exactly VW's per-event rule (tests/unit/test_oracle.py compares it with a
-naive per-event implementation and with VW). Each event may update several
-distinct outputs at once (bagging updates the same action in every bag copy).
+accumulated first, then each output takes one step for all its updates in the
+batch. For the squared loss that step is the exact gradient flow of the
+output's batch loss in the step-size metric (:func:`_flow_steps`), the
+batch generalisation of VW's invariant update: the events' interactions are
+solved jointly, so several events of one output cannot overshoot together and
+events pulling against each other do not shrink each other's steps. For the
+logistic loss each update is taken against a one-sided bound on its output's
+joint sensitivity (:func:`_joint_sensitivity`). A batch of one event is exactly
+VW's per-event rule (tests/unit/test_oracle.py compares it with a naive
+per-event implementation and with VW). Each event may update several distinct
+outputs at once (bagging updates the same action in every bag copy).
 
 Numerics: exponents are clipped and divisions guarded, so finite inputs never
 give NaN or inf; a weight whose feature has never been seen has step size 0.
@@ -147,23 +151,76 @@ def _column_max_abs(X: Batch, n_features: int) -> np.ndarray:
     return np.asarray(np.abs(X).max(axis=0))
 
 
-def _joint_sensitivity(X: Batch, out: np.ndarray, rate: np.ndarray, rate_b: np.ndarray,
-                       direction: np.ndarray) -> np.ndarray:
-    """Each update's sensitivity, counting the batch's other updates of the same output (÷ M).
+def _batch_gram(X: Batch, out: np.ndarray, rate: np.ndarray, rate_b: np.ndarray) -> np.ndarray:
+    """⟨x_e, x_f⟩_o for every pair of updates: the inner product in the step-size metric of
+    update e's output o = out[e], intercept included (meaningful where out[e] == out[f])."""
+    dense = X.to_dense() if isinstance(X, SparseBatch) else X
+    return np.asarray((dense * rate[out]) @ dense.T + rate_b[out][:, None])
 
-    Update f of output o moves o's prediction on update e by u_f·⟨x_f, x_e⟩_o, the inner
-    product in o's step-size metric, intercept included; ``direction`` is the sign of
-    each update's step (towards its target). Only the updates that push e's prediction
-    the way e's own step goes can make the summed steps overshoot e's target: those with
-    direction_e·direction_f·⟨x_e, x_f⟩_o > 0. Taking each step against
+
+def _output_blocks(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The updates grouped by output: (index, valid), each (groups, largest group), padded."""
+    E = len(out)
+    order = np.argsort(out, kind="stable")
+    first = np.ones(E, dtype=bool)
+    first[1:] = out[order[1:]] != out[order[:-1]]
+    group = np.cumsum(first) - 1
+    pos = np.arange(E) - np.flatnonzero(first)[group]
+    index = np.zeros((int(group[-1]) + 1, int(pos.max()) + 1), dtype=np.intp)
+    valid = np.zeros(index.shape, dtype=bool)
+    index[group, pos] = order
+    valid[group, pos] = True
+    return index, valid
+
+
+def _flow_steps(gram: np.ndarray, out: np.ndarray, h: np.ndarray, residual: np.ndarray,
+                rate: float) -> np.ndarray:
+    """The squared loss's batch step: the exact gradient flow of each output's batch loss.
+
+    For the updates E_o of output o, with residuals r = p − y at the batch's start, K the
+    Gram matrix ``gram`` restricted to E_o (the step-size metric times the multiplier) and
+    H = diag(h), the flow of ½·Σ h_e·(p_e − y_e)² in that metric for time η gives
+    r(1) = exp(−2η·K·H)·r, reached by the step coefficients
+    st = −2η·H^½·φ(S)·H^½·r with S = 2η·H^½·K·H^½ and φ(λ) = (1 − e^{−λ})/λ, so that
+    Δp = K·st. One eigendecomposition per output (padded, batched) evaluates φ(S).
+    A single event gets VW's invariant step exactly (S is the scalar 2η·h·s); n identical
+    events move the output like one event of importance n; orthogonal events, and events
+    of different outputs, move as if alone; the flow never overshoots a target jointly.
+    ``rate`` is 2η. Returns st (E,), with Δp = gram · st within each output.
+    """
+    index, valid = _output_blocks(out)
+    root = np.sqrt(h)[index] * valid  # (G, m); padding has weight 0 and so gets no step
+    with np.errstate(over="ignore", invalid="ignore"):
+        sym = gram[index[:, :, None], index[:, None, :]] * (rate * root[:, :, None] * root[:, None, :])
+        # extreme but finite rows can overflow S; each block is decomposed at its own scale
+        sym = np.nan_to_num(sym, nan=0.0, posinf=np.finfo(float).max, neginf=-np.finfo(float).max)
+        scale = np.abs(sym).max(axis=(1, 2))
+        scale = np.where(scale > 0.0, scale, 1.0)
+        lam, Q = np.linalg.eigh(sym / scale[:, None, None])
+        lam = np.maximum(lam, 0.0) * scale[:, None]
+    small = lam < 1e-12
+    phi = np.where(small, 1.0 - 0.5 * lam, -np.expm1(-lam) / np.where(small, 1.0, lam))
+    r = root * residual[index]
+    coef = np.matmul(Q, (phi * np.matmul(r[:, None, :], Q)[:, 0, :])[:, :, None])[:, :, 0]
+    steps = np.empty(len(out))
+    steps[index[valid]] = (-rate * root * coef)[valid]
+    return steps
+
+
+def _joint_sensitivity(gram: np.ndarray, out: np.ndarray, direction: np.ndarray) -> np.ndarray:
+    """The logistic loss's batch bound: each update's sensitivity, counting the batch's
+    other updates of the same output that push the same way.
+
+    Update f of output o moves o's prediction on update e by u_f·⟨x_f, x_e⟩_o (``gram``);
+    ``direction`` is the sign of each update's step (towards its target). Only the updates
+    with direction_e·direction_f·⟨x_e, x_f⟩_o > 0 can make the summed steps overshoot e's
+    target, so each step is taken against
     S_e = Σ_f max(0, direction_e·direction_f·⟨x_e, x_f⟩_o) over the batch's updates of o
     (a one-sided Gershgorin bound on the batch's joint sensitivity) instead of its own
-    ⟨x_e, x_e⟩_o keeps them from overshooting together: n identical events move o exactly
-    like one event of n times the importance, orthogonal events — and events pulling
-    against each other — move it as if alone, and a batch of one event takes VW's own step.
+    ⟨x_e, x_e⟩_o: n identical events move o exactly like one event of n times the
+    importance, orthogonal events — and events pulling against each other — move it as
+    if alone, and a batch of one event takes VW's own step.
     """
-    dense = X.to_dense() if isinstance(X, SparseBatch) else X
-    gram = (dense * rate[out]) @ dense.T + rate_b[out][:, None]
     toward = gram * direction[:, None] * direction[None, :]
     same = out[:, None] == out[None, :]
     return np.asarray(np.where(same & (toward > 0.0), toward, 0.0).sum(axis=1))
@@ -293,8 +350,12 @@ class RegressionOracle:
         rate = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0.0)
         isg = self.intercept_sq_grad_
         rate_b = np.divide(1.0, np.sqrt(isg), out=np.zeros_like(isg), where=isg > 0.0)
-        joint = multiplier * _joint_sensitivity(X, out, rate, rate_b, -np.sign(grad))
-        step = multiplier * invariant_step(self.loss, pred, y, self.learning_rate * h, joint)
+        gram = multiplier * _batch_gram(X, out, rate, rate_b)
+        if self.loss == "squared":
+            step = multiplier * _flow_steps(gram, out, h, pred - y, 2.0 * self.learning_rate)
+        else:
+            joint = _joint_sensitivity(gram, out, -np.sign(grad))
+            step = multiplier * invariant_step(self.loss, pred, y, self.learning_rate * h, joint)
         coef = np.zeros((E, self.n_outputs))
         coef.reshape(-1)[at] = step
         W = W + rate * _outer_sum(coef, X, d)

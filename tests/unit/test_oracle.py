@@ -7,7 +7,13 @@ import pytest
 
 from streamlearn.errors import ConfigError
 from streamlearn.features import SparseBatch
-from streamlearn.learners.oracle import RegressionOracle, _joint_sensitivity, lambert_wexpmx
+from streamlearn.learners.oracle import (
+    RegressionOracle,
+    _batch_gram,
+    _flow_steps,
+    _joint_sensitivity,
+    lambert_wexpmx,
+)
 
 
 def naive_vw(X: np.ndarray, outs: np.ndarray, ys: np.ndarray, hs: np.ndarray, loss: str,
@@ -123,7 +129,59 @@ def test_joint_sensitivity_counts_only_the_updates_pushing_the_same_way() -> Non
     rate, rate_b = np.full((2, 3), 0.5), np.zeros(2)
     q = 0.5 * float(x @ x)
     expected = [3 * q, 3 * q, q, 3 * q, 0.5 * float(other @ other), q]
-    np.testing.assert_allclose(_joint_sensitivity(X, out, rate, rate_b, direction), expected)
+    gram = _batch_gram(X, out, rate, rate_b)
+    np.testing.assert_allclose(_joint_sensitivity(gram, out, direction), expected)
+
+
+def integrated_flow(gram: np.ndarray, h: np.ndarray, residual: np.ndarray, rate: float,
+                    n_steps: int = 2000) -> np.ndarray:
+    """RK4 on d(st)/dt = −rate·H·r, dr/dt = gram·d(st)/dt from r(0) = residual, t ∈ [0, 1]."""
+    def velocity(r: np.ndarray) -> np.ndarray:
+        return -rate * h * r
+
+    st, r, dt = np.zeros_like(residual), residual.copy(), 1.0 / n_steps
+    for _ in range(n_steps):
+        k1 = velocity(r)
+        k2 = velocity(r + 0.5 * dt * gram @ k1)
+        k3 = velocity(r + 0.5 * dt * gram @ k2)
+        k4 = velocity(r + dt * gram @ k3)
+        step = dt * (k1 + 2 * k2 + 2 * k3 + k4) / 6
+        st, r = st + step, r + gram @ step
+    return st
+
+
+def test_the_squared_batch_step_is_the_exact_gradient_flow_of_each_outputs_batch_loss() -> None:
+    """Per output, the closed form matches the integrated flow; outputs do not interact."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(9, 4))
+    X[3] = X[1]  # a repeated event
+    X[4] = -X[2]  # and one pulling against another
+    out = np.array([0, 1, 1, 1, 1, 2, 1, 2, 0])
+    h = rng.uniform(0.2, 3.0, size=9)
+    residual = rng.uniform(-1.0, 1.0, size=9)
+    gram = 0.3 * _batch_gram(X, out, rng.uniform(0.1, 1.0, size=(3, 4)), np.array([0.2, 0.5, 0.1]))
+    steps = _flow_steps(gram, out, h, residual, rate=1.7)
+    for o in range(3):
+        rows = np.flatnonzero(out == o)
+        block = gram[np.ix_(rows, rows)]
+        expected = integrated_flow(block, h[rows], residual[rows], 1.7)
+        np.testing.assert_allclose(steps[rows], expected, rtol=1e-8, atol=1e-12)
+        moved = residual[rows] + block @ steps[rows]  # the flow only lowers the batch loss
+        assert h[rows] @ moved**2 < h[rows] @ residual[rows] ** 2
+
+
+def test_a_single_events_flow_step_is_vws_invariant_step() -> None:
+    sensitivity, h, residual, eta = 0.8, 2.5, -0.6, 0.5
+    step = _flow_steps(np.array([[sensitivity]]), np.array([0]), np.array([h]), np.array([residual]), 2 * eta)
+    expected = -residual * -np.expm1(-2 * eta * h * sensitivity) / sensitivity
+    np.testing.assert_allclose(step, [expected], rtol=1e-12)
+
+
+def test_the_flow_step_stays_finite_when_the_metric_overflows() -> None:
+    gram = np.array([[1e308, -1e308, 0.0], [-1e308, 1e308, 0.0], [0.0, 0.0, 1e-300]])
+    steps = _flow_steps(gram, np.zeros(3, dtype=int), np.array([1e10, 1.0, 1.0]),
+                        np.array([0.5, -0.5, 1.0]), 1.0)
+    assert np.isfinite(steps).all()
 
 
 def test_without_signal_the_intercept_converges_to_the_best_constant() -> None:
