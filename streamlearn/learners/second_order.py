@@ -248,8 +248,12 @@ class SOBA(_SecondOrderLearner):
     A += n·z zᵀ, θ −= n·g, W = A⁻¹θ, with A₀ = a·I (with only the diagonal of A
     this is the diagonal version the authors' experiments use). Events with
     r = 0 never update.
-    Within a batch the margins use the weights of the batch's start and the
-    acceptance test runs in event order.
+    A batch's updates are applied in event order, in blocks of ``update_block``
+    events: within a block the margins and runner-ups use the weights the previous
+    block left, and the acceptance test runs in event order. SOBA moves only on
+    rewarded events and each accepted one changes the runner-up of the next, so
+    one step for a whole batch of 64 cost it 0.027 error on MNIST (mean of 5 seeds;
+    blocks of 4: within 0.01 of the per-event algorithm, docs/learners.md).
 
     Parameters
     ----------
@@ -262,6 +266,8 @@ class SOBA(_SecondOrderLearner):
     full_max_dim
         Keep the full A⁻¹ while K·d ≤ this, its diagonal beyond (default 0: always
         the diagonal, which was both faster and more accurate in our runs).
+    update_block
+        Events per update block (1: the per-event algorithm).
     seed
         Seeds the exploration randomness together with each event's key.
 
@@ -282,13 +288,24 @@ class SOBA(_SecondOrderLearner):
         a: float = 1.0,
         full_max_dim: int = 0,
         seed: int = 0,
+        update_block: int = 4,
     ) -> None:
         self.a = check_float("SOBA", "a", a, 0.0, 1e6)
+        self.update_block = check_int("SOBA", "update_block", update_block)
         super().__init__(n_actions, n_features, exploration, self.a, full_max_dim, seed)
         self.margin_ = np.zeros(1)  # the cumulative margin M ≥ 0
         self.theta_ = np.zeros((self.n_actions, self.n_features))  # θ = −Σ accepted g
 
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+        # only rewarded events can move SOBA: the blocks are cut from those, so a batch
+        # of mostly wrong guesses costs few steps
+        rewarded = np.flatnonzero(rewards > 0.0)
+        for lo in range(0, len(rewarded), self.update_block):
+            rows = rewarded[lo:lo + self.update_block]
+            block = X.take(rows) if isinstance(X, SparseBatch) else X[rows]
+            self._update_block(block, actions[rows], rewards[rows], probs[rows])
+
+    def _update_block(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         B, K = len(actions), self.n_actions
         rows = np.arange(B)
         s = scores(self.weights_, X)

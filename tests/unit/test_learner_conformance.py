@@ -493,6 +493,24 @@ def test_pnorm_with_q2_is_exactly_banditron() -> None:
     np.testing.assert_allclose(pnorm.theta_ / 0.3, band.weights_, rtol=1e-12)
 
 
+def test_soba_update_blocks_of_one_are_the_per_event_updates_in_event_order() -> None:
+    """A batch's update in blocks of one event equals its events applied one at a time;
+    larger blocks are the same per-event algorithm only when the batch is one block."""
+    X, y = make_stream(256, seed=4)
+    per_event, blocked = (build("soba", update_block=1) for _ in range(2))
+    whole = build("soba", update_block=64)
+    for lo in range(0, 256, 64):
+        idx = np.arange(lo, lo + 64)
+        actions, probs = blocked.decide(X[idx], keys=idx)
+        rewards = (actions == y[idx]).astype(float)
+        blocked.update(X[idx], actions, rewards, probs)
+        whole.update(X[idx], actions, rewards, probs)
+        for i in idx - lo:
+            per_event.update(X[idx][i:i + 1], actions[i:i + 1], rewards[i:i + 1], probs[i:i + 1])
+        np.testing.assert_allclose(blocked.weights_, per_event.weights_, rtol=1e-12, atol=1e-15)
+    assert not np.allclose(whole.weights_, per_event.weights_)
+
+
 def test_eg_stays_finite_over_a_million_rounds() -> None:
     rng = np.random.default_rng(0)
     learner = ExpGradientBandit(K, D, FixedGamma(0.05), eta=0.001, seed=0)
