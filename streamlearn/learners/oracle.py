@@ -75,6 +75,7 @@ __all__ = ["LOSSES", "RegressionOracle", "invariant_step", "lambert_wexpmx"]
 
 LOSSES = ("squared", "logistic")
 _EXP_CLIP = 50.0  # exp(±50) is far inside float64; larger margins change nothing measurable
+_EIGH_SAFE = 1e100  # blocks with larger entries (or NaN) are rescaled before the eigendecomposition
 _SMALL_STEP = 1e-6  # below this η·h·s, VW uses the first-order Taylor step (no cancellation)
 
 
@@ -160,16 +161,18 @@ def _batch_gram(X: Batch, out: np.ndarray, rate: np.ndarray, rate_b: np.ndarray)
 
 def _output_blocks(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The updates grouped by output: (index, valid), each (groups, largest group), padded."""
-    E = len(out)
     order = np.argsort(out, kind="stable")
-    first = np.ones(E, dtype=bool)
-    first[1:] = out[order[1:]] != out[order[:-1]]
+    sorted_out = out[order]
+    first = np.empty(len(out), dtype=bool)
+    first[0] = True
+    np.not_equal(sorted_out[1:], sorted_out[:-1], out=first[1:])
     group = np.cumsum(first) - 1
-    pos = np.arange(E) - np.flatnonzero(first)[group]
-    index = np.zeros((int(group[-1]) + 1, int(pos.max()) + 1), dtype=np.intp)
-    valid = np.zeros(index.shape, dtype=bool)
+    starts = np.flatnonzero(first)
+    pos = np.arange(len(out)) - starts[group]
+    sizes = np.diff(starts, append=len(out))
+    index = np.zeros((len(starts), int(sizes.max())), dtype=np.intp)
     index[group, pos] = order
-    valid[group, pos] = True
+    valid = np.arange(index.shape[1]) < sizes[:, None]
     return index, valid
 
 
@@ -192,12 +195,16 @@ def _flow_steps(gram: np.ndarray, out: np.ndarray, h: np.ndarray, residual: np.n
     root = np.sqrt(h)[index] * valid  # (G, m); padding has weight 0 and so gets no step
     with np.errstate(over="ignore", invalid="ignore"):
         sym = gram[index[:, :, None], index[:, None, :]] * (rate * root[:, :, None] * root[:, None, :])
-        # extreme but finite rows can overflow S; each block is decomposed at its own scale
-        sym = np.nan_to_num(sym, nan=0.0, posinf=np.finfo(float).max, neginf=-np.finfo(float).max)
-        scale = np.abs(sym).max(axis=(1, 2))
-        scale = np.where(scale > 0.0, scale, 1.0)
-        lam, Q = np.linalg.eigh(sym / scale[:, None, None])
-        lam = np.maximum(lam, 0.0) * scale[:, None]
+        largest = float(np.abs(sym).max())
+        if largest < _EIGH_SAFE:
+            lam, Q = np.linalg.eigh(sym)
+        else:  # extreme but finite rows: each block is decomposed at its own scale
+            sym = np.nan_to_num(sym, nan=0.0, posinf=np.finfo(float).max, neginf=-np.finfo(float).max)
+            scale = np.abs(sym).max(axis=(1, 2))
+            scale = np.where(scale > 0.0, scale, 1.0)
+            lam, Q = np.linalg.eigh(sym / scale[:, None, None])
+            lam = lam * scale[:, None]
+    lam = np.maximum(lam, 0.0)
     small = lam < 1e-12
     phi = np.where(small, 1.0 - 0.5 * lam, -np.expm1(-lam) / np.where(small, 1.0, lam))
     r = root * residual[index]
