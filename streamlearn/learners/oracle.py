@@ -76,6 +76,7 @@ __all__ = ["LOSSES", "RegressionOracle", "invariant_step", "lambert_wexpmx"]
 LOSSES = ("squared", "logistic")
 _EXP_CLIP = 50.0  # exp(±50) is far inside float64; larger margins change nothing measurable
 _EIGH_SAFE = 1e100  # blocks with larger entries (or NaN) are rescaled before the eigendecomposition
+_NULL_EIGENVALUE = 1e-13  # relative to a block's largest eigenvalue: below it, eigh's rounding noise
 _SMALL_STEP = 1e-6  # below this η·h·s, VW uses the first-order Taylor step (no cancellation)
 
 
@@ -204,9 +205,12 @@ def _flow_steps(gram: np.ndarray, out: np.ndarray, h: np.ndarray, residual: np.n
             scale = np.where(scale > 0.0, scale, 1.0)
             lam, Q = np.linalg.eigh(sym / scale[:, None, None])
             lam = lam * scale[:, None]
-    lam = np.maximum(lam, 0.0)
+    # eigenvalues within eigh's rounding of 0 are 0: S's exact null directions move no weight
+    # and change no prediction, but a rounding-size λ there would scale a step by φ ≈ 1
+    lam = np.where(lam > _NULL_EIGENVALUE * lam[:, -1:], lam, 0.0)
     small = lam < 1e-12
-    phi = np.where(small, 1.0 - 0.5 * lam, -np.expm1(-lam) / np.where(small, 1.0, lam))
+    phi = np.where(lam > 0.0, -np.expm1(-lam) / np.where(small, 1.0, lam), 0.0)
+    phi = np.where(small & (lam > 0.0), 1.0 - 0.5 * lam, phi)
     r = root * residual[index]
     coef = np.matmul(Q, (phi * np.matmul(r[:, None, :], Q)[:, 0, :])[:, :, None])[:, :, 0]
     steps = np.empty(len(out))
