@@ -197,7 +197,9 @@ def _flow_steps(gram: np.ndarray, out: np.ndarray, h: np.ndarray, residual: np.n
     with np.errstate(over="ignore", invalid="ignore"):
         sym = gram[index[:, :, None], index[:, None, :]] * (rate * root[:, :, None] * root[:, None, :])
         largest = float(np.abs(sym).max())
-        if largest < _EIGH_SAFE:
+        if largest < _EIGH_SAFE and index.shape[1] == 1:  # every output updated once: VW's step
+            lam, Q = sym[:, :, 0], np.ones_like(sym)
+        elif largest < _EIGH_SAFE:
             lam, Q = np.linalg.eigh(sym)
         else:  # extreme but finite rows: each block is decomposed at its own scale
             sym = np.nan_to_num(sym, nan=0.0, posinf=np.finfo(float).max, neginf=-np.finfo(float).max)
