@@ -9,7 +9,8 @@ the batch's rows G. Newtron takes the online Newton step incrementally,
 W ← W − A⁻¹g (with the full A the same as the paper's follow-the-leader form
 W = −A⁻¹b, and the one that stays stable with only the diagonal); SOBA keeps its
 follow-the-leader form W = A⁻¹θ. A batch is decided
-with the weights of its start and its updates are summed (A first, then W), so
+with the weights of its start and its updates are summed (A first, then W) —
+Newtron's over the whole batch, SOBA's over blocks of a few rewarded events — so
 a batch of one event is the per-event algorithm.
 
 * :class:`Newtron` — Hazan & Kale (NIPS 2011): the online Newton step on the
