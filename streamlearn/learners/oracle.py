@@ -177,12 +177,28 @@ def _output_blocks(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return index, valid
 
 
-def _flow_steps(gram: np.ndarray, out: np.ndarray, h: np.ndarray, residual: np.ndarray,
-                rate: float) -> np.ndarray:
+def _block_gram(X: Batch, index: np.ndarray, out: np.ndarray, rate: np.ndarray,
+                rate_b: np.ndarray) -> np.ndarray:
+    """⟨x_e, x_f⟩_o within each output's block of updates (:func:`_output_blocks`): (G, m, m).
+
+    Only the pairs of one output are formed (bagging's 5·K outputs would otherwise pay for
+    every cross-output pair of its E = 5·B updates); padded entries hold junk the caller
+    weights by 0.
+    """
+    dense = X.to_dense() if isinstance(X, SparseBatch) else X
+    rows = dense[index]  # (G, m, d)
+    group_output = out[index[:, 0]]
+    return np.asarray(np.matmul(rows * rate[group_output][:, None, :], rows.transpose(0, 2, 1))
+                      + rate_b[group_output][:, None, None])
+
+
+def _flow_steps(block_gram: np.ndarray, index: np.ndarray, valid: np.ndarray, h: np.ndarray,
+                residual: np.ndarray, rate: float) -> np.ndarray:
     """The squared loss's batch step: the exact gradient flow of each output's batch loss.
 
-    For the updates E_o of output o, with residuals r = p − y at the batch's start, K the
-    Gram matrix ``gram`` restricted to E_o (the step-size metric times the multiplier) and
+    For the updates E_o of output o (one block of :func:`_output_blocks`), with residuals
+    r = p − y at the batch's start, K the block's Gram matrix ``block_gram`` (the
+    step-size metric times the multiplier) and
     H = diag(h), the flow of ½·Σ h_e·(p_e − y_e)² in that metric for time η gives
     r(1) = exp(−2η·K·H)·r, reached by the step coefficients
     st = −2η·H^½·φ(S)·H^½·r with S = 2η·H^½·K·H^½ and φ(λ) = (1 − e^{−λ})/λ, so that
@@ -190,12 +206,11 @@ def _flow_steps(gram: np.ndarray, out: np.ndarray, h: np.ndarray, residual: np.n
     A single event gets VW's invariant step exactly (S is the scalar 2η·h·s); n identical
     events move the output like one event of importance n; orthogonal events, and events
     of different outputs, move as if alone; the flow never overshoots a target jointly.
-    ``rate`` is 2η. Returns st (E,), with Δp = gram · st within each output.
+    ``rate`` is 2η. Returns st (E,), with Δp = K · st within each output.
     """
-    index, valid = _output_blocks(out)
     root = np.sqrt(h)[index] * valid  # (G, m); padding has weight 0 and so gets no step
     with np.errstate(over="ignore", invalid="ignore"):
-        sym = gram[index[:, :, None], index[:, None, :]] * (rate * root[:, :, None] * root[:, None, :])
+        sym = block_gram * (rate * root[:, :, None] * root[:, None, :])
         largest = float(np.abs(sym).max())
         if largest < _EIGH_SAFE and index.shape[1] == 1:  # every output updated once: VW's step
             lam, Q = sym[:, :, 0], np.ones_like(sym)
@@ -215,7 +230,7 @@ def _flow_steps(gram: np.ndarray, out: np.ndarray, h: np.ndarray, residual: np.n
     phi = np.where(small & (lam > 0.0), 1.0 - 0.5 * lam, phi)
     r = root * residual[index]
     coef = np.matmul(Q, (phi * np.matmul(r[:, None, :], Q)[:, 0, :])[:, :, None])[:, :, 0]
-    steps = np.empty(len(out))
+    steps = np.empty(len(h))
     steps[index[valid]] = (-rate * root * coef)[valid]
     return steps
 
@@ -363,11 +378,12 @@ class RegressionOracle:
         rate = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0.0)
         isg = self.intercept_sq_grad_
         rate_b = np.divide(1.0, np.sqrt(isg), out=np.zeros_like(isg), where=isg > 0.0)
-        gram = multiplier * _batch_gram(X, out, rate, rate_b)
         if self.loss == "squared":
-            step = multiplier * _flow_steps(gram, out, h, pred - y, 2.0 * self.learning_rate)
+            index, valid = _output_blocks(out)
+            blocks = multiplier * _block_gram(X, index, out, rate, rate_b)
+            step = multiplier * _flow_steps(blocks, index, valid, h, pred - y, 2.0 * self.learning_rate)
         else:
-            joint = _joint_sensitivity(gram, out, -np.sign(grad))
+            joint = _joint_sensitivity(multiplier * _batch_gram(X, out, rate, rate_b), out, -np.sign(grad))
             step = multiplier * invariant_step(self.loss, pred, y, self.learning_rate * h, joint)
         coef = np.zeros((E, self.n_outputs))
         coef.reshape(-1)[at] = step

@@ -12,8 +12,10 @@ from streamlearn.features import SparseBatch
 from streamlearn.learners.oracle import (
     RegressionOracle,
     _batch_gram,
+    _block_gram,
     _flow_steps,
     _joint_sensitivity,
+    _output_blocks,
     lambert_wexpmx,
 )
 
@@ -152,6 +154,13 @@ def integrated_flow(gram: np.ndarray, h: np.ndarray, residual: np.ndarray, rate:
     return st
 
 
+def flow_steps(gram: np.ndarray, out: np.ndarray, h: np.ndarray, residual: np.ndarray,
+               rate: float) -> np.ndarray:
+    """_flow_steps on the blocks of a full Gram matrix."""
+    index, valid = _output_blocks(out)
+    return _flow_steps(gram[index[:, :, None], index[:, None, :]], index, valid, h, residual, rate)
+
+
 def test_the_squared_batch_step_is_the_exact_gradient_flow_of_each_outputs_batch_loss() -> None:
     """Per output, the closed form matches the integrated flow; outputs do not interact."""
     rng = np.random.default_rng(5)
@@ -162,7 +171,7 @@ def test_the_squared_batch_step_is_the_exact_gradient_flow_of_each_outputs_batch
     h = rng.uniform(0.2, 3.0, size=9)
     residual = rng.uniform(-1.0, 1.0, size=9)
     gram = 0.3 * _batch_gram(X, out, rng.uniform(0.1, 1.0, size=(3, 4)), np.array([0.2, 0.5, 0.1]))
-    steps = _flow_steps(gram, out, h, residual, rate=1.7)
+    steps = flow_steps(gram, out, h, residual, rate=1.7)
     for o in range(3):
         rows = np.flatnonzero(out == o)
         block = gram[np.ix_(rows, rows)]
@@ -176,16 +185,32 @@ def test_the_squared_batch_step_is_the_exact_gradient_flow_of_each_outputs_batch
         assert h[rows] @ moved**2 < h[rows] @ residual[rows] ** 2
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_the_block_gram_is_the_batch_gram_within_each_output(sparse: bool) -> None:
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(11, 5)) * (rng.random((11, 5)) < 0.6)
+    out = rng.integers(0, 4, size=11)
+    rate, rate_b = rng.uniform(0.1, 1.0, size=(4, 5)), rng.uniform(0.0, 1.0, size=4)
+    index, valid = _output_blocks(out)
+    nonzero = [np.flatnonzero(row) for row in X]
+    values = [row[i] for row, i in zip(X, nonzero, strict=True)]
+    batch = SparseBatch.from_rows(nonzero, values, 5) if sparse else X
+    blocks = _block_gram(batch, index, out, rate, rate_b)
+    both = valid[:, :, None] & valid[:, None, :]
+    expected = _batch_gram(X, out, rate, rate_b)[index[:, :, None], index[:, None, :]]
+    np.testing.assert_allclose(blocks[both], expected[both], rtol=1e-12)
+
+
 def test_a_single_events_flow_step_is_vws_invariant_step() -> None:
     sensitivity, h, residual, eta = 0.8, 2.5, -0.6, 0.5
-    step = _flow_steps(np.array([[sensitivity]]), np.array([0]), np.array([h]), np.array([residual]), 2 * eta)
+    step = flow_steps(np.array([[sensitivity]]), np.array([0]), np.array([h]), np.array([residual]), 2 * eta)
     expected = -residual * -np.expm1(-2 * eta * h * sensitivity) / sensitivity
     np.testing.assert_allclose(step, [expected], rtol=1e-12)
 
 
 def test_the_flow_step_stays_finite_when_the_metric_overflows() -> None:
     gram = np.array([[1e308, -1e308, 0.0], [-1e308, 1e308, 0.0], [0.0, 0.0, 1e-300]])
-    steps = _flow_steps(gram, np.zeros(3, dtype=int), np.array([1e10, 1.0, 1.0]),
+    steps = flow_steps(gram, np.zeros(3, dtype=int), np.array([1e10, 1.0, 1.0]),
                         np.array([0.5, -0.5, 1.0]), 1.0)
     assert np.isfinite(steps).all()
 
@@ -232,7 +257,7 @@ def test_the_flow_step_only_lowers_each_outputs_batch_loss_whatever_the_event_or
     h = rng.choice([0.01, 1.0, 50.0], size=n)
     residual = rng.uniform(-1.0, 1.0, size=n)
     gram = _batch_gram(X, out, rng.uniform(0.0, 1.0, size=(n_outputs, 3)), rng.uniform(0.0, 1.0, n_outputs))
-    steps = _flow_steps(gram, out, h, residual, rate=1.0)
+    steps = flow_steps(gram, out, h, residual, rate=1.0)
     assert np.isfinite(steps).all()
     for o in np.unique(out):
         rows = np.flatnonzero(out == o)
@@ -240,7 +265,7 @@ def test_the_flow_step_only_lowers_each_outputs_batch_loss_whatever_the_event_or
         before, after = h[rows] @ residual[rows] ** 2, h[rows] @ moved**2
         assert after <= before * (1 + 1e-9) + 1e-12
     perm = rng.permutation(n)  # the events' order in the batch does not matter
-    permuted = _flow_steps(gram[np.ix_(perm, perm)], out[perm], h[perm], residual[perm], 1.0)
+    permuted = flow_steps(gram[np.ix_(perm, perm)], out[perm], h[perm], residual[perm], 1.0)
     same_output = out[:, None] == out[None, :]
     np.testing.assert_allclose((gram * same_output)[np.ix_(perm, perm)] @ permuted,
                                ((gram * same_output) @ steps)[perm], rtol=1e-5, atol=1e-4)
