@@ -153,13 +153,6 @@ def _column_max_abs(X: Batch, n_features: int) -> np.ndarray:
     return np.asarray(np.abs(X).max(axis=0))
 
 
-def _batch_gram(X: Batch, out: np.ndarray, rate: np.ndarray, rate_b: np.ndarray) -> np.ndarray:
-    """⟨x_e, x_f⟩_o for every pair of updates: the inner product in the step-size metric of
-    update e's output o = out[e], intercept included (meaningful where out[e] == out[f])."""
-    dense = X.to_dense() if isinstance(X, SparseBatch) else X
-    return np.asarray((dense * rate[out]) @ dense.T + rate_b[out][:, None])
-
-
 def _output_blocks(out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The updates grouped by output: (index, valid), each (groups, largest group), padded."""
     order = np.argsort(out, kind="stable")
@@ -235,23 +228,27 @@ def _flow_steps(block_gram: np.ndarray, index: np.ndarray, valid: np.ndarray, h:
     return steps
 
 
-def _joint_sensitivity(gram: np.ndarray, out: np.ndarray, direction: np.ndarray) -> np.ndarray:
+def _joint_sensitivity(block_gram: np.ndarray, index: np.ndarray, valid: np.ndarray,
+                       direction: np.ndarray) -> np.ndarray:
     """The logistic loss's batch bound: each update's sensitivity, counting the batch's
     other updates of the same output that push the same way.
 
-    Update f of output o moves o's prediction on update e by u_f·⟨x_f, x_e⟩_o (``gram``);
-    ``direction`` is the sign of each update's step (towards its target). Only the updates
-    with direction_e·direction_f·⟨x_e, x_f⟩_o > 0 can make the summed steps overshoot e's
-    target, so each step is taken against
+    Update f of output o moves o's prediction on update e by u_f·⟨x_f, x_e⟩_o (``block_gram``,
+    per output as from :func:`_block_gram`); ``direction`` is the sign of each update's step
+    (towards its target). Only the updates with direction_e·direction_f·⟨x_e, x_f⟩_o > 0 can
+    make the summed steps overshoot e's target, so each step is taken against
     S_e = Σ_f max(0, direction_e·direction_f·⟨x_e, x_f⟩_o) over the batch's updates of o
     (a one-sided Gershgorin bound on the batch's joint sensitivity) instead of its own
     ⟨x_e, x_e⟩_o: n identical events move o exactly like one event of n times the
     importance, orthogonal events — and events pulling against each other — move it as
-    if alone, and a batch of one event takes VW's own step.
+    if alone, and a batch of one event takes VW's own step. Returns S (E,).
     """
-    toward = gram * direction[:, None] * direction[None, :]
-    same = out[:, None] == out[None, :]
-    return np.asarray(np.where(same & (toward > 0.0), toward, 0.0).sum(axis=1))
+    sign = direction[index] * valid  # (G, m); padding pushes nowhere
+    toward = block_gram * sign[:, :, None] * sign[:, None, :]
+    sums = np.where(toward > 0.0, toward, 0.0).sum(axis=2)
+    joint = np.empty(len(direction))
+    joint[index[valid]] = sums[valid]
+    return joint
 
 
 class RegressionOracle:
@@ -378,12 +375,12 @@ class RegressionOracle:
         rate = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0.0)
         isg = self.intercept_sq_grad_
         rate_b = np.divide(1.0, np.sqrt(isg), out=np.zeros_like(isg), where=isg > 0.0)
+        index, valid = _output_blocks(out)
+        blocks = multiplier * _block_gram(X, index, out, rate, rate_b)
         if self.loss == "squared":
-            index, valid = _output_blocks(out)
-            blocks = multiplier * _block_gram(X, index, out, rate, rate_b)
             step = multiplier * _flow_steps(blocks, index, valid, h, pred - y, 2.0 * self.learning_rate)
         else:
-            joint = _joint_sensitivity(multiplier * _batch_gram(X, out, rate, rate_b), out, -np.sign(grad))
+            joint = _joint_sensitivity(blocks, index, valid, -np.sign(grad))
             step = multiplier * invariant_step(self.loss, pred, y, self.learning_rate * h, joint)
         coef = np.zeros((E, self.n_outputs))
         coef.reshape(-1)[at] = step
