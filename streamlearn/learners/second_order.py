@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from streamlearn.errors import ConfigError
-from streamlearn.features import Batch, SparseBatch, add_outer, scores
+from streamlearn.features import Batch, SparseBatch, add_outer, scores, take_rows
 from streamlearn.learners.base import Learner, check_float, check_int, masked_argmax, mix_uniform
 from streamlearn.learners.exploration import Exploration
 
@@ -303,8 +303,7 @@ class SOBA(_SecondOrderLearner):
         rewarded = np.flatnonzero(rewards > 0.0)
         for lo in range(0, len(rewarded), self.update_block):
             rows = rewarded[lo:lo + self.update_block]
-            block = X.take(rows) if isinstance(X, SparseBatch) else X[rows]
-            self._update_block(block, actions[rows], rewards[rows], probs[rows])
+            self._update_block(take_rows(X, rows), actions[rows], rewards[rows], probs[rows])
 
     def _update_block(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         B, K = len(actions), self.n_actions
@@ -318,7 +317,7 @@ class SOBA(_SecondOrderLearner):
         V = np.zeros((B, K))
         V[rows, runner_up] += rewards / P
         V[rows, actions] -= rewards / P
-        V[~has_other | (rewards <= 0.0)] = 0.0
+        V[~has_other] = 0.0  # every event of a block was rewarded (see _update)
         vs = np.einsum("bk,bk->b", V, s)  # ⟨W, g⟩
         margins = (P * vs * vs + 2.0 * vs) / (1.0 + P * self.curvature_.quad(V, X))
         accept = self._accept(margins, np.any(V != 0.0, axis=1))
