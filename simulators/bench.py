@@ -37,8 +37,8 @@ from simulators.peers import VW_EXPLORERS, import_vw, python_loop_banditron, run
 from streamlearn.datasets.stream import PreparedStream, add_bias, standardise
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.features import SparseBatch
-from streamlearn.learners import FixedGamma, make_learner
-from streamlearn.learners.exploration import Exploration
+from streamlearn.learners import make_learner
+from streamlearn.learners.exploration import LEARNER_DEFAULT, Exploration
 from streamlearn.replay import replay
 
 __all__ = [
@@ -179,12 +179,12 @@ def run_bench(
     """Run every system of ``systems`` on ``stream`` and measure it.
 
     ``stream`` is built by :func:`streamlearn.datasets.stream.prepare_stream`, as
-    for ``streamlearn replay``. The streamlearn learners explore with
-    ``exploration`` (default a fixed γ = 0.05); the per-event loop needs a
-    fixed γ (it is skipped otherwise); VW uses its own explorers.
+    for ``streamlearn replay``. The Banditron-family learners explore with
+    ``exploration`` (``None``: their own default), the others with their own
+    default; the per-event loop needs a fixed γ (it is skipped otherwise); VW
+    uses its own explorers.
     """
     say: Progress = progress if progress is not None else (lambda _msg: None)
-    exploration = exploration if exploration is not None else FixedGamma(0.05)
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
         raise ConfigError(f"--systems expects names in {sorted(SYSTEMS)}. Got {unknown} instead.")
@@ -194,9 +194,11 @@ def run_bench(
     if not isinstance(X_stream, SparseBatch):
         X_stream = np.asarray(X_stream, dtype=np.float64)
     K, d = stream.n_classes, stream.n_features
-    gamma = exploration.spec().get("gamma") if exploration.spec()["name"] == "fixed" else None
+    spec: dict[str, Any] = (exploration.spec() if exploration is not None
+                            else {"name": LEARNER_DEFAULT})
+    gamma = spec.get("gamma") if spec["name"] == "fixed" else None
     say(f"bench: {stream.dataset}: {stream.rounds:,} rounds, {K} classes, {d - 1} features + bias"
-        f"{', standardised' if stream.standardised else ''}, exploration {exploration.spec()}")
+        f"{', standardised' if stream.standardised else ''}, exploration {spec}")
 
     results: list[BenchResult] = []
     lines: list[str] | None = None
@@ -206,7 +208,8 @@ def run_bench(
         b = fixed_batch if fixed_batch is not None else batch_size
         if kind == "streamlearn":
             own = algo in OWN_EXPLORATION  # the new learners run at their own defaults
-            learner = make_learner(algo, K, d, None if own else exploration.clone(), seed=seed)
+            learner = make_learner(algo, K, d, None if own or exploration is None
+                                   else exploration.clone(), seed=seed)
             cpu_start = time.process_time()
             res = replay(learner, X_stream, y_stream, batch_size=b,
                          progress=_replay_progress(system, say))
@@ -250,7 +253,7 @@ def run_bench(
             f"error {last.error_rate:.4f}")
     return BenchReport(dataset=stream.dataset, rounds=stream.rounds, passes=stream.passes,
                        n_features=d - 1, n_classes=K, standardised=stream.standardised,
-                       gamma=gamma, exploration=exploration.spec(), seed=seed, results=results)
+                       gamma=gamma, exploration=spec, seed=seed, results=results)
 
 
 def _peer_result(system: str, b: int, actions: np.ndarray, y: np.ndarray, seconds: float,

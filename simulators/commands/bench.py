@@ -28,6 +28,7 @@ from streamlearn.commands.stream_options import (
     exploration_from_args,
     prepare_from_args,
 )
+from streamlearn.learners import FixedGamma
 
 __all__ = ["add_parser", "run"]
 
@@ -39,7 +40,8 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_stream_arguments(parser, batch_size=64)
     systems = parser.add_argument_group("systems")
-    add_exploration_arguments(systems)
+    add_exploration_arguments(systems, unset="the Banditron family at a fixed γ = 0.05 (vw-epsilon's ε), "
+                                      "every other learner at its own default")
     systems.add_argument("--systems", metavar="LIST", default=",".join(DEFAULT_SYSTEMS),
                          help="comma-separated systems or groups (all, streamlearn, vw); default all")
     systems.add_argument("--json", action="store_true",
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             argv += ["--requests", str(args.rounds)]
         return bench_candidates.main(argv + (["--json"] if args.json else []))
     systems = parse_systems(args.systems)
-    exploration = exploration_from_args(args)
+    exploration = exploration_from_args(args, unset=FixedGamma(0.05))
     stream = prepare_from_args(args)
     report = run_bench(stream, batch_size=args.batch_size, exploration=exploration,
                        systems=systems, seed=args.seed, progress=_say)

@@ -16,9 +16,12 @@ from streamlearn.commands.stream_options import (
     number_in,
     prepare_from_args,
 )
+from streamlearn.config import LearnerConfig
 from streamlearn.errors import ConfigError
 from streamlearn.learners import LEARNERS, make_learner
 from streamlearn.plotting import pyplot
+
+DEFAULT_LEARNER = LearnerConfig().name  # serve's default learner
 
 __all__ = ["add_parser", "run"]
 
@@ -31,8 +34,9 @@ def add_parser(subparsers: Any) -> None:
                     "the full-information Perceptron on the same stream.")
     add_stream_arguments(parser, batch_size=1)
     learner = parser.add_argument_group("learner")
-    learner.add_argument("--learner", default="banditron", help=f"one of {sorted(LEARNERS)}")
-    add_exploration_arguments(learner)
+    learner.add_argument("--learner", default=DEFAULT_LEARNER,
+                         help=f"one of {sorted(LEARNERS)} (default {DEFAULT_LEARNER}, as serve's)")
+    add_exploration_arguments(learner, unset="the learner's own default exploration")
     learner.add_argument("--q", type=number_in(1.0, 1000.0, low_open=True),
                          help="pnorm: the norm exponent (default 2·ln(K·d))")
     learner.add_argument("--eta", type=number_in(0.0, low_open=True), help="eg/pnorm: step")
@@ -86,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                           f"Got {args.dataset!r}.")
     if args.learner not in LEARNERS:
         raise ConfigError(f"--learner must be one of {sorted(LEARNERS)}. Got {args.learner!r}.")
-    exploration = exploration_from_args(args)
+    exploration = exploration_from_args(args, unset=None)
     hyper = hyperparameters(args)
     if args.plot:
         pyplot()  # fail before the run, not after it
@@ -101,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "dataset": args.dataset,
         "learner": args.learner,
-        "exploration": exploration.spec(),
+        "exploration": learner.exploration.spec(),
         "rounds": result.rounds,
         "passes": stream.passes,
         "batch_size": args.batch_size,

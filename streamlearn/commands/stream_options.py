@@ -18,7 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from streamlearn.errors import ConfigError
-from streamlearn.learners.exploration import STRATEGIES, Exploration, exploration_from_name
+from streamlearn.learners.exploration import (
+    LEARNER_DEFAULT,
+    STRATEGIES,
+    Exploration,
+    exploration_from_name,
+)
 
 __all__ = [
     "add_exploration_arguments",
@@ -105,16 +110,22 @@ def add_stream_arguments(parser: argparse.ArgumentParser, *, batch_size: int) ->
                         help="seed of the shuffling and the exploration (default 0)")
 
 
-def add_exploration_arguments(group: Any) -> None:
-    """``--gamma G`` (fixed γ) or ``--exploration NAME``; neither: fixed γ = 0.05."""
+def add_exploration_arguments(group: Any, unset: str) -> None:
+    """``--gamma G`` (fixed γ) or ``--exploration NAME``; neither: ``unset`` (the help says what)."""
     explore = group.add_mutually_exclusive_group()
     explore.add_argument("--gamma", type=number_in(0.0, 0.5, low_open=True), metavar="G",
-                         help="fixed exploration rate γ in (0, 0.5] (default 0.05)")
+                         help="fixed exploration rate γ in (0, 0.5]")
     explore.add_argument("--exploration", default=None, metavar="NAME",
-                         help=f"one of {sorted(STRATEGIES)} (untuned defaults)")
+                         help=f"one of {sorted([LEARNER_DEFAULT, *STRATEGIES])} ({LEARNER_DEFAULT}: "
+                              f"the learner's own, docs/learners.md; the others at their untuned "
+                              f"defaults). Neither option: {unset}")
 
 
-def exploration_from_args(args: argparse.Namespace) -> Exploration:
+def exploration_from_args(args: argparse.Namespace, unset: Exploration | None) -> Exploration | None:
+    """The strategy the options name; ``unset`` when neither was given (``None``: the learner's
+    own default exploration)."""
+    if args.exploration is None and args.gamma is None:
+        return unset
     return exploration_from_name(args.exploration or "fixed", args.gamma)
 
 

@@ -35,7 +35,7 @@ class Banditron(LinearLearner):
     n_actions, n_features
         K and d.
     exploration
-        How γ is chosen (default ``FixedGamma(0.05)``).
+        How γ is chosen (default ``Adaptive()``, drift-aware; the paper fixes γ: ``FixedGamma(γ)``).
     seed
         Seeds the exploration randomness together with each event's key.
 

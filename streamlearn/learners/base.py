@@ -46,7 +46,7 @@ from streamlearn.features import (
     take_rows,
 )
 from streamlearn.learners import randomness
-from streamlearn.learners.exploration import GAMMA_MAX, Exploration, FixedGamma
+from streamlearn.learners.exploration import GAMMA_MAX, Adaptive, Exploration
 
 _T = TypeVar("_T")
 
@@ -173,7 +173,7 @@ class Learner(abc.ABC):
         name = type(self).__name__
         self.n_actions = check_int(name, "n_actions", n_actions, low=2)
         self.n_features = check_int(name, "n_features", n_features)
-        self.exploration = exploration if exploration is not None else FixedGamma(0.05)
+        self.exploration = exploration if exploration is not None else self._default_exploration()
         if not isinstance(self.exploration, Exploration):
             raise ConfigError(
                 f"The 'exploration' parameter of {name} must be an Exploration instance. "
@@ -185,6 +185,16 @@ class Learner(abc.ABC):
         self.n_decided_ = 0  # rounds decided so far (the t of the exploration schedules)
         self.n_updated_ = 0  # feedback events applied so far
         self.n_skipped_updates_ = 0  # feedback events not applied: they made the state non-finite
+
+    @classmethod
+    def _default_exploration(cls) -> Exploration:
+        """The exploration a learner gets when none is given.
+
+        Here the drift-aware adaptive rule at its untuned defaults (for the Banditron family it
+        is within 0.02 of the best fixed γ of a grid on every stream, docs/results.md §2);
+        learners with a rule of their own pass theirs to this constructor instead.
+        """
+        return Adaptive()
 
     # ------------------------------------------------------------------ params
     def get_params(self) -> dict[str, Any]:

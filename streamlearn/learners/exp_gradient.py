@@ -31,7 +31,7 @@ class ExpGradientBandit(Learner):
     n_actions, n_features
         K and d.
     exploration
-        How γ is chosen (default ``FixedGamma(0.05)``).
+        How γ is chosen (default ``Adaptive()``, drift-aware; the paper fixes γ: ``FixedGamma(γ)``).
     eta
         Learning rate of the exponential link (> 0).
     seed

@@ -37,6 +37,7 @@ from streamlearn.errors import ConfigError
 from streamlearn.features import row_starts
 
 __all__ = [
+    "LEARNER_DEFAULT",
     "STRATEGIES",
     "Adaptive",
     "CubeRootSchedule",
@@ -435,12 +436,23 @@ def exploration_from_spec(spec: dict[str, Any]) -> Exploration:
     return STRATEGIES[name](**spec)
 
 
-def exploration_from_name(name: str, gamma: float | None = None) -> Exploration:
-    """The CLI mapping: a strategy name with its untuned defaults, or a fixed γ."""
+#: The name (CLI and config) of "the learner's own default exploration".
+LEARNER_DEFAULT = "default"
+
+
+def exploration_from_name(name: str, gamma: float | None = None) -> Exploration | None:
+    """The CLI mapping: a strategy name with its untuned defaults, or a fixed γ.
+
+    ``"default"`` (or no name and no γ) gives ``None``: the learner's own default
+    exploration, the one its constructor picks (docs/learners.md).
+    """
     if name == "fixed" or (gamma is not None and name in ("", "fixed")):
         return FixedGamma(0.05 if gamma is None else gamma)
+    if name in ("", LEARNER_DEFAULT):
+        return None
     if name not in STRATEGIES:
         raise ConfigError(
-            f"--exploration must be one of {sorted(STRATEGIES)}. Got {name!r} instead."
+            f"--exploration must be one of {sorted([LEARNER_DEFAULT, *STRATEGIES])}. "
+            f"Got {name!r} instead."
         )
     return STRATEGIES[name]()

@@ -6,6 +6,7 @@ import numpy as np
 
 from streamlearn.features import Batch, add_outer
 from streamlearn.learners.base import LinearLearner
+from streamlearn.learners.exploration import Exploration, FixedGamma
 
 __all__ = ["Perceptron"]
 
@@ -31,6 +32,10 @@ class Perceptron(LinearLearner):
     """
 
     full_information = True
+
+    @classmethod
+    def _default_exploration(cls) -> Exploration:
+        return FixedGamma(0.05)  # only its serving would explore; replays score its exploit
 
     def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         rows = np.arange(len(actions))

@@ -45,7 +45,7 @@ class PNormBandit(Learner):
     n_actions, n_features
         K and d.
     exploration
-        How γ is chosen (default ``FixedGamma(0.05)``).
+        How γ is chosen (default ``Adaptive()``, drift-aware; the paper fixes γ: ``FixedGamma(γ)``).
     q
         The dual norm's exponent, > 1. ``None`` (default) uses q = 2·ln(K·d).
     eta

@@ -95,10 +95,7 @@ def _square(X: Batch) -> Batch:
 class _SecondOrderLearner(Learner):
     def __init__(self, n_actions: int, n_features: int, exploration: Exploration | None,
                  initial: float, full_max_dim: int, seed: int) -> None:
-        from streamlearn.learners.exploration import Adaptive
-
-        super().__init__(n_actions, n_features, exploration if exploration is not None else Adaptive(),
-                         seed)
+        super().__init__(n_actions, n_features, exploration, seed)  # default: Adaptive()
         name = type(self).__name__
         self.full_max_dim = check_int(name, "full_max_dim", full_max_dim, low=0)
         self.curvature_ = KroneckerCurvature(self.n_actions, self.n_features, initial, self.full_max_dim)

@@ -14,7 +14,7 @@ from streamlearn.cli import main
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.errors import ConfigError
 from streamlearn.features import Batch, SparseBatch
-from streamlearn.learners import Banditron, FixedGamma
+from streamlearn.learners import Banditron, FixedGamma, make_learner
 
 
 def _banditron_b1(X: Batch, y: np.ndarray, K: int, gamma: float, seed: int) -> tuple[np.ndarray, Banditron]:
@@ -224,11 +224,28 @@ def test_bench_runs_a_time_ordered_user_file_like_replay(
     assert report["exploration"]["name"] == "adaptive" and report["gamma"] is None
     banditron, loop = report["results"]
     assert loop["skipped"].startswith("explores with a fixed γ only")
-    assert main(["replay", *options, "--exploration", "adaptive", "--json"]) == 0
+    assert main(["replay", *options, "--learner", "banditron", "--exploration", "adaptive",
+                 "--json"]) == 0
     replayed = orjson.loads(capsys.readouterr().out)
     assert replayed["rounds"] == 600 and replayed["standardised"]
     # the same stream and learner: bench's streamlearn-banditron is replay's learner
     assert banditron["error_rate"] == replayed["error_rate"]
+
+
+def test_replay_runs_a_learner_at_the_defaults_bench_measures(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --gamma/--exploration, replay's learner explores as its constructor chooses,
+    so its error is bench's row (before, replay forced a fixed γ = 0.05 on every learner)."""
+    options = ["--dataset", "synsep", "--rounds", "3000", "--seed", "2", "--batch-size", "16"]
+    for learner in ("linucb", "bag", "banditron"):
+        assert main(["bench", *options, "--exploration", "default",
+                     "--systems", f"streamlearn-{learner}", "--json"]) == 0
+        benched = orjson.loads(capsys.readouterr().out)["results"][0]
+        assert main(["replay", *options, "--learner", learner, "--json"]) == 0
+        replayed = orjson.loads(capsys.readouterr().out)
+        assert replayed["exploration"] == make_learner(learner, 9, 401).exploration.spec()
+        assert replayed["exploration"]["name"] != "fixed" or learner == "bag"
+        assert benched["error_rate"] == replayed["error_rate"], learner
 
 
 def test_unknown_dataset_and_exclusive_stream_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

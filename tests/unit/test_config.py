@@ -236,12 +236,23 @@ def test_checkpoint_dir_must_be_usable_as_a_directory(tmp_path: Path) -> None:
     assert load_config(environ={}, cli={"checkpoint.dir": str(fresh)}).checkpoint.dir == fresh
 
 
-def test_exploration_defaults_to_adaptive_and_a_lone_gamma_means_fixed(tmp_path: Path) -> None:
+def test_exploration_defaults_to_the_learners_own_and_a_lone_gamma_means_fixed(
+        tmp_path: Path) -> None:
     from streamlearn.commands.serve import build_learner
+    from streamlearn.learners import Adaptive, default_exploration
 
     default = load_config(environ={})
-    assert default.exploration.name == "adaptive"
-    assert build_learner(default, 9, 400).exploration.spec()["name"] == "adaptive"
+    assert default.exploration.name == "default"
+    # the exploration every measurement of the default learner used (docs/bench.md), not the
+    # adaptive rule's untuned defaults
+    assert build_learner(default, 9, 400).exploration.spec() == default_exploration().spec()
+    assert default_exploration().spec() != Adaptive().spec()
+    banditron = load_config(environ={"STREAMLEARN_LEARNER_NAME": "banditron"})
+    assert build_learner(banditron, 9, 400).exploration.spec() == Adaptive().spec()
+    bag = load_config(environ={"STREAMLEARN_LEARNER_NAME": "bag"})
+    assert build_learner(bag, 9, 400).exploration.spec() == {"name": "fixed", "gamma": 0.0001}
+    untuned = load_config(environ={"STREAMLEARN_EXPLORATION_NAME": "adaptive"})
+    assert build_learner(untuned, 9, 400).exploration.spec() == Adaptive().spec()
     lone = load_config(environ={"STREAMLEARN_EXPLORATION_GAMMA": "0.1"})
     assert (lone.exploration.name, lone.exploration.gamma) == ("fixed", 0.1)
     assert build_learner(lone, 9, 400).exploration.spec() == {"name": "fixed", "gamma": 0.1}
