@@ -57,7 +57,7 @@ def online_error(dataset: str, replicas: int, events: int = 60_000, seed: int = 
                  learner: str = "linucb", partitions: int = 6, batch: int = 32,
                  rate: float = 2000.0, every_s: float = 0.25,
                  early_fraction: float = 0.05, delay_rounds: int = 0,
-                 exploration: str = "adaptive", gamma: float | None = None) -> float:
+                 exploration: str = "default", gamma: float | None = None) -> float:
     """The online error of ``replicas`` replicas (1 = the single daemon) on one stream; a
     decision's feedback is learned ``delay_rounds`` rounds after it (0: at once)."""
     X, y, K = stream(dataset, events, seed)
@@ -109,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--delay-rounds", type=int, default=0,
                         help="feedback learned this many rounds (~0.1 s each) after its decision")
-    parser.add_argument("--exploration", default="adaptive")
+    parser.add_argument("--exploration", default="default",
+                        help="default: the learner's own (as serve); or a strategy name")
     parser.add_argument("--gamma", type=float, default=None)
     args = parser.parse_args(argv)
     options = {"delay_rounds": args.delay_rounds, "exploration": args.exploration,
