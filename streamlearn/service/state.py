@@ -23,7 +23,7 @@ from streamlearn.stream.checkpoint import Restored
 from streamlearn.stream.clock import PartitionClocks
 from streamlearn.stream.join import PendingJoins
 
-__all__ = ["freeze", "thaw"]
+__all__ = ["freeze", "settings_kept", "thaw"]
 
 
 def freeze(engine: Engine | CandidateEngine, tracker: OnlineErrorTracker, counters: Counters,
@@ -60,3 +60,23 @@ def thaw(restored: Restored, settings: DaemonSettings, learner_class: type[Learn
         raise StateError(f"checkpoint {restored.seq} in {settings.checkpoint_dir} does not fit "
                          f"this daemon: {exc!r}") from exc
     return Engine(learner, joins=joins), counters
+
+
+def settings_kept(configured: Learner, restored: Learner) -> list[str]:
+    """The learner settings a restored checkpoint keeps against the configured ones, one
+    ``"name: checkpoint's value (configured: value)"`` each (empty when they agree).
+
+    The restored learner keeps its hyperparameters and its exploration with the state it
+    learned (its estimates, its drift detector): changing them belongs to a fresh state.
+    """
+    kept = []
+    got, want = restored.get_params(), configured.get_params()
+    for name in sorted(set(got) | set(want)):
+        if name in ("exploration", "seed"):
+            continue
+        if got.get(name) != want.get(name):
+            kept.append(f"{name}: {got.get(name)!r} (configured: {want.get(name)!r})")
+    if restored.exploration.spec() != configured.exploration.spec():
+        kept.append(f"exploration: {restored.exploration.spec()} "
+                    f"(configured: {configured.exploration.spec()})")
+    return kept

@@ -457,3 +457,27 @@ def test_a_detected_drift_is_exported() -> None:
         drain(daemon)
     detected = registry.get_sample_value("streamlearn_drift_detected_total")
     assert daemon.learner.drift_detections_ >= 1 and detected == daemon.learner.drift_detections_
+
+
+def test_a_restore_keeps_the_checkpoints_learner_settings_and_says_which(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The restored learner keeps the exploration (and its learned estimates) it was saved with;
+    a configured one that differs is named in a warning, not silently dropped."""
+    broker, clock = InMemoryBroker(2), Clock()
+    Caller(broker).publish(0, 100, ts=clock.t)
+    first = make_daemon(broker, tmp_path, clock)
+    drain(first)
+    first.checkpoint()
+    with caplog.at_level("WARNING", logger="streamlearn.daemon"):
+        same = make_daemon(broker, tmp_path, clock)
+    assert same.learner.exploration.spec() == {"name": "fixed", "gamma": 0.05}
+    assert not [r for r in caplog.records if "keeps its learner's own settings" in r.message]
+    transport = InMemoryTransport(broker=broker, partitions=2)
+    other = Daemon(settings(tmp_path), transport, Banditron(9, 400, FixedGamma(0.2), seed=11),
+                   wall_clock=clock)
+    with caplog.at_level("WARNING", logger="streamlearn.daemon"):
+        other.restore()
+    assert other.learner.exploration.spec() == {"name": "fixed", "gamma": 0.05}
+    warned = [r.getMessage() for r in caplog.records
+              if "keeps its learner's own settings" in r.getMessage()]
+    assert len(warned) == 1 and "'gamma': 0.05" in warned[0] and "'gamma': 0.2" in warned[0]
