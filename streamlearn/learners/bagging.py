@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 
 from streamlearn.errors import ConfigError
@@ -74,8 +72,6 @@ class Bagging(Learner):
     >>> round(replay(Bagging(9, 400), X, y, batch_size=16).error_rate, 2)
     0.06
     """
-
-    wants_standardised: ClassVar[bool] = True
 
     def __init__(
         self,

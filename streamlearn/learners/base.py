@@ -160,8 +160,6 @@ class Learner(abc.ABC):
 
     #: Learners that need labels (full information) set this; replay feeds them the true label.
     full_information: ClassVar[bool] = False
-    #: Whether standardised (centred, unit-variance) features are recommended for this learner.
-    wants_standardised: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -27,8 +27,6 @@ ridge: θ_aj = b_aj / A_ajj, width² = Σ_j x_j²/A_ajj).
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 
 from streamlearn.features import Batch, SparseBatch, add_outer, scores
@@ -149,8 +147,6 @@ def _square(X: Batch) -> Batch:
 
 
 class _RidgeLearner(Learner):
-    wants_standardised: ClassVar[bool] = True
-
     def __init__(self, n_actions: int, n_features: int, exploration: Exploration | None,
                  ridge: float, full_max_features: int, seed: int, drift_memory: float) -> None:
         from streamlearn.learners.exploration import default_exploration

@@ -10,8 +10,6 @@ towards the observed reward — is shared.
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numpy as np
 
 from streamlearn.features import Batch
@@ -63,8 +61,6 @@ def inverse_gap_weighting(
 
 class OracleLearner(Learner):
     """A learner whose state is a :class:`RegressionOracle` with one regressor per action."""
-
-    wants_standardised: ClassVar[bool] = True
 
     def __init__(
         self,
