@@ -8,7 +8,7 @@ from streamlearn.errors import ConfigError
 from streamlearn.features import Batch
 from streamlearn.learners import randomness
 from streamlearn.learners.base import Learner, check_float, check_int, mix_uniform
-from streamlearn.learners.exploration import Exploration
+from streamlearn.learners.exploration import Exploration, FixedGamma
 from streamlearn.learners.oracle import RegressionOracle
 from streamlearn.learners.oracle_base import new_change
 
@@ -73,6 +73,10 @@ class Bagging(Learner):
     0.06
     """
 
+    @classmethod
+    def _default_exploration(cls) -> Exploration:
+        return FixedGamma(0.0001)
+
     def __init__(
         self,
         n_actions: int,
@@ -86,10 +90,7 @@ class Bagging(Learner):
         initial: float = 0.5,
         drift_memory: float = 0.0,
     ) -> None:
-        from streamlearn.learners.exploration import FixedGamma
-
-        super().__init__(n_actions, n_features,
-                         exploration if exploration is not None else FixedGamma(0.0001), seed)
+        super().__init__(n_actions, n_features, exploration, seed)
         self.n_bags = check_int("Bagging", "n_bags", n_bags, low=1)
         if importance not in ("ips", "none"):
             raise ConfigError(f"The 'importance' parameter of Bagging must be 'ips' or 'none'. "

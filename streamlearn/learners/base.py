@@ -190,7 +190,7 @@ class Learner(abc.ABC):
 
         Here the drift-aware adaptive rule at its untuned defaults (for the Banditron family it
         is within 0.02 of the best fixed γ of a grid on every stream, docs/results.md §2);
-        learners with a rule of their own pass theirs to this constructor instead.
+        learners with a rule of their own override this (docs/learners.md lists them).
         """
         return Adaptive()
 

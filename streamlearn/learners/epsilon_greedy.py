@@ -65,11 +65,7 @@ class EpsilonGreedy(OracleLearner):
         importance: str = "none",
         drift_memory: float = 0.0,
     ) -> None:
-        from streamlearn.learners.exploration import default_exploration
-
-        super().__init__(n_actions, n_features,
-                         exploration if exploration is not None else default_exploration(),
-                         loss, lr, seed, initial, drift_memory)
+        super().__init__(n_actions, n_features, exploration, loss, lr, seed, initial, drift_memory)
         if importance not in ("ips", "none"):
             raise ConfigError(f"The 'importance' parameter of EpsilonGreedy must be 'ips' or 'none'. "
                               f"Got {importance!r} instead.")

@@ -443,12 +443,12 @@ LEARNER_DEFAULT = "default"
 def exploration_from_name(name: str, gamma: float | None = None) -> Exploration | None:
     """The CLI mapping: a strategy name with its untuned defaults, or a fixed γ.
 
-    ``"default"`` (or no name and no γ) gives ``None``: the learner's own default
-    exploration, the one its constructor picks (docs/learners.md).
+    ``"default"`` gives ``None``: the learner's own default exploration, the one its
+    constructor picks (docs/learners.md).
     """
     if name == "fixed" or (gamma is not None and name in ("", "fixed")):
         return FixedGamma(0.05 if gamma is None else gamma)
-    if name in ("", LEARNER_DEFAULT):
+    if name == LEARNER_DEFAULT:
         return None
     if name not in STRATEGIES:
         raise ConfigError(

@@ -31,7 +31,7 @@ import numpy as np
 
 from streamlearn.features import Batch, SparseBatch, add_outer, scores
 from streamlearn.learners.base import Learner, check_float, check_int, mix_uniform
-from streamlearn.learners.exploration import Exploration
+from streamlearn.learners.exploration import Exploration, default_exploration
 from streamlearn.learners.oracle import RegressionOracle
 from streamlearn.learners.oracle_base import new_change
 
@@ -147,12 +147,13 @@ def _square(X: Batch) -> Batch:
 
 
 class _RidgeLearner(Learner):
+    @classmethod
+    def _default_exploration(cls) -> Exploration:
+        return default_exploration()
+
     def __init__(self, n_actions: int, n_features: int, exploration: Exploration | None,
                  ridge: float, full_max_features: int, seed: int, drift_memory: float) -> None:
-        from streamlearn.learners.exploration import default_exploration
-
-        super().__init__(n_actions, n_features,
-                         exploration if exploration is not None else default_exploration(), seed)
+        super().__init__(n_actions, n_features, exploration, seed)
         name = type(self).__name__
         self.ridge = check_float(name, "ridge", ridge, 0.0, 1e6)
         self.full_max_features = check_int(name, "full_max_features", full_max_features, low=1)

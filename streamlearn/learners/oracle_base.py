@@ -14,7 +14,7 @@ import numpy as np
 
 from streamlearn.features import Batch
 from streamlearn.learners.base import Learner, check_float
-from streamlearn.learners.exploration import Exploration
+from streamlearn.learners.exploration import Exploration, default_exploration
 from streamlearn.learners.oracle import RegressionOracle
 
 __all__ = ["OracleLearner", "inverse_gap_weighting", "new_change"]
@@ -61,6 +61,10 @@ def inverse_gap_weighting(
 
 class OracleLearner(Learner):
     """A learner whose state is a :class:`RegressionOracle` with one regressor per action."""
+
+    @classmethod
+    def _default_exploration(cls) -> Exploration:
+        return default_exploration()
 
     def __init__(
         self,

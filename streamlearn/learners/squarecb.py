@@ -64,11 +64,7 @@ class SquareCB(OracleLearner):
         initial: float = 1.0,
         drift_memory: float = 0.0,
     ) -> None:
-        from streamlearn.learners.exploration import default_exploration
-
-        super().__init__(n_actions, n_features,
-                         exploration if exploration is not None else default_exploration(),
-                         loss, lr, seed, initial, drift_memory)
+        super().__init__(n_actions, n_features, exploration, loss, lr, seed, initial, drift_memory)
         self.greediness = check_float("SquareCB", "greediness", greediness, 0.0, 1e6)
 
     def _probabilities(
