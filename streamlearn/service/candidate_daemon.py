@@ -37,7 +37,7 @@ from streamlearn.service.counters import Counters, tracker_load
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.metrics import Observer
 from streamlearn.service.settings import DaemonSettings
-from streamlearn.service.state import freeze
+from streamlearn.service.state import freeze, warn_settings_kept
 from streamlearn.stream.checkpoint import Restored
 from streamlearn.stream.join import Closed, PendingJoins
 from streamlearn.stream.transport import Message, Transport
@@ -89,6 +89,8 @@ class CandidateDaemon(Daemon):
         except (KeyError, TypeError, ValueError, StateError) as exc:
             raise StateError(f"checkpoint {restored.seq} in {s.checkpoint_dir} does not fit this "
                              f"candidate-mode daemon: {exc!r}") from exc
+        warn_settings_kept(restored.seq, self.engine.learner.hyperparameters(),
+                           learner.hyperparameters())
         self.engine = CandidateEngine(learner, s.join_settings(), s.candidates_max_slots, joins,
                                       early)
         self.counters = counters

@@ -55,7 +55,7 @@ from streamlearn.service.metrics import Observer
 from streamlearn.service.outputs import Outputs, dead_letter_value
 from streamlearn.service.retraining import Retraining, ranking_lists
 from streamlearn.service.settings import DaemonSettings, blas_threads
-from streamlearn.service.state import freeze, settings_kept, thaw
+from streamlearn.service.state import freeze, learner_settings, thaw, warn_settings_kept
 from streamlearn.stream.align import InputAligner
 from streamlearn.stream.checkpoint import (
     Checkpointer,
@@ -210,13 +210,9 @@ class Daemon:
 
     def _thaw(self, restored: Restored) -> None:
         """Replace the engine and counters by the restored snapshot's."""
-        configured = self.learner
+        configured = learner_settings(self.learner)
         self.engine, self.counters = thaw(restored, self.settings, type(self.learner), self.tracker)
-        kept = settings_kept(configured, self.learner)
-        if kept:
-            log.warning("checkpoint %d keeps its learner's own settings, not the configured "
-                        "ones: %s; they apply to a fresh state (an empty checkpoint.dir)",
-                        restored.seq, "; ".join(kept))
+        warn_settings_kept(restored.seq, configured, learner_settings(self.learner))
 
     def _freeze(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         return freeze(self.engine, self.tracker, self.counters, self.settings)

@@ -8,6 +8,8 @@ daemon (another learner shape) with a :class:`~streamlearn.errors.StateError`.
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -23,7 +25,9 @@ from streamlearn.stream.checkpoint import Restored
 from streamlearn.stream.clock import PartitionClocks
 from streamlearn.stream.join import PendingJoins
 
-__all__ = ["freeze", "settings_kept", "thaw"]
+log = logging.getLogger("streamlearn.daemon")
+
+__all__ = ["freeze", "learner_settings", "thaw", "warn_settings_kept"]
 
 
 def freeze(engine: Engine | CandidateEngine, tracker: OnlineErrorTracker, counters: Counters,
@@ -62,21 +66,22 @@ def thaw(restored: Restored, settings: DaemonSettings, learner_class: type[Learn
     return Engine(learner, joins=joins), counters
 
 
-def settings_kept(configured: Learner, restored: Learner) -> list[str]:
-    """The learner settings a restored checkpoint keeps against the configured ones, one
-    ``"name: checkpoint's value (configured: value)"`` each (empty when they agree).
+def learner_settings(learner: Learner) -> dict[str, Any]:
+    """What a learner was configured with: its hyperparameters and its exploration's spec."""
+    params = {k: v for k, v in learner.get_params().items() if k not in ("exploration", "seed")}
+    return {**params, "exploration": learner.exploration.spec()}
+
+
+def warn_settings_kept(seq: int, configured: Mapping[str, Any], restored: Mapping[str, Any]) -> None:
+    """Log one WARNING naming every configured learner setting a restored checkpoint overrides.
 
     The restored learner keeps its hyperparameters and its exploration with the state it
     learned (its estimates, its drift detector): changing them belongs to a fresh state.
     """
-    kept = []
-    got, want = restored.get_params(), configured.get_params()
-    for name in sorted(set(got) | set(want)):
-        if name in ("exploration", "seed"):
-            continue
-        if got.get(name) != want.get(name):
-            kept.append(f"{name}: {got.get(name)!r} (configured: {want.get(name)!r})")
-    if restored.exploration.spec() != configured.exploration.spec():
-        kept.append(f"exploration: {restored.exploration.spec()} "
-                    f"(configured: {configured.exploration.spec()})")
-    return kept
+    kept = [f"{name}: {restored.get(name)!r} (configured: {configured.get(name)!r})"
+            for name in sorted(set(configured) | set(restored))
+            if configured.get(name) != restored.get(name)]
+    if kept:
+        log.warning("checkpoint %d keeps its learner's own settings, not the configured ones: "
+                    "%s; they apply to a fresh state (an empty checkpoint.dir)", seq,
+                    "; ".join(kept))

@@ -301,3 +301,19 @@ def test_the_loop_retrains_listwise_rankers_on_its_logged_slates(tmp_path: Path)
     assert history[-1]["documents_per_query"] > 1.5  # multi-document queries from the loop
     logged = read_experience(tmp_path / "experience").ids
     assert sorted(logged) == sorted(caller.applied_pairs)  # every answered slot, once
+
+
+def test_a_restore_names_the_configured_hyperparameters_the_checkpoint_overrides(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    broker, clock = InMemoryBroker(2), Clock()
+    caller = Caller(broker)
+    daemon = run(broker, make_daemon(broker, tmp_path, clock), caller, clock, 2)
+    daemon.checkpoint(final=True)
+    other = CandidateDaemon(daemon.settings, InMemoryTransport(broker=broker, partitions=2),
+                            CandidateLinUCB(D_X, D_C, alpha=0.9, seed=3), wall_clock=clock)
+    with caplog.at_level("WARNING", logger="streamlearn.daemon"):
+        other.restore()
+    assert other.learner.hyperparameters()["alpha"] == 0.5  # the checkpoint's learner
+    warned = [r.getMessage() for r in caplog.records
+              if "keeps its learner's own settings" in r.getMessage()]
+    assert len(warned) == 1 and "alpha: 0.5 (configured: 0.9)" in warned[0], warned
