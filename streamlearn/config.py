@@ -136,11 +136,11 @@ class LearnerConfig:
 class ExplorationConfig:
     """How much to explore."""
 
-    name: str = spec("default", "strategy: default is the learner's own (docs/learners.md: a "
-                     "drift-aware adaptive rule for every learner but bag); adaptive follows an "
-                     "unbiased estimate of the exploit error at its untuned defaults; fixed keeps "
-                     "γ = gamma", choices=("default", "fixed", "sqrt", "cuberoot", "adaptive",
-                                           "margin"))
+    name: str = spec("default", "strategy: default is the learner's own, drift-aware "
+                     "(docs/learners.md: an adaptive rule; for bag a small floor with a change "
+                     "detector); adaptive follows an unbiased estimate of the exploit error at its "
+                     "untuned defaults; fixed keeps γ = gamma", choices=(
+                         "default", "fixed", "sqrt", "cuberoot", "adaptive", "margin"))
     gamma: float | None = spec(0.05, "γ of the fixed strategy (a gamma given without a "
                                "strategy selects fixed)", gt=0, le=0.5)
 

@@ -49,7 +49,8 @@ class Bagging(Learner):
     n_actions, n_features
         K and d.
     exploration
-        Source of γ (default ``FixedGamma(0.0001)``: a floor under every allowed action).
+        Source of γ (default ``FixedGamma(0.0001, detect_drift=True)``: a floor under every
+        allowed action, and a change detector that restarts the copies).
     n_bags
         N, the number of copies.
     importance
@@ -75,7 +76,9 @@ class Bagging(Learner):
 
     @classmethod
     def _default_exploration(cls) -> Exploration:
-        return FixedGamma(0.0001)
+        # a floor under every action (the bootstrap votes explore) and a change detector: on a
+        # detected change the copies restart (``drift_memory``)
+        return FixedGamma(0.0001, detect_drift=True)
 
     def __init__(
         self,

