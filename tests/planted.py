@@ -6,7 +6,8 @@ real ranker can do — so their policy's quality is known in advance: the neares
 class centroid of the logged contexts (better than an online learner early in
 a stream) and the farthest one (worse than anything sensible). They are loaded
 by the daemon's retrainer as ``planted:CentroidOracle`` / ``planted:CentroidAntiOracle``
-(``tests/`` on ``PYTHONPATH``).
+(``tests/`` on ``PYTHONPATH``). ``planted:NeverLogged`` is a policy no logged row can
+measure.
 """
 
 from __future__ import annotations
@@ -51,3 +52,25 @@ class CentroidAntiOracle(CentroidOracle):
     """The farthest centroid first: a policy worse than any learner."""
 
     sign: ClassVar[float] = -1.0
+
+
+class NeverLogged(Ranker):
+    """First the action after the logged one (mod K) for every logged context: its policy
+    never matches a logged action, so no held-out row can weigh its value (SNIPS is 0/0)."""
+
+    def __init__(self) -> None:
+        pass
+
+    def _fit(self, data: FitData) -> None:
+        rows = read_experience(os.environ["PLANTED_LOG_DIR"])
+        self.n_actions_ = rows.probs.shape[1]
+        self.logged_X_ = rows.X.astype(np.float64)
+        self.logged_actions_ = rows.actions.astype(np.int64)
+
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        blocks = X.reshape(len(X), self.n_actions_, -1)
+        action = np.argmax(np.abs(blocks).sum(axis=2), axis=1)  # φ(x, a) = x ⊗ e_a
+        x = blocks[np.arange(len(X)), action]
+        same = (x[:, None, :] == self.logged_X_[None, :, :]).all(axis=2)
+        logged = np.where(same.any(axis=1), self.logged_actions_[same.argmax(axis=1)], -1)
+        return np.asarray(action == (logged + 1) % self.n_actions_, dtype=np.float64)

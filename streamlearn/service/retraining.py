@@ -30,6 +30,7 @@ from __future__ import annotations
 import concurrent.futures as futures
 import contextlib
 import logging
+import math
 import multiprocessing
 import os
 import shutil
@@ -319,7 +320,9 @@ class Retraining:
             return
         for policy, by_estimator in result.get("estimates", {}).items():
             for estimator, e in by_estimator.items():
-                self.observer.on_policy_value(policy, estimator, e["value"], e["low"], e["high"])
+                # an estimate with no matched held-out row is null in the JSON: NaN on the gauge
+                self.observer.on_policy_value(policy, estimator, *(
+                    math.nan if e.get(k) is None else float(e[k]) for k in ("value", "low", "high")))
         from streamlearn.retrain.job import promotion_decision
 
         decision = promotion_decision(result)

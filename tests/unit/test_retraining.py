@@ -173,6 +173,40 @@ def test_a_window_without_rewards_is_skipped_not_failed(tmp_path: Path) -> None:
     assert observer.failures == 0 and observer.retrains == []
 
 
+def test_a_policy_no_held_out_row_matches_exports_nan_not_a_crash(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ranker whose choice never equals a logged action has no estimate (SNIPS is 0/0, null
+    in the history): the real Prometheus gauges read NaN and the loop goes on."""
+    from prometheus_client import CollectorRegistry
+
+    from streamlearn.service.metrics import PrometheusObserver
+
+    monkeypatch.setenv("PLANTED_LOG_DIR", str(tmp_path / "experience"))
+    broker, clock = InMemoryBroker(2), Clock()
+    registry = CollectorRegistry()
+    daemon = Daemon(retrain_settings(tmp_path, retrain_rankers="planted:NeverLogged"),
+                    InMemoryTransport(broker=broker, partitions=2), learner(),
+                    PrometheusObserver(registry), clock)
+    daemon.restore()
+    run(daemon, Caller(broker), clock, 0, 700)
+    assert daemon.retraining is not None and daemon.retraining.retrains >= 1
+    assert daemon.retraining.failures == 0
+    history = read_ranker_state(tmp_path / "rankers")["history"]
+    assert history[-1]["estimates"]["ranker:neverlogged"]["snips"]["value"] is None
+    assert not history[-1]["promoted"]
+    labels = {"policy": "ranker:neverlogged", "estimator": "snips"}
+    for name in ("streamlearn_policy_value", "streamlearn_policy_value_lower",
+                 "streamlearn_policy_value_upper"):
+        value = registry.get_sample_value(name, labels)
+        assert value is not None and np.isnan(value), name
+    learned = registry.get_sample_value("streamlearn_policy_value",
+                                        {"policy": "learner", "estimator": "snips"})
+    assert learned is not None and np.isfinite(learned)
+    from streamlearn.cli import main
+
+    assert main(["inspect", str(tmp_path)]) == 0  # the history with a null estimate reads back
+
+
 def test_an_unknown_ranker_is_a_config_error_at_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no_such_module:Nothing"):
         Daemon(retrain_settings(tmp_path, retrain_rankers="no_such_module:Nothing"),
