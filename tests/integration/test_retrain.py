@@ -9,6 +9,7 @@ the retrainer in its default worker process.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import signal
 import subprocess
@@ -69,18 +70,28 @@ def test_retraining_on_letter_reaches_prometheus(prometheus: Callable[..., Any],
         assert _value(server.query("streamlearn_retrain_failures_total")) == 0
         for metric in ("auc", "ndcg"):
             assert 0 <= _value(server.query(f'streamlearn_ranker_quality{{metric="{metric}"}}')) <= 1
+        exported = {}
         for policy in ("learner", "uniform", "best_constant", "ranker:logistic"):
             for estimator in ("snips", "dr"):
                 labels = f'{{policy="{policy}", estimator="{estimator}"}}'
-                low = _value(server.query(f"streamlearn_policy_value_lower{labels}"))
-                value = _value(server.query(f"streamlearn_policy_value{labels}"))
-                high = _value(server.query(f"streamlearn_policy_value_upper{labels}"))
-                assert low <= value <= high, (policy, estimator)
+                exported[policy, estimator] = tuple(
+                    _value(server.query(f"streamlearn_policy_value{suffix}{labels}"))
+                    for suffix in ("_lower", "", "_upper"))
         assert _value(server.query("streamlearn_ranker_version")) >= 1
     finally:
         finish(proc, stop=True)
     state = read_ranker_state(tmp_path / "rankers")
     assert len(state["history"]) == retrains
+    # the gauges hold the last retrain's estimates; one no held-out row could weigh is NaN
+    for (policy, estimator), gauges in exported.items():
+        recorded = state["history"][-1]["estimates"][policy][estimator]
+        for key, gauge in zip(("low", "value", "high"), gauges, strict=True):
+            if recorded[key] is None:
+                assert math.isnan(gauge), (policy, estimator, key, gauge)
+            else:
+                assert gauge == pytest.approx(recorded[key], rel=1e-9), (policy, estimator, key)
+        if recorded["value"] is not None:
+            assert gauges[0] <= gauges[1] <= gauges[2], (policy, estimator)
     rows = read_experience(tmp_path / "experience")
     assert len(rows.ids) == len(set(rows.ids)) > 25_000  # every learned decision, once
     # `streamlearn evaluate` on the same log reproduces what the loop estimated
