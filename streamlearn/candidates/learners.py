@@ -132,9 +132,20 @@ class CandidateLearner:
         """(N,) the model's estimate of each candidate's reward."""
         raise NotImplementedError
 
+    def ranking_scores(self, phi: np.ndarray) -> np.ndarray:
+        """(N,) what the exploration distribution is built from; by default :meth:`scores`.
+
+        A candidate's ranking score depends on its φ alone, never on the other candidates
+        of its request, so slot 2 of a slate reuses slot 1's scores of the remaining ones."""
+        return self.scores(phi)
+
+    def distribution_of(self, sets: CandidateSets, ranked: np.ndarray) -> np.ndarray:
+        """(N,) sampling probabilities from the ranking scores, summing to 1 within each request."""
+        raise NotImplementedError
+
     def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
         """(N,) sampling probabilities, summing to 1 within each request."""
-        raise NotImplementedError
+        return self.distribution_of(sets, self.ranking_scores(phi))
 
     def decide(self, sets: CandidateSets, keys: object = None) -> Decision:
         """Choose one candidate per request; keys (default: round numbers) seed the draws."""
@@ -155,7 +166,8 @@ class CandidateLearner:
         its propensity is that distribution's probability of the placed candidate. Slot s
         of a request draws the keyed uniform of (key, s)."""
         phi = joint_features(sets)
-        probs = self.distribution(sets, phi)
+        ranked = self.ranking_scores(phi)
+        probs = self.distribution_of(sets, ranked)
         B = len(sets)
         slots = np.minimum(np.asarray(slots, dtype=np.int64), sets.sizes)
         rounds = np.arange(self.n_requests_, self.n_requests_ + B)
@@ -171,8 +183,7 @@ class CandidateLearner:
             sizes = np.bincount(sets.request_of[rows], minlength=B)[active]
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             remaining = CandidateSets(sets.context[active], sets.items[rows], offsets)
-            p = probs if s == 0 else self.distribution(remaining, phi[rows])
-            p = p if s > 0 else p[rows]
+            p = probs[rows] if s == 0 else self.distribution_of(remaining, ranked[rows])
             u = randomness.uniforms(self.seed + 7919 * s, rounds[active] if key_list is None
                                     else [key_list[i] for i in active.tolist()])
             local = segment_sample(p, offsets, u)
@@ -190,9 +201,10 @@ class CandidateLearner:
         raise NotImplementedError
 
 
-def _mix_uniform(sets: CandidateSets, greedy: np.ndarray, epsilon: float) -> np.ndarray:
+def _mix_around_best(sets: CandidateSets, ranked: np.ndarray, epsilon: float) -> np.ndarray:
+    """1 − ε on each request's best-ranked candidate, ε spread over all of its candidates."""
     probs = np.repeat(epsilon / sets.sizes, sets.sizes)
-    probs[greedy] += 1.0 - epsilon
+    probs[segment_argmax(ranked, sets.offsets)] += 1.0 - epsilon
     return probs
 
 
@@ -234,8 +246,8 @@ class CandidateEpsilonGreedy(_OracleLearner):
     def hyperparameters(self) -> dict[str, float]:
         return {"epsilon": self.epsilon, "lr": self.lr}
 
-    def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
-        return _mix_uniform(sets, segment_argmax(self.scores(phi), sets.offsets), self.epsilon)
+    def distribution_of(self, sets: CandidateSets, ranked: np.ndarray) -> np.ndarray:
+        return _mix_around_best(sets, ranked, self.epsilon)
 
 
 class CandidateSquareCB(_OracleLearner):
@@ -250,8 +262,11 @@ class CandidateSquareCB(_OracleLearner):
     def hyperparameters(self) -> dict[str, float]:
         return {"greediness": self.greediness, "lr": self.lr}
 
-    def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
-        mu = np.clip(self.scores(phi), 0.0, 1.0)
+    def ranking_scores(self, phi: np.ndarray) -> np.ndarray:
+        return np.asarray(np.clip(self.scores(phi), 0.0, 1.0))
+
+    def distribution_of(self, sets: CandidateSets, ranked: np.ndarray) -> np.ndarray:
+        mu = ranked
         best = segment_argmax(mu, sets.offsets)
         sizes = np.repeat(sets.sizes, sets.sizes).astype(np.float64)
         rounds = self.n_requests_ + 1 + sets.request_of
@@ -284,8 +299,8 @@ class CandidateBanditron(CandidateLearner):
     def scores(self, phi: np.ndarray) -> np.ndarray:
         return np.asarray(phi @ self.weights_)
 
-    def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
-        return _mix_uniform(sets, segment_argmax(self.scores(phi), sets.offsets), self.gamma)
+    def distribution_of(self, sets: CandidateSets, ranked: np.ndarray) -> np.ndarray:
+        return _mix_around_best(sets, ranked, self.gamma)
 
     def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
                exploit_phi: np.ndarray | None = None) -> None:
@@ -323,10 +338,13 @@ class CandidateLinUCB(CandidateLearner):
     def scores(self, phi: np.ndarray) -> np.ndarray:
         return np.asarray(phi @ (self.A_inv_ @ self.b_))
 
-    def distribution(self, sets: CandidateSets, phi: np.ndarray) -> np.ndarray:
+    def ranking_scores(self, phi: np.ndarray) -> np.ndarray:
+        """The upper confidence bound θ·φ + α·√(φᵀA⁻¹φ)."""
         width = np.sqrt(np.maximum(((phi @ self.A_inv_) * phi).sum(axis=1), 0.0))
-        upper = self.scores(phi) + self.alpha * width
-        return _mix_uniform(sets, segment_argmax(upper, sets.offsets), self.epsilon)
+        return np.asarray(self.scores(phi) + self.alpha * width)
+
+    def distribution_of(self, sets: CandidateSets, ranked: np.ndarray) -> np.ndarray:
+        return _mix_around_best(sets, ranked, self.epsilon)
 
     def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
                exploit_phi: np.ndarray | None = None) -> None:

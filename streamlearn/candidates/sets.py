@@ -93,10 +93,13 @@ def segment_argmax(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     [1, 3]
     """
     v = np.nan_to_num(np.asarray(values, dtype=np.float64), nan=-np.inf)
-    B = len(offsets) - 1
-    request = np.repeat(np.arange(B), np.diff(offsets))
-    order = np.lexsort((np.arange(len(v)), -v, request))  # by request, value desc, row asc
-    return np.asarray(order[offsets[:-1]])
+    starts = np.asarray(offsets[:-1])
+    if not len(starts):
+        return np.zeros(0, dtype=np.int64)
+    # O(N): each segment's maximum, then the first row equal to it (every segment is non-empty)
+    best = np.maximum.reduceat(v, starts)
+    at_max = np.flatnonzero(v == np.repeat(best, np.diff(offsets)))
+    return np.asarray(at_max[np.searchsorted(at_max, starts)], dtype=np.int64)
 
 
 def segment_sample(probs: np.ndarray, offsets: np.ndarray, uniforms: np.ndarray) -> np.ndarray:

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
 
 from streamlearn.candidates.sets import CandidateSets
-from streamlearn.events.payload import classify, explain, feature_batch
+from streamlearn.events.payload import classify, dense_feature_batch, explain, feature_batch
 from streamlearn.events.raw import (
     DEFAULT_LIMITS,
     DecodeLimits,
@@ -40,7 +41,7 @@ from streamlearn.events.raw import (
     parse_object,
     timestamp_of,
 )
-from streamlearn.features import SparseBatch
+from streamlearn.features import Batch, SparseBatch
 
 __all__ = ["CANDIDATE_REASONS", "MAX_CANDIDATES", "MAX_SLOTS", "CandidateRequests",
            "decode_candidate_requests"]
@@ -73,15 +74,19 @@ class _Request:
     event_id: str
     ts: float
     shared: tuple[str, Any] | None
-    candidates: list[tuple[str, Any]]
+    candidates: list[tuple[str, Any]]  # (form, payload) per candidate; empty when ``dense`` is set
     candidate_ids: list[str]
     slots: int
+    dense: list[Any] | None = None  # every candidate's dense 'x' list (the fast path)
+
+    def forms(self) -> list[tuple[str, Any]]:
+        return self.candidates if self.dense is None else [("dense", x) for x in self.dense]
 
 
 def _candidate_list(obj: dict[str, Any], event_id: str, max_candidates: int) -> list[Any]:
     candidates = obj.get("candidates")
     if not (isinstance(candidates, list) and candidates
-            and all(isinstance(c, dict) for c in candidates)):
+            and set(map(type, candidates)) == {dict}):  # parsed JSON: exact dicts, no subclasses
         got = "nothing" if candidates is None else (
             "an empty list" if candidates == [] else f"{type(candidates).__name__}")
         raise Reject("bad_candidates", "expected 'candidates' as a non-empty list of "
@@ -104,9 +109,10 @@ def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
         raise Reject("wrong_dimension", "expected no shared 'x' (this deployment has no shared "
                                         "context features), got one", event_id)
     candidates = _candidate_list(obj, event_id, max_candidates)
-    ids: list[str] = []
+    ids, dense = _dense_candidates(candidates, d_c, limits.max_id_length)
     forms: list[tuple[str, Any]] = []
-    for k, candidate in enumerate(candidates):
+    # one candidate at a time only off the fast path: other forms, or a bad candidate to name
+    for k, candidate in enumerate(candidates if dense is None else ()):
         cid = candidate.get("id")
         if not isinstance(cid, str) or not cid or len(cid) > limits.max_id_length:
             raise Reject("bad_candidate_id", f"expected candidate {k} to have a string 'id' of 1 "
@@ -128,7 +134,22 @@ def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
         raise Reject("bad_slots", f"expected 'slots' an integer in [1, {most}] (at most the "
                                   f"number of candidates, {len(ids)}, and the deployment's "
                                   f"{max_slots}), got {slots!r:.20}", event_id)
-    return _Request(msg, event_id, ts, shared, forms, ids, slots)
+    return _Request(msg, event_id, ts, shared, forms, ids, slots, dense)
+
+
+def _dense_candidates(candidates: list[Any], d_c: int,
+                      max_id_length: int) -> tuple[list[Any], list[Any] | None]:
+    """(ids, dense 'x' lists) when every candidate has a valid string id and a dense 'x' of
+    ``d_c`` entries — the shape recommenders send — checked in a few C-level passes instead
+    of one Python step per candidate; ``([], None)`` otherwise (the caller then walks the
+    candidates one by one to name the first bad one, or to classify mixed forms)."""
+    ids = [c.get("id") for c in candidates]
+    xs = [c.get("x") for c in candidates]
+    if (all(type(i) is str for i in ids) and min(map(len, ids)) >= 1
+            and max(map(len, ids)) <= max_id_length
+            and all(type(x) is list for x in xs) and set(map(len, xs)) == {d_c}):
+        return ids, xs
+    return [], None
 
 
 def _dense(X: Any) -> np.ndarray:
@@ -148,9 +169,13 @@ def decode_candidate_requests(
         except Reject as err:
             rejections.append(err.of(msg))
     # features of every candidate of every request in one pass, then of the shared contexts
-    flat = [form for r in kept for form in r.candidates]
-    ok_items, items = feature_batch(flat, d_c, limits)
-    sizes = np.array([len(r.candidates) for r in kept], dtype=np.int64)
+    items: Batch
+    if all(r.dense is not None for r in kept):
+        ok_items, items = dense_feature_batch(
+            list(chain.from_iterable(r.dense for r in kept if r.dense is not None)), d_c, limits)
+    else:
+        ok_items, items = feature_batch([form for r in kept for form in r.forms()], d_c, limits)
+    sizes = np.array([len(r.candidate_ids) for r in kept], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     ok = np.logical_and.reduceat(ok_items, starts[:-1]) if len(kept) else np.zeros(0, bool)
     if d_x > 0:
@@ -164,7 +189,7 @@ def decode_candidate_requests(
         r = kept[i]
         bad = [k for k in range(sizes[i]) if not ok_items[starts[i] + k]]
         if bad:
-            reason, detail = explain(*r.candidates[bad[0]], d_c, limits)
+            reason, detail = explain(*r.forms()[bad[0]], d_c, limits)
             detail = f"candidate {r.candidate_ids[bad[0]]!r:.40}: {detail}"
         else:
             assert r.shared is not None

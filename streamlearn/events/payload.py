@@ -20,7 +20,7 @@ import numpy as np
 from streamlearn.events.raw import DecodeLimits, Reject
 from streamlearn.features import Batch, SparseBatch, hash_names
 
-__all__ = ["classify", "explain", "feature_batch"]
+__all__ = ["classify", "dense_feature_batch", "explain", "feature_batch"]
 
 
 def classify(x: object, n_features: int, event_id: str) -> tuple[str, Any]:
@@ -108,14 +108,20 @@ def _flat_floats(values: list[Any], lengths: list[int]) -> tuple[np.ndarray, np.
     return flat, numeric
 
 
+def dense_feature_batch(rows: list[Any], n_features: int,
+                        limits: DecodeLimits) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`feature_batch` of rows that are all dense lists of ``n_features`` entries."""
+    dense, numeric = _as_float_rows(rows, n_features)
+    ok = numeric & _dense_flags(dense, limits)
+    return ok, dense if ok.all() else dense[ok]
+
+
 def feature_batch(forms: list[tuple[str, Any]], n_features: int,
                   limits: DecodeLimits) -> tuple[np.ndarray, Batch]:
     """Build the feature batch of ``(form, payload)`` rows; return (row ok flags, batch of ok rows)."""
     n = len(forms)
     if all(form == "dense" for form, _ in forms):
-        dense, numeric = _as_float_rows([p for _, p in forms], n_features)
-        ok = numeric & _dense_flags(dense, limits)
-        return ok, dense if ok.all() else dense[ok]
+        return dense_feature_batch([p for _, p in forms], n_features, limits)
     ok = np.ones(n, dtype=bool)
     idx_rows: list[np.ndarray] = [np.zeros(0, np.int64)] * n
     val_rows: list[np.ndarray] = [np.zeros(0)] * n

@@ -121,3 +121,34 @@ def test_a_rejected_request_does_not_shift_the_features_of_the_next_ones(
                                   np.concatenate([a.sets.items for a in alone]))
     np.testing.assert_array_equal(batch.sets.context,
                                   np.concatenate([a.sets.context for a in alone]))
+
+
+dense_candidate = st.fixed_dictionaries({
+    "id": st.one_of(st.text(max_size=3), st.integers(0, 3), st.none()),
+    "x": st.one_of(
+        st.lists(st.one_of(st.floats(-1e13, 1e13), st.integers(-5, 5), st.booleans()),
+                 min_size=D_C, max_size=D_C),
+        st.lists(st.floats(-2, 2), min_size=0, max_size=D_C + 1),
+        st.lists(st.text(max_size=1), min_size=D_C, max_size=D_C))})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(dense_candidate, min_size=1, max_size=5), min_size=1, max_size=4))
+def test_the_dense_fast_path_decodes_as_the_candidate_by_candidate_walk(
+        requests: list[list[dict[str, Any]]]) -> None:
+    """Requests whose candidates are (mostly) dense lists: what the few-pass check accepts,
+    the walk over each candidate accepts identically, and both reject the same requests with
+    the same reason and detail."""
+    import streamlearn.events.candidates as decoder
+
+    messages = [message({"id": f"r{i}", "x": [0.0, 1.0], "candidates": c}, i)
+                for i, c in enumerate(requests)]
+    fast, fast_bad = decode_candidate_requests(messages, D_X, D_C)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decoder, "_dense_candidates", lambda *_: ([], None))
+        walk, walk_bad = decode_candidate_requests(messages, D_X, D_C)
+    assert fast.ids == walk.ids and fast.candidate_ids == walk.candidate_ids
+    np.testing.assert_array_equal(fast.sets.items, walk.sets.items)
+    np.testing.assert_array_equal(fast.sets.offsets, walk.sets.offsets)
+    assert [(r.event_id, r.reason, r.detail) for r in fast_bad] == \
+        [(r.event_id, r.reason, r.detail) for r in walk_bad]

@@ -240,3 +240,16 @@ def test_replay_command_on_a_candidate_stream(capsys: pytest.CaptureFixture[str]
     assert main(["replay", "--dataset", "synthetic-candidates", "--learner", "pnorm"]) == 2
     assert "candidate-set stream" in capsys.readouterr().err
     assert main(["replay", "--dataset", "synsep", "--rounds", "100", "--slots", "2"]) == 2
+
+
+@given(st.lists(st.lists(st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 1.0, np.inf, np.nan]),
+                         min_size=1, max_size=6), min_size=1, max_size=8))
+def test_segment_argmax_is_each_segments_first_largest_value(segments: list[list[float]]) -> None:
+    values = np.array([v for seg in segments for v in seg])
+    offsets = np.concatenate([[0], np.cumsum([len(seg) for seg in segments])])
+    expected, start = [], 0
+    for seg in segments:  # the reference: NaN below everything (-inf too), ties to the first
+        ranked = [(0, 0.0) if np.isnan(v) else (1, v) for v in seg]
+        expected.append(start + ranked.index(max(ranked)))
+        start += len(seg)
+    assert segment_argmax(values, offsets).tolist() == expected

@@ -117,6 +117,18 @@ def test_extremely_deep_nesting_is_refused_without_parsing() -> None:
     assert [r.reason for r in rejected] == ["nesting_too_deep"]
 
 
+@given(st.binary(max_size=400) | st.text(alphabet='[]{}"a,:1 ', max_size=400).map(str.encode),
+       st.integers(min_value=0, max_value=12))
+def test_the_depth_check_counts_brackets_as_a_naive_scan_does(value: bytes, limit: int) -> None:
+    from streamlearn.events.raw import _depth_exceeds
+
+    depth = deepest = 0
+    for byte in value:  # the reference: one step per byte, strings included
+        depth += (byte in b"[{") - (byte in b"]}")
+        deepest = max(deepest, depth)
+    assert _depth_exceeds(value, limit) == (deepest > limit)
+
+
 @pytest.mark.parametrize(("value", "reason"), [
     (orjson.dumps({"id": "a", "reward": 1.5}), "bad_reward"),
     (orjson.dumps({"id": "a", "reward": -0.1}), "bad_reward"),
