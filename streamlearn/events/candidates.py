@@ -145,9 +145,9 @@ def _dense_candidates(candidates: list[Any], d_c: int,
     candidates one by one to name the first bad one, or to classify mixed forms)."""
     ids = [c.get("id") for c in candidates]
     xs = [c.get("x") for c in candidates]
-    if (all(type(i) is str for i in ids) and min(map(len, ids)) >= 1
+    if (set(map(type, ids)) == {str} and min(map(len, ids)) >= 1
             and max(map(len, ids)) <= max_id_length
-            and all(type(x) is list for x in xs) and set(map(len, xs)) == {d_c}):
+            and set(map(type, xs)) == {list} and set(map(len, xs)) == {d_c}):
         return ids, xs
     return [], None
 

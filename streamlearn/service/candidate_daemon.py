@@ -141,6 +141,7 @@ class CandidateDaemon(Daemon):
         key = np.where(np.isnan(decided.scores), -np.inf, decided.scores)
         key[decided.exploit] = np.inf
         order = np.lexsort((-key, sets.request_of))
+        ranked_ids = np.asarray(cids, dtype=object)[order]  # each request's slice, in order
         model = f"{self.model_name}-v{self.counters.model_version}"
         records = []
         for j in fresh.tolist():
@@ -151,7 +152,7 @@ class CandidateDaemon(Daemon):
                             "candidates": [{"id": cids[r], "prob": p}
                                            for r, p in zip(placed, probs, strict=True)],
                             "prob": float(np.prod(probs)),
-                            "ranking": [cids[r] for r in order[start:stop].tolist()],
+                            "ranking": ranked_ids[start:stop].tolist(),
                             "explored": bool(placed[0] != decided.exploit[j]),
                             "model": model, "ts": wall})
         return self._journal_and_encode(values, fresh, records, decided.slot_probs[fresh])
