@@ -13,9 +13,16 @@ all on an in-memory transport — no broker, no simulator in the timing):
   commit): the same loop measured in a subprocess whose ``PYTHONPATH`` is DIR,
   alternating with this one (A B A B), so both see the same machine.
 
+With ``--candidates N`` the same three rates are measured in candidate mode:
+requests of N candidates with d_c = 45 dense features each (the shape of the
+OHSUMED candidate stream), one reward per request; the bare relay decodes each
+request's candidates into one (N, 45) array and encodes a decision naming one
+candidate; the loop is ``CandidateDaemon.step`` with LinUCB, one slot.
+
 Usage::
 
     python -m simulators.bench_loop [--events 50000] [--repeats 3] [--compare-with /tmp/old]
+    python -m simulators.bench_loop --candidates 100 --events 5000   # requests of 100 candidates
     python -m simulators.bench_loop --caller-only --events 200000   # serve's simulated caller alone
 """
 
@@ -57,6 +64,66 @@ def stream(n: int, seed: int = 0) -> tuple[list[tuple[str, bytes, bytes, int]], 
                     base + 2 * (i + LAG) + 1))
     out.sort(key=lambda m: m[3])
     return out, y
+
+
+D_C = 45  # candidate mode: features per candidate
+
+
+def candidate_stream(n: int, per_request: int,
+                     seed: int = 0) -> list[tuple[str, bytes, bytes, int]]:
+    """Candidate mode: n requests of ``per_request`` candidates and their feedback, in
+    event-time order (each feedback ``LAG`` requests after its request)."""
+    rng = np.random.default_rng(seed)
+    base = int(time.time() * 1000)
+    out = []
+    for i in range(n):
+        key = f"r{i}".encode()
+        items = np.round(rng.random((per_request, D_C)), 6).tolist()
+        request = {"id": f"r{i}", "candidates": [{"id": f"doc-{i}-{k}", "x": x}
+                                                 for k, x in enumerate(items)]}
+        out.append(("instances", key, orjson.dumps(request), base + 2 * i))
+        out.append(("feedback", key, orjson.dumps({"id": f"r{i}", "reward": float(i % 3 == 0)}),
+                    base + 2 * (i + LAG) + 1))
+    out.sort(key=lambda m: m[3])
+    return out
+
+
+def candidate_bare_relay(messages: list[tuple[str, bytes, bytes, int]]) -> float:
+    """Requests/s of the least a candidate daemon must do: parse, one array per request,
+    one decision naming a candidate."""
+    started = time.perf_counter()
+    decisions, sets = [], []
+    for topic, _key, value, _ts in messages:
+        obj = orjson.loads(value)
+        if topic == "instances":
+            candidates = obj["candidates"]
+            sets.append(np.asarray([c["x"] for c in candidates], dtype=np.float64))
+            decisions.append(orjson.dumps({"id": obj["id"], "candidates": [
+                {"id": candidates[0]["id"], "prob": 1.0}]}))
+    return len(decisions) / (time.perf_counter() - started)
+
+
+def candidate_loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
+    """Requests/s of ``CandidateDaemon.step`` over the whole stream."""
+    from streamlearn.candidates.learners import CandidateLinUCB
+    from streamlearn.service.candidate_daemon import CandidateDaemon
+    from streamlearn.service.daemon import DaemonSettings
+    from streamlearn.stream.memory import InMemoryTransport
+
+    transport = InMemoryTransport(partitions=1)
+    for topic, key, value, ts in messages:
+        transport.broker.append(topic, key, value, 0, ts)
+    settings = DaemonSettings(candidates_enabled=True, candidates_shared_features=0,
+                              candidates_candidate_features=D_C, learner_n_actions=2,
+                              learner_n_features=2 * D_C, limits_poll_timeout_seconds=0.0,
+                              join_window_seconds=1e9)
+    daemon = CandidateDaemon(settings, transport, CandidateLinUCB(0, D_C, seed=1))
+    started = time.perf_counter()
+    while daemon.counters.messages < len(messages):
+        daemon.step()
+    elapsed = time.perf_counter() - started
+    assert daemon.counters.feedback["joined"] == len(messages) // 2, daemon.counters.feedback
+    return daemon.counters.instances / elapsed
 
 
 def bare_relay(messages: list[tuple[str, bytes, bytes, int]]) -> float:
@@ -109,9 +176,10 @@ def caller_rate(n: int) -> float:
     return caller.stats.instances_sent / (time.perf_counter() - started)
 
 
-def _other(directory: str, events: int) -> float:
+def _other(directory: str, events: int, candidates: int) -> float:
     env = {**os.environ, "PYTHONPATH": directory, "OPENBLAS_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, __file__, "--events", str(events), "--loop-only"],
+    done = subprocess.run([sys.executable, __file__, "--events", str(events), "--loop-only",
+                           "--candidates", str(candidates)],
                           capture_output=True, text=True, env=env, check=True, cwd=directory)
     return float(json.loads(done.stdout.strip().splitlines()[-1])["loop"])
 
@@ -122,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compare-with", metavar="DIR",
                         help="a checkout of another commit to measure the same loop on")
+    parser.add_argument("--candidates", type=int, default=0, metavar="N",
+                        help="candidate mode: requests of N candidates (0: fixed actions)")
     parser.add_argument("--loop-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--caller-only", action="store_true",
                         help="time only the simulated caller of `serve`'s embedded default "
@@ -133,22 +203,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"simulated caller alone, repeat {r + 1}/{args.repeats}: {rate:,.0f} events/s "
                   f"({1e6 / rate:.1f} µs per event)")
         return 0
-    messages, _ = stream(args.events)
+    if args.candidates < 0:
+        parser.error(f"argument --candidates: expected an integer >= 0, got {args.candidates}")
+    if args.candidates:
+        messages = candidate_stream(args.events, args.candidates)
+        relay, loop = candidate_bare_relay, candidate_loop_rate
+    else:
+        messages = stream(args.events)[0]
+        relay, loop = bare_relay, loop_rate
     if args.loop_only:
-        print(json.dumps({"loop": loop_rate(messages)}))
+        print(json.dumps({"loop": loop(messages)}))
         return 0
     rows: dict[str, list[float]] = {"bare relay": [], "loop": []}
     if args.compare_with:
         rows["loop at --compare-with"] = []
     for r in range(args.repeats):
-        rows["bare relay"].append(bare_relay(messages))
-        rows["loop"].append(loop_rate(messages))
+        rows["bare relay"].append(relay(messages))
+        rows["loop"].append(loop(messages))
         if args.compare_with:
-            rows["loop at --compare-with"].append(_other(args.compare_with, args.events))
+            rows["loop at --compare-with"].append(
+                _other(args.compare_with, args.events, args.candidates))
         print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(
             f"{k} {v[-1]:,.0f}/s" for k, v in rows.items()), file=sys.stderr, flush=True)
     med: dict[str, Any] = {k: float(np.median(v)) for k, v in rows.items()}
-    print(f"{'system':<28}{'events/s (median of ' + str(args.repeats) + ')':>28}")
+    unit = "requests/s" if args.candidates else "events/s"
+    print(f"{'system':<28}{unit + ' (median of ' + str(args.repeats) + ')':>28}")
     for k, v in med.items():
         print(f"{k:<28}{v:>28,.0f}")
     print(f"loop / bare relay = {med['loop'] / med['bare relay']:.2f}")

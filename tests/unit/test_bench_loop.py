@@ -1,0 +1,24 @@
+"""The loop benchmark runs in both modes and its loops join every feedback they are given."""
+
+from __future__ import annotations
+
+import pytest
+
+from simulators import bench_loop
+
+
+@pytest.mark.parametrize("candidates", [0, 7])
+def test_the_loop_benchmark_prints_both_rates_and_their_ratio(
+        candidates: int, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_loop.main(["--events", "300", "--repeats", "1",
+                            "--candidates", str(candidates)]) == 0
+    out = capsys.readouterr().out
+    assert ("requests/s" if candidates else "events/s") in out
+    assert "loop / bare relay = " in out
+
+
+def test_a_negative_candidate_count_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_loop.main(["--candidates", "-1"])
+    assert exit_info.value.code == 2
+    assert "expected an integer >= 0, got -1" in capsys.readouterr().err
