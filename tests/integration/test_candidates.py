@@ -2,11 +2,12 @@
 
 An outside client, written from docs/kafka.md only (no streamlearn code on its
 side), publishes 20,000 requests — 1 to 50 candidates each, 1 to 3 slots, the
-shared context and candidate features in the dense, sparse and named forms,
-odd Unicode ids, large finite values — with malformed requests mixed in (one of
-each kind). It answers every decision once, with a reward per placed candidate
-or one reward for the request. ``streamlearn serve --candidates-enabled true`` is
-SIGKILLed twice mid-stream and restarted, then stopped with SIGTERM.
+shared context and candidate features in the dense, sparse and named forms
+(every fourth request all dense), odd Unicode ids, large finite values — with
+malformed requests mixed in (one of each kind). It answers every decision once,
+with a reward per placed candidate or one reward for the request.
+``streamlearn serve --candidates-enabled true`` is SIGKILLed twice mid-stream and
+restarted, then stopped with SIGTERM.
 
 Checked: every valid request got a decision whose placed candidates are among
 those it sent (as many as its slots, distinct), re-emitted decisions are
@@ -80,7 +81,9 @@ def make_requests(seed: int = 11) -> list[dict[str, Any]]:
         items = rng.normal(size=(k, D_C)) * (rng.random((k, D_C)) < 0.6) * scale
         out.append({"id": f"req-{n}-\u00fc\U0001f642",
                     "x": form(rng.normal(size=D_X), n % 3),
-                    "candidates": [{"id": f"it\u00e9m-{n}-{j}", "x": form(items[j], (n + j) % 3)}
+                    # every fourth request all dense (the decoder's fast path), the rest mixed
+                    "candidates": [{"id": f"it\u00e9m-{n}-{j}",
+                                    "x": form(items[j], 0 if n % 4 == 1 else (n + j) % 3)}
                                    for j in range(k)],
                     "slots": int(rng.integers(1, min(k, 3) + 1))})
     return out
