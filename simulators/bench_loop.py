@@ -108,22 +108,33 @@ def candidate_loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
     from streamlearn.candidates.learners import CandidateLinUCB
     from streamlearn.service.candidate_daemon import CandidateDaemon
     from streamlearn.service.daemon import DaemonSettings
+
+    settings = DaemonSettings(candidates_enabled=True, candidates_shared_features=0,
+                              candidates_candidate_features=D_C, learner_n_actions=2,
+                              learner_n_features=2 * D_C, limits_poll_timeout_seconds=0.0,
+                              join_window_seconds=1e9)
+    return _drained_rate(CandidateDaemon(settings, _in_memory(messages),
+                                         CandidateLinUCB(0, D_C, seed=1)), len(messages))
+
+
+def _in_memory(messages: list[tuple[str, bytes, bytes, int]]) -> Any:
     from streamlearn.stream.memory import InMemoryTransport
 
     transport = InMemoryTransport(partitions=1)
     for topic, key, value, ts in messages:
         transport.broker.append(topic, key, value, 0, ts)
-    settings = DaemonSettings(candidates_enabled=True, candidates_shared_features=0,
-                              candidates_candidate_features=D_C, learner_n_actions=2,
-                              learner_n_features=2 * D_C, limits_poll_timeout_seconds=0.0,
-                              join_window_seconds=1e9)
-    daemon = CandidateDaemon(settings, transport, CandidateLinUCB(0, D_C, seed=1))
+    return transport
+
+
+def _drained_rate(daemon: Any, n_messages: int) -> float:
+    """Instances/s of ``daemon.step`` until every message is consumed; each instance's
+    feedback must have joined."""
     started = time.perf_counter()
-    while daemon.counters.messages < len(messages):
+    while daemon.counters.messages < n_messages:
         daemon.step()
     elapsed = time.perf_counter() - started
-    assert daemon.counters.feedback["joined"] == len(messages) // 2, daemon.counters.feedback
-    return daemon.counters.instances / elapsed
+    assert daemon.counters.feedback["joined"] == n_messages // 2, daemon.counters.feedback
+    return float(daemon.counters.instances / elapsed)
 
 
 def bare_relay(messages: list[tuple[str, bytes, bytes, int]]) -> float:
@@ -143,20 +154,11 @@ def loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
     from streamlearn.learners.banditron import Banditron
     from streamlearn.learners.exploration import FixedGamma
     from streamlearn.service.daemon import Daemon, DaemonSettings
-    from streamlearn.stream.memory import InMemoryTransport
 
-    transport = InMemoryTransport(partitions=1)
-    for topic, key, value, ts in messages:
-        transport.broker.append(topic, key, value, 0, ts)
     settings = DaemonSettings(learner_n_actions=K, learner_n_features=D,
                               limits_poll_timeout_seconds=0.0, join_window_seconds=1e9)
-    daemon = Daemon(settings, transport, Banditron(K, D, FixedGamma(0.05), seed=1))
-    started = time.perf_counter()
-    while daemon.counters.messages < len(messages):
-        daemon.step()
-    elapsed = time.perf_counter() - started
-    assert daemon.counters.feedback["joined"] == len(messages) // 2, daemon.counters.feedback
-    return daemon.counters.instances / elapsed
+    return _drained_rate(Daemon(settings, _in_memory(messages),
+                                Banditron(K, D, FixedGamma(0.05), seed=1)), len(messages))
 
 
 def caller_rate(n: int) -> float:
