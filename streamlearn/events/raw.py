@@ -86,7 +86,7 @@ _BRACKET_STEP[list(b"[{")], _BRACKET_STEP[list(b"]}")] = 1, -1
 def _depth_exceeds(value: bytes, limit: int) -> bool:
     """Whether bracket nesting (counted on raw bytes, strings included) exceeds ``limit``."""
     # only the brackets matter: dropping every other byte first (one C pass) leaves a few
-    # hundred steps to sum where a 60 KB candidate request has 60,000 bytes (440 → 60 µs)
+    # hundred steps to sum where a 60 KB candidate request has 60,000 bytes (440 → 30 µs)
     brackets = value.translate(None, _NOT_BRACKETS)
     if len(brackets) <= limit:  # fewer brackets than the limit cannot nest deeper than it
         return False
