@@ -13,6 +13,7 @@ go through :func:`explain`, which names the first offending entry.
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -116,12 +117,43 @@ def dense_feature_batch(rows: list[Any], n_features: int,
     return ok, dense if ok.all() else dense[ok]
 
 
+def _sparse_entries(payloads: list[Any], n_features: int, limits: DecodeLimits
+                    ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """(entries per row, flat indices as floats, flat values, per-row ok flag) of
+    ``(idx, val)`` payloads: a row is ok when every index is an integer in [0, n_features)
+    and every value a number that passes :func:`_row_flags`."""
+    lengths = [len(idx) for idx, _ in payloads]
+    row_of = np.repeat(np.arange(len(payloads)), lengths)
+    idx, idx_ok = _flat_floats(list(chain.from_iterable(p[0] for p in payloads)), lengths)
+    val, val_ok = _flat_floats(list(chain.from_iterable(p[1] for p in payloads)), lengths)
+    in_range = (idx >= 0) & (idx < n_features) & (idx == np.floor(idx))
+    idx_ok &= np.bincount(row_of, weights=~in_range, minlength=len(payloads)) == 0
+    return lengths, idx, val, idx_ok & val_ok & _row_flags(val, row_of, len(payloads), limits)
+
+
+def sparse_feature_batch(payloads: list[Any], n_features: int,
+                         limits: DecodeLimits) -> tuple[np.ndarray, SparseBatch]:
+    """:func:`feature_batch` of rows that are all ``(idx, val)`` lists: the accepted rows'
+    entries are taken in one step (no Python step per row)."""
+    lengths, idx, val, ok = _sparse_entries(payloads, n_features, limits)
+    counts = np.asarray(lengths, dtype=np.int64)
+    indptr = np.zeros(int(ok.sum()) + 1, dtype=np.int64)
+    np.cumsum(counts[ok], out=indptr[1:])
+    if ok.all():
+        return ok, SparseBatch(indptr, idx.astype(np.int64), val, n_features)
+    entries = np.repeat(ok, counts)
+    return ok, SparseBatch(indptr, idx[entries].astype(np.int64), val[entries], n_features)
+
+
 def feature_batch(forms: list[tuple[str, Any]], n_features: int,
                   limits: DecodeLimits) -> tuple[np.ndarray, Batch]:
     """Build the feature batch of ``(form, payload)`` rows; return (row ok flags, batch of ok rows)."""
     n = len(forms)
-    if all(form == "dense" for form, _ in forms):
+    kinds = {form for form, _ in forms}
+    if kinds <= {"dense"}:  # an empty batch too
         return dense_feature_batch([p for _, p in forms], n_features, limits)
+    if kinds == {"sparse"}:
+        return sparse_feature_batch([p for _, p in forms], n_features, limits)
     ok = np.ones(n, dtype=bool)
     idx_rows: list[np.ndarray] = [np.zeros(0, np.int64)] * n
     val_rows: list[np.ndarray] = [np.zeros(0)] * n
@@ -137,13 +169,8 @@ def feature_batch(forms: list[tuple[str, Any]], n_features: int,
                 idx_rows[i], val_rows[i], ok[i] = nz, dense[j, nz], bool(good[j])
             continue
         if form == "sparse":
-            lengths = [len(forms[i][1][0]) for i in members]
-            row_of = np.repeat(np.arange(len(members)), lengths)
-            idx, idx_ok = _flat_floats([v for i in members for v in forms[i][1][0]], lengths)
-            val, val_ok = _flat_floats([v for i in members for v in forms[i][1][1]], lengths)
-            in_range = (idx >= 0) & (idx < n_features) & (idx == np.floor(idx))
-            idx_ok &= np.bincount(row_of, weights=~in_range, minlength=len(members)) == 0
-            good = idx_ok & val_ok & _row_flags(val, row_of, len(members), limits)
+            lengths, idx, val, good = _sparse_entries([forms[i][1] for i in members], n_features,
+                                                      limits)
         else:
             lengths = [len(forms[i][1]) for i in members]
             row_of = np.repeat(np.arange(len(members)), lengths)

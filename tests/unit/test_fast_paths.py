@@ -202,3 +202,31 @@ def test_a_refilled_batch_array_is_decided_afresh() -> None:
         got = learner.decide(buffer, keys=np.arange(32, 64))
         want = twin.decide(buffer.copy(), keys=np.arange(32, 64))
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), name
+
+
+sparse_entry = st.one_of(st.integers(-2, 7), st.floats(-1.0, 7.5), st.booleans(), st.text(max_size=1))
+sparse_value = st.one_of(st.floats(-1e13, 1e13), st.integers(-3, 3), st.booleans(),
+                         st.text(max_size=1), st.just(float("nan")), st.just(float("inf")))
+
+
+@settings(deadline=None)
+@given(st.lists(st.integers(0, 5).flatmap(lambda n: st.tuples(
+    st.lists(sparse_entry, min_size=n, max_size=n), st.lists(sparse_value, min_size=n, max_size=n))),
+    min_size=1, max_size=12))
+def test_an_all_sparse_batch_decodes_as_the_mixed_path_does(
+        rows: list[tuple[list[object], list[object]]]) -> None:
+    """The all-sparse fast path of feature_batch against the per-form path it skips (the
+    same rows behind one dense row): the same rows refused, the same entries kept."""
+    from streamlearn.events.payload import feature_batch
+    from streamlearn.events.raw import DEFAULT_LIMITS
+
+    d = 6
+    forms = [("sparse", (idx, val)) for idx, val in rows]
+    fast_ok, fast = feature_batch(forms, d, DEFAULT_LIMITS)
+    mixed_ok, mixed = feature_batch([("dense", [0.0] * d), *forms], d, DEFAULT_LIMITS)
+    assert isinstance(fast, SparseBatch) and isinstance(mixed, SparseBatch)
+    assert fast_ok.tolist() == mixed_ok[1:].tolist()
+    skip = int(mixed.indptr[1])  # the dense row's entries (none: it is all zeros)
+    np.testing.assert_array_equal(fast.indptr, mixed.indptr[1:] - skip)
+    np.testing.assert_array_equal(fast.indices, mixed.indices[skip:])
+    np.testing.assert_array_equal(fast.values, mixed.values[skip:])
