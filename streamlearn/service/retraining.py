@@ -292,7 +292,11 @@ class Retraining:
             return
         self.retrains += 1
         self.observer.on_retrain(time.perf_counter() - self._job_started)
-        self._apply(result)
+        try:
+            self._apply(result)
+        except Exception as exc:  # counted, never fatal: a restart would meet the same result
+            log.exception("retrain %s could not be applied", result.get("version"))
+            self._failed(f"applying retrain {result.get('version')}: {type(exc).__name__}: {exc}")
 
     def _failed(self, why: str) -> None:
         self.failures += 1

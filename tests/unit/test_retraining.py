@@ -207,6 +207,39 @@ def test_a_policy_no_held_out_row_matches_exports_nan_not_a_crash(
     assert main(["inspect", str(tmp_path)]) == 0  # the history with a null estimate reads back
 
 
+class BrokenGauge(Recorder):
+    """An observer whose off-policy gauge fails once (a bug in applying a retrain result)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = True
+
+    def on_policy_value(self, policy: str, estimator: str, value: float, low: float,
+                        high: float) -> None:
+        if self.broken:
+            self.broken = False
+            raise TypeError("planted failure while applying a retrain result")
+        super().on_policy_value(policy, estimator, value, low, high)
+
+
+def test_a_result_that_cannot_be_applied_is_a_counted_failure_not_a_crash(
+        tmp_path: Path) -> None:
+    """A restarted daemon would meet the same logged data and the same failure again: applying
+    a retrain result never stops serving; the failure is counted and the next retrain applies."""
+    broker, clock = InMemoryBroker(2), Clock()
+    observer = BrokenGauge()
+    daemon = Daemon(retrain_settings(tmp_path), InMemoryTransport(broker=broker, partitions=2),
+                    learner(), observer, clock)
+    daemon.restore()
+    run(daemon, Caller(broker), clock, 0, 1200)
+    assert daemon.retraining is not None
+    assert observer.failures == daemon.retraining.failures == 1
+    assert len(observer.retrains) >= 3 and len(observer.promotions) == len(observer.retrains) - 1
+    assert len(read_ranker_state(tmp_path / "rankers")["history"]) == len(observer.retrains) - 1
+    decisions = [orjson.loads(m.value or b"") for m in broker.messages("decisions")]
+    assert len({d["id"] for d in decisions}) == 1200  # every instance was decided
+
+
 def test_an_unknown_ranker_is_a_config_error_at_start(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no_such_module:Nothing"):
         Daemon(retrain_settings(tmp_path, retrain_rankers="no_such_module:Nothing"),
