@@ -21,7 +21,7 @@ import numpy as np
 from streamlearn.events.raw import DecodeLimits, Reject
 from streamlearn.features import Batch, SparseBatch, hash_names
 
-__all__ = ["classify", "dense_feature_batch", "explain", "feature_batch"]
+__all__ = ["classify", "dense_feature_batch", "explain", "feature_batch", "sparse_feature_batch"]
 
 
 def classify(x: object, n_features: int, event_id: str) -> tuple[str, Any]:
