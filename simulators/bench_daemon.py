@@ -21,9 +21,14 @@ Three measurements, each on fresh topics (2 partitions):
    timestamp − instance's timestamp (both set by the producing clients on this
    machine), reported as p50 / p99 / max after a warm-up.
 
+The stream is SynNonSep instances (d = 400, K = 9) for the Banditron, or with
+``--candidates N`` candidate-set requests of N candidates for the daemon's default
+candidate learner (``simulators.bench_workloads``).
+
 Usage::
 
     python -m simulators.bench_daemon [--bootstrap HOST:PORT] [--events 30000] [--rate 2000]
+    python -m simulators.bench_daemon --candidates 100 --events 5000 --rate 200
 
 Without ``--bootstrap`` a broker is started with deploy/kafka/kafka.sh in a
 temporary directory and stopped at the end.
@@ -41,12 +46,15 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
+
+from simulators.bench_workloads import Workload, candidate_sets, fixed_actions
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
@@ -84,14 +92,6 @@ def make_topics(bootstrap: str, partitions: int = 2) -> dict[str, str]:
     return names
 
 
-def encode(i: int, x: np.ndarray, label: int, form: str) -> bytes:
-    if form == "sparse":
-        nz = np.flatnonzero(x)
-        return orjson.dumps({"id": f"e{i}", "x": {"idx": nz.tolist(), "val": x[nz].tolist()},
-                             "label": label})
-    return orjson.dumps({"id": f"e{i}", "x": x.tolist(), "label": label})
-
-
 def producer(bootstrap: str) -> Any:
     from kafka import KafkaProducer
 
@@ -113,29 +113,22 @@ def consumer_for(bootstrap: str, topic: str) -> Any:
     return c
 
 
-def serve(bootstrap: str, topics: dict[str, str], ckpt: Path,
+def serve(bootstrap: str, topics: dict[str, str], ckpt: Path, mode: tuple[str, ...],
           extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
             "--topics-instances", topics["instances"], "--topics-feedback", topics["feedback"],
             "--topics-decisions", topics["decisions"],
             "--topics-dead-letter", topics["dead_letter"], "--checkpoint-dir", str(ckpt),
-            "--metrics-port", "-1", "--progress-seconds", "0", "--learner", "banditron",
-            "--exploration", "fixed", "--gamma", "0.05", *extra]
+            "--metrics-port", "-1", "--progress-seconds", "0", *mode, *extra]
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": path},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _row(x: Any) -> np.ndarray:
-    """An instance's features as numpy: the dense row, or (sparse form) indices and values."""
-    if isinstance(x, dict):
-        return np.stack([np.asarray(x["idx"], dtype=np.float64), np.asarray(x["val"], dtype=np.float64)])
-    return np.asarray(x, dtype=np.float64)
-
-
-def bare_rate(bootstrap: str, topic: str, n: int, relay_to: str | None = None) -> float:
-    """Consume + decode (``orjson.loads``, the features into a numpy row) (+ produce one small
-    reply per event with ``relay_to``)."""
+def bare_rate(bootstrap: str, topic: str, n: int, decode: Callable[[Any], object],
+              relay_to: str | None = None) -> float:
+    """Consume + decode (``orjson.loads``, the features into numpy: ``decode``) (+ produce one
+    small reply per event with ``relay_to``)."""
     from streamlearn.service.settings import DAEMON_GC_THRESHOLDS
 
     c = consumer_for(bootstrap, topic)
@@ -150,7 +143,7 @@ def bare_rate(bootstrap: str, topic: str, n: int, relay_to: str | None = None) -
                     started = time.perf_counter()
                 for r in records:
                     event = orjson.loads(r.value)
-                    _row(event["x"])
+                    decode(event)
                     if prod is not None:
                         prod.send(relay_to, key=r.key, value=orjson.dumps({"id": event["id"]}))
                 got += len(records)
@@ -164,40 +157,41 @@ def bare_rate(bootstrap: str, topic: str, n: int, relay_to: str | None = None) -
     return n / elapsed
 
 
-def throughput(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str,
-               work: Path) -> tuple[float, float, float]:
+def throughput(bootstrap: str, load: Workload, work: Path) -> tuple[float, float, float]:
     topics = make_topics(bootstrap)
     prod = producer(bootstrap)
-    for i in range(len(y)):
-        prod.send(topics["instances"], key=f"e{i}".encode(), value=encode(i, X[i], int(y[i]), form))
+    for key, value in zip(load.keys, load.values, strict=True):
+        prod.send(topics["instances"], key=key, value=value)
     prod.flush()
     prod.close()
-    bare = bare_rate(bootstrap, topics["instances"], len(y))
-    relay = bare_rate(bootstrap, topics["instances"], len(y), relay_to=topics["dead_letter"])
-    proc = serve(bootstrap, topics, work / f"ckpt-{topics['instances']}")
+    n = len(load.keys)
+    bare = bare_rate(bootstrap, topics["instances"], n, load.relay_decode)
+    relay = bare_rate(bootstrap, topics["instances"], n, load.relay_decode,
+                      relay_to=topics["dead_letter"])
+    proc = serve(bootstrap, topics, work / f"ckpt-{topics['instances']}", load.serve_args)
     # Nothing reads the decisions while the daemon works (the relay's replies are not read
     # either): a consumer beside it would take CPU from it and the broker on a small machine.
     # Only the end offsets are asked, five times a second; the timestamps are read afterwards.
     c = consumer_for(bootstrap, topics["decisions"])
     parts = sorted(c.assignment(), key=lambda tp: tp.partition)
-    while sum(c.end_offsets(parts).values()) < len(y):
+    while sum(c.end_offsets(parts).values()) < n:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
     stamps: list[int] = []
-    while len(stamps) < len(y):
+    while len(stamps) < n:
         for records in c.poll(timeout_ms=500).values():
             stamps.extend(r.timestamp for r in records)
     c.close()
-    daemon = len(y) / ((max(stamps) - min(stamps)) / 1000.0)
+    daemon = n / ((max(stamps) - min(stamps)) / 1000.0)
     return daemon, bare, relay
 
 
-def latency(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str, rate: float,
-            work: Path, warmup: int, extra: tuple[str, ...] = ()) -> dict[str, float]:
+def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int,
+            extra: tuple[str, ...] = ()) -> dict[str, float]:
     topics = make_topics(bootstrap)
     ckpt = work / f"ckpt-{topics['instances']}"
-    proc = serve(bootstrap, topics, ckpt, extra)
+    proc = serve(bootstrap, topics, ckpt, load.serve_args, extra)
     time.sleep(5.0)  # let the daemon start before the clock runs
     sent_ms: dict[str, int] = {}
     decided_ms: dict[str, int] = {}
@@ -211,9 +205,8 @@ def latency(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str, rate: float
                 for r in records:
                     d = orjson.loads(r.value)
                     decided_ms.setdefault(d["id"], r.timestamp)
-                    reward = float(d["action"] == y[int(d["id"][1:])])
                     fb.send(topics["feedback"], key=r.key,
-                            value=orjson.dumps({"id": d["id"], "reward": reward}))
+                            value=orjson.dumps({"id": d["id"], "reward": load.reward(d)}))
         fb.close()
         c.close()
 
@@ -222,25 +215,25 @@ def latency(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str, rate: float
     prod = producer(bootstrap)
     futures = []
     start = time.perf_counter()
-    for i in range(len(y)):
+    for i, (key, value) in enumerate(zip(load.keys, load.values, strict=True)):
         due = start + i / rate
         pause = due - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
-        futures.append((f"e{i}", prod.send(topics["instances"], key=f"e{i}".encode(),
-                                           value=encode(i, X[i], int(y[i]), form))))
-    offered = len(y) / (time.perf_counter() - start)
+        futures.append((key.decode(), prod.send(topics["instances"], key=key, value=value)))
+    n = len(load.keys)
+    offered = n / (time.perf_counter() - start)
     prod.flush()
     for event_id, future in futures:
         sent_ms[event_id] = future.get(timeout=30).timestamp
     deadline = time.monotonic() + 120
-    while len(decided_ms) < len(y) and time.monotonic() < deadline:
+    while len(decided_ms) < n and time.monotonic() < deadline:
         time.sleep(0.2)
     done.set()
     caller.join(10)
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
-    ids = [f"e{i}" for i in range(warmup, len(y))]
+    ids = [key.decode() for key in load.keys[warmup:]]
     lat = np.array([decided_ms[i] - sent_ms[i] for i in ids if i in decided_ms]) / 1000.0
     history = ckpt / "rankers" / "state.json"
     retrains = len(orjson.loads(history.read_bytes()).get("history", [])) if history.exists() else 0
@@ -249,7 +242,7 @@ def latency(bootstrap: str, X: np.ndarray, y: np.ndarray, form: str, rate: float
             "retrains": retrains}
 
 
-def in_memory_rate(X: np.ndarray, y: np.ndarray, form: str, blas_threads: int) -> float:
+def in_memory_rate(load: Workload, blas_threads: int) -> float:
     """The loop alone (decode, decide, publish, join) on the in-memory transport."""
     from streamlearn.learners.banditron import Banditron
     from streamlearn.learners.exploration import FixedGamma
@@ -257,16 +250,16 @@ def in_memory_rate(X: np.ndarray, y: np.ndarray, form: str, blas_threads: int) -
     from streamlearn.stream.memory import InMemoryTransport
 
     transport = InMemoryTransport(partitions=2)
-    for i in range(len(y)):
-        transport.append_instance(f"e{i}".encode(), encode(i, X[i], int(y[i]), form))
+    for key, value in zip(load.keys, load.values, strict=True):
+        transport.append_instance(key, value)
     settings = DaemonSettings(limits_poll_timeout_seconds=0.0, blas_threads=blas_threads)
     daemon = Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.05)))
     started = time.perf_counter()
-    daemon.run(max_instances=len(y))
-    return len(y) / (time.perf_counter() - started)
+    daemon.run(max_instances=len(load.keys))
+    return len(load.keys) / (time.perf_counter() - started)
 
 
-def retrain_latency(bootstrap: str, X: np.ndarray, y: np.ndarray, args: argparse.Namespace,
+def retrain_latency(bootstrap: str, load: Workload, args: argparse.Namespace,
                     work: Path) -> None:
     """p99 instance→decision latency without retraining and while retraining (A B C A B C)."""
     n = args.latency_events
@@ -277,7 +270,7 @@ def retrain_latency(bootstrap: str, X: np.ndarray, y: np.ndarray, args: argparse
     p99: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(2):
         for name, extra in configs.items():
-            res = latency(bootstrap, X[:n], y[:n], args.format, args.rate, work, n // 10, extra)
+            res = latency(bootstrap, load.head(n), args.rate, work, n // 10, extra)
             p99[name].append(res["p99"])
             print(f"{name:<22} offered {res['offered']:,.0f}/s: p50 {res['p50'] * 1e3:.1f} ms, "
                   f"p99 {res['p99'] * 1e3:.1f} ms, max {res['max'] * 1e3:.1f} ms, "
@@ -289,14 +282,15 @@ def retrain_latency(bootstrap: str, X: np.ndarray, y: np.ndarray, args: argparse
 
 
 def main(argv: list[str] | None = None) -> int:
-    from streamlearn.datasets.synthetic import synthetic_stream
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--bootstrap", help="HOST:PORT of a running broker (default: start one)")
     parser.add_argument("--events", type=int, default=30_000, help="backlog for throughput")
     parser.add_argument("--rate", type=float, default=2_000.0, help="offered load, events/s")
     parser.add_argument("--latency-events", type=int, default=30_000)
     parser.add_argument("--format", choices=("dense", "sparse"), default="dense")
+    parser.add_argument("--candidates", type=int, default=0, metavar="N",
+                        help="candidate mode: requests of N candidates with 45 dense features "
+                             "each, the daemon's default candidate learner (0: fixed actions)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=1,
                         help="repeat the throughput runs (bare, relay, daemon on a fresh "
@@ -308,52 +302,54 @@ def main(argv: list[str] | None = None) -> int:
                         help="only time the loop on the in-memory transport (no broker), with "
                              "one BLAS thread and with the library's default")
     args = parser.parse_args(argv)
+    if args.candidates < 0:
+        parser.error(f"argument --candidates: expected an integer >= 0, got {args.candidates}")
+    if args.candidates and args.in_memory:
+        parser.error("--in-memory times the fixed-action loop; candidate mode in memory is "
+                     "`python -m simulators.bench_loop --candidates N`")
+    total = args.events if args.in_memory else max(args.events, args.latency_events)
+    load = (candidate_sets(total, args.candidates, args.seed) if args.candidates
+            else fixed_actions(total, args.format, args.seed))
+    unit = "requests/s" if args.candidates else "events/s"
     if args.in_memory:
-        from streamlearn.datasets.synthetic import synthetic_stream as stream
-
-        X, y = stream(args.events, noise=0.05, seed=args.seed)
         for threads, label in ((1, "1 BLAS thread (default)"), (0, "BLAS library default")):
-            rate = in_memory_rate(X, y, args.format, threads)
+            rate = in_memory_rate(load, threads)
             print(f"in-memory loop, {args.format} JSON, {label}: {rate:,.0f} events/s "
                   f"({args.events:,} instances, no feedback)")
         return 0
     with ExitStack() as stack:
         bootstrap = args.bootstrap or start_broker(stack)
         work = Path(tempfile.mkdtemp(prefix="bench-daemon-"))
-        X, y = synthetic_stream(max(args.events, args.latency_events), noise=0.05, seed=args.seed)
         if args.retrain_every_events:
-            retrain_latency(bootstrap, X, y, args, work)
+            retrain_latency(bootstrap, load, args, work)
             return 0
         from kafka.record import util as record_util
 
         crc = "C (crc32c package)" if record_util.crc32c_c is not None else "pure Python"
-        print(f"broker {bootstrap}; SynNonSep d=400 K=9, {args.format} JSON "
-              f"(~{len(encode(0, X[0], int(y[0]), args.format))} bytes/event), 2 partitions; "
-              f"kafka-python CRC32C: {crc}")
+        print(f"broker {bootstrap}; {load.description}, 2 partitions; kafka-python CRC32C: {crc}")
         rates: dict[str, list[float]] = {"daemon": [], "bare": [], "relay": []}
         for _ in range(args.repeats):
-            daemon, bare, relay = throughput(bootstrap, X[:args.events], y[:args.events],
-                                             args.format, work)
+            daemon, bare, relay = throughput(bootstrap, load.head(args.events), work)
             for key, value in (("daemon", daemon), ("bare", bare), ("relay", relay)):
                 rates[key].append(value)
-            print(f"throughput  daemon {daemon:,.0f} events/s (backlog of {args.events:,}); bare "
-                  f"kafka-python consume+decode {bare:,.0f} events/s (ratio {daemon / bare:.2f}); "
-                  f"bare consume+decode+produce one reply {relay:,.0f} events/s "
+            print(f"throughput  daemon {daemon:,.0f} {unit} (backlog of {args.events:,}); bare "
+                  f"kafka-python consume+decode {bare:,.0f} {unit} (ratio {daemon / bare:.2f}); "
+                  f"bare consume+decode+produce one reply {relay:,.0f} {unit} "
                   f"(ratio {daemon / relay:.2f})", flush=True)
         n = args.latency_events
         p99s = []
         for _ in range(args.repeats):
-            res = latency(bootstrap, X[:n], y[:n], args.format, args.rate, work, warmup=n // 10)
+            res = latency(bootstrap, load.head(n), args.rate, work, warmup=n // 10)
             p99s.append(res["p99"])
-            print(f"latency     offered {res['offered']:,.0f} events/s, {res['decided']:,} decided; "
+            print(f"latency     offered {res['offered']:,.0f} {unit}, {res['decided']:,} decided; "
                   f"instance→decision p50 {res['p50'] * 1e3:.1f} ms, p99 {res['p99'] * 1e3:.1f} ms, "
                   f"max {res['max'] * 1e3:.1f} ms (after {n // 10:,} warm-up events, "
                   f"n={res['n']:,}; feedback for every decision)", flush=True)
         if args.repeats > 1:
             med = {k: float(np.median(v)) for k, v in rates.items()}
             ratios = [d / r for d, r in zip(rates["daemon"], rates["relay"], strict=True)]
-            print(f"median of {args.repeats}: daemon {med['daemon']:,.0f} events/s, bare relay "
-                  f"{med['relay']:,.0f} events/s, daemon / relay per run "
+            print(f"median of {args.repeats}: daemon {med['daemon']:,.0f} {unit}, bare relay "
+                  f"{med['relay']:,.0f} {unit}, daemon / relay per run "
                   f"{', '.join(f'{x:.2f}' for x in ratios)} (median {np.median(ratios):.2f}); "
                   f"p99 {', '.join(f'{x * 1e3:.0f}' for x in p99s)} ms "
                   f"(median {np.median(p99s) * 1e3:.1f} ms)")

@@ -35,6 +35,7 @@ __all__ = [
     "add_outer",
     "as_batch",
     "batch_size",
+    "concat_rows",
     "hash_names",
     "hash_strings",
     "row_norms",
@@ -125,6 +126,27 @@ def row_starts(B: int, K: int) -> np.ndarray:
     starts = np.arange(0, B * K, K)
     starts.flags.writeable = False
     return starts
+
+
+def concat_rows(batches: Sequence[Batch], n_features: int) -> Batch:
+    """The rows of ``batches`` in order: dense when every batch is dense, else a
+    :class:`SparseBatch` holding each dense row's non-zero entries (in column order)."""
+    dense = [b for b in batches if not isinstance(b, SparseBatch)]
+    if len(dense) == len(batches):
+        return np.concatenate(dense) if dense else np.zeros((0, n_features))
+    sparse = [b if isinstance(b, SparseBatch) else _sparse_of(b) for b in batches]
+    lengths = np.concatenate([np.diff(b.indptr) for b in sparse])
+    indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    return SparseBatch(indptr, np.concatenate([b.indices for b in sparse]),
+                       np.concatenate([b.values for b in sparse]), n_features)
+
+
+def _sparse_of(X: np.ndarray) -> SparseBatch:
+    rows, cols = np.nonzero(X)  # row-major: each row's columns ascending
+    indptr = np.zeros(X.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(rows, minlength=X.shape[0]), out=indptr[1:])
+    return SparseBatch(indptr, cols.astype(np.int64), X[rows, cols], int(X.shape[1]))
 
 
 def take_rows(X: Batch, rows: np.ndarray) -> Batch:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from streamlearn.candidates.sets import CandidateSets
+from streamlearn.events.chunks import decode_in_chunks
 from streamlearn.events.payload import classify, dense_feature_batch, explain, feature_batch
 from streamlearn.events.raw import (
     DEFAULT_LIMITS,
@@ -66,6 +67,22 @@ class CandidateRequests:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @classmethod
+    def concatenate(cls, parts: list[CandidateRequests]) -> CandidateRequests:
+        """The batches' requests in order."""
+        sizes = np.concatenate([np.diff(b.sets.offsets) for b in parts])
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        return CandidateRequests(
+            ids=[i for b in parts for i in b.ids],
+            sets=CandidateSets(np.concatenate([b.sets.context for b in parts]),
+                               np.concatenate([b.sets.items for b in parts]), offsets),
+            candidate_ids=[c for b in parts for c in b.candidate_ids],
+            slots=np.concatenate([b.slots for b in parts]),
+            ts=np.concatenate([b.ts for b in parts]),
+            partitions=np.concatenate([b.partitions for b in parts]),
+            messages=[m for b in parts for m in b.messages])
 
 
 @dataclass
@@ -160,7 +177,17 @@ def decode_candidate_requests(
     messages: Sequence[RawMessage], d_x: int, d_c: int, limits: DecodeLimits = DEFAULT_LIMITS,
     max_candidates: int = MAX_CANDIDATES, max_slots: int = MAX_SLOTS,
 ) -> tuple[CandidateRequests, list[Rejection]]:
-    """Decode request values into :class:`CandidateRequests` plus rejections."""
+    """Decode request values into :class:`CandidateRequests` plus rejections (in chunks:
+    :mod:`streamlearn.events.chunks`)."""
+    return decode_in_chunks(
+        lambda chunk: _decode_chunk(chunk, d_x, d_c, limits, max_candidates, max_slots),
+        CandidateRequests.concatenate, messages)
+
+
+def _decode_chunk(
+    messages: Sequence[RawMessage], d_x: int, d_c: int, limits: DecodeLimits,
+    max_candidates: int, max_slots: int,
+) -> tuple[CandidateRequests, list[Rejection]]:
     rejections: list[Rejection] = []
     kept: list[_Request] = []
     for msg in messages:

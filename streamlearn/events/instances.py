@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from streamlearn.events.chunks import decode_in_chunks
 from streamlearn.events.payload import classify, explain, feature_batch
 from streamlearn.events.raw import (
     DEFAULT_LIMITS,
@@ -21,7 +22,7 @@ from streamlearn.events.raw import (
     parse_object,
     timestamp_of,
 )
-from streamlearn.features import Batch, take_rows
+from streamlearn.features import Batch, concat_rows, take_rows
 
 __all__ = ["InstanceBatch", "decode_instances"]
 
@@ -49,6 +50,22 @@ class InstanceBatch:
             mask=None if self.mask is None else self.mask[rows], labels=self.labels[rows],
             ts=self.ts[rows], partitions=self.partitions[rows], offsets=self.offsets[rows],
             messages=[self.messages[i] for i in rows.tolist()])
+
+    @classmethod
+    def concatenate(cls, parts: list[InstanceBatch], n_features: int,
+                    n_actions: int) -> InstanceBatch:
+        """The batches' rows in order (a mask when any part has one; all-allowed rows elsewhere)."""
+        mask = None
+        if any(b.mask is not None for b in parts):
+            mask = np.concatenate([np.ones((len(b), n_actions), dtype=bool) if b.mask is None
+                                   else b.mask for b in parts])
+        return InstanceBatch(
+            ids=[i for b in parts for i in b.ids], X=concat_rows([b.X for b in parts], n_features),
+            mask=mask, labels=np.concatenate([b.labels for b in parts]),
+            ts=np.concatenate([b.ts for b in parts]),
+            partitions=np.concatenate([b.partitions for b in parts]),
+            offsets=np.concatenate([b.offsets for b in parts]),
+            messages=[m for b in parts for m in b.messages])
 
 
 @dataclass
@@ -118,7 +135,16 @@ def decode_instances(
     messages: Sequence[RawMessage], n_features: int, n_actions: int,
     limits: DecodeLimits = DEFAULT_LIMITS,
 ) -> tuple[InstanceBatch, list[Rejection]]:
-    """Decode instance values into an :class:`InstanceBatch` plus rejections."""
+    """Decode instance values into an :class:`InstanceBatch` plus rejections (in chunks:
+    :mod:`streamlearn.events.chunks`)."""
+    return decode_in_chunks(
+        lambda chunk: _decode_chunk(chunk, n_features, n_actions, limits),
+        lambda parts: InstanceBatch.concatenate(parts, n_features, n_actions), messages)
+
+
+def _decode_chunk(
+    messages: Sequence[RawMessage], n_features: int, n_actions: int, limits: DecodeLimits,
+) -> tuple[InstanceBatch, list[Rejection]]:
     rejections: list[Rejection] = []
     kept: list[_Row] = []
     for msg in messages:
