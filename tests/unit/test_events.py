@@ -117,16 +117,42 @@ def test_extremely_deep_nesting_is_refused_without_parsing() -> None:
     assert [r.reason for r in rejected] == ["nesting_too_deep"]
 
 
-@given(st.binary(max_size=400) | st.text(alphabet='[]{}"a,:1 ', max_size=400).map(str.encode),
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=400) | st.text(alphabet='[]{}"\\a,:1 ', max_size=400).map(str.encode),
        st.integers(min_value=0, max_value=12))
-def test_the_depth_check_counts_brackets_as_a_naive_scan_does(value: bytes, limit: int) -> None:
+def test_the_depth_check_counts_brackets_outside_strings_as_a_naive_scan_does(
+        value: bytes, limit: int) -> None:
     from streamlearn.events.raw import _depth_exceeds
 
-    depth = deepest = 0
-    for byte in value:  # the reference: one step per byte, strings included
-        depth += (byte in b"[{") - (byte in b"]}")
-        deepest = max(deepest, depth)
+    depth = deepest = backslashes = 0
+    in_string = False
+    for byte in value:  # the reference: one step per byte
+        if byte == ord('"') and backslashes % 2 == 0:  # a quote not escaped opens or closes
+            in_string = not in_string
+        elif not in_string:
+            depth += (byte in b"[{") - (byte in b"]}")
+            deepest = max(deepest, depth)
+        # (a backslash outside a string is invalid JSON: orjson stops there, before any
+        # nesting after it, so treating it as an escape there too only errs on the safe side)
+        backslashes = backslashes + 1 if byte == ord("\\") else 0
     assert _depth_exceeds(value, limit) == (deepest > limit)
+
+
+@pytest.mark.parametrize("field", ["label", "ts", "actions", "x"])
+def test_closing_brackets_in_a_string_do_not_hide_deep_nesting(field: str) -> None:
+    """A string of ']' used to cancel the bracket count, letting 1,010 levels reach orjson (it
+    accepts 1,024) and then overflow Python's recursion limit in the rejection's repr."""
+    deep = b"[" * 1010 + b"]" * 1010
+    value = b'{"pad": "' + b"]" * 1010 + b'", "id": "e1", "' + field.encode() + b'": ' + deep
+    value += b', "x": [1, 1, 1, 1]}' if field != "x" else b"}"
+    _, rejected = decode_instances(msgs(value), D, K)
+    assert [r.reason for r in rejected] == ["nesting_too_deep"]
+
+
+def test_brackets_inside_strings_are_no_nesting() -> None:
+    value = orjson.dumps({"id": "[" * 40 + "{" * 40, "x": [1, 2, 3, 4], "note": '\\"[[[' * 20})
+    batch, rejected = decode_instances(msgs(value), D, K)
+    assert rejected == [] and batch.ids == ["[" * 40 + "{" * 40]
 
 
 @pytest.mark.parametrize(("value", "reason"), [
