@@ -42,6 +42,7 @@ from streamlearn.candidates.sets import CandidateSets, segment_argmax, segment_s
 from streamlearn.errors import StateError
 from streamlearn.learners import randomness
 from streamlearn.learners.base import check_float
+from streamlearn.learners.linear_posterior import woodbury_update
 from streamlearn.learners.oracle import RegressionOracle
 
 __all__ = ["CandidateBanditron", "CandidateEpsilonGreedy", "CandidateLearner", "CandidateLinUCB",
@@ -349,12 +350,8 @@ class CandidateLinUCB(CandidateLearner):
     def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
                exploit_phi: np.ndarray | None = None) -> None:
         # one Woodbury step for the whole batch: (A + ΦᵀΦ)⁻¹ = A⁻¹ − A⁻¹Φᵀ(I + ΦA⁻¹Φᵀ)⁻¹ΦA⁻¹
-        P = phi @ self.A_inv_
-        inner = np.eye(len(phi)) + P @ phi.T
-        try:
-            A_inv = self.A_inv_ - P.T @ np.linalg.solve(inner, P)
-        except np.linalg.LinAlgError:
-            A_inv = np.full_like(self.A_inv_, np.nan)
+        # (row by row when that system is singular in floating point)
+        A_inv = woodbury_update(self.A_inv_[None], np.asarray(phi, dtype=np.float64)[None])[0]
         b = self.b_ + phi.T @ np.asarray(rewards, dtype=np.float64)
         if np.isfinite(A_inv).all() and np.isfinite(b).all():  # a non-finite step is skipped
             self.A_inv_, self.b_ = A_inv, b

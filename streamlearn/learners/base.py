@@ -346,8 +346,9 @@ class Learner(abc.ABC):
         """Apply the batch unless it makes the state non-finite (or the numerics fail, e.g. a
         singular matrix); return the rows applied.
 
-        Cold path on failure: restore, find the rows that fail on their own,
-        apply the others together (if even that fails, skip the whole batch).
+        Cold path on failure: restore, find the rows that fail on their own, apply the others
+        together; if together they still fail (the numerics of a joint step), apply them one
+        at a time in order, skipping only a row that fails where it comes.
         """
         saved = self._snapshot()
         if self._applied(X, actions, rewards, probs):
@@ -359,11 +360,18 @@ class Learner(abc.ABC):
             good[i] = self._applied(take_rows(X, one), actions[one], rewards[one], probs[one])
             self._restore(saved)
         rows = np.flatnonzero(good)
-        if len(rows) and not self._applied(take_rows(X, rows), actions[rows], rewards[rows],
-                                           probs[rows]):
-            self._restore(saved)
-            return 0
-        return len(rows)
+        if not len(rows) or self._applied(take_rows(X, rows), actions[rows], rewards[rows],
+                                          probs[rows]):
+            return len(rows)
+        self._restore(saved)
+        applied = 0
+        for i in rows.tolist():
+            one, before = np.array([i]), self._snapshot()
+            if self._applied(take_rows(X, one), actions[one], rewards[one], probs[one]):
+                applied += 1
+            else:
+                self._restore(before)
+        return applied
 
     def _applied(self, X: Batch, actions: np.ndarray, rewards: np.ndarray,
                  probs: np.ndarray) -> bool:

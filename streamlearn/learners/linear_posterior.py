@@ -35,7 +35,7 @@ from streamlearn.learners.exploration import Exploration, default_exploration
 from streamlearn.learners.oracle import RegressionOracle
 from streamlearn.learners.oracle_base import new_change
 
-__all__ = ["LinTS", "LinUCB", "RidgePosterior"]
+__all__ = ["LinTS", "LinUCB", "RidgePosterior", "woodbury_update"]
 
 
 def _augment(X: Batch) -> np.ndarray:
@@ -111,11 +111,7 @@ class RidgePosterior:
         rank = np.arange(len(actions)) - starts[sorted_actions]
         groups = np.zeros((self.n_actions, int(counts.max()), self.dim))
         groups[sorted_actions, rank] = Z[order]
-        projected = groups @ self.cov_  # X A⁻¹, (K, n, D); A⁻¹ is symmetric
-        inner = projected @ groups.transpose(0, 2, 1)
-        inner += np.eye(inner.shape[1])
-        self.cov_ = self.cov_ - projected.transpose(0, 2, 1) @ np.linalg.solve(inner, projected)
-        self.cov_ = 0.5 * (self.cov_ + self.cov_.transpose(0, 2, 1))  # keep it exactly symmetric
+        self.cov_ = woodbury_update(self.cov_, groups)
 
     def forget(self, memory: float, ridge: float) -> None:
         """Keep a fraction ``memory`` of the evidence: A ← λI + memory·(A − λI), b ← memory·b."""
@@ -138,6 +134,35 @@ class RidgePosterior:
     def load_arrays(self, arrays: dict[str, np.ndarray]) -> None:
         self.cov_, self.xty_, self.mean_ = arrays["cov"], arrays["xty"], arrays["mean"]
         self.oracle_.load_arrays(arrays, prefix="oracle.")
+
+
+def woodbury_update(cov: np.ndarray, groups: np.ndarray) -> np.ndarray:
+    """(A + XᵀX)⁻¹ from A⁻¹ for each of a stack of K matrices: ``cov`` (K, D, D) symmetric,
+    ``groups`` (K, n, D) the rows to add (zero rows add nothing).
+
+    One Woodbury solve, A⁻¹ − A⁻¹Xᵀ(I + XA⁻¹Xᵀ)⁻¹XA⁻¹; when that n×n system is singular in
+    floating point (two equal rows of norm² ≳ 10¹⁶: 1 + s rounds to s) or its result is not
+    finite, the rows are added one at a time by Sherman–Morrison instead,
+    A⁻¹ ← A⁻¹ − (A⁻¹z)(A⁻¹z)ᵀ/(1 + zᵀA⁻¹z) — the same matrix in exact arithmetic, and
+    feedback the model would otherwise have skipped.
+    """
+    projected = groups @ cov  # X A⁻¹, (K, n, D); A⁻¹ is symmetric
+    inner = projected @ groups.transpose(0, 2, 1)
+    inner += np.eye(inner.shape[1])
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            updated = cov - projected.transpose(0, 2, 1) @ np.linalg.solve(inner, projected)
+        ok = bool(np.isfinite(updated).all())
+    except np.linalg.LinAlgError:
+        ok = False
+    if not ok:  # cold path: one row at a time
+        updated = cov
+        for r in range(groups.shape[1]):
+            z = groups[:, r, :]
+            Az = np.einsum("kij,kj->ki", updated, z)
+            denom = 1.0 + np.einsum("ki,ki->k", z, Az)
+            updated = updated - Az[:, :, None] * Az[:, None, :] / denom[:, None, None]
+    return np.asarray(0.5 * (updated + updated.transpose(0, 2, 1)))  # exactly symmetric
 
 
 def _square(X: Batch) -> Batch:
