@@ -4,7 +4,9 @@ Two generations of plain dicts: ids enter the young one; when the young one
 is older than the window (or larger than the capacity) it becomes the old one
 and the previous old one is dropped in O(1). An id is therefore remembered
 for at least one window after it closed and at most two — what the join
-needs, with no per-id eviction work.
+needs, with no per-id eviction work — unless more than ``capacity`` ids close
+within a window: then memory stays bounded and an id is remembered for the
+next ``capacity`` to 2 × ``capacity`` closes instead (docs/daemon.md §3).
 
 >>> recent = RecentlyClosed(window_s=10.0, capacity=100)
 >>> recent.add(["a", "b"], [0, 1], now=0.0)
@@ -16,6 +18,11 @@ needs, with no per-id eviction work.
 >>> recent.add(["d"], [0], now=25.0)  # and is forgotten one window later
 >>> recent.get("a"), recent.get("c"), len(recent)
 (None, 0, 2)
+>>> full = RecentlyClosed(window_s=600.0, capacity=2)
+>>> for t, i in enumerate("pqrst"):
+...     full.add([i], [0], now=float(t))  # within one window, but 2 per generation
+>>> [i for i in "pqrst" if i in full]
+['r', 's', 't']
 """
 
 from __future__ import annotations
