@@ -181,11 +181,16 @@ HOSTILE_INSTANCES = [
     (b'{"id": "h3", "x": [' + b"0," * 399 + b'0], "actions": [-1]}', "bad_actions"),
     (b'{"id": "e0", "x": [' + b"0," * 399 + b"0]}", "duplicate_id"),
     (b'{"id": "big", "pad": "' + b"x" * 300_000 + b'"}', "too_large"),
+    # ']' in a string once hid 1,010 real levels from the depth check: RecursionError in step
+    (b'{"pad": "' + b"]" * 1010 + b'", "id": "h4", "x": [' + b"0," * 399 + b'0], "label": '
+     + b"[" * 1010 + b"]" * 1010 + b"}", "nesting_too_deep"),
 ]
 HOSTILE_FEEDBACK = [
     (b'{"id": "e1", "reward": 2}', "bad_reward"), (b'{"id": "e1", "reward": -1}', "bad_reward"),
     (b'{"id": "nobody", "reward": 1}', "unknown_id"), (b'{"id": "e2", "reward": 1}',
                                                        "duplicate_id"),
+    (b'{"pad": "' + b"]" * 1010 + b'", "id": "e3", "reward": ' + b"[" * 1010 + b"]" * 1010
+     + b"}", "nesting_too_deep"),
 ]
 
 
