@@ -92,8 +92,8 @@ def _flat_floats(values: list[Any], lengths: list[int]) -> tuple[np.ndarray, np.
     """Flat entries of several rows → (float64 entries, per-row flag: every entry a number)."""
     n_rows = len(lengths)
     try:
-        flat = np.array(values, dtype=np.float64).reshape(-1)
-        if len(flat) == sum(lengths):
+        flat = np.array(values, dtype=np.float64)
+        if flat.ndim == 1:  # a nested list ([1] for 1) is no number
             return flat, np.ones(n_rows, dtype=bool)
     except (ValueError, TypeError, OverflowError):
         pass
@@ -102,7 +102,10 @@ def _flat_floats(values: list[Any], lengths: list[int]) -> tuple[np.ndarray, np.
     pos = 0
     for r, length in enumerate(lengths):  # cold: only when a batch holds a non-numeric entry
         try:
-            flat[pos:pos + length] = np.array(values[pos:pos + length], dtype=np.float64)
+            row = np.array(values[pos:pos + length], dtype=np.float64)
+            numeric[r] = row.ndim == 1
+            if numeric[r]:
+                flat[pos:pos + length] = row
         except (ValueError, TypeError, OverflowError):
             numeric[r] = False
         pos += length

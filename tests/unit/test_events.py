@@ -75,6 +75,9 @@ def test_sparse_named_and_dense_rows_in_one_batch() -> None:
     (inst(x={"idx": [0, 9], "val": [1.0, 1.0]}), "wrong_dimension"),
     (inst(x={"idx": [0, 1], "val": [1.0]}), "bad_features"),
     (inst(x={"idx": [0.5], "val": [1.0]}), "bad_features"),  # a float index is no dimension
+    (inst(x={"idx": [[1]], "val": [[1.0]]}), "bad_features"),  # a nested list is no number
+    (inst(x={"idx": [0, 1], "val": [[1.0], 2.0]}), "bad_features"),
+    (inst(x={"colour=red": [1.0]}), "bad_features"),
     (b"null", "not_object"),
     (inst(x=[1e308, 0, 0, 0]), "value_out_of_range"),
     (inst(x=[0, -1e13, 0, 0]), "value_out_of_range"),
