@@ -104,8 +104,12 @@ def _candidate_list(obj: dict[str, Any], event_id: str, max_candidates: int) -> 
     candidates = obj.get("candidates")
     if not (isinstance(candidates, list) and candidates
             and set(map(type, candidates)) == {dict}):  # parsed JSON: exact dicts, no subclasses
-        got = "nothing" if candidates is None else (
-            "an empty list" if candidates == [] else f"{type(candidates).__name__}")
+        if isinstance(candidates, list) and candidates:
+            k, item = next((k, c) for k, c in enumerate(candidates) if type(c) is not dict)
+            got = f"a list whose item {k} is {'null' if item is None else type(item).__name__}"
+        else:
+            got = "nothing" if candidates is None else (
+                "an empty list" if candidates == [] else f"{type(candidates).__name__}")
         raise Reject("bad_candidates", "expected 'candidates' as a non-empty list of "
                                        f"{{\"id\", \"x\"}} objects, got {got}", event_id)
     if len(candidates) > max_candidates:

@@ -125,12 +125,24 @@ def parse_object(msg: RawMessage, limits: DecodeLimits) -> dict[str, Any]:
     try:
         obj = orjson.loads(value)
     except orjson.JSONDecodeError as exc:  # orjson names UTF-8 problems (also surrogates)
-        reason = "invalid_utf8" if "UTF-8" in str(exc) else "invalid_json"
-        raise Reject(reason, str(exc)[:200]) from None
+        if "UTF-8" not in str(exc):
+            raise Reject("invalid_json", str(exc)[:200]) from None
+        raise Reject("invalid_utf8", _utf8_problem(value) or str(exc)[:200]) from None
     if not isinstance(obj, dict):
         got = "null" if obj is None else type(obj).__name__
         raise Reject("not_object", f"expected a JSON object, got {got}")
     return obj
+
+
+def _utf8_problem(value: bytes) -> str | None:
+    """Where ``value`` stops being UTF-8 (orjson reports every bad byte as "surrogates not
+    allowed" at char 0); None when it is UTF-8 (a BOM: orjson's own message says so)."""
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return (f"expected UTF-8, got byte 0x{value[err.start]:02x} at offset {err.start} "
+                f"({err.reason})")
+    return None
 
 
 def event_id_of(obj: dict[str, Any], limits: DecodeLimits) -> str:

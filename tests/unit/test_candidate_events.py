@@ -152,3 +152,13 @@ def test_the_dense_fast_path_decodes_as_the_candidate_by_candidate_walk(
     np.testing.assert_array_equal(fast.sets.offsets, walk.sets.offsets)
     assert [(r.event_id, r.reason, r.detail) for r in fast_bad] == \
         [(r.event_id, r.reason, r.detail) for r in walk_bad]
+
+
+@pytest.mark.parametrize(("candidates", "got"), [
+    ([None], "got a list whose item 0 is null"),
+    ([{"id": "a", "x": [1, 2, 3]}, 5], "got a list whose item 1 is int"),
+    ("abc", "got str"), ([], "got an empty list"),
+])
+def test_a_bad_candidate_list_says_what_it_holds(candidates: Any, got: str) -> None:
+    _, bad = decode_candidate_requests([message({"id": "r", "candidates": candidates})], 0, D_C)
+    assert [b.reason for b in bad] == ["bad_candidates"] and bad[0].detail.endswith(got)

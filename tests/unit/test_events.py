@@ -141,6 +141,18 @@ def test_the_depth_check_counts_brackets_outside_strings_as_a_naive_scan_does(
     assert _depth_exceeds(value, limit) == (deepest > limit)
 
 
+@pytest.mark.parametrize(("value", "detail"), [
+    (b"\xff\xfe{", "expected UTF-8, got byte 0xff at offset 0 (invalid start byte)"),
+    (b'{"id": "a\xed\xa0\x80"}', "expected UTF-8, got byte 0xed at offset 9 (invalid continuation byte)"),
+    (b'\xef\xbb\xbf{"id": "a"}', "UTF-8 byte order mark (BOM) is not supported"),
+])
+def test_invalid_utf8_says_where(value: bytes, detail: str) -> None:
+    """orjson reports every bad byte as "surrogates not allowed" at char 0."""
+    _, rejected = decode_instances(msgs(value), D, K)
+    assert [r.reason for r in rejected] == ["invalid_utf8"]
+    assert rejected[0].detail.startswith(detail)
+
+
 @pytest.mark.parametrize("field", ["label", "ts", "actions", "x"])
 def test_closing_brackets_in_a_string_do_not_hide_deep_nesting(field: str) -> None:
     """A string of ']' used to cancel the bracket count, letting 1,010 levels reach orjson (it
