@@ -185,7 +185,7 @@ class MetricsConfig:
     host: str = spec("127.0.0.1", "bind address (0.0.0.0 to expose)")
     port: int = spec(9464, "port; 0 = a free port (printed on start); -1 = no HTTP server",
                      ge=-1, le=65535)
-    window: int = spec(1000, "events in the sliding error-rate window", ge=1)
+    window: int = spec(1000, "events in the sliding error-rate window", ge=1, le=10_000_000)
     max_lag: int = spec(10_000, "readiness bound: /readyz fails while consumer lag exceeds it",
                         ge=0)
 
@@ -360,15 +360,26 @@ def field_specs() -> list[FieldSpec]:
             for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
 
 
+_MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB; /dev/zero or a log file is not one
+
+
 def _read_file(path: Path) -> dict[str, dict[str, Any]]:
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        with path.open("rb") as f:
+            data = f.read(_MAX_CONFIG_BYTES + 1)
+        if len(data) > _MAX_CONFIG_BYTES:
+            raise ConfigError(f"Config file {path} must be at most {_MAX_CONFIG_BYTES} bytes. "
+                              f"Got more.")
+        raw = tomllib.loads(data.decode("utf-8"))
     except FileNotFoundError as exc:
         raise ConfigError(f"Config file {path} does not exist.") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"Config file {path} cannot be read: {exc}.") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"Config file {path} is not valid TOML: {exc}.") from exc
+    except RecursionError:
+        raise ConfigError(f"Config file {path} is not a config: its arrays or tables nest "
+                          f"too deeply to read.") from None
     known = {s: {f.name for f in dataclasses.fields(c)} for s, c in SECTIONS.items()}
     for section, table in raw.items():
         if section not in known:

@@ -36,6 +36,7 @@ from streamlearn.errors import ConfigError
 __all__ = ["FieldSpec", "convert", "spec"]
 
 _NONE_WORDS = ("", "none", "null")
+_INT64 = 2**63
 
 
 def spec(default: Any, help: str, *, gt: float | None = None, ge: float | None = None,
@@ -126,6 +127,15 @@ def _fail(fs: FieldSpec, raw: Any, origin: str, why: str = "") -> ConfigError:
 
 def _directory_problem(path: Path) -> str:
     """Why ``path`` cannot be used (or created) as a directory; '' when it can."""
+    try:
+        return _directory_problem_of(path)
+    except OSError as err:  # e.g. a name too long for the file system
+        return f"it cannot be used: {err.strerror or err}"
+
+
+def _directory_problem_of(path: Path) -> str:
+    if path.is_symlink() and not path.exists():
+        return "it is a symbolic link to nothing (dangling, or a loop)"
     if path.exists():
         if not path.is_dir():
             return "it exists and is not a directory"
@@ -136,6 +146,13 @@ def _directory_problem(path: Path) -> str:
     if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot create it: {str(parent)!r} is not writable"
     return ""
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # e.g. a name too long for the file system
+        return False
 
 
 def _parse_number(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> int | float:
@@ -155,6 +172,8 @@ def _parse_number(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> int | fl
         raise _fail(fs, raw, origin)
     if not math.isfinite(value):
         raise _fail(fs, raw, origin)
+    if fs.base is int and not -_INT64 <= value < _INT64:  # state files keep int64 counters
+        raise _fail(fs, raw, origin, "beyond the 64-bit integer range")
     if ((fs.gt is not None and not value > fs.gt) or (fs.ge is not None and not value >= fs.ge)
             or (fs.le is not None and not value <= fs.le)):
         raise _fail(fs, raw, origin)
@@ -206,7 +225,7 @@ def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
         return _check_hostports(fs, raw, origin, value)
     if fs.base is Path:
         path = Path(value).expanduser()
-        if fs.kind == "file" and not path.is_file():
+        if fs.kind == "file" and not _is_file(path):
             raise _fail(fs, raw, origin)
         if fs.kind == "dir" and (why := _directory_problem(path)):
             raise _fail(fs, raw, origin, why)

@@ -144,12 +144,17 @@ def configure_logging(level: str, library_level: str = "WARNING") -> None:
     logging.getLogger("streamlearn").setLevel(level)
 
 
+_MAX_SECONDS = 1e9  # ~32 years: beyond it a wait overflows the clock
+
+
 def run(args: argparse.Namespace) -> int:
     if args.max_events is not None and args.max_events < 1:
         raise ConfigError(f"--max-events must be an integer >= 1. Got {args.max_events}.")
-    if args.progress_seconds < 0 or args.linger_seconds < 0:
-        raise ConfigError("--progress-seconds and --linger-seconds must be >= 0. "
-                          f"Got {args.progress_seconds} and {args.linger_seconds}.")
+    for flag, seconds in (("--progress-seconds", args.progress_seconds),
+                          ("--linger-seconds", args.linger_seconds)):
+        if not 0 <= seconds <= _MAX_SECONDS:  # NaN fails too
+            raise ConfigError(f"{flag} must be a number of seconds in [0, {_MAX_SECONDS:g}]. "
+                              f"Got {seconds}.")
     config = load_config(args.config, cli=cli_overrides(args))
     if args.print_config:
         print(to_toml(config), end="")

@@ -23,6 +23,8 @@ blocks the loop; it binds ``127.0.0.1`` by default and port 0 picks a free port
 
 from __future__ import annotations
 
+import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +40,8 @@ from streamlearn.errors import ConfigError
 from streamlearn.stream.transport import Message, Transport
 
 __all__ = ["LagTracker", "MetricsServer", "Readiness"]
+
+_log = logging.getLogger(__name__)
 
 Readiness = Callable[[], tuple[bool, str]]
 """Returns ``(ready, reason)``; ``reason`` explains a ``False``."""
@@ -89,6 +93,15 @@ class _Server(ThreadingHTTPServer):
         self.registry = registry
         self.readiness = readiness
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request (a scrape timeout, a half-open connection) is
+        its own business: a debug line, not a traceback on stderr per connection."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            _log.debug("HTTP client %s went away: %r", client_address, exc)
+            return
+        _log.warning("HTTP request from %s failed", client_address, exc_info=True)
 
     def check_ready(self) -> tuple[bool, str]:
         if self.readiness is None:

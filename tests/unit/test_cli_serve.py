@@ -224,3 +224,41 @@ def test_candidate_mode_config_errors_say_what_was_expected() -> None:
     config = load_config(environ={}, cli={"metrics.port": "-1", "candidates.enabled": "true"})
     with pytest.raises(Exception, match=r"embedded.dataset must be a candidate-set stream"):
         serve(config, max_events=10, progress_s=0, out=io.StringIO())
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--checkpoint-keep", "99999999999999999999999"], "beyond the 64-bit integer range"),
+    (["--learner-seed", str(2**63)], "beyond the 64-bit integer range"),
+    (["--metrics-window", str(2**62)], "metrics.window must be an integer in [1, 10000000]"),
+    (["--linger-seconds", "nan"], "--linger-seconds must be a number of seconds in [0, 1e+09]"),
+    (["--linger-seconds", "1e400"], "--linger-seconds must be a number of seconds"),
+    (["--checkpoint-dir", "x" * 300], "it cannot be used: File name too long"),
+])
+def test_values_that_used_to_pass_and_crash_later_are_refused_at_start(
+        argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An outside client's finds: these passed validation and then raised a traceback at the
+    first checkpoint (ints beyond int64 in meta.json), in the seed mix, in an array allocation
+    or in a wait."""
+    assert main(["serve", "--print-config", *argv]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_symlink_loop_as_checkpoint_dir_is_refused(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert main(["serve", "--print-config", "--checkpoint-dir", str(tmp_path / "a")]) == 2
+    assert "symbolic link to nothing (dangling, or a loop)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    ("x = " + "[" * 50_000 + "]" * 50_000 + "\n", "nest too deeply to read"),
+    ("# padding\n" * 200_000, "must be at most 1048576 bytes"),
+])
+def test_a_config_file_that_is_no_config_is_a_clear_error(
+        tmp_path: Path, content: str, expected: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(content)
+    assert main(["serve", "--print-config", "--config", str(path)]) == 2
+    assert expected in capsys.readouterr().err

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import struct
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -196,3 +198,24 @@ def test_lag_tracker_backs_off_while_the_offsets_cannot_be_read(monkeypatch: Any
         tracker.poll(10, 0.0)
         now[0] += 0.1
     assert 4 <= len(tries) - count <= 5 and tracker.lag == 0  # once a second again
+
+
+def test_clients_that_go_away_mid_request_print_no_traceback(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """A scrape that times out, or a half-open connection closed with a reset, used to print
+    a BrokenPipeError / ConnectionResetError traceback on stderr per connection."""
+    with MetricsServer(CollectorRegistry(), port=0) as server:
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nX-a: ")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()  # a reset, mid-request
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()  # gone before the answer is written
+        time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
+            assert r.status == 200
+    assert "Traceback" not in capfd.readouterr().err
