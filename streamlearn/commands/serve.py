@@ -238,6 +238,9 @@ def _candidate_dimensions(config: Config, transport: Transport) -> tuple[int, in
                               f"({', '.join(sorted(CANDIDATE_STREAMS))}) when candidates.enabled "
                               f"is true. Got '{config.embedded.dataset}'.")
         return (c.shared_features, c.candidate_features) if c.enabled else None
+    if config.embedded.slots > c.max_slots:  # every request would be dead-lettered
+        raise ConfigError(f"embedded.slots must be at most candidates.max_slots "
+                          f"({c.max_slots}). Got {config.embedded.slots}.")
     defaults = type(c)()
     for name, got, want, default in (
             ("shared_features", c.shared_features, dims[0], defaults.shared_features),
@@ -336,11 +339,17 @@ class Progress:
                                          mistakes)
         return (f"streamlearn serve: stopped after {seen} instances in {elapsed:.1f} s "
                 f"({seen / max(elapsed, 1e-9):,.0f}/s); daemon totals: instances "
-                f"{c.instances}, feedback joined {c.feedback['joined']}, expired "
+                f"{c.instances}{_rejected_note(daemon)}, feedback joined {c.feedback['joined']}, expired "
                 f"{c.feedback['expired']}; cum-error {tracker.error_rate:.4f}, ewma-error "
                 f"{number_or_dash(ewma)}, window-error {tracker.window_error_rate:.4f}; last "
                 f"checkpoint "
                 f"{seq or 'none'}")
+
+
+def _rejected_note(daemon: Any) -> str:
+    """' (+N dead-lettered)' when instance messages were rejected, else ''."""
+    rejected = daemon.instance_messages - daemon.counters.instances
+    return f" (+{rejected} dead-lettered)" if rejected else ""
 
 
 @contextmanager

@@ -139,9 +139,17 @@ class Daemon:
         return Engine(learner, self.settings.join_settings())
 
     @property
+    def instance_messages(self) -> int:
+        """Instance messages handled so far: decided, or dead-lettered (the counters span every
+        restart)."""
+        rejected = self.counters.invalid.get(self.transport.instances_topic, {})
+        return self.counters.instances + sum(rejected.values())
+
+    @property
     def instances_this_run(self) -> int:
-        """Instances decided since :meth:`run` started (the counters span every restart)."""
-        return self.counters.instances - self.started_at_instances
+        """Instance messages handled since :meth:`run` started, decided or dead-lettered (so
+        ``run(max_instances=N)`` stops after N messages even when some are rejected)."""
+        return self.instance_messages - self.started_at_instances
 
     @property
     def learner(self) -> Learner:
@@ -165,7 +173,7 @@ class Daemon:
         """Serve until :meth:`request_stop` (or ``max_instances`` decided by this run), then
         checkpoint."""
         self.restore()
-        self.started_at_instances = self.counters.instances
+        self.started_at_instances = self.instance_messages
         self.observer.on_start(type(self.learner).__name__, repr(self.learner.exploration),
                                type(self.transport).__name__)
         self.ready = True

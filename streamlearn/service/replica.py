@@ -113,7 +113,7 @@ class Replica:
                 daemon.replace_learner(self.learner)
                 daemon.model_name = next(iter(self.daemons.values())).model_name \
                     if self.daemons else daemon.model_name
-            daemon.started_at_instances = daemon.counters.instances
+            daemon.started_at_instances = daemon.instance_messages
             daemon.ready = True
             self.daemons[p] = daemon
             self.moves += 1

@@ -486,3 +486,20 @@ def test_a_restore_keeps_the_checkpoints_learner_settings_and_says_which(
     warned = [r.getMessage() for r in caplog.records
               if "keeps its learner's own settings" in r.getMessage()]
     assert len(warned) == 1 and "'gamma': 0.05" in warned[0] and "'gamma': 0.2" in warned[0]
+
+
+def test_max_instances_counts_dead_lettered_instance_messages_too(tmp_path: Path) -> None:
+    """`serve --max-events N` on the embedded default produces exactly N instances; when some
+    were rejected the loop used to wait for decisions that could never come."""
+    broker, clock = InMemoryBroker(2), Clock()
+    caller = Caller(broker)
+    caller.publish(0, 6, ts=1.0)
+    for value, _ in HOSTILE_INSTANCES[:4]:
+        caller.writer.append_instance(b"h", value)
+    daemon = Daemon(settings(tmp_path, limits_poll_timeout_seconds=0.0),
+                    InMemoryTransport(broker=broker, partitions=2), learner(), wall_clock=clock)
+    runner = threading.Thread(target=daemon.run, kwargs={"max_instances": 10}, daemon=True)
+    runner.start()
+    runner.join(timeout=20)
+    assert not runner.is_alive(), "run(max_instances=10) did not stop"
+    assert daemon.counters.instances == 6 and daemon.instance_messages == 10
