@@ -118,6 +118,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StreamlearnError as exc:
         print(f"streamlearn {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.filename is None:
+            raise
+        # a path the file system refuses (too long, a loop, no permission, a full disk …)
+        print(f"streamlearn {args.command}: error: cannot use {str(exc.filename)[:200]!r}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 1
+    except MemoryError as exc:  # e.g. a stream or a model larger than this machine
+        print(f"streamlearn {args.command}: error: not enough memory for what was asked "
+              f"(a smaller --rounds, --passes, --batch-size or feature dimension?): {exc}",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

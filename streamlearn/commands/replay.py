@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -43,13 +45,13 @@ def add_parser(subparsers: Any) -> None:
     learner.add_argument("--lr", type=number_in(0.0, 2.0, low_open=True, high_open=True),
                          help="epsilon-greedy: NLMS step")
     feedback = parser.add_argument_group("feedback")
-    feedback.add_argument("--delay", type=number_in(0.0), default=0.0,
+    feedback.add_argument("--delay", type=number_in(0.0, 1e6), default=0.0,
                           help="mean feedback delay in seconds (exponential), at --rate events/s")
-    feedback.add_argument("--rate", type=number_in(0.0, low_open=True), default=100.0,
+    feedback.add_argument("--rate", type=number_in(0.0, 1e9, low_open=True), default=100.0,
                           help="simulated arrival rate for --delay (default 100 events/s)")
     feedback.add_argument("--drop", type=number_in(0.0, 1.0, high_open=True), default=0.0,
                           help="probability that feedback never arrives (expires to reward 0)")
-    feedback.add_argument("--window", type=number_in(0.0, low_open=True),
+    feedback.add_argument("--window", type=number_in(0.0, 1e9, low_open=True),
                           help="join window in seconds at --rate, as the daemon's "
                                "join.window_seconds (default ten mean delays, at least one "
                                "event): a decision without feedback expires at its end")
@@ -94,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     hyper = hyperparameters(args)
     if args.plot:
         pyplot()  # fail before the run, not after it
+        check_output_file("--plot", args.plot)
     stream = prepare_from_args(
         args, drift=Drift(args.drift_at, args.drift, args.seed) if args.drift_at else None)
     learner = make_learner(args.learner, stream.n_classes, stream.n_features, exploration,
@@ -143,6 +146,20 @@ def print_table(report: dict[str, Any]) -> None:
     for key, value in report.items():
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
         print(f"{key:<{width}}  {shown}")
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """Refuse, before any work, a file the command could not write at the end."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    try:
+        problem = ("it is a directory" if target.is_dir() else
+                   f"{str(parent)!r} is not an existing directory" if not parent.is_dir() else
+                   f"{str(parent)!r} is not writable" if not os.access(parent, os.W_OK) else "")
+    except OSError as err:
+        problem = err.strerror or str(err)
+    if problem:
+        raise ConfigError(f"{flag} must be a file that can be written. Got {path!r}: {problem}.")
 
 
 def plot_curves(path: str, title: str, curves: dict[str, list[tuple[int, float]]]) -> None:

@@ -40,15 +40,16 @@ DATASET_HELP = ("synnonsep, synsep, letter, pendigits, optdigits, nursery, mnist
 _CSV_OPTIONS = ("label_column", "categorical", "delimiter", "header")
 
 
-def int_at_least(low: int) -> Callable[[str], int]:
-    """argparse type: an integer >= ``low``."""
+def int_at_least(low: int, high: int = 2**63 - 1) -> Callable[[str], int]:
+    """argparse type: an integer in [``low``, ``high``] (by default up to the int64 range)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+        if not low <= value <= high:
+            wanted = f">= {low}" if high == 2**63 - 1 else f"in [{low}, {high:,}]"
+            raise argparse.ArgumentTypeError(f"expected an integer {wanted}, got {text!r}")
         return value
 
     return parse
@@ -94,16 +95,17 @@ def add_stream_arguments(parser: argparse.ArgumentParser, *, batch_size: int) ->
                            "stops when it cannot tell")
     stream = parser.add_argument_group("stream")
     length = stream.add_mutually_exclusive_group()
-    length.add_argument("--passes", type=int_at_least(1), metavar="N",
+    length.add_argument("--passes", type=int_at_least(1, 1_000_000), metavar="N",
                         help="passes over the data, each reshuffled (default 1)")
-    length.add_argument("--rounds", type=int_at_least(1), metavar="N",
+    length.add_argument("--rounds", type=int_at_least(1, 1_000_000_000), metavar="N",
                         help="stream length in rounds (synthetic sets generate this many; "
                              "others pass over the data as often as needed)")
     stream.add_argument("--no-shuffle", action="store_true",
                         help="keep the file order (a time-ordered file); passes repeat it")
     stream.add_argument("--standardise", choices=("auto", "yes", "no"), default="auto",
                         help="z-score dense features (auto: as the dataset recommends)")
-    stream.add_argument("--batch-size", type=int_at_least(1), default=batch_size, metavar="B",
+    stream.add_argument("--batch-size", type=int_at_least(1, 1_000_000), default=batch_size,
+                        metavar="B",
                         help=f"micro-batch size (default {batch_size}"
                              f"{' = the exact per-event algorithm' if batch_size == 1 else ''})")
     stream.add_argument("--seed", type=int_at_least(0), default=0, metavar="S",

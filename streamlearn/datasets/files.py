@@ -256,6 +256,10 @@ def load_csv(path: str, **options: object) -> Dataset:
     )
 
 
+#: Largest libsvm feature dimension: 2²² columns are 32 MB per action of a dense weight row.
+MAX_LIBSVM_FEATURES = 1 << 22
+
+
 def load_libsvm(path: str, **options: object) -> Dataset:
     """A sparse dataset from a libsvm / SVMlight file (``label idx:val ...`` per line)."""
     name = f"libsvm:{path}"
@@ -298,6 +302,12 @@ def load_libsvm(path: str, **options: object) -> Dataset:
     if len(indices) and indices.min() > 0:
         indices -= 1  # 1-based (the libsvm convention) unless some index is 0
     needed = int(indices.max()) + 1 if len(indices) else 1
+    if needed > MAX_LIBSVM_FEATURES:  # the learners keep dense (K, d) arrays
+        bad = int(np.argmax(indices))
+        raise DataError(f"{path}: line {lines[bad]}: expected feature indices below "
+                        f"{MAX_LIBSVM_FEATURES:,} (the learners hold dense arrays of K x d "
+                        f"weights; hash larger spaces into fewer columns). Got "
+                        f"{str(parts[bad, 0])!r}.")
     n_features = option_int(name, "n_features", options.get("n_features", needed))
     if n_features < needed:
         raise ConfigError(f"The 'n_features' option of {name} must be at least {needed} "
