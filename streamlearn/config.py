@@ -20,6 +20,8 @@ Names: the TOML key ``[join] window_seconds`` is the environment variable
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
@@ -29,6 +31,8 @@ from typing import Any
 
 from streamlearn.config_fields import FieldSpec, convert, spec
 from streamlearn.errors import ConfigError
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "SECTIONS",
@@ -434,6 +438,7 @@ def load_config(
             continue
         sections[fs.section][fs.name] = convert(fs, raw, origin, text)
         given.add(key)
+    _warn_near_misses(env)
     if "exploration.gamma" in given and "exploration.name" not in given:
         # `--gamma 0.1` alone means a fixed γ of 0.1 (as in replay), not an ignored value
         sections["exploration"]["name"] = "fixed"
@@ -441,6 +446,18 @@ def load_config(
                     source=str(file_path) if file_path is not None else None)
     _check_consistency(config)
     return config
+
+
+def _warn_near_misses(env: Mapping[str, str]) -> None:
+    """A ``STREAMLEARN_*`` variable one typo away from a setting is ignored like any other
+    unrelated variable — but said, since the setting it meant keeps its default."""
+    known = {env_name(fs.section, fs.name) for fs in field_specs()} | {"STREAMLEARN_CONFIG"}
+    for key in env:
+        if key.startswith("STREAMLEARN_") and key not in known:
+            meant = difflib.get_close_matches(key, known, n=1, cutoff=0.9)
+            if meant:
+                _log.warning("ignoring the environment variable %s: no such setting (did you "
+                             "mean %s?)", key, meant[0])
 
 
 def _check_consistency(config: Config) -> None:

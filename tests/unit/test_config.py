@@ -261,3 +261,13 @@ def test_exploration_defaults_to_the_learners_own_and_a_lone_gamma_means_fixed(
     both = load_config(write(tmp_path, "[exploration]\nname = 'margin'\ngamma = 0.2\n"),
                        environ={})
     assert both.exploration.name == "margin"
+
+
+def test_a_near_miss_in_the_environment_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="streamlearn.config"):
+        cfg = load_config(environ={"STREAMLEARN_JOIN_WINDW_SECONDS": "5",
+                                   "STREAMLEARN_UNKNOWN_THING": "1"})
+    assert cfg.join.window_seconds == 600.0  # ignored, as any unrelated variable
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["ignoring the environment variable STREAMLEARN_JOIN_WINDW_SECONDS: no such "
+                    "setting (did you mean STREAMLEARN_JOIN_WINDOW_SECONDS?)"]
