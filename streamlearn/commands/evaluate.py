@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from streamlearn.commands.stream_options import int_at_least, number_in
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.evaluation.policies import (
     ESTIMATORS,
@@ -61,13 +62,17 @@ def add_parser(subparsers: Any) -> None:
                         help="comma-separated estimators among ips, snips, dr")
     parser.add_argument("--segments", default=None, metavar="A:B",
                         help="segments A..B inclusive (A: or :B leave one end open)")
-    parser.add_argument("--max-rows", type=int, default=None, help="the newest rows only")
+    parser.add_argument("--max-rows", type=int_at_least(1), default=None,
+                        help="the newest rows only")
     parser.add_argument("--holdout-only", action="store_true",
                         help="evaluate the retrainer's held-out slice only")
-    parser.add_argument("--holdout-fraction", type=float, default=0.2,
+    parser.add_argument("--holdout-fraction", type=number_in(0.0, 1.0, low_open=True, high_open=True),
+                        default=0.2,
                         help="size of the held-out slice (as retrain.holdout_fraction)")
-    parser.add_argument("--clip", type=float, default=DEFAULT_CLIP, help="IPS weight clip")
-    parser.add_argument("--level", type=float, default=0.95, help="confidence level")
+    parser.add_argument("--clip", type=number_in(1.0, 1e12), default=DEFAULT_CLIP,
+                        help="IPS weight clip")
+    parser.add_argument("--level", type=number_in(0.0, 1.0, low_open=True, high_open=True),
+                        default=0.95, help="confidence level")
     parser.add_argument("--artifacts", default=None, metavar="DIR",
                         help="where ranker:NAME is looked up (default: LOG_DIR/../rankers)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

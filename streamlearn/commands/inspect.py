@@ -117,7 +117,7 @@ def _print_text(info: dict[str, Any]) -> None:
         learner = info["learner"]
         print(f"learner         {learner['class']}")
         for key, value in (learner.get("params") or {}).items():
-            print(f"  {key:<14}{_short(value)}")
+            print(f"  {key:<13} {_short(value)}")
         counters = learner.get("counters") or {}
         if counters:
             print("counters        " + "   ".join(

@@ -46,3 +46,12 @@ def test_a_path_the_file_system_refuses_is_one_line(capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err
     assert "cannot use 'xxx" in err and "File name too long" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("option", "value"), [("--clip", "nan"), ("--max-rows", "0"),
+                                               ("--level", "1.5"), ("--holdout-fraction", "0")])
+def test_evaluate_refuses_values_it_cannot_use(option: str, value: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["evaluate", str(tmp_path), option, value])
+    assert exit_info.value.code == 2 and f"argument {option}: expected" in capsys.readouterr().err
