@@ -160,9 +160,9 @@ def test_bench_table_lists_the_chosen_systems(capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.parametrize("command", ["bench", "replay"])
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--batch-size", "0"], "argument --batch-size: expected an integer >= 1, got '0'"),
-    (["--passes", "two"], "argument --passes: expected an integer >= 1, got 'two'"),
-    (["--rounds", "-5"], "argument --rounds: expected an integer >= 1, got '-5'"),
+    (["--batch-size", "0"], "argument --batch-size: expected an integer in [1, 1,000,000], got '0'"),
+    (["--passes", "two"], "argument --passes: expected an integer in [1, 1,000,000], got 'two'"),
+    (["--rounds", "-5"], "argument --rounds: expected an integer in [1, 1,000,000,000], got '-5'"),
     (["--gamma", "0.7"], "argument --gamma: expected a number in (0, 0.5], got '0.7'"),
     (["--seed", "-1"], "argument --seed: expected an integer >= 0, got '-1'"),
     (["--header", "maybe"], "argument --header: invalid choice: 'maybe'"),
