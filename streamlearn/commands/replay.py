@@ -22,6 +22,7 @@ from streamlearn.config import LearnerConfig
 from streamlearn.errors import ConfigError
 from streamlearn.learners import LEARNERS, make_learner
 from streamlearn.plotting import pyplot
+from streamlearn.snapshot import check_replaceable
 
 DEFAULT_LEARNER = LearnerConfig().name  # serve's default learner
 
@@ -97,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         pyplot()  # fail before the run, not after it
         check_output_file("--plot", args.plot)
+    if args.save:
+        check_replaceable(args.save)  # never after the run, and never anything but a snapshot
     stream = prepare_from_args(
         args, drift=Drift(args.drift_at, args.drift, args.seed) if args.drift_at else None)
     learner = make_learner(args.learner, stream.n_classes, stream.n_features, exploration,

@@ -38,7 +38,7 @@ from streamlearn.service.daemon import Daemon
 from streamlearn.service.metrics import Observer
 from streamlearn.service.settings import DaemonSettings
 from streamlearn.service.state import freeze, warn_settings_kept
-from streamlearn.stream.checkpoint import Restored
+from streamlearn.stream.checkpoint import CheckpointMismatch, Restored
 from streamlearn.stream.join import Closed, PendingJoins
 from streamlearn.stream.transport import Message, Transport
 
@@ -80,12 +80,17 @@ class CandidateDaemon(Daemon):
             learner = CANDIDATE_LEARNERS[s.candidates_learner].from_state(arrays, meta["learner"])
             if (learner.d_x, learner.d_c) != (s.candidates_shared_features,
                                               s.candidates_candidate_features):
-                raise ValueError(f"it holds a learner with (d_x, d_c) = {learner.d_x, learner.d_c}")
+                raise CheckpointMismatch(
+                    f"checkpoint {restored.seq} in {s.checkpoint_dir} holds a candidate learner "
+                    f"with (d_x, d_c) = {learner.d_x, learner.d_c}; this daemon is configured "
+                    f"for {s.candidates_shared_features, s.candidates_candidate_features}")
             joins = PendingJoins.restore(s.candidates_max_slots, learner.d_x + 2 * learner.d_c,
                                          s.join_settings(), arrays, meta["join"])
             tracker_load(self.tracker, arrays, meta["tracker"])
             counters = Counters.from_json(meta["counters"])
             early = meta["candidates"]["early_rewards"]
+        except CheckpointMismatch:
+            raise
         except (KeyError, TypeError, ValueError, StateError) as exc:
             raise StateError(f"checkpoint {restored.seq} in {s.checkpoint_dir} does not fit this "
                              f"candidate-mode daemon: {exc!r}") from exc

@@ -198,19 +198,20 @@ class Daemon:
 
     def restore(self) -> None:
         """Load the newest good checkpoint, seek the transport to its offsets."""
-        restored = self.checkpointer.restore() if self.checkpointer is not None else None
+        topics = (self.transport.instances_topic, self.transport.feedback_topic)
+        restored = (self.checkpointer.restore(accept=self._thaw, topics=topics)
+                    if self.checkpointer is not None else None)
         if self.retraining is not None:
             self.retraining.open(restored.meta.get("experience") if restored else None,
                                  restored is not None)
         if self.checkpointer is None:
             return
         if restored is None:  # a crash before the first checkpoint still left its journal
-            self._journaled = self.checkpointer.journal.load(0)
+            self._journaled = self.checkpointer.journal.load(0, self.n_actions)
             return
-        self._thaw(restored)
         self._drifts_seen = self.learner.drift_detections_
         self.offsets = self.checkpointer.offsets
-        self._journaled = self.checkpointer.journal.load(restored.seq)
+        self._journaled = self.checkpointer.journal.load(restored.seq, self.n_actions)
         assigned = self.transport.assignment()
         self.transport.seek({k: v for k, v in self.offsets.snapshot().items() if k in assigned})
         log.info("restored checkpoint %d (%d pending joins, %d journaled decisions)",

@@ -18,16 +18,18 @@ from streamlearn.candidates.engine import CandidateEngine
 from streamlearn.engine import Engine
 from streamlearn.errors import StateError
 from streamlearn.evaluation.online import OnlineErrorTracker
+from streamlearn.learners import LEARNERS
 from streamlearn.learners.base import Learner
 from streamlearn.service.counters import Counters, tracker_arrays, tracker_load
 from streamlearn.service.settings import DaemonSettings
-from streamlearn.stream.checkpoint import Restored
+from streamlearn.stream.checkpoint import CheckpointMismatch, Restored
 from streamlearn.stream.clock import PartitionClocks
 from streamlearn.stream.join import PendingJoins
 
 log = logging.getLogger("streamlearn.daemon")
 
-__all__ = ["freeze", "learner_settings", "thaw", "warn_settings_kept"]
+__all__ = ["freeze", "learner_settings", "restored_counters", "restored_tracker", "thaw",
+           "warn_settings_kept"]
 
 
 def freeze(engine: Engine | CandidateEngine, tracker: OnlineErrorTracker, counters: Counters,
@@ -44,26 +46,149 @@ def freeze(engine: Engine | CandidateEngine, tracker: OnlineErrorTracker, counte
 
 def thaw(restored: Restored, settings: DaemonSettings, learner_class: type[Learner],
          tracker: OnlineErrorTracker) -> tuple[Engine, Counters]:
-    """The engine and counters of a restored snapshot (``tracker`` is loaded in place)."""
+    """The engine and counters of a restored snapshot (``tracker`` is loaded in place).
+
+    Raises :class:`~streamlearn.stream.checkpoint.CheckpointMismatch` when the checkpoint
+    holds another (known) learner class or shape than configured, and ``StateError`` when anything
+    in it does not restore cleanly (a corrupt checkpoint: ``Checkpointer.restore`` then tries
+    an older one). ``tracker`` is only changed when everything restored.
+    """
     arrays, meta = restored.arrays, restored.meta
+    where = f"checkpoint {restored.seq} in {settings.checkpoint_dir}"
     want = (settings.learner_n_actions, settings.learner_n_features)
+    held = meta.get("learner", {}).get("class") if isinstance(meta.get("learner"), dict) else None
+    if held != learner_class.__name__ and held in {c.__name__ for c in LEARNERS.values()}:
+        raise CheckpointMismatch(f"{where} does not fit this daemon: it holds a {held} learner; "
+                                 f"{learner_class.__name__} is configured (a fresh state needs an "
+                                 f"empty checkpoint.dir).")
     try:
+        learner_meta, join_meta, tracker_meta, counters_meta = (
+            _section(meta, name) for name in ("learner", "join", "tracker", "counters"))
         learner = learner_class.from_state(
             {k: v for k, v in arrays.items() if k.startswith(("learner.", "exploration."))},
-            meta["learner"])
+            learner_meta)
         got = (learner.n_actions, learner.n_features)
         if got != want:
-            raise ValueError(f"it holds a learner with (K, d) = {got}; {want} are configured")
-        old_clocks = meta["counters"].get("clocks")  # where checkpoints before 0.2 kept them
-        joins = PendingJoins.restore(*want, settings.join_settings(), arrays, meta["join"],
+            raise CheckpointMismatch(f"{where} does not fit this daemon: it holds a learner with "
+                                     f"(K, d) = {got}; {want} are configured (a fresh state "
+                                     f"needs an empty checkpoint.dir).")
+        old_clocks = counters_meta.get("clocks")  # where checkpoints before 0.2 kept them
+        joins = PendingJoins.restore(*want, settings.join_settings(), arrays, join_meta,
                                      None if old_clocks is None
                                      else PartitionClocks.from_json(old_clocks))
-        tracker_load(tracker, arrays, meta["tracker"])
-        counters = Counters.from_json(meta["counters"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StateError(f"checkpoint {restored.seq} in {settings.checkpoint_dir} does not fit "
-                         f"this daemon: {exc!r}") from exc
+        loaded = restored_tracker(arrays, tracker_meta, settings.metrics_window)
+        counters = restored_counters(counters_meta)
+    except CheckpointMismatch:
+        raise
+    except Exception as exc:  # whatever a damaged checkpoint makes fail: it is corrupt
+        detail = str(exc) if isinstance(exc, StateError) else f"{type(exc).__name__}: {exc}"
+        raise StateError(f"{where} does not restore: {detail}") from exc
+    vars(tracker).clear()
+    vars(tracker).update(vars(loaded))
     return Engine(learner, joins=joins), counters
+
+
+def _section(meta: dict[str, Any], name: str) -> dict[str, Any]:
+    value = meta.get(name)
+    if not isinstance(value, dict):
+        raise StateError(f"its meta.json must have a {name!r} object. Got {_short(value)}.")
+    return value
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def restored_counters(data: dict[str, Any]) -> Counters:
+    """:class:`Counters` from a checkpoint's JSON, validated: every count an int >= 0, the
+    checksum an int in [0, 2⁶⁴) (counts missing in older checkpoints start at 0).
+
+    >>> restored_counters({"instances": 5, "applied_checksum": "7"}).instances
+    5
+    >>> restored_counters({"instances": -5})
+    Traceback (most recent call last):
+    ...
+    streamlearn.errors.StateError: counters.instances must be an int >= 0. Got -5.
+    """
+    defaults = vars(Counters())
+    unknown = sorted(set(data) - set(defaults) - {"clocks"})
+    if unknown:
+        raise StateError(f"counters hold unknown names {unknown}; expected some of "
+                         f"{sorted(defaults)}.")
+    out: dict[str, Any] = {}
+    for name, default in defaults.items():
+        value = data.get(name, default)
+        if name == "applied_checksum":
+            text = str(value) if _is_count(value) else value
+            if not (isinstance(text, str) and text.isascii() and text.isdigit()
+                    and int(text) < 1 << 64):
+                raise StateError(f"counters.applied_checksum must be an int in [0, 2**64). "
+                                 f"Got {_short(value)}.")
+            out[name] = str(int(text))
+        elif name == "feedback":
+            out[name] = {**default, **_counts(value, f"counters.{name}", set(default))}
+        elif name == "invalid":
+            if not isinstance(value, dict):
+                raise StateError(f"counters.invalid must be an object. Got {_short(value)}.")
+            out[name] = {str(topic): _counts(reasons, f"counters.invalid[{topic!r}]")
+                         for topic, reasons in value.items()}
+        elif not _is_count(value):
+            raise StateError(f"counters.{name} must be an int >= 0. Got {_short(value)}.")
+        else:
+            out[name] = value
+    return Counters.from_json(out)
+
+
+def _counts(value: Any, what: str, names: set[str] | None = None) -> dict[str, int]:
+    if not isinstance(value, dict) or not all(_is_count(v) for v in value.values()):
+        raise StateError(f"{what} must map names to ints >= 0. Got {_short(value)}.")
+    if names is not None and not set(value) <= names:
+        raise StateError(f"{what} holds unknown names {sorted(set(value) - names)}; expected "
+                         f"some of {sorted(names)}.")
+    return dict(value)
+
+
+def restored_tracker(arrays: dict[str, np.ndarray], scalars: dict[str, Any],
+                     window: int) -> OnlineErrorTracker:
+    """A new error tracker with a checkpoint's state, validated: known attributes only, of
+    their type (counts ints >= 0, the window >= 1, sums finite), the ring as long as the
+    window and finite.
+    """
+    tracker = OnlineErrorTracker(window)
+    defaults = vars(tracker)
+    for key, value in scalars.items():
+        default = defaults.get(key)
+        if key not in defaults or isinstance(default, np.ndarray):
+            raise StateError(f"tracker.{key} is not a tracker setting; expected some of "
+                             f"{sorted(k for k, v in defaults.items() if not isinstance(v, np.ndarray))}.")
+        if isinstance(default, int) and not (_is_count(value) and (key != "window" or value >= 1)):
+            raise StateError(f"tracker.{key} must be an int >= {1 if key == 'window' else 0}. "
+                             f"Got {_short(value)}.")
+        if isinstance(default, float) and not (isinstance(value, int | float)
+                                               and not isinstance(value, bool)
+                                               and np.isfinite(value)):
+            raise StateError(f"tracker.{key} must be a finite number. Got {_short(value)}.")
+    for key, value in arrays.items():
+        name = key[len("tracker."):]
+        if not key.startswith("tracker."):
+            continue
+        default = defaults.get(name)
+        if not isinstance(default, np.ndarray):
+            raise StateError(f"{key} is not a tracker array.")
+        if value.ndim != default.ndim or value.dtype.kind not in "biuf" or not np.isfinite(value).all():
+            raise StateError(f"{key} must be a finite {default.ndim}-d numeric array. Got "
+                             f"{value.dtype} of shape {value.shape}.")
+    tracker_load(tracker, arrays, scalars)
+    ring = vars(tracker).get("_ring")
+    if isinstance(ring, np.ndarray) and ring.shape != (tracker.window,):
+        raise StateError(f"tracker._ring must hold tracker.window = {tracker.window} losses. "
+                         f"Got shape {ring.shape}.")
+    return tracker
 
 
 def learner_settings(learner: Learner) -> dict[str, Any]:

@@ -22,9 +22,11 @@ the new snapshot never lacks a decision the previous one could replay.
 
 Invariants: the offsets in a snapshot are exactly the input whose effect the
 snapshot's state contains; offsets only move forward; at start the newest
-snapshot that reads back cleanly is restored (a corrupt one is reported and
-the previous one used; the corrupt one is renamed ``corrupt-ckpt-<seq>-<time>``)
-and the transport seeks to its offsets.
+snapshot that restores cleanly is restored — it reads back, its offsets are
+valid and the caller's ``accept`` (thawing its state) raises nothing; a
+corrupt one is reported and the previous one used, the corrupt one renamed
+``corrupt-ckpt-<seq>-<time>``; when none restores nothing is moved and
+``StateError`` says why — and the transport seeks to its offsets.
 
 The **decision journal** makes re-emitted decisions identical after a crash.
 Before a decision is produced, its record (full probability row + the exact
@@ -32,7 +34,9 @@ decision message) is appended to the current segment. After a restart from
 snapshot ``s``, the segments ``>= s`` hold every decision made for input the
 snapshot has not seen; re-read input whose id is in the journal gets the
 journaled decision instead of a new one, so the learner, the pending joins and
-the decisions topic see exactly what they saw before the crash. Appends are
+the decisions topic see exactly what they saw before the crash. A line that is
+not a valid decision (:func:`journal_record_problem`) is skipped on its own and
+logged: its id gets a new decision rather than a damaged one. Appends are
 flushed to the OS (enough for a process crash); ``fsync_journal`` also survives
 power loss at a cost per batch.
 """
@@ -40,11 +44,13 @@ power loss at a cost per batch.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import shutil
 import time
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -56,8 +62,9 @@ from streamlearn.errors import StateError, TransportError
 from streamlearn.snapshot import read_snapshot, write_snapshot
 from streamlearn.stream.transport import Transport
 
-__all__ = ["Checkpointer", "ConsumedOffsets", "DecisionJournal", "JournaledDecision", "Restored",
-           "offsets_from_json", "offsets_to_json"]
+__all__ = ["CheckpointMismatch", "Checkpointer", "ConsumedOffsets", "DecisionJournal",
+           "JournaledDecision", "Restored", "journal_record_problem", "offsets_from_json",
+           "offsets_to_json"]
 
 log = logging.getLogger("streamlearn.checkpoint")
 
@@ -71,8 +78,58 @@ def offsets_to_json(offsets: Offsets) -> list[list[Any]]:
     return [[topic, partition, offset] for (topic, partition), offset in sorted(offsets.items())]
 
 
-def offsets_from_json(rows: list[list[Any]]) -> Offsets:
-    return {(str(t), int(p)): int(o) for t, p, o in rows}
+def offsets_from_json(rows: Any, topics: Collection[str] | None = None) -> Offsets:
+    """Offsets saved by :func:`offsets_to_json`, validated (``StateError`` if they are not).
+
+    Expected: a list of ``[topic, partition, next offset]`` rows — a non-empty string (one of
+    ``topics``, when given) and two ints >= 0 — with no ``(topic, partition)`` twice.
+
+    >>> offsets_from_json([["in", 0, 7]])
+    {('in', 0): 7}
+    >>> try:
+    ...     offsets_from_json([["in", 0, -1]])
+    ... except StateError as exc:
+    ...     print(exc)
+    offsets must be [topic, partition >= 0, offset >= 0] rows. Got ['in', 0, -1].
+    """
+    if not isinstance(rows, list):
+        raise StateError(f"offsets must be a list of [topic, partition, offset] rows. "
+                         f"Got {_short(rows)}.")
+    out: Offsets = {}
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and row[0]
+                and _is_count(row[1]) and _is_count(row[2])):
+            raise StateError(f"offsets must be [topic, partition >= 0, offset >= 0] rows. "
+                             f"Got {_short(row)}.")
+        topic, partition, offset = row
+        if topics is not None and topic not in topics:
+            raise StateError(f"offsets name topic {topic!r}; this daemon reads "
+                             f"{sorted(topics)}.")
+        if (topic, partition) in out:
+            raise StateError(f"offsets hold {topic}[{partition}] twice.")
+        out[(topic, partition)] = offset
+    return out
+
+
+def _is_count(value: Any) -> bool:
+    """An int >= 0 (JSON's true/false are not counts)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+class CheckpointMismatch(StateError):
+    """A sound checkpoint that does not fit this daemon's configuration (another learner class
+    or shape): not a corruption, so no older checkpoint is tried and none is set aside."""
 
 
 class ConsumedOffsets:
@@ -145,7 +202,14 @@ class DecisionJournal:
         """Append further decisions to ``journal-<seq>.jsonl``."""
         self.close()
         self.segment = seq
-        self._file = open(self.directory / f"journal-{seq:08d}.jsonl", "ab")  # noqa: SIM115
+        path = self.directory / f"journal-{seq:08d}.jsonl"
+        if os.path.lexists(path) and (path.is_symlink() or not path.is_file()):
+            aside = path.with_name(f"corrupt-{path.name}-{int(time.time())}")
+            log.warning("journal segment %s is not a regular file; moved to %s", path, aside.name)
+            os.rename(path, aside)
+        self._file = open(path, "ab")  # noqa: SIM115
+        if self._file.tell() and _last_byte(path) != b"\n":
+            self._file.write(b"\n")  # end a torn last line: the next record starts a line of its own
 
     def append(self, event_ids: list[str], probs: np.ndarray, messages: list[dict[str, Any]]) -> None:
         """Journal one batch of decisions (before they are produced)."""
@@ -159,25 +223,144 @@ class DecisionJournal:
         if self.fsync:
             os.fsync(self._file.fileno())
 
-    def load(self, from_seq: int) -> dict[str, JournaledDecision]:
-        """Every journaled decision in segments ``>= from_seq`` (a torn last line is skipped)."""
+    def load(self, from_seq: int, n_actions: int | None = None) -> dict[str, JournaledDecision]:
+        """Every valid journaled decision in segments ``>= from_seq``.
+
+        A line that does not parse (a torn append) or is not a valid decision
+        (:func:`journal_record_problem`; ``n_actions``: the learner's K, if known) is skipped
+        on its own — every line is a record of its own — and named on one WARNING per segment:
+        its id, if its input is re-read, gets a new decision instead of a damaged one. Without
+        ``n_actions``, rows of another width than most rows are skipped too.
+        """
         found: dict[str, JournaledDecision] = {}
         for seq, path in _numbered(self.directory, _JOURNAL):
             if seq < from_seq:
                 continue
-            for line in path.read_bytes().split(b"\n"):
+            if path.is_symlink() or not path.is_file():
+                log.warning("journal segment %s is not a regular file; skipped", path)
+                continue
+            try:
+                lines = path.read_bytes().split(b"\n")
+            except OSError as exc:
+                raise StateError(f"cannot read the journal segment {path}: "
+                                 f"{exc.strerror or exc}") from exc
+            bad: list[tuple[int, str]] = []
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
                 try:
                     rec = orjson.loads(line)
-                    found.setdefault(rec["d"]["id"], JournaledDecision(
-                        int(rec["d"].get("action", -1)), rec["p"], rec["d"]))  # -1: candidates
-                except (orjson.JSONDecodeError, KeyError, TypeError):
-                    continue  # empty or torn line (a crash in the middle of an append)
-        return found
+                except orjson.JSONDecodeError:
+                    if number < len(lines):  # the last one is a torn append: not published yet
+                        bad.append((number, "not valid JSON (a torn append?)"))
+                    continue
+                problem = journal_record_problem(rec, n_actions)
+                if problem is not None:
+                    bad.append((number, problem))
+                    continue
+                d = rec["d"]
+                found.setdefault(d["id"], JournaledDecision(d.get("action", -1), rec["p"], d))
+            if bad:
+                log.warning("journal segment %s: %d damaged line(s) skipped, their decisions are "
+                            "not reused; line %d: %s", path, len(bad), *bad[0])
+        return found if n_actions is not None else _of_the_usual_width(found)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _reason(exc: Exception) -> str:
+    """One line: a StateError's message as it is, anything else with its type."""
+    text = str(exc) if isinstance(exc, StateError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())[:500].rstrip(".")
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1)
+
+
+def journal_record_problem(rec: Any, n_actions: int | None = None) -> str | None:
+    """Why a parsed journal line is not a decision that may be published again (None if it is).
+
+    A record is ``{"p": probabilities, "d": the decision message}``. Every message has a
+    string ``id`` and a finite ``ts``; a learner's decision has an int ``action`` in
+    ``[0, K)`` (K = ``n_actions``, or the row's width), ``p`` a row of K finite numbers in
+    [0, 1] summing to 1 with ``p[action] > 0`` and ``prob == p[action]``; a candidate-set
+    decision (no ``action``) has its placed ``candidates`` (ids with probabilities in (0, 1])
+    and a non-empty ``ranking``.
+
+    >>> journal_record_problem({"p": [0.9, 0.1], "d": {"id": "a", "action": 0, "prob": 0.9,
+    ...                                                  "ts": 1.0}})
+    >>> journal_record_problem({"p": [0.9, 0.1], "d": {"id": "a", "action": 7, "prob": 0.9,
+    ...                                                  "ts": 1.0}})
+    'action must be an int in [0, 2), got 7'
+    """
+    if not isinstance(rec, dict) or not isinstance(rec.get("d"), dict) or "p" not in rec:
+        return 'expected {"p": [...], "d": {...}}'
+    d, p = rec["d"], rec["p"]
+    if not isinstance(d.get("id"), str):
+        return f"id must be a string, got {_short(d.get('id'))}"
+    if not _is_number(d.get("ts")):
+        return f"ts must be a finite number, got {_short(d.get('ts'))}"
+    for name, kind in (("explored", bool), ("model", str)):
+        if name in d and not isinstance(d[name], kind):
+            return f"{name} must be a {kind.__name__}, got {_short(d[name])}"
+    if not (isinstance(p, list) and p and all(_is_number(v) and 0 <= v <= 1 for v in p)):
+        return f"p must be a non-empty list of numbers in [0, 1], got {_short(p)}"
+    if "action" not in d:
+        return _candidates_problem(d)
+    k = len(p) if n_actions is None else n_actions
+    if len(p) != k:
+        return f"p must hold {k} probabilities (one per action), got {len(p)}"
+    action = d["action"]
+    if not (_is_count(action) and action < k):
+        return f"action must be an int in [0, {k}), got {_short(action)}"
+    if abs(math.fsum(p) - 1.0) > _SUM_TOLERANCE:
+        return f"p must sum to 1, got {math.fsum(p)!r}"
+    if not p[action] > 0:
+        return f"p[action] must be > 0 (the action was played), got {p[action]!r}"
+    if not (_is_number(d.get("prob")) and math.isclose(d["prob"], p[action], rel_tol=1e-9)):
+        return f"prob must be p[action] = {p[action]!r}, got {_short(d.get('prob'))}"
+    ranking = d.get("ranking")
+    if ranking is not None and not (isinstance(ranking, list)
+                                    and all(_is_count(a) and a < k for a in ranking)):
+        return f"ranking must be a list of actions in [0, {k}), got {_short(ranking)}"
+    return None
+
+
+_SUM_TOLERANCE = 1e-6  # the rows are float64 distributions: off by a few ulps at most
+
+
+def _candidates_problem(d: dict[str, Any]) -> str | None:
+    placed = d.get("candidates")
+    if not (isinstance(placed, list) and placed and all(
+            isinstance(c, dict) and isinstance(c.get("id"), str) and _is_number(c.get("prob"))
+            and 0 < c["prob"] <= 1 for c in placed)):
+        return (f"a decision needs an action, or candidates (ids with probabilities in (0, 1]); "
+                f"got {_short(placed)}")
+    ranking = d.get("ranking")
+    if not (isinstance(ranking, list) and ranking and all(isinstance(c, str) for c in ranking)):
+        return f"ranking must be a non-empty list of candidate ids, got {_short(ranking)}"
+    if not (_is_number(d.get("prob")) and 0 < d["prob"] <= 1):
+        return f"prob must be a number in (0, 1], got {_short(d.get('prob'))}"
+    return None
+
+
+def _of_the_usual_width(found: dict[str, JournaledDecision]) -> dict[str, JournaledDecision]:
+    """The learners' decisions whose row has the width most rows have (K), and every
+    candidate-set decision; a row of another width is damage (logged)."""
+    widths = Counter(len(j.probs) for j in found.values() if j.action >= 0)
+    if len(widths) < 2:
+        return found
+    usual = widths.most_common(1)[0][0]
+    odd = {i for i, j in found.items() if j.action >= 0 and len(j.probs) != usual}
+    log.warning("journal: %d decision(s) with a probability row of another width than %d "
+                "skipped, e.g. id %r", len(odd), usual, min(odd))
+    return {i: j for i, j in found.items() if i not in odd}
 
 
 def _numbered(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
@@ -219,26 +402,56 @@ class Checkpointer:
         self.events_since = 0
         self.last_time = time.monotonic()
 
-    def restore(self) -> Restored | None:
-        """The newest snapshot that reads back cleanly (None if there is none)."""
+    def restore(self, accept: Callable[[Restored], object] | None = None,
+                topics: Collection[str] | None = None) -> Restored | None:
+        """The newest snapshot that reads back cleanly (None if there is none).
+
+        A snapshot is unusable when reading it, checking its ``seq`` and ``offsets`` (rows
+        of ``topics``, when given) or ``accept(restored)`` (the caller's own restore, e.g.
+        thawing the daemon's state) raises anything but :class:`CheckpointMismatch`; then the
+        next older one is tried. When one is restored, the unusable newer ones are set aside
+        (``corrupt-ckpt-<seq>-<time>``), each on one ERROR line. When snapshots exist but
+        none is usable, none is moved and ``StateError`` names each one's problem.
+        """
         restored = None
+        unusable: list[tuple[Path, Exception]] = []
         for seq, path in reversed(_numbered(self.directory, _CKPT)):
             try:
-                arrays, meta = read_snapshot(path)
-                offsets = offsets_from_json(meta["offsets"])
-            except (StateError, KeyError, TypeError, ValueError) as exc:
-                # set aside (not deleted: it is evidence), so it never counts as a kept snapshot
-                aside = path.with_name(f"corrupt-{path.name}-{int(time.time())}")
-                log.error("checkpoint %s is unusable, falling back to an older one (moved to %s): "
-                          "%s", path, aside.name, exc)
-                os.rename(path, aside)
+                candidate = self._read(seq, path, topics)
+                if accept is not None:
+                    accept(candidate)
+            except CheckpointMismatch:
+                raise
+            except Exception as exc:  # any failure: corrupt, whatever raised it
+                unusable.append((path, exc))
                 continue
-            restored = Restored(seq, arrays, meta, offsets)
-            self.offsets = ConsumedOffsets(offsets)
+            restored = candidate
+            self.offsets = ConsumedOffsets(candidate.offsets)
             break
+        if restored is None and unusable:
+            raise StateError(
+                f"no checkpoint in {self.directory} can be restored: "
+                + "; ".join(f"{path.name}: {_reason(problem)}" for path, problem in unusable)
+                + ". Nothing was moved; to start from a fresh state, move them out of "
+                  "checkpoint.dir.")
+        for path, problem in unusable:
+            # set aside (not deleted: it is evidence), so it never counts as a kept snapshot
+            aside = path.with_name(f"corrupt-{path.name}-{int(time.time())}")
+            log.error("checkpoint %s is unusable, falling back to an older one (moved to %s): "
+                      "%s", path, aside.name, _reason(problem))
+            os.rename(path, aside)
         # decisions made after the restored snapshot go on in its journal segment
         self.journal.open_segment(restored.seq if restored else 0)
         return restored
+
+    @staticmethod
+    def _read(seq: int, path: Path, topics: Collection[str] | None) -> Restored:
+        arrays, meta = read_snapshot(path)
+        if meta.get("seq", seq) != seq:
+            raise StateError(f"its meta.json says it is snapshot {meta.get('seq')!r}, not {seq}.")
+        if "offsets" not in meta:
+            raise StateError("its meta.json has no offsets.")
+        return Restored(seq, arrays, meta, offsets_from_json(meta["offsets"], topics))
 
     def due(self, n_events: int, pending: int = 0) -> bool:
         """Count ``n_events`` processed input messages; whether a checkpoint is due now.
@@ -285,7 +498,10 @@ class Checkpointer:
         oldest_kept = snapshots[-self.keep:][0][0] if snapshots else 0
         for seq, path in _numbered(self.directory, _JOURNAL):
             if seq < oldest_kept:
-                path.unlink(missing_ok=True)
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:  # e.g. a directory of that name: not ours to delete
+                    log.warning("could not delete the old journal segment %s: %s", path, exc)
 
     def close(self) -> None:
         self.journal.close()

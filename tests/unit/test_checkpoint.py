@@ -108,7 +108,8 @@ def test_journal_survives_a_torn_line_and_is_pruned_with_snapshots(tmp_path: Pat
     ck, t = Checkpointer(tmp_path, keep=2), RecordingTransport(tmp_path)
     ck.restore()
     probs = np.array([[0.9, 0.1], [0.2, 0.8]])
-    ck.journal.append(["a", "b"], probs, [{"id": "a", "action": 0}, {"id": "b", "action": 1}])
+    ck.journal.append(["a", "b"], probs, [{"id": "a", "action": 0, "prob": 0.9, "ts": 1.0},
+                                          {"id": "b", "action": 1, "prob": 0.8, "ts": 1.0}])
     with open(tmp_path / "journal-00000000.jsonl", "ab") as fh:
         fh.write(b'{"p": [0.5, 0.5], "d": {"id": "c", "act')  # a crash mid-append
     loaded = ck.journal.load(0)

@@ -11,7 +11,7 @@ import pytest
 
 from streamlearn.errors import StateError
 from streamlearn.learners import Banditron, FixedGamma, load_learner, save_learner
-from streamlearn.snapshot import read_snapshot, write_snapshot
+from streamlearn.snapshot import meta_checksum, read_snapshot, write_snapshot
 
 
 @pytest.fixture()
@@ -90,6 +90,7 @@ def test_object_arrays_are_never_written_nor_loaded(tmp_path: Path, saved: Path)
     np.savez(saved / "arrays.npz", w=np.array([{"a": 1}], dtype=object))
     meta = json.loads((saved / "meta.json").read_text())
     meta["arrays_sha256"] = hashlib.sha256((saved / "arrays.npz").read_bytes()).hexdigest()
+    meta["meta_sha256"] = meta_checksum(meta)
     (saved / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(StateError, match="cannot be read"):
         read_snapshot(saved)
