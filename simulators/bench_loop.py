@@ -10,8 +10,14 @@ all on an in-memory transport — no broker, no simulator in the timing):
 * **loop**: ``Daemon.step`` until every message is consumed (decode, decide,
   publish, join, learn; no checkpoints);
 * **loop at another commit** (``--compare-with DIR``: a checkout of that
-  commit): the same loop measured in a subprocess whose ``PYTHONPATH`` is DIR,
-  alternating with this one (A B A B), so both see the same machine.
+  commit): the same loop on that commit's code, alternating with this one
+  (A B A B), so both see the same machine.
+
+Every figure is measured the same way: one fresh process per checkout and repeat
+(``PYTHONPATH`` = the checkout) builds the stream, runs the relay and the loop once
+to warm up, then times each once. (Until 2026-12-01 late evening this checkout's
+loop ran warm inside the benchmark's own process while the other commit's ran cold
+in a subprocess, which favoured this checkout by 20-40 %: docs/performance.md.)
 
 With ``--candidates N`` the same three rates are measured in candidate mode:
 requests of N candidates with d_c = 45 dense features each (the shape of the
@@ -34,6 +40,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -178,12 +185,17 @@ def caller_rate(n: int) -> float:
     return caller.stats.instances_sent / (time.perf_counter() - started)
 
 
-def _other(directory: str, events: int, candidates: int) -> float:
+THIS_CHECKOUT = str(Path(__file__).resolve().parents[1])
+
+
+def _measured(directory: str, events: int, candidates: int) -> dict[str, float]:
+    """{"relay", "loop"} rates of a fresh process on ``directory``'s code (see the module doc)."""
     env = {**os.environ, "PYTHONPATH": directory, "OPENBLAS_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, __file__, "--events", str(events), "--loop-only",
                            "--candidates", str(candidates)],
                           capture_output=True, text=True, env=env, check=True, cwd=directory)
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["loop"])
+    rates = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"relay": float(rates["relay"]), "loop": float(rates["loop"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,18 +225,21 @@ def main(argv: list[str] | None = None) -> int:
     else:
         messages = stream(args.events)[0]
         relay, loop = bare_relay, loop_rate
-    if args.loop_only:
-        print(json.dumps({"loop": loop(messages)}))
+    if args.loop_only:  # one measuring process: warm up, then time each once
+        relay(messages)
+        loop(messages)
+        print(json.dumps({"relay": relay(messages), "loop": loop(messages)}))
         return 0
     rows: dict[str, list[float]] = {"bare relay": [], "loop": []}
     if args.compare_with:
         rows["loop at --compare-with"] = []
     for r in range(args.repeats):
-        rows["bare relay"].append(relay(messages))
-        rows["loop"].append(loop(messages))
+        here = _measured(THIS_CHECKOUT, args.events, args.candidates)
+        rows["bare relay"].append(here["relay"])
+        rows["loop"].append(here["loop"])
         if args.compare_with:
             rows["loop at --compare-with"].append(
-                _other(args.compare_with, args.events, args.candidates))
+                _measured(args.compare_with, args.events, args.candidates)["loop"])
         print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(
             f"{k} {v[-1]:,.0f}/s" for k, v in rows.items()), file=sys.stderr, flush=True)
     med: dict[str, Any] = {k: float(np.median(v)) for k, v in rows.items()}

@@ -21,7 +21,8 @@ import numpy as np
 from streamlearn.events.raw import DecodeLimits, Reject
 from streamlearn.features import Batch, SparseBatch, hash_names
 
-__all__ = ["classify", "dense_feature_batch", "explain", "feature_batch", "sparse_feature_batch"]
+__all__ = ["DenseRows", "classify", "dense_feature_batch", "explain", "feature_batch",
+           "sparse_feature_batch"]
 
 
 def classify(x: object, n_features: int, event_id: str) -> tuple[str, Any]:
@@ -88,6 +89,44 @@ def _as_float_rows(rows: list[Any], width: int) -> tuple[np.ndarray, np.ndarray]
     return out, numeric
 
 
+class DenseRows:
+    """Dense ``x`` lists converted into one float64 block the moment each is parsed.
+
+    A parsed 400-number list is ~13 KB of Python objects; converted at once and dropped,
+    the next message's parse reuses the same warm memory, where converting a whole chunk's
+    lists at the end walks objects that have left the caches and keeps them alive for the
+    collector to scan (docs/performance.md, "Dense rows converted as they are parsed").
+    Row ``i`` converts exactly as ``np.array(row, dtype=np.float64)`` would (booleans 0/1,
+    numeric strings parsed, ``None`` as NaN); a row that does not convert is zero and
+    flagged not numeric. The lists are not kept: to explain a refused row, read it again
+    from its message (the cold path).
+
+    >>> rows = DenseRows(capacity=2, width=2)
+    >>> rows.add([1, 2.5]), rows.add(["a", 1])
+    (0, 1)
+    >>> rows.block.tolist(), rows.numeric.tolist()
+    ([[1.0, 2.5], [0.0, 0.0]], [True, False])
+    """
+
+    def __init__(self, capacity: int, width: int) -> None:
+        self.block = np.empty((capacity, width))
+        self.numeric = np.ones(capacity, dtype=bool)
+        self.n = 0
+
+    def add(self, row: list[Any]) -> int:
+        """Convert ``row`` (a list of ``width`` entries) into the next row; its row number."""
+        i = self.n
+        if len(row) != self.block.shape[1]:  # assignment would broadcast a shorter list
+            raise ValueError(f"expected a dense row of {self.block.shape[1]} entries, got {len(row)}")
+        try:
+            self.block[i] = row
+        except (ValueError, TypeError, OverflowError):  # cold: a non-numeric entry
+            self.block[i] = 0.0
+            self.numeric[i] = False
+        self.n = i + 1
+        return i
+
+
 def _flat_floats(values: list[Any], lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Flat entries of several rows → (float64 entries, per-row flag: every entry a number)."""
     n_rows = len(lengths)
@@ -120,6 +159,20 @@ def dense_feature_batch(rows: list[Any], n_features: int,
     return ok, dense if ok.all() else dense[ok]
 
 
+def _converted_dense_batch(dense_rows: DenseRows, rows: list[int],
+                           limits: DecodeLimits) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dense_feature_batch` of rows already in ``dense_rows`` (a view when they are its
+    first rows in order, as a decoder that adds every row it keeps makes them)."""
+    n = len(rows)
+    if n == dense_rows.n and rows == list(range(n)):
+        dense, numeric = dense_rows.block[:n], dense_rows.numeric[:n]
+    else:
+        at = np.asarray(rows, dtype=np.int64)
+        dense, numeric = dense_rows.block[at], dense_rows.numeric[at]
+    ok = numeric & _dense_flags(dense, limits)
+    return ok, dense if ok.all() else dense[ok]
+
+
 def _sparse_entries(payloads: list[Any], n_features: int, limits: DecodeLimits
                     ) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
     """(entries per row, flat indices as floats, flat values, per-row ok flag) of
@@ -148,12 +201,18 @@ def sparse_feature_batch(payloads: list[Any], n_features: int,
     return ok, SparseBatch(indptr, idx[entries].astype(np.int64), val[entries], n_features)
 
 
-def feature_batch(forms: list[tuple[str, Any]], n_features: int,
-                  limits: DecodeLimits) -> tuple[np.ndarray, Batch]:
-    """Build the feature batch of ``(form, payload)`` rows; return (row ok flags, batch of ok rows)."""
+def feature_batch(forms: list[tuple[str, Any]], n_features: int, limits: DecodeLimits,
+                  dense_rows: DenseRows | None = None) -> tuple[np.ndarray, Batch]:
+    """Build the feature batch of ``(form, payload)`` rows; return (row ok flags, batch of ok rows).
+
+    With ``dense_rows``, a dense row's payload is its row number there (already converted);
+    without, the list of its entries.
+    """
     n = len(forms)
     kinds = {form for form, _ in forms}
-    if kinds <= {"dense"}:  # an empty batch too
+    if kinds <= {"dense"} and dense_rows is not None:  # an empty batch too
+        return _converted_dense_batch(dense_rows, [p for _, p in forms], limits)
+    if kinds <= {"dense"}:
         return dense_feature_batch([p for _, p in forms], n_features, limits)
     if kinds == {"sparse"}:
         return sparse_feature_batch([p for _, p in forms], n_features, limits)
@@ -165,7 +224,11 @@ def feature_batch(forms: list[tuple[str, Any]], n_features: int,
         if not members:
             continue
         if form == "dense":
-            dense, good = _as_float_rows([forms[i][1] for i in members], n_features)
+            if dense_rows is not None:
+                at = np.asarray([forms[i][1] for i in members], dtype=np.int64)
+                dense, good = dense_rows.block[at], dense_rows.numeric[at]
+            else:
+                dense, good = _as_float_rows([forms[i][1] for i in members], n_features)
             good &= _dense_flags(dense, limits)
             for j, i in enumerate(members):
                 nz = np.flatnonzero(dense[j])

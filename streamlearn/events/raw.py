@@ -13,8 +13,8 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-__all__ = ["DEFAULT_LIMITS", "DecodeLimits", "RawMessage", "Reject", "Rejection", "event_id_of",
-           "is_number", "parse_object", "timestamp_of"]
+__all__ = ["DEFAULT_LIMITS", "DecodeLimits", "RawMessage", "Reject", "Rejection", "check_depth",
+           "event_id_of", "is_number", "parse_object", "timestamp_of"]
 
 
 class RawMessage(Protocol):
@@ -112,6 +112,12 @@ def _nesting_depth(marks: bytes) -> int:
     return int(np.cumsum(_BRACKET_STEP[b] * outside).max(initial=0))
 
 
+def check_depth(value: bytes, limits: DecodeLimits) -> None:
+    """Refuse (``nesting_too_deep``) a value nested deeper than ``limits.max_depth``."""
+    if _depth_exceeds(value, limits.max_depth):
+        raise Reject("nesting_too_deep", f"expected nesting depth <= {limits.max_depth}")
+
+
 def parse_object(msg: RawMessage, limits: DecodeLimits) -> dict[str, Any]:
     """The message's JSON object (a JSON ``null`` or any other non-object is ``not_object``)."""
     value = msg.value
@@ -120,8 +126,7 @@ def parse_object(msg: RawMessage, limits: DecodeLimits) -> dict[str, Any]:
     if len(value) > limits.max_message_bytes:
         raise Reject("too_large", f"expected at most {limits.max_message_bytes} bytes, "
                                   f"got {len(value)}")
-    if _depth_exceeds(value, limits.max_depth):
-        raise Reject("nesting_too_deep", f"expected nesting depth <= {limits.max_depth}")
+    check_depth(value, limits)
     try:
         obj = orjson.loads(value)
     except orjson.JSONDecodeError as exc:  # orjson names UTF-8 problems (also surrogates)

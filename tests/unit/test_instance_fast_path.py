@@ -1,0 +1,118 @@
+"""The instance decoder's fast path (parse, convert each dense row as it is parsed, count
+brackets only when needed) decides every message exactly as the full checks do: a plain
+reference decodes each message through ``_row`` (size, depth, JSON, id, ts, form, actions,
+label), converts the kept rows' lists in one batch and explains each refused row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamlearn.events import instances
+from streamlearn.events.payload import explain, feature_batch
+from streamlearn.events.raw import DecodeLimits, Reject, Rejection
+from streamlearn.features import SparseBatch
+from streamlearn.stream.transport import Message
+
+D, K = 4, 3
+
+
+def reference_decode(messages: list[Message], limits: DecodeLimits
+                     ) -> tuple[list[str], Any, list[int], list[tuple[int, str, str]]]:
+    """(ids, features, labels, rejections) of the full checks alone, rows converted from lists."""
+    kept, refused = [], []
+    for msg in messages:
+        try:
+            kept.append(instances._row(msg, D, K, limits))
+        except Reject as err:
+            refused.append(err.of(msg))
+    ok, X = feature_batch([(r.form, r.payload) for r in kept], D, limits)  # list payloads
+    for r, good in zip(kept, ok.tolist(), strict=True):
+        if not good:
+            reason, detail = explain(r.form, r.payload, D, limits)
+            refused.append(Reject(reason, detail, r.event_id).of(r.msg))
+    rows = [r for r, good in zip(kept, ok.tolist(), strict=True) if good]
+    return [r.event_id for r in rows], X, [r.label for r in rows], _origins(refused)
+
+
+def _origins(rejections: list[Rejection]) -> list[tuple[int, str, str]]:
+    return sorted((r.offset, r.reason, r.detail) for r in rejections)
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"1" + b"]" * depth
+
+
+scalars = st.one_of(st.floats(-1e13, 1e13), st.integers(-2**63, 2**64 - 1), st.booleans(), st.none(),
+                    st.sampled_from(["1.5", "-2", "abc", "", "1e400", "NaN"]))
+entries = st.one_of(scalars, scalars, scalars, st.lists(scalars, max_size=2),
+                    st.dictionaries(st.sampled_from(["a"]), scalars, max_size=1))
+ids = st.one_of(st.text(min_size=1, max_size=6),
+                st.sampled_from(["[[[[", "]]]]", '"', "\\", "e\\\"[{", "{" * 40, "😀[]"]),
+                st.integers(0, 3))
+xs = st.one_of(
+    st.lists(st.floats(-10, 10), min_size=D, max_size=D),  # the common case, often
+    st.lists(st.floats(-10, 10), min_size=D, max_size=D),
+    st.lists(entries, min_size=D, max_size=D),
+    st.lists(entries, max_size=D + 1),
+    st.fixed_dictionaries({"idx": st.lists(st.one_of(st.integers(-1, D), entries), max_size=3),
+                           "val": st.lists(entries, max_size=3)}),
+    st.dictionaries(st.sampled_from(["a", "b"]), entries, max_size=2))
+objects = st.fixed_dictionaries(
+    {"id": ids, "x": xs},
+    optional={"ts": st.one_of(st.floats(0, 2e9), st.text(max_size=2), st.none()),
+              "label": st.one_of(st.integers(-2, K), st.booleans(), st.just("1")),
+              "actions": st.lists(st.integers(-1, K), max_size=2),
+              "meta": st.one_of(scalars, st.lists(st.lists(scalars, max_size=2), max_size=2))})
+
+
+@st.composite
+def values(draw: st.DrawFn) -> bytes | None:
+    """A JSON instance, one with a deep entry inside ``x`` or in another key, or junk."""
+    kind = draw(st.integers(0, 9))
+    if kind <= 5:
+        return orjson.dumps(draw(objects))
+    depth = draw(st.sampled_from([2, 3, 31, 32, 33, 40, 1000, 1100]))
+    if kind == 6:  # a deep entry among dense numbers
+        return b'{"id":"deep","x":[' + _nested(depth) + b',0,0,0]}'
+    if kind == 7:  # a deep sparse value
+        return b'{"id":"deep","x":{"idx":[0],"val":[' + _nested(depth) + b']}}'
+    if kind == 8:  # deep nesting in another key, valid features
+        return b'{"id":"deep","meta":' + _nested(depth) + b',"x":[0,1,2,3]}'
+    return draw(st.one_of(st.binary(max_size=20), st.none()))
+
+
+@settings(max_examples=600, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(raw=st.lists(values(), max_size=12), max_depth=st.sampled_from([1, 2, 3, 32]))
+def test_the_fast_path_decides_every_message_as_the_full_checks_do(
+        raw: list[bytes | None], max_depth: int) -> None:
+    limits = DecodeLimits(max_depth=max_depth)
+    messages = [Message("instances", 0, i, b"k", v, 1_700_000_000_000 + i) for i, v in enumerate(raw)]
+    batch, refused = instances.decode_instances(messages, D, K, limits)
+    ids, X, labels, reference_refused = reference_decode(messages, limits)
+    assert batch.ids == ids
+    assert batch.labels.tolist() == labels
+    assert _origins(refused) == reference_refused
+    assert isinstance(batch.X, SparseBatch) == isinstance(X, SparseBatch)
+    if isinstance(X, SparseBatch) and isinstance(batch.X, SparseBatch):
+        for name in ("indptr", "indices", "values"):
+            np.testing.assert_array_equal(getattr(batch.X, name), getattr(X, name))
+    else:
+        np.testing.assert_array_equal(batch.X, X)
+
+
+def test_a_dense_row_of_the_wrong_length_is_a_caller_error_not_a_broadcast() -> None:
+    from streamlearn.events.payload import DenseRows
+
+    rows = DenseRows(capacity=1, width=3)
+    try:
+        rows.add([5.0])
+    except ValueError as err:
+        assert "3 entries, got 1" in str(err)
+    else:
+        raise AssertionError("a 1-entry row was broadcast over 3 features")
