@@ -88,6 +88,25 @@ def check_commit_then_a_new_transport_resumes_there(h: Harness) -> None:
     second.close()
 
 
+def check_commits_not_waited_for_arrive_in_order(h: Harness) -> None:
+    """``commit(wait=False)`` returns at once; the commits complete in the order made, so the
+    group ends at the last one (the transport keeps polling, as the daemon's loop does)."""
+    t = h.transport("async-commit")
+    for i in range(8):
+        h.write("instances", b"one-key", f"{i}".encode())
+    got = poll_all(t, 8)
+    tp = (got[0].topic, got[0].partition)
+    for offset in range(1, 9):
+        t.commit({tp: offset}, wait=False)
+
+    def arrived() -> bool:
+        t.poll(1, 0.05)
+        return t.committed().get(tp) == 8
+
+    wait_for(arrived, "the last commit not waited for")
+    t.close()
+
+
 def check_seek_rereads_and_skips(h: Harness) -> None:
     t = h.transport("seek")
     for i in range(10):
@@ -137,6 +156,7 @@ def check_a_closed_transport_refuses_to_work(h: Harness) -> None:
 
 CHECKS = [check_poll_returns_each_partition_in_offset_order,
           check_commit_then_a_new_transport_resumes_there,
+          check_commits_not_waited_for_arrive_in_order,
           check_seek_rereads_and_skips,
           check_commit_and_seek_refuse_unassigned_partitions_and_bad_offsets,
           check_produce_and_produce_many_keep_their_order,

@@ -443,7 +443,11 @@ class Daemon:
 
     # -------------------------------------------------------------- checkpoints
     def checkpoint(self, final: bool = False) -> int | None:
-        """Freeze state → flush → write snapshot → commit offsets; None if skipped or failed."""
+        """Freeze state → flush → write snapshot → commit offsets; None if skipped or failed.
+
+        Only a ``final`` checkpoint waits for the commit to complete: the periodic ones of
+        the loop would hold every queued event for the coordinator's round trip, and
+        restore reads the snapshot's offsets, not the group's."""
         if self.checkpointer is None:
             return None
         wall = self.wall_clock()
@@ -456,7 +460,8 @@ class Daemon:
         try:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,
-                                         carry=self._journaled.values())
+                                         carry=self._journaled.values(),
+                                         wait_for_commit=final)
         except TransportError as exc:  # the flush failed: nothing written, nothing committed
             log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
             self._retry_checkpoint_at = wall + self.settings.retry_seconds

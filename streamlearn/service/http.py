@@ -277,8 +277,8 @@ class LagTracker:
     def flush(self, timeout_s: float) -> None:
         self.inner.flush(timeout_s)
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        self.inner.commit(offsets)
+    def commit(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = True) -> None:
+        self.inner.commit(offsets, wait=wait)
 
     def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
         self.inner.seek(offsets)

@@ -13,7 +13,8 @@ state into plain arrays + JSON):
    input topics, counters; atomic, so a crash leaves the old or the new one;
 3. ``transport.commit(offsets)`` — only now may the group skip that input (a
    failed commit is logged: restore uses the snapshot's offsets, and the next
-   checkpoint commits again);
+   checkpoint commits again); the loop's periodic checkpoints do not wait for
+   the commit to complete (``wait_for_commit=False``), a final one does;
 4. delete snapshots and journal segments older than the ``keep`` newest snapshots.
 
 Before step 2 the next journal segment ``journal-<seq>`` is started with the
@@ -467,9 +468,11 @@ class Checkpointer:
                 or time.monotonic() - self.last_time >= self.every_s)
 
     def save(self, transport: Transport, arrays: dict[str, np.ndarray], meta: dict[str, Any],
-             flush_timeout_s: float = 30.0, carry: Iterable[JournaledDecision] = ()) -> int:
+             flush_timeout_s: float = 30.0, carry: Iterable[JournaledDecision] = (),
+             wait_for_commit: bool = True) -> int:
         """Flush → next journal segment (+ ``carry``) → snapshot with :attr:`offsets` → commit
-        → prune."""
+        (issued after the snapshot is written; waited for unless ``wait_for_commit`` is
+        False) → prune."""
         offsets = self.offsets.snapshot()
         transport.flush(flush_timeout_s)
         seq = self.seq + 1
@@ -483,7 +486,7 @@ class Checkpointer:
         self.seq = seq
         if offsets:
             try:
-                transport.commit(offsets)
+                transport.commit(offsets, wait=wait_for_commit)
             except TransportError as exc:  # the snapshot is the truth; the group catches up later
                 log.warning("snapshot %d written but committing its offsets failed: %s", seq, exc)
         self._prune()

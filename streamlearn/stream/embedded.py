@@ -166,8 +166,8 @@ class EmbeddedTransport(InMemoryTransport):
         else:
             raise TransportError(f"the embedded transport has no topic {topic!r}")
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        super().commit(offsets)
+    def commit(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = True) -> None:
+        super().commit(offsets, wait=wait)
         with self.broker.changed:
             self._trim()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -55,6 +56,16 @@ _OWNED_OPTIONS = frozenset(
         "transactional_id",
     }
 )
+
+
+log = logging.getLogger(__name__)
+
+
+def _log_failed_commit(offsets: object, response: object) -> None:
+    """The callback of a commit not waited for: a failure is logged (the next commits again)."""
+    if isinstance(response, BaseException):
+        log.warning("committing offsets %s failed (the next checkpoint commits again): %r",
+                    offsets, response)
 
 
 def _split_options(options: Mapping[str, object]) -> tuple[dict[str, object], dict[str, object]]:
@@ -302,6 +313,7 @@ class KafkaTransport:
             raise TransportError(f"expected partitions within 0..{n_inst - 1}, got {partitions}")
         self._assigned = {(t, p) for t in (instances_topic, feedback_topic) for p in chosen}
         self._tp = {tp: TopicPartition(*tp) for tp in self._assigned}
+        self._commit_in_flight: Any = None  # the future of the last commit not waited for
         if shared is None:
             self._consumer.assign(list(self._tp.values()))
         else:
@@ -410,8 +422,21 @@ class KafkaTransport:
                     f"within {timeout_s} s; they are kept and retried by the next flush"
                 )
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Commit the next offsets to read (synchronously)."""
+    def commit(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = True) -> None:
+        """Commit the next offsets to read: synchronously, or (``wait=False``) sent now and
+        completed by the client's IO while the loop goes on, a failure logged.
+
+        A synchronous commit round-trips to the group coordinator (7-12 ms on the
+        development machine, docs/performance.md), which the loop's periodic checkpoints
+        need not wait for: restore reads the snapshot's offsets, the group's are for lag
+        tools (and the next checkpoint commits again).
+
+        At most one commit not waited for is in flight: kafka-python does not queue them
+        (one made while the connection is at its in-flight limit fails at once, so a later
+        commit could fail while an earlier one lands). A commit made while one is still in
+        flight waits; the coordinator answers one connection in order, so the last commit
+        made is the one that stands.
+        """
         from kafka import OffsetAndMetadata
         from kafka.errors import KafkaError
 
@@ -419,7 +444,12 @@ class KafkaTransport:
         check_offsets(offsets, self._assigned, "commit")
         payload = {self._tp[tp]: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
         try:
-            self._consumer.commit(payload, timeout_ms=self._offsets_timeout_ms)
+            in_flight = self._commit_in_flight is not None and not self._commit_in_flight.is_done
+            if wait or in_flight:
+                self._consumer.commit(payload, timeout_ms=self._offsets_timeout_ms)
+            else:
+                self._commit_in_flight = self._consumer.commit_async(
+                    payload, callback=_log_failed_commit)
         except KafkaError as exc:
             raise TransportError(f"commit of {dict(offsets)} failed: {exc!r}") from exc
 

@@ -252,8 +252,8 @@ class InMemoryTransport:
         """Nothing is ever pending in memory."""
         self._check_open()
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Store ``offsets`` as the group's committed offsets."""
+    def commit(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = True) -> None:
+        """Store ``offsets`` as the group's committed offsets (at once, ``wait`` or not)."""
         self._check_open()
         check_offsets(offsets, set(self._assigned), "commit")
         with self.broker.changed:

@@ -75,8 +75,12 @@ class Transport(Protocol):
         """Block until every produced message is acknowledged, else raise TransportError."""
         ...
 
-    def commit(self, offsets: Mapping[tuple[str, int], int]) -> None:
-        """Store the next offsets to read for the consumer group."""
+    def commit(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = True) -> None:
+        """Store the next offsets to read for the consumer group.
+
+        With ``wait=False`` the commit may complete after the call returns (a failure is
+        then logged, not raised); commits complete in the order they were made.
+        """
         ...
 
     def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:

@@ -28,7 +28,7 @@ class RecordingTransport:
             raise TransportError("broker unreachable")
         self.calls.append(("flush", sorted(p.name for p in self.directory.glob("ckpt-*"))))
 
-    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+    def commit(self, offsets: dict[tuple[str, int], int], *, wait: bool = True) -> None:
         self.calls.append(("commit", sorted(p.name for p in self.directory.glob("ckpt-*"))))
 
 

@@ -46,7 +46,7 @@ class NullTransport:
     def flush(self, timeout_s: float) -> None:
         pass
 
-    def commit(self, offsets: dict[tuple[str, int], int]) -> None:
+    def commit(self, offsets: dict[tuple[str, int], int], *, wait: bool = True) -> None:
         pass
 
 

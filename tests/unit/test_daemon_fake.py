@@ -276,9 +276,9 @@ class FlakyTransport(InMemoryTransport):
         self._fail("flush")
         super().flush(timeout_s)
 
-    def commit(self, offsets: Any) -> None:
+    def commit(self, offsets: Any, *, wait: bool = True) -> None:
         self._fail("commit")
-        super().commit(offsets)
+        super().commit(offsets, wait=wait)
 
 
 def test_transport_errors_do_not_stop_the_loop(tmp_path: Path) -> None:
