@@ -128,6 +128,7 @@ class Daemon:
         self.outputs = Outputs(transport, self._stop, settings.retry_seconds,
                                settings.limits_dead_letter_max_bytes)
         self._retry_checkpoint_at = 0.0
+        self._written_at: dict[int, tuple[float, float]] = {}  # background snapshots: when begun
         self.started_at_instances = 0
         self._drifts_seen = learner.drift_detections_
         self.ready = False
@@ -244,8 +245,10 @@ class Daemon:
         self.observer.on_pending(pending)
         if self.retraining is not None:
             self.retraining.tick()
-        if self.checkpointer is not None and self.checkpointer.due(len(messages), pending):
-            self.checkpoint()
+        if self.checkpointer is not None:
+            self._settle_checkpoint(block=False)
+            if self.checkpointer.due(len(messages), pending):
+                self.checkpoint(background=True)
 
     def _poll(self) -> list[Message]:
         s = self.settings
@@ -442,17 +445,21 @@ class Daemon:
             self.observer.on_invalid(rejection.topic, rejection.reason)
 
     # -------------------------------------------------------------- checkpoints
-    def checkpoint(self, final: bool = False) -> int | None:
+    def checkpoint(self, final: bool = False, background: bool = False) -> int | None:
         """Freeze state → flush → write snapshot → commit offsets; None if skipped or failed.
 
-        Only a ``final`` checkpoint waits for the commit to complete: the periodic ones of
-        the loop would hold every queued event for the coordinator's round trip, and
-        restore reads the snapshot's offsets, not the group's."""
+        The loop's periodic checkpoints are ``background`` ones: the snapshot is written on
+        a thread of its own and its offsets committed, without waiting, once it is
+        (:meth:`_settle_checkpoint`, every step) — writing and committing while the loop
+        waits held every queued event for up to 200 ms (docs/performance.md); restore reads
+        the snapshot's offsets, not the group's. Any other checkpoint is on disk and
+        committed when this returns."""
         if self.checkpointer is None:
             return None
         wall = self.wall_clock()
         if not final and wall < self._retry_checkpoint_at:
             return None
+        self._settle_checkpoint(block=True)  # the one written in the background, if any
         started = time.perf_counter()
         arrays, meta = self._freeze()
         if self.retraining is not None:  # the log is flushed first: durable with the checkpoint
@@ -461,10 +468,22 @@ class Daemon:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,
                                          carry=self._journaled.values(),
-                                         wait_for_commit=final)
+                                         wait_for_commit=not background,
+                                         background=background)
         except TransportError as exc:  # the flush failed: nothing written, nothing committed
             log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
             self._retry_checkpoint_at = wall + self.settings.retry_seconds
             return None
-        self.observer.on_checkpoint(time.perf_counter() - started, wall)
+        if background:
+            self._written_at[seq] = (started, wall)
+        else:
+            self.observer.on_checkpoint(time.perf_counter() - started, wall)
         return seq
+
+    def _settle_checkpoint(self, block: bool) -> None:
+        """Commit and count the snapshot written in the background once it is written."""
+        assert self.checkpointer is not None
+        seq = self.checkpointer.settle(self.transport, block=block)
+        if seq is not None:
+            started, wall = self._written_at.pop(seq)
+            self.observer.on_checkpoint(time.perf_counter() - started, wall)

@@ -17,6 +17,17 @@ state into plain arrays + JSON):
    the commit to complete (``wait_for_commit=False``), a final one does;
 4. delete snapshots and journal segments older than the ``keep`` newest snapshots.
 
+The loop's periodic checkpoints write step 2 on a background thread
+(``background=True``): the arrays are copied first, so the loop goes on deciding
+while the snapshot is written, and steps 3 and 4 run on the loop's thread once it is
+(:meth:`Checkpointer.settle`, called every step; a write that failed raises there).
+Decisions made meanwhile are journaled in segment ``<seq>``, so a crash before the
+snapshot is renamed restores ``ckpt-<seq-1>`` and replays them from the segments
+``>= seq-1``. A sequence number is never used twice — the checkpointer starts past
+the highest snapshot *and* journal segment — so a segment written before a crash is
+never appended to as if it followed a later snapshot. A write still in flight is
+settled before the next checkpoint starts and before a final one.
+
 Before step 2 the next journal segment ``journal-<seq>`` is started with the
 journaled decisions whose input has not been re-read yet (``carry``), so that
 the new snapshot never lacks a decision the previous one could replay.
@@ -52,6 +63,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -397,8 +409,11 @@ class Checkpointer:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep, self.every_events, self.every_s = keep, every_events, every_s
         self.journal = DecisionJournal(self.directory, fsync_journal)
-        existing = _numbered(self.directory, _CKPT)
-        self.seq = existing[-1][0] if existing else 0
+        numbers = [seq for pattern in (_CKPT, _JOURNAL) for seq, _ in _numbered(self.directory, pattern)]
+        self.seq = max(numbers, default=0)  # never reuse a number (see the module docstring)
+        self._writer: ThreadPoolExecutor | None = None
+        self._in_flight: tuple[int, Offsets, float, Future[None]] | None = None
+        self.last_write_seconds = 0.0  # how long the last snapshot took to write
         self.offsets = ConsumedOffsets()  # the live offsets; a snapshot saves a copy
         self.events_since = 0
         self.last_time = time.monotonic()
@@ -469,10 +484,12 @@ class Checkpointer:
 
     def save(self, transport: Transport, arrays: dict[str, np.ndarray], meta: dict[str, Any],
              flush_timeout_s: float = 30.0, carry: Iterable[JournaledDecision] = (),
-             wait_for_commit: bool = True) -> int:
+             wait_for_commit: bool = True, background: bool = False) -> int:
         """Flush → next journal segment (+ ``carry``) → snapshot with :attr:`offsets` → commit
         (issued after the snapshot is written; waited for unless ``wait_for_commit`` is
-        False) → prune."""
+        False) → prune. With ``background``, the snapshot is written on a thread of its own
+        and the commit and prune wait for :meth:`settle`; a write in flight is settled first."""
+        self.settle(transport)
         offsets = self.offsets.snapshot()
         transport.flush(flush_timeout_s)
         seq = self.seq + 1
@@ -481,18 +498,48 @@ class Checkpointer:
         if carried:
             self.journal.append([c.message["id"] for c in carried],
                                 np.array([c.probs for c in carried]), [c.message for c in carried])
-        write_snapshot(self.directory / f"ckpt-{seq:08d}", arrays,
-                       {**meta, "seq": seq, "offsets": offsets_to_json(offsets)})
+        path = self.directory / f"ckpt-{seq:08d}"
+        full_meta = {**meta, "seq": seq, "offsets": offsets_to_json(offsets)}
         self.seq = seq
+        self.events_since = 0
+        self.last_time = time.monotonic()
+        started = time.perf_counter()
+        if background:  # copies: the live arrays and meta change while the thread writes
+            frozen = {name: np.array(a, copy=True) for name, a in arrays.items()}
+            detached = orjson.loads(orjson.dumps(full_meta, option=orjson.OPT_SERIALIZE_NUMPY))
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(1, thread_name_prefix="streamlearn-snapshot")
+            self._in_flight = (seq, offsets, started,
+                               self._writer.submit(write_snapshot, path, frozen, detached))
+            return seq
+        write_snapshot(path, arrays, full_meta)
+        self.last_write_seconds = time.perf_counter() - started
+        self._written(transport, seq, offsets, wait_for_commit)
+        return seq
+
+    def settle(self, transport: Transport, block: bool = True) -> int | None:
+        """Finish the snapshot written in the background, if any (wait for it unless not
+        ``block``): commit its offsets (not waited for) and prune. Its number when it was
+        finished now, else None; a write that failed raises its error here."""
+        if self._in_flight is None:
+            return None
+        seq, offsets, started, written = self._in_flight
+        if not block and not written.done():
+            return None
+        self._in_flight = None
+        written.result()
+        self.last_write_seconds = time.perf_counter() - started
+        self._written(transport, seq, offsets, wait_for_commit=False)
+        return seq
+
+    def _written(self, transport: Transport, seq: int, offsets: Offsets,
+                 wait_for_commit: bool) -> None:
         if offsets:
             try:
                 transport.commit(offsets, wait=wait_for_commit)
             except TransportError as exc:  # the snapshot is the truth; the group catches up later
                 log.warning("snapshot %d written but committing its offsets failed: %s", seq, exc)
         self._prune()
-        self.events_since = 0
-        self.last_time = time.monotonic()
-        return seq
 
     def _prune(self) -> None:
         snapshots = _numbered(self.directory, _CKPT)
@@ -507,4 +554,14 @@ class Checkpointer:
                     log.warning("could not delete the old journal segment %s: %s", path, exc)
 
     def close(self) -> None:
+        """Close the journal; a snapshot still being written is waited for (it is complete
+        or absent on disk, never torn) but not committed: call :meth:`settle` for that."""
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
+            self._writer = None
+        if self._in_flight is not None:
+            seq, _, _, written = self._in_flight
+            self._in_flight = None
+            if written.exception() is not None:
+                log.warning("snapshot %d could not be written: %s", seq, written.exception())
         self.journal.close()

@@ -461,7 +461,7 @@ class PendingJoins:
         if self._closing or self._joined_on_arrival:
             raise StateError("export() needs every closed decision drained first.")
         live = np.flatnonzero(self.active)
-        recent_ids, recent_how, recent_young, young_since = self.recent.export()
+        recent_utf8, recent_ends, recent_how, recent_young, young_since = self.recent.export()
         arrays = {
             "pending.action": self.action[live], "pending.probs": self.probs[live],
             "pending.label": self.label[live], "pending.decided_at": self.decided_at[live],
@@ -469,10 +469,11 @@ class PendingJoins:
             "pending.n_feedback": self.n_feedback[live],
             "pending.feedback_ts": self.feedback_ts[live], "pending.model": self.model[live],
             "recent.how": recent_how, "recent.young": recent_young,
+            "recent.ids.utf8": recent_utf8, "recent.ids.ends": recent_ends,
         }
         # ids as UTF-8 bytes + offsets: numpy string dtypes would drop trailing NULs
-        for name, ids in (("pending.ids", self.ids[live].tolist()), ("recent.ids", recent_ids)):
-            arrays[f"{name}.utf8"], arrays[f"{name}.ends"] = pack_strings([str(i) for i in ids])
+        arrays["pending.ids.utf8"], arrays["pending.ids.ends"] = pack_strings(
+            [str(i) for i in self.ids[live].tolist()])
         arrays.update({f"pending.x.{k}": v for k, v in self.rows.export(live).items()})
         meta = {"early": [_early_json(fb) for fb in self.early.values()],
                 "shed_total": self.shed_total, "clocks": self.clocks.to_json(),

@@ -23,6 +23,12 @@ next ``capacity`` to 2 × ``capacity`` closes instead (docs/daemon.md §3).
 ...     full.add([i], [0], now=float(t))  # within one window, but 2 per generation
 >>> [i for i in "pqrst" if i in full]
 ['r', 's', 't']
+
+A checkpoint exports every remembered id (up to 2 × ``capacity``, 400,000 at the
+defaults). Packing them all anew made each checkpoint's pause grow with the
+daemon's uptime, to ~95 ms at 400,000 ids (docs/performance.md): each generation
+keeps its packed form beside its dict instead, extended with the ids added since
+the last export. An aged generation is never packed again.
 """
 
 from __future__ import annotations
@@ -36,6 +42,45 @@ import numpy as np
 __all__ = ["RecentlyClosed"]
 
 
+class _Packed:
+    """One generation's ids as exported (UTF-8 bytes, byte lengths, how codes), in the order
+    they were added; the batches added since the last :meth:`arrays` are packed there.
+
+    It equals the packed dict exactly while every id was added once (``count`` equals the
+    dict's length); otherwise (an id added again moves nothing in the dict but would
+    repeat here) the owner packs the dict anew (:meth:`of`).
+    """
+
+    def __init__(self) -> None:
+        self.unpacked: list[tuple[list[Any], list[int] | int]] = []
+        self.count = 0  # ids added, packed or not
+        self.data = np.zeros(0, dtype=np.uint8)
+        self.lengths = np.zeros(0, dtype=np.int64)
+        self.how = np.zeros(0, dtype=np.int64)
+
+    @classmethod
+    def of(cls, generation: dict[Any, int]) -> _Packed:
+        packed = cls()
+        packed.add(list(generation), list(generation.values()))
+        return packed
+
+    def add(self, ids: list[Any], how: list[int] | int) -> None:
+        self.unpacked.append((ids, how))
+        self.count += len(ids)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self.unpacked:
+            encoded = [str(i).encode("utf-8") for ids, _ in self.unpacked for i in ids]
+            how = [np.full(len(ids), h, dtype=np.int64) if isinstance(h, int)
+                   else np.asarray(h, dtype=np.int64) for ids, h in self.unpacked]
+            self.data = np.concatenate([self.data, np.frombuffer(b"".join(encoded), np.uint8)])
+            self.lengths = np.concatenate(
+                [self.lengths, np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))])
+            self.how = np.concatenate([self.how, *how])
+            self.unpacked = []
+        return self.data, self.lengths, self.how
+
+
 class RecentlyClosed:
     """id → how it closed (an ``Outcome`` code), kept for one to two windows."""
 
@@ -44,6 +89,7 @@ class RecentlyClosed:
         self.young: dict[Any, int] = {}
         self.old: dict[Any, int] = {}
         self.young_since = -np.inf  # when the young generation started
+        self._young_packed, self._old_packed = _Packed(), _Packed()
 
     def __len__(self) -> int:
         return len(self.young) + len(self.old)
@@ -57,11 +103,15 @@ class RecentlyClosed:
 
     def add(self, ids: Sequence[Any], how: Sequence[int], now: float) -> None:
         self.age(now)
+        ids, how = list(ids), list(how)  # copies: the caller's may be reused
         self.young.update(zip(ids, how, strict=True))
+        self._young_packed.add(ids, how)
 
     def add_all(self, ids: Sequence[Any], how: int, now: float) -> None:
         self.age(now)
+        ids = list(ids)
         self.young.update(dict.fromkeys(ids, how))
+        self._young_packed.add(ids, how)
 
     def age(self, now: float) -> None:
         """Start a new generation when the young one spans a window or is full."""
@@ -69,13 +119,20 @@ class RecentlyClosed:
             self.young_since = now
         elif now - self.young_since >= self.window_s or len(self.young) >= self.capacity:
             self.old, self.young, self.young_since = self.young, {}, now
+            self._old_packed, self._young_packed = self._young_packed, _Packed()
 
-    def export(self) -> tuple[list[Any], np.ndarray, np.ndarray, float]:
-        """(ids, how codes, young flags, young_since)."""
-        ids = [*self.old, *self.young]
-        how = np.fromiter([*self.old.values(), *self.young.values()], np.int64, count=len(ids))
+    def export(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+        """(UTF-8 bytes and end offsets of the ids as ``pack_strings`` gives them, how codes,
+        young flags, young_since): the old generation first, each in its dict's order."""
+        if self._old_packed.count != len(self.old):
+            self._old_packed = _Packed.of(self.old)
+        if self._young_packed.count != len(self.young):
+            self._young_packed = _Packed.of(self.young)
+        old_data, old_lengths, old_how = self._old_packed.arrays()
+        data, lengths, how = self._young_packed.arrays()
         young = np.r_[np.zeros(len(self.old), bool), np.ones(len(self.young), bool)]
-        return ids, how, young, self.young_since
+        return (np.concatenate([old_data, data]), np.cumsum(np.concatenate([old_lengths, lengths])),
+                np.concatenate([old_how, how]), young, self.young_since)
 
     @classmethod
     def restore(cls, window_s: float, capacity: int, ids: Sequence[Any], how: np.ndarray,

@@ -1,0 +1,114 @@
+"""Snapshots written in the background (the loop's periodic checkpoints): the loop goes on
+while the thread writes, the snapshot holds the state as it was when the checkpoint began,
+its offsets are committed only once it is on disk, a failed write raises where it is
+settled, and a crash during the write loses nothing and reuses no sequence number."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from streamlearn.stream import checkpoint as checkpoint_module
+from streamlearn.stream.checkpoint import Checkpointer
+
+TP = ("instances", 0)
+
+
+class Recording:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.commits: list[tuple[dict[tuple[str, int], int], bool, list[str]]] = []
+
+    def flush(self, timeout_s: float) -> None:
+        pass
+
+    def commit(self, offsets: dict[tuple[str, int], int], *, wait: bool = True) -> None:
+        on_disk = sorted(p.name for p in self.directory.glob("ckpt-*"))
+        self.commits.append((dict(offsets), wait, on_disk))
+
+
+@pytest.fixture
+def held_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Writes on the snapshot thread wait for this event (then write for real); the loop's
+    own (synchronous) writes do not."""
+    release = threading.Event()
+    real = checkpoint_module.write_snapshot
+
+    def held(path: Any, arrays: Any, meta: Any) -> None:
+        if threading.current_thread().name.startswith("streamlearn-snapshot"):
+            assert release.wait(10)
+        real(path, arrays, meta)
+
+    monkeypatch.setattr(checkpoint_module, "write_snapshot", held)
+    return release
+
+
+def test_the_loop_goes_on_while_the_snapshot_is_written(tmp_path: Path,
+                                                        held_writes: threading.Event) -> None:
+    ck, t = Checkpointer(tmp_path), Recording(tmp_path)
+    live = np.array([1.0, 2.0])
+    ck.offsets.consumed([(*TP, 9)])
+    assert ck.save(t, {"w": live}, {"n": [1]}, background=True) == 1
+    live[:] = -1.0  # the learner goes on updating its arrays in place
+    ck.offsets.consumed([(*TP, 19)])
+    assert ck.settle(t, block=False) is None and t.commits == []  # still being written
+    held_writes.set()
+    assert ck.settle(t) == 1
+    assert t.commits == [({TP: 10}, False, ["ckpt-00000001"])]  # committed once on disk
+    restored = Checkpointer(tmp_path).restore()
+    assert restored is not None and restored.offsets == {TP: 10}
+    assert restored.arrays["w"].tolist() == [1.0, 2.0] and restored.meta["n"] == [1]
+
+
+def test_the_next_checkpoint_waits_for_the_write_in_flight(tmp_path: Path,
+                                                           held_writes: threading.Event) -> None:
+    ck, t = Checkpointer(tmp_path), Recording(tmp_path)
+    ck.offsets.consumed([(*TP, 9)])
+    ck.save(t, {"w": np.zeros(1)}, {}, background=True)
+    threading.Timer(0.05, held_writes.set).start()
+    ck.offsets.consumed([(*TP, 19)])
+    assert ck.save(t, {"w": np.ones(1)}, {}) == 2  # synchronous: settles 1 first
+    assert [(offsets, on_disk) for offsets, _, on_disk in t.commits] == [
+        ({TP: 10}, ["ckpt-00000001"]), ({TP: 20}, ["ckpt-00000001", "ckpt-00000002"])]
+
+
+def test_a_failed_background_write_raises_where_it_is_settled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full_disk(path: Any, arrays: Any, meta: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module, "write_snapshot", full_disk)
+    ck, t = Checkpointer(tmp_path), Recording(tmp_path)
+    ck.offsets.consumed([(*TP, 9)])
+    ck.save(t, {"w": np.zeros(1)}, {}, background=True)
+    with pytest.raises(OSError, match="No space left"):
+        ck.settle(t)
+    assert t.commits == []
+
+
+def test_a_crash_during_the_write_replays_its_decisions_and_reuses_no_number(
+        tmp_path: Path, held_writes: threading.Event) -> None:
+    ck, t = Checkpointer(tmp_path), Recording(tmp_path)
+    ck.restore()
+    ck.offsets.consumed([(*TP, 9)])
+    ck.save(t, {"w": np.zeros(1)}, {})  # snapshot 1
+    ck.offsets.consumed([(*TP, 19)])
+    ck.save(t, {"w": np.ones(1)}, {}, background=True)  # snapshot 2: never written
+    probs = np.array([[0.5, 0.5]])
+    decision = {"id": "during", "action": 1, "prob": 0.5, "explored": True, "model": "m-v1",
+                "ts": 1.0}
+    ck.journal.append(["during"], probs, [decision])
+    ck.journal.close()  # the process dies here: ckpt-2 absent, journal-2 holds "during"
+    assert not (tmp_path / "ckpt-00000002").exists()
+
+    again = Checkpointer(tmp_path)
+    restored = again.restore()
+    assert restored is not None and restored.seq == 1 and restored.offsets == {TP: 10}
+    assert "during" in again.journal.load(restored.seq)  # re-read input gets its decision back
+    again.offsets.consumed([(*TP, 29)])
+    assert again.save(t, {"w": np.ones(1)}, {}) == 3  # not 2: journal-2 is not appended to
+    held_writes.set()
