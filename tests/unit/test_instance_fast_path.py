@@ -116,3 +116,17 @@ def test_a_dense_row_of_the_wrong_length_is_a_caller_error_not_a_broadcast() -> 
         assert "3 entries, got 1" in str(err)
     else:
         raise AssertionError("a 1-entry row was broadcast over 3 features")
+
+
+def test_the_installed_orjson_refuses_deep_nesting_instead_of_crashing() -> None:
+    """The fast path parses a plain dense instance before counting its brackets, which is
+    safe only because orjson >= 3.9.15 refuses > 1,024 levels (3.9.0-3.9.14 segfault on
+    10^6: the reason for the pin in pyproject.toml). In a subprocess: a crash fails here."""
+    import subprocess
+    import sys
+
+    code = ("import orjson\n"
+            "deep = b'{\"id\":\"a\",\"x\":' + b'[' * 10**6 + b']' * 10**6 + b'}'\n"
+            "try:\n    orjson.loads(deep)\nexcept orjson.JSONDecodeError:\n    print('refused')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "refused", (done.returncode, done.stderr)
