@@ -188,7 +188,7 @@ def throughput(bootstrap: str, load: Workload, work: Path) -> tuple[float, float
 
 
 def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int,
-            extra: tuple[str, ...] = ()) -> dict[str, float]:
+            extra: tuple[str, ...] = ()) -> dict[str, Any]:
     topics = make_topics(bootstrap)
     ckpt = work / f"ckpt-{topics['instances']}"
     proc = serve(bootstrap, topics, ckpt, load.serve_args, extra)
@@ -257,9 +257,12 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     lat = np.array([decided_ms[i] - sent_ms[i] for i in ids if i in decided_ms]) / 1000.0
     history = ckpt / "rankers" / "state.json"
     retrains = len(orjson.loads(history.read_bytes()).get("history", [])) if history.exists() else 0
+    quarters = np.array_split(lat, 4)  # in send order: does the tail grow with uptime?
     return {"offered": offered, "decided": len(decided_ms), "p50": float(np.percentile(lat, 50)),
             "p99": float(np.percentile(lat, 99)), "max": float(lat.max()), "n": len(lat),
-            "retrains": retrains}
+            "retrains": retrains,
+            "quarter_p99": [float(np.percentile(q, 99)) for q in quarters],
+            "quarter_max": [float(q.max()) for q in quarters]}
 
 
 def in_memory_rate(load: Workload, blas_threads: int) -> float:
@@ -307,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=30_000, help="backlog for throughput")
     parser.add_argument("--rate", type=float, default=2_000.0, help="offered load, events/s")
     parser.add_argument("--latency-events", type=int, default=30_000)
+    parser.add_argument("--latency-quarters", action="store_true",
+                        help="also print p99 and max for each quarter of the latency run (with "
+                             "a long run, e.g. --latency-events 300000: whether the tail grows)")
     parser.add_argument("--format", choices=("dense", "sparse"), default="dense")
     parser.add_argument("--candidates", type=int, default=0, metavar="N",
                         help="candidate mode: requests of N candidates with 45 dense features "
@@ -365,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"instance→decision p50 {res['p50'] * 1e3:.1f} ms, p99 {res['p99'] * 1e3:.1f} ms, "
                   f"max {res['max'] * 1e3:.1f} ms (after {n // 10:,} warm-up events, "
                   f"n={res['n']:,}; feedback for every decision)", flush=True)
+            if args.latency_quarters:
+                print("latency     by quarter of the run: p99 "
+                      + " / ".join(f"{x * 1e3:.0f}" for x in res["quarter_p99"]) + " ms, max "
+                      + " / ".join(f"{x * 1e3:.0f}" for x in res["quarter_max"]) + " ms",
+                      flush=True)
         if args.repeats > 1:
             med = {k: float(np.median(v)) for k, v in rates.items()}
             ratios = [d / r for d, r in zip(rates["daemon"], rates["relay"], strict=True)]
