@@ -467,9 +467,7 @@ class Daemon:
         try:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,
-                                         carry=self._journaled.values(),
-                                         wait_for_commit=not background,
-                                         background=background)
+                                         carry=self._journaled.values(), background=background)
         except TransportError as exc:  # the flush failed: nothing written, nothing committed
             log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
             self._retry_checkpoint_at = wall + self.settings.retry_seconds

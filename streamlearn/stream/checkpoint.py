@@ -13,8 +13,8 @@ state into plain arrays + JSON):
    input topics, counters; atomic, so a crash leaves the old or the new one;
 3. ``transport.commit(offsets)`` — only now may the group skip that input (a
    failed commit is logged: restore uses the snapshot's offsets, and the next
-   checkpoint commits again); the loop's periodic checkpoints do not wait for
-   the commit to complete (``wait_for_commit=False``), a final one does;
+   checkpoint commits again); a background checkpoint (below) does not wait for
+   the commit to complete, any other does;
 4. delete snapshots and journal segments older than the ``keep`` newest snapshots.
 
 The loop's periodic checkpoints write step 2 on a background thread
@@ -412,8 +412,7 @@ class Checkpointer:
         numbers = [seq for pattern in (_CKPT, _JOURNAL) for seq, _ in _numbered(self.directory, pattern)]
         self.seq = max(numbers, default=0)  # never reuse a number (see the module docstring)
         self._writer: ThreadPoolExecutor | None = None
-        self._in_flight: tuple[int, Offsets, float, Future[None]] | None = None
-        self.last_write_seconds = 0.0  # how long the last snapshot took to write
+        self._in_flight: tuple[int, Offsets, Future[None]] | None = None
         self.offsets = ConsumedOffsets()  # the live offsets; a snapshot saves a copy
         self.events_since = 0
         self.last_time = time.monotonic()
@@ -484,11 +483,11 @@ class Checkpointer:
 
     def save(self, transport: Transport, arrays: dict[str, np.ndarray], meta: dict[str, Any],
              flush_timeout_s: float = 30.0, carry: Iterable[JournaledDecision] = (),
-             wait_for_commit: bool = True, background: bool = False) -> int:
+             background: bool = False) -> int:
         """Flush → next journal segment (+ ``carry``) → snapshot with :attr:`offsets` → commit
-        (issued after the snapshot is written; waited for unless ``wait_for_commit`` is
-        False) → prune. With ``background``, the snapshot is written on a thread of its own
-        and the commit and prune wait for :meth:`settle`; a write in flight is settled first."""
+        (waited for) → prune. With ``background``, the snapshot is written on a thread of its
+        own and the commit (not waited for) and prune wait for :meth:`settle`; a write in
+        flight is settled first."""
         self.settle(transport)
         offsets = self.offsets.snapshot()
         transport.flush(flush_timeout_s)
@@ -503,18 +502,15 @@ class Checkpointer:
         self.seq = seq
         self.events_since = 0
         self.last_time = time.monotonic()
-        started = time.perf_counter()
         if background:  # copies: the live arrays and meta change while the thread writes
             frozen = {name: np.array(a, copy=True) for name, a in arrays.items()}
             detached = orjson.loads(orjson.dumps(full_meta, option=orjson.OPT_SERIALIZE_NUMPY))
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(1, thread_name_prefix="streamlearn-snapshot")
-            self._in_flight = (seq, offsets, started,
-                               self._writer.submit(write_snapshot, path, frozen, detached))
+            self._in_flight = (seq, offsets, self._writer.submit(write_snapshot, path, frozen, detached))
             return seq
         write_snapshot(path, arrays, full_meta)
-        self.last_write_seconds = time.perf_counter() - started
-        self._written(transport, seq, offsets, wait_for_commit)
+        self._written(transport, seq, offsets, wait_for_commit=True)
         return seq
 
     def settle(self, transport: Transport, block: bool = True) -> int | None:
@@ -523,12 +519,11 @@ class Checkpointer:
         finished now, else None; a write that failed raises its error here."""
         if self._in_flight is None:
             return None
-        seq, offsets, started, written = self._in_flight
+        seq, offsets, written = self._in_flight
         if not block and not written.done():
             return None
         self._in_flight = None
         written.result()
-        self.last_write_seconds = time.perf_counter() - started
         self._written(transport, seq, offsets, wait_for_commit=False)
         return seq
 
@@ -560,7 +555,7 @@ class Checkpointer:
             self._writer.shutdown(wait=True)
             self._writer = None
         if self._in_flight is not None:
-            seq, _, _, written = self._in_flight
+            seq, _, written = self._in_flight
             self._in_flight = None
             if written.exception() is not None:
                 log.warning("snapshot %d could not be written: %s", seq, written.exception())
