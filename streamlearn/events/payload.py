@@ -126,6 +126,13 @@ class DenseRows:
         self.n = i + 1
         return i
 
+    def take(self, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(values, numeric flags) of ``rows``: a view when they are the rows added, in order."""
+        if len(rows) == self.n and rows == list(range(self.n)):
+            return self.block[:self.n], self.numeric[:self.n]
+        at = np.asarray(rows, dtype=np.int64)
+        return self.block[at], self.numeric[at]
+
 
 def _flat_floats(values: list[Any], lengths: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """Flat entries of several rows → (float64 entries, per-row flag: every entry a number)."""
@@ -161,14 +168,8 @@ def dense_feature_batch(rows: list[Any], n_features: int,
 
 def _converted_dense_batch(dense_rows: DenseRows, rows: list[int],
                            limits: DecodeLimits) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`dense_feature_batch` of rows already in ``dense_rows`` (a view when they are its
-    first rows in order, as a decoder that adds every row it keeps makes them)."""
-    n = len(rows)
-    if n == dense_rows.n and rows == list(range(n)):
-        dense, numeric = dense_rows.block[:n], dense_rows.numeric[:n]
-    else:
-        at = np.asarray(rows, dtype=np.int64)
-        dense, numeric = dense_rows.block[at], dense_rows.numeric[at]
+    """:func:`dense_feature_batch` of rows already in ``dense_rows``."""
+    dense, numeric = dense_rows.take(rows)
     ok = numeric & _dense_flags(dense, limits)
     return ok, dense if ok.all() else dense[ok]
 
@@ -225,11 +226,10 @@ def feature_batch(forms: list[tuple[str, Any]], n_features: int, limits: DecodeL
             continue
         if form == "dense":
             if dense_rows is not None:
-                at = np.asarray([forms[i][1] for i in members], dtype=np.int64)
-                dense, good = dense_rows.block[at], dense_rows.numeric[at]
+                dense, good = dense_rows.take([forms[i][1] for i in members])
             else:
                 dense, good = _as_float_rows([forms[i][1] for i in members], n_features)
-            good &= _dense_flags(dense, limits)
+            good = good & _dense_flags(dense, limits)  # good may be a view of dense_rows
             for j, i in enumerate(members):
                 nz = np.flatnonzero(dense[j])
                 idx_rows[i], val_rows[i], ok[i] = nz, dense[j, nz], bool(good[j])
