@@ -22,7 +22,7 @@ from streamlearn.learners import LEARNERS
 from streamlearn.learners.base import Learner
 from streamlearn.service.counters import Counters, tracker_arrays, tracker_load
 from streamlearn.service.settings import DaemonSettings
-from streamlearn.stream.checkpoint import CheckpointMismatch, Restored
+from streamlearn.stream.checkpoint import CheckpointMismatch, Restored, is_count, short_repr
 from streamlearn.stream.clock import PartitionClocks
 from streamlearn.stream.join import PendingJoins
 
@@ -91,17 +91,8 @@ def thaw(restored: Restored, settings: DaemonSettings, learner_class: type[Learn
 def _section(meta: dict[str, Any], name: str) -> dict[str, Any]:
     value = meta.get(name)
     if not isinstance(value, dict):
-        raise StateError(f"its meta.json must have a {name!r} object. Got {_short(value)}.")
+        raise StateError(f"its meta.json must have a {name!r} object. Got {short_repr(value)}.")
     return value
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def restored_counters(data: dict[str, Any]) -> Counters:
@@ -124,29 +115,29 @@ def restored_counters(data: dict[str, Any]) -> Counters:
     for name, default in defaults.items():
         value = data.get(name, default)
         if name == "applied_checksum":
-            text = str(value) if _is_count(value) else value
+            text = str(value) if is_count(value) else value
             if not (isinstance(text, str) and text.isascii() and text.isdigit()
                     and int(text) < 1 << 64):
                 raise StateError(f"counters.applied_checksum must be an int in [0, 2**64). "
-                                 f"Got {_short(value)}.")
+                                 f"Got {short_repr(value)}.")
             out[name] = str(int(text))
         elif name == "feedback":
             out[name] = {**default, **_counts(value, f"counters.{name}", set(default))}
         elif name == "invalid":
             if not isinstance(value, dict):
-                raise StateError(f"counters.invalid must be an object. Got {_short(value)}.")
+                raise StateError(f"counters.invalid must be an object. Got {short_repr(value)}.")
             out[name] = {str(topic): _counts(reasons, f"counters.invalid[{topic!r}]")
                          for topic, reasons in value.items()}
-        elif not _is_count(value):
-            raise StateError(f"counters.{name} must be an int >= 0. Got {_short(value)}.")
+        elif not is_count(value):
+            raise StateError(f"counters.{name} must be an int >= 0. Got {short_repr(value)}.")
         else:
             out[name] = value
     return Counters.from_json(out)
 
 
 def _counts(value: Any, what: str, names: set[str] | None = None) -> dict[str, int]:
-    if not isinstance(value, dict) or not all(_is_count(v) for v in value.values()):
-        raise StateError(f"{what} must map names to ints >= 0. Got {_short(value)}.")
+    if not isinstance(value, dict) or not all(is_count(v) for v in value.values()):
+        raise StateError(f"{what} must map names to ints >= 0. Got {short_repr(value)}.")
     if names is not None and not set(value) <= names:
         raise StateError(f"{what} holds unknown names {sorted(set(value) - names)}; expected "
                          f"some of {sorted(names)}.")
@@ -166,13 +157,13 @@ def restored_tracker(arrays: dict[str, np.ndarray], scalars: dict[str, Any],
         if key not in defaults or isinstance(default, np.ndarray):
             raise StateError(f"tracker.{key} is not a tracker setting; expected some of "
                              f"{sorted(k for k, v in defaults.items() if not isinstance(v, np.ndarray))}.")
-        if isinstance(default, int) and not (_is_count(value) and (key != "window" or value >= 1)):
+        if isinstance(default, int) and not (is_count(value) and (key != "window" or value >= 1)):
             raise StateError(f"tracker.{key} must be an int >= {1 if key == 'window' else 0}. "
-                             f"Got {_short(value)}.")
+                             f"Got {short_repr(value)}.")
         if isinstance(default, float) and not (isinstance(value, int | float)
                                                and not isinstance(value, bool)
                                                and np.isfinite(value)):
-            raise StateError(f"tracker.{key} must be a finite number. Got {_short(value)}.")
+            raise StateError(f"tracker.{key} must be a finite number. Got {short_repr(value)}.")
     for key, value in arrays.items():
         name = key[len("tracker."):]
         if not key.startswith("tracker."):

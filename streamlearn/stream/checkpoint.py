@@ -76,8 +76,8 @@ from streamlearn.snapshot import read_snapshot, write_snapshot
 from streamlearn.stream.transport import Transport
 
 __all__ = ["CheckpointMismatch", "Checkpointer", "ConsumedOffsets", "DecisionJournal",
-           "JournaledDecision", "Restored", "journal_record_problem", "offsets_from_json",
-           "offsets_to_json"]
+           "JournaledDecision", "Restored", "is_count", "journal_record_problem",
+           "offsets_from_json", "offsets_to_json", "short_repr"]
 
 log = logging.getLogger("streamlearn.checkpoint")
 
@@ -107,13 +107,13 @@ def offsets_from_json(rows: Any, topics: Collection[str] | None = None) -> Offse
     """
     if not isinstance(rows, list):
         raise StateError(f"offsets must be a list of [topic, partition, offset] rows. "
-                         f"Got {_short(rows)}.")
+                         f"Got {short_repr(rows)}.")
     out: Offsets = {}
     for row in rows:
         if not (isinstance(row, list) and len(row) == 3 and isinstance(row[0], str) and row[0]
-                and _is_count(row[1]) and _is_count(row[2])):
+                and is_count(row[1]) and is_count(row[2])):
             raise StateError(f"offsets must be [topic, partition >= 0, offset >= 0] rows. "
-                             f"Got {_short(row)}.")
+                             f"Got {short_repr(row)}.")
         topic, partition, offset = row
         if topics is not None and topic not in topics:
             raise StateError(f"offsets name topic {topic!r}; this daemon reads "
@@ -124,7 +124,7 @@ def offsets_from_json(rows: Any, topics: Collection[str] | None = None) -> Offse
     return out
 
 
-def _is_count(value: Any) -> bool:
+def is_count(value: Any) -> bool:
     """An int >= 0 (JSON's true/false are not counts)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
@@ -135,7 +135,8 @@ def _is_number(value: Any) -> bool:
             and math.isfinite(value))
 
 
-def _short(value: Any, limit: int = 80) -> str:
+def short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages about stored state."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
@@ -316,32 +317,32 @@ def journal_record_problem(rec: Any, n_actions: int | None = None) -> str | None
         return 'expected {"p": [...], "d": {...}}'
     d, p = rec["d"], rec["p"]
     if not isinstance(d.get("id"), str):
-        return f"id must be a string, got {_short(d.get('id'))}"
+        return f"id must be a string, got {short_repr(d.get('id'))}"
     if not _is_number(d.get("ts")):
-        return f"ts must be a finite number, got {_short(d.get('ts'))}"
+        return f"ts must be a finite number, got {short_repr(d.get('ts'))}"
     for name, kind in (("explored", bool), ("model", str)):
         if name in d and not isinstance(d[name], kind):
-            return f"{name} must be a {kind.__name__}, got {_short(d[name])}"
+            return f"{name} must be a {kind.__name__}, got {short_repr(d[name])}"
     if not (isinstance(p, list) and p and all(_is_number(v) and 0 <= v <= 1 for v in p)):
-        return f"p must be a non-empty list of numbers in [0, 1], got {_short(p)}"
+        return f"p must be a non-empty list of numbers in [0, 1], got {short_repr(p)}"
     if "action" not in d:
         return _candidates_problem(d)
     k = len(p) if n_actions is None else n_actions
     if len(p) != k:
         return f"p must hold {k} probabilities (one per action), got {len(p)}"
     action = d["action"]
-    if not (_is_count(action) and action < k):
-        return f"action must be an int in [0, {k}), got {_short(action)}"
+    if not (is_count(action) and action < k):
+        return f"action must be an int in [0, {k}), got {short_repr(action)}"
     if abs(math.fsum(p) - 1.0) > _SUM_TOLERANCE:
         return f"p must sum to 1, got {math.fsum(p)!r}"
     if not p[action] > 0:
         return f"p[action] must be > 0 (the action was played), got {p[action]!r}"
     if not (_is_number(d.get("prob")) and math.isclose(d["prob"], p[action], rel_tol=1e-9)):
-        return f"prob must be p[action] = {p[action]!r}, got {_short(d.get('prob'))}"
+        return f"prob must be p[action] = {p[action]!r}, got {short_repr(d.get('prob'))}"
     ranking = d.get("ranking")
     if ranking is not None and not (isinstance(ranking, list)
-                                    and all(_is_count(a) and a < k for a in ranking)):
-        return f"ranking must be a list of actions in [0, {k}), got {_short(ranking)}"
+                                    and all(is_count(a) and a < k for a in ranking)):
+        return f"ranking must be a list of actions in [0, {k}), got {short_repr(ranking)}"
     return None
 
 
@@ -354,12 +355,12 @@ def _candidates_problem(d: dict[str, Any]) -> str | None:
             isinstance(c, dict) and isinstance(c.get("id"), str) and _is_number(c.get("prob"))
             and 0 < c["prob"] <= 1 for c in placed)):
         return (f"a decision needs an action, or candidates (ids with probabilities in (0, 1]); "
-                f"got {_short(placed)}")
+                f"got {short_repr(placed)}")
     ranking = d.get("ranking")
     if not (isinstance(ranking, list) and ranking and all(isinstance(c, str) for c in ranking)):
-        return f"ranking must be a non-empty list of candidate ids, got {_short(ranking)}"
+        return f"ranking must be a non-empty list of candidate ids, got {short_repr(ranking)}"
     if not (_is_number(d.get("prob")) and 0 < d["prob"] <= 1):
-        return f"prob must be a number in (0, 1], got {_short(d.get('prob'))}"
+        return f"prob must be a number in (0, 1], got {short_repr(d.get('prob'))}"
     return None
 
 
