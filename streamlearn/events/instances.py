@@ -105,9 +105,6 @@ def _fast_row(msg: RawMessage, n_features: int, limits: DecodeLimits) -> _Row | 
         return None
     if type(obj) is not dict or "actions" in obj:
         return None
-    uncounted = limits.max_depth >= _PLAIN_DEPTH and obj.keys() <= _PLAIN_KEYS
-    if not uncounted and value.count(b"[") + value.count(b"{") > limits.max_depth:
-        return None  # another key's value may nest too deep: the full checks decide
     event_id, x, ts, label = obj.get("id"), obj.get("x"), obj.get("ts"), obj.get("label", -1)
     if type(event_id) is not str or not 0 < len(event_id) <= limits.max_id_length or \
             type(label) is not int or not label >= -1:
@@ -119,13 +116,17 @@ def _fast_row(msg: RawMessage, n_features: int, limits: DecodeLimits) -> _Row | 
     if type(x) is list:
         if len(x) != n_features:
             return None
-        return _Row(msg, event_id, float(ts), "dense", x, None, label)
-    if type(x) is dict and len(x) == 2 and type(x.get("idx")) is list and \
+        row = _Row(msg, event_id, float(ts), "dense", x, None, label)
+    elif type(x) is dict and len(x) == 2 and type(x.get("idx")) is list and \
             type(x.get("val")) is list and len(x["idx"]) == len(x["val"]):
-        if uncounted and value.count(b"[") + value.count(b"{") > limits.max_depth:
-            return None
-        return _Row(msg, event_id, float(ts), "sparse", (x["idx"], x["val"]), None, label)
-    return None
+        row = _Row(msg, event_id, float(ts), "sparse", (x["idx"], x["val"]), None, label)
+    else:
+        return None
+    uncounted = row.form == "dense" and limits.max_depth >= _PLAIN_DEPTH and \
+        obj.keys() <= _PLAIN_KEYS
+    if not uncounted and value.count(b"[") + value.count(b"{") > limits.max_depth:
+        return None  # a sparse row or another key's value may nest too deep: the full checks decide
+    return row
 
 
 def _row(msg: RawMessage, n_features: int, n_actions: int, limits: DecodeLimits) -> _Row:
