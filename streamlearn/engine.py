@@ -133,7 +133,7 @@ class Engine:
                known: Mapping[Any, tuple[int, np.ndarray, float]] | None = None,
                answer: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
                model_version: int = 0, exploit_scores: np.ndarray | None = None,
-               ) -> Decided:
+               event_ts: np.ndarray | None = None) -> Decided:
         """Decide a batch of new ids and record the decisions as pending joins.
 
         ``keys`` seed the exploration randomness (default: the ids). ``known``
@@ -144,7 +144,9 @@ class Engine:
         the answered ones join on arrival (:meth:`PendingJoins.add_joined`).
         ``exploit_scores`` (B, K) — a promoted ranker's — replace the learner's
         exploitation action by their best allowed action, exploring around it
-        with the learner's own γ (:func:`exploit_around`).
+        with the learner's own γ (:func:`exploit_around`). ``event_ts``: the
+        instances' own event times when they are not ``ts`` (a daemon decides at
+        the wall clock's time; :meth:`PendingJoins.add_decisions`).
         """
         B = len(ids)
         reused = [known.get(i) for i in ids] if known else []
@@ -170,7 +172,7 @@ class Engine:
             decided_at = np.asarray(ts, dtype=np.float64)
         if answer is None:
             self.joins.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
-                                     model_version)
+                                     model_version, event_ts)
         else:
             rewards, feedback_ts = answer(actions)
             if not np.isnan(rewards).any():

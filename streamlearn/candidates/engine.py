@@ -128,9 +128,10 @@ class CandidateEngine:
     def decide(self, ids: Sequence[str], sets: CandidateSets, candidate_ids: Sequence[str],
                slots: np.ndarray, partitions: np.ndarray, wall: float,
                known: Mapping[str, Journaled] | None = None, model_version: int = 0,
-               ) -> CandidateDecided:
+               event_ts: np.ndarray | None = None) -> CandidateDecided:
         """Decide a batch of new request ids (journaled ones reused) and record every placed
-        candidate as a pending join."""
+        candidate as a pending join, decided at ``wall``; ``event_ts`` (the requests' own
+        event times) move the join's instance clock (:meth:`PendingJoins.add_decisions`)."""
         B = len(ids)
         slots = np.minimum(np.asarray(slots, dtype=np.int64), sets.sizes)
         k = max(int(slots.max()) if B else 1, 1)
@@ -156,7 +157,7 @@ class CandidateEngine:
             exploit[fresh] = to_global[decision.exploit]
         self.learner.n_requests_ += int(reused.sum())
         self._add_pending(ids, sets, candidate_ids, chosen, slot_probs, exploit, partitions,
-                          decided_at, wall, model_version)
+                          decided_at, wall, model_version, event_ts)
         return CandidateDecided(chosen, slot_probs, exploit, scores, fresh)
 
     def _reuse(self, ids: Sequence[str], sets: CandidateSets, candidate_ids: Sequence[str],
@@ -184,7 +185,7 @@ class CandidateEngine:
     def _add_pending(self, ids: Sequence[str], sets: CandidateSets,
                      candidate_ids: Sequence[str], chosen: np.ndarray, slot_probs: np.ndarray,
                      exploit: np.ndarray, partitions: np.ndarray, decided_at: np.ndarray,
-                     wall: float, model_version: int) -> None:
+                     wall: float, model_version: int, event_ts: np.ndarray | None) -> None:
         request, slot = np.nonzero(chosen >= 0)  # by request, then slot
         rows = chosen[request, slot]
         pids = [pair_id(ids[r], candidate_ids[c])
@@ -194,7 +195,8 @@ class CandidateEngine:
         probs[np.arange(len(rows)), slot] = slot_probs[request, slot]
         self.joins.add_decisions(pids, X, slot, probs, np.full(len(rows), -1, np.int64),
                                  decided_at[request], np.asarray(partitions)[request], wall,
-                                 model_version)
+                                 model_version,
+                                 None if event_ts is None else np.asarray(event_ts)[request])
         for pid, r, c in zip(pids, request.tolist(), rows.tolist(), strict=True):
             self._remember(pid, ids[r], candidate_ids[c])
         if self.joins.early:  # feedback that came before its request

@@ -125,7 +125,7 @@ class CandidateDaemon(Daemon):
                            for i, j in journaled.items()}
         decided = self.engine.decide(batch.ids, batch.sets, batch.candidate_ids, batch.slots,
                                      batch.partitions, wall, known_decisions,
-                                     self.counters.model_version)
+                                     self.counters.model_version, event_ts=batch.ts)
         values = self._values(batch, decided, journaled, wall)
         self.outputs.decisions([i.encode("utf-8") for i in batch.ids], values)
         first = decided.slot_probs[decided.fresh, 0]

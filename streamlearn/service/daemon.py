@@ -287,7 +287,7 @@ class Daemon:
         scores = self.retraining.scores(batch.X) if self.retraining is not None else None
         decided = self.engine.decide(
             batch.ids, batch.X, batch.mask, labels=batch.labels, ts=np.full(B, wall),
-            partitions=batch.partitions, wall=wall,
+            event_ts=batch.ts, partitions=batch.partitions, wall=wall,
             known={i: (j.action, np.asarray(j.probs), float(j.message["ts"]))
                    for i, j in reused.items()},
             model_version=self.counters.model_version,

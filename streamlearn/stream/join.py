@@ -228,16 +228,22 @@ class PendingJoins:
     # --------------------------------------------------------------- decisions
     def add_decisions(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                       labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
-                      wall: float, model_version: int | np.ndarray = 0) -> None:
+                      wall: float, model_version: int | np.ndarray = 0,
+                      event_ts: np.ndarray | None = None) -> None:
         """Record new decisions (ids must be new: check with :meth:`is_known`).
 
-        A decision's window opens at ``decided_at``; the instance clock of its
-        partition moves to it. ``model_version`` names the model that decided.
+        A decision's window opens at ``decided_at``. The instance clock of its partition
+        moves to the instances' event times ``event_ts`` (default: ``decided_at``, where
+        they are one, as in a replay): a daemon decides a backlog read long after it was
+        written at the wall clock's time, and early feedback, held on that clock, must be
+        held in the backlog's own time. ``model_version`` names the model that decided.
         """
         B = len(ids)
         if B == 0:
             return
-        self.clocks.observe("instances", partitions, decided_at)
+        self.clocks.observe("instances", partitions, decided_at if event_ts is None else
+                            np.minimum(np.asarray(event_ts, dtype=np.float64),
+                                       wall + self.settings.max_clock_skew_s))
         self.clocks.observe("feedback", partitions, decided_at, floor_only=True)
         overflow = len(self.slot_of) + B - self.settings.max_pending
         if overflow > 0:
