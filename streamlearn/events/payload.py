@@ -57,6 +57,35 @@ def _row_flags(values: np.ndarray, row_of: np.ndarray, n_rows: int,
                       & (sq <= limits.max_row_squared_norm))
 
 
+def _combined_flags(row_of: np.ndarray, idx: np.ndarray, val: np.ndarray, ok: np.ndarray,
+                    n_features: int, limits: DecodeLimits) -> np.ndarray:
+    """``ok`` narrowed to the rows whose features *as the learner sees them* are within the
+    limits: entries of one row at the same index (repeated sparse indices, named features
+    hashed into one bucket) add up, so ``x.val`` entries of 10¹² each, all at index 0, are one
+    feature far beyond ±max_abs_feature even though every entry passes :func:`_row_flags`.
+
+    Only a row whose absolute sum could exceed a limit is combined (a sort over its
+    entries): a feature and the squared norm of the combined row are at most that sum and
+    its square. Rows not ``ok`` are left as they are.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        l1 = np.bincount(row_of, weights=np.abs(val), minlength=len(ok))
+        suspect = ok & ~((l1 <= limits.max_abs_feature) & (l1 * l1 <= limits.max_row_squared_norm))
+        if not suspect.any():
+            return ok
+        entries = suspect[row_of]
+        key = row_of[entries].astype(np.int64) * n_features + idx[entries].astype(np.int64)
+        features, at = np.unique(key, return_inverse=True)
+        summed = np.bincount(at, weights=val[entries])
+        row = features // n_features
+        within = np.abs(summed) <= limits.max_abs_feature
+        n_beyond = np.bincount(row, weights=~within, minlength=len(ok))
+        sq = np.bincount(row, weights=np.where(within, summed, 0.0) ** 2, minlength=len(ok))
+    out = ok.copy()
+    out[suspect] = ((n_beyond == 0) & (sq <= limits.max_row_squared_norm))[suspect]
+    return out
+
+
 def _dense_flags(dense: np.ndarray, limits: DecodeLimits) -> np.ndarray:
     """:func:`_row_flags` for a dense (n, d) block."""
     bound = limits.max_abs_feature
@@ -185,7 +214,8 @@ def _sparse_entries(payloads: list[Any], n_features: int, limits: DecodeLimits
     val, val_ok = _flat_floats(list(chain.from_iterable(p[1] for p in payloads)), lengths)
     in_range = (idx >= 0) & (idx < n_features) & (idx == np.floor(idx))
     idx_ok &= np.bincount(row_of, weights=~in_range, minlength=len(payloads)) == 0
-    return lengths, idx, val, idx_ok & val_ok & _row_flags(val, row_of, len(payloads), limits)
+    ok = idx_ok & val_ok & _row_flags(val, row_of, len(payloads), limits)
+    return lengths, idx, val, _combined_flags(row_of, idx, val, ok, n_features, limits)
 
 
 def sparse_feature_batch(payloads: list[Any], n_features: int,
@@ -248,6 +278,7 @@ def feature_batch(forms: list[tuple[str, Any]], n_features: int, limits: DecodeL
                                                 np.cumsum(lengths)[:-1]))  # type: ignore[arg-type]
             idx = hashed.indices.astype(np.float64)
             val = hashed.values
+            good = _combined_flags(row_of, idx, val, good, n_features, limits)
         starts = np.concatenate([[0], np.cumsum(lengths)])
         for j, i in enumerate(members):
             ok[i] = bool(good[j])
@@ -296,5 +327,35 @@ def explain(form: str, payload: Any, n_features: int, limits: DecodeLimits) -> t
             return ("value_out_of_range", f"{where} = {value:.6g} is beyond ±"
                                           f"{limits.max_abs_feature:.6g} (limits.max_abs_feature)")
         square_sum += value * value
-    return ("value_out_of_range", f"the squared norm of x, {square_sum:.6g}, exceeds "
-                                  f"{limits.max_row_squared_norm:.6g} (limits.max_row_squared_norm)")
+    if square_sum > limits.max_row_squared_norm:
+        return ("value_out_of_range", f"the squared norm of x, {square_sum:.6g}, exceeds "
+                                      f"{limits.max_row_squared_norm:.6g} (limits.max_row_squared_norm)")
+    return _explain_combined(form, payload, n_features, limits)
+
+
+def _explain_combined(form: str, payload: Any, n_features: int,
+                      limits: DecodeLimits) -> tuple[str, str]:
+    """Every entry is within the limits, their sum at one feature is not (see
+    :func:`_combined_flags`): name that feature, or the combined squared norm."""
+    if form == "sparse":
+        where = [f"feature {int(i)}" for i in payload[0]]
+        buckets = [int(i) for i in payload[0]]
+        values = [float(v) for v in payload[1]]
+    else:  # named: the buckets they hash into, signs included
+        hashed = hash_names([payload], n_features)
+        buckets, values = hashed.indices.tolist(), hashed.values.tolist()
+        where = [f"bucket {b} (names hashed into it)" for b in buckets]
+    summed: dict[int, float] = {}
+    count: dict[int, int] = {}
+    for b, v in zip(buckets, values, strict=True):
+        summed[b] = summed.get(b, 0.0) + v
+        count[b] = count.get(b, 0) + 1
+    for j, b in enumerate(buckets):
+        if abs(summed[b]) > limits.max_abs_feature:
+            return ("value_out_of_range", f"x's {count[b]} entries at {where[j]} add up to "
+                                          f"{summed[b]:.6g}, beyond ±{limits.max_abs_feature:.6g} "
+                                          f"(limits.max_abs_feature)")
+    square_sum = sum(v * v for v in summed.values())
+    return ("value_out_of_range", f"the squared norm of x with its repeated features added up, "
+                                  f"{square_sum:.6g}, exceeds {limits.max_row_squared_norm:.6g} "
+                                  f"(limits.max_row_squared_norm)")

@@ -268,3 +268,69 @@ def test_accepted_rows_are_always_within_the_limits(rows: list[list[float]], for
     within = [all(abs(v) <= limits.max_abs_feature for v in r) and sum(v * v for v in r)
               <= limits.max_row_squared_norm for r in rows]
     assert len(batch) == sum(within)
+
+
+# sums of these are exact in float64, so the oracle below and the decoder cannot round apart
+summable = st.sampled_from([1e12, -1e12, 6e11, -6e11, 4e11, 3.0, 0.0, -2.0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, D - 1), summable), min_size=1, max_size=12),
+                min_size=1, max_size=6),
+       st.sampled_from(["sparse", "named"]), st.sampled_from(["alone", "mixed"]))
+def test_repeated_features_are_within_the_limits_once_added_up(
+        rows: list[list[tuple[int, float]]], form: str, batch_form: str) -> None:
+    """Entries at one index (repeated sparse indices, named features that hash into one bucket)
+    add up in the row the learner sees: every entry within ±max_abs_feature must not let 30
+    of 10¹² at index 0 through (found by an outside client). Accepted rows are within the
+    limits as the learner sees them; a row is refused exactly when an entry or that row is
+    not, always as value_out_of_range with a detail."""
+    limits = DecodeLimits(max_row_squared_norm=1.5e24)
+
+    def x_of(row: list[tuple[int, float]]) -> object:
+        if form == "sparse":
+            return {"idx": [i for i, _ in row], "val": [v for _, v in row]}
+        return {f"name{n}:{i}": v for n, (i, v) in enumerate(row)}  # distinct names, 4 buckets
+
+    def seen(row: list[tuple[int, float]]) -> np.ndarray:
+        if form == "sparse":
+            out = np.zeros(D)
+            np.add.at(out, [i for i, _ in row], [v for _, v in row])
+            return out
+        return hash_names([x_of(row)], D).to_dense()[0]  # type: ignore[list-item]
+
+    values = [orjson.dumps({"id": f"e{n}", "x": x_of(r)}) for n, r in enumerate(rows)]
+    if batch_form == "mixed":  # a dense row takes the batch down the mixed path
+        values.append(inst(id="dense"))
+    batch, rejected = decode_instances(msgs(*values), D, K, limits)
+    X = batch.X.to_dense() if isinstance(batch.X, SparseBatch) else np.asarray(batch.X)
+    assert np.all(np.abs(X) <= limits.max_abs_feature)
+    assert np.all((X ** 2).sum(axis=1) <= limits.max_row_squared_norm)
+    for r in rejected:
+        assert r.reason == "value_out_of_range" and r.detail
+    within = [sum(v * v for _, v in r) <= limits.max_row_squared_norm
+              and bool(np.all(np.abs(seen(r)) <= limits.max_abs_feature))
+              and float((seen(r) ** 2).sum()) <= limits.max_row_squared_norm for r in rows]
+    kept = [f"e{n}" for n, ok in enumerate(within) if ok] + (["dense"] if batch_form == "mixed"
+                                                             else [])
+    assert batch.ids == kept
+
+
+@pytest.mark.parametrize(("x", "detail"), [
+    ({"idx": [0] * 30, "val": [1e12] * 30},
+     "x's 30 entries at feature 0 add up to 3e+13, beyond ±1e+12 (limits.max_abs_feature)"),
+    ({"idx": [2, 2], "val": [1e12, 1e12]},
+     "x's 2 entries at feature 2 add up to 2e+12, beyond ±1e+12 (limits.max_abs_feature)"),
+    ({"idx": [0, 0, 1, 1], "val": [8e11, 8e11, 8e11, 8e11]}, "value_out_of_range"),
+])
+def test_repeated_features_beyond_the_limits_say_where(x: object, detail: str) -> None:
+    limits = DecodeLimits(max_abs_feature=2e12, max_row_squared_norm=4e24) \
+        if detail == "value_out_of_range" else DecodeLimits()
+    _, rejected = decode_instances(msgs(inst(x=x)), D, K, limits)
+    [r] = rejected
+    assert r.reason == "value_out_of_range"
+    if detail == "value_out_of_range":  # (1.6e12)² · 2 = 5.12e24 > 4e24, each feature within
+        assert r.detail == ("the squared norm of x with its repeated features added up, 5.12e+24, "
+                            "exceeds 4e+24 (limits.max_row_squared_norm)")
+    else:
+        assert r.detail == detail
