@@ -334,3 +334,11 @@ def test_repeated_features_beyond_the_limits_say_where(x: object, detail: str) -
                             "exceeds 4e+24 (limits.max_row_squared_norm)")
     else:
         assert r.detail == detail
+
+
+def test_label_minus_one_is_no_label_as_documented() -> None:
+    """docs/daemon.md: ``-1`` is a producer's "no label", like a missing one; -2 and K are not."""
+    batch, rejected = decode_instances(msgs(inst(id="a", label=-1), inst(id="b"), inst(id="c", label=-2),
+                                            inst(id="d", label=K)), D, K)
+    assert batch.ids == ["a", "b"] and batch.labels.tolist() == [-1, -1]
+    assert [(r.event_id, r.reason) for r in rejected] == [("c", "bad_label"), ("d", "bad_label")]
