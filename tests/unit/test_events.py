@@ -342,3 +342,12 @@ def test_label_minus_one_is_no_label_as_documented() -> None:
                                             inst(id="d", label=K)), D, K)
     assert batch.ids == ["a", "b"] and batch.labels.tolist() == [-1, -1]
     assert [(r.event_id, r.reason) for r in rejected] == [("c", "bad_label"), ("d", "bad_label")]
+
+
+def test_a_null_ts_is_the_message_timestamp_as_documented() -> None:
+    """docs/daemon.md: ``"ts": null`` is as a missing ``ts`` (instances and feedback alike)."""
+    batch, rejected = decode_instances(msgs(inst(id="a", ts=None)), D, K)
+    assert rejected == [] and batch.ts.tolist() == [5.0]
+    feedback, bad = decode_feedback(msgs(orjson.dumps({"id": "a", "reward": 1.0, "ts": None}),
+                                         topic="feedback"))
+    assert bad == [] and feedback.ts.tolist() == [5.0]
