@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -118,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StreamlearnError as exc:
         print(f"streamlearn {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`streamlearn inspect DIR | head -1`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141
     except OSError as exc:
         if exc.filename is None:
             raise

@@ -167,11 +167,14 @@ def _parse_number(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> int | fl
     elif fs.base is int and isinstance(raw, int):
         value = raw
     elif fs.base is float and isinstance(raw, (int, float)):
-        value = float(raw)
+        try:
+            value = float(raw)
+        except OverflowError:  # a TOML integer of 400 digits
+            raise _fail(fs, raw, origin) from None
     else:
         raise _fail(fs, raw, origin)
-    if not math.isfinite(value):
-        raise _fail(fs, raw, origin)
+    if isinstance(value, float) and not math.isfinite(value):  # ints are finite (isfinite of
+        raise _fail(fs, raw, origin)  # a 400-digit int overflows)
     if fs.base is int and not -_INT64 <= value < _INT64:  # state files keep int64 counters
         raise _fail(fs, raw, origin, "beyond the 64-bit integer range")
     if ((fs.gt is not None and not value > fs.gt) or (fs.ge is not None and not value >= fs.ge)

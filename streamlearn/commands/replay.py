@@ -96,10 +96,10 @@ def run(args: argparse.Namespace) -> int:
     exploration = exploration_from_args(args, unset=None)
     hyper = hyperparameters(args)
     if args.plot:
-        pyplot()  # fail before the run, not after it
-        check_output_file("--plot", args.plot)
+        check_plot_file("--plot", args.plot)  # fail before the run, not after it
     if args.save:
         check_replaceable(args.save)  # never after the run, and never anything but a snapshot
+        check_output_file("--save", args.save)
     stream = prepare_from_args(
         args, drift=Drift(args.drift_at, args.drift, args.seed) if args.drift_at else None)
     learner = make_learner(args.learner, stream.n_classes, stream.n_features, exploration,
@@ -156,13 +156,30 @@ def check_output_file(flag: str, path: str) -> None:
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
     try:
-        problem = ("it is a directory" if target.is_dir() else
+        problem = ("it is a directory" if target.is_dir() and flag != "--save" else
                    f"{str(parent)!r} is not an existing directory" if not parent.is_dir() else
                    f"{str(parent)!r} is not writable" if not os.access(parent, os.W_OK) else "")
+        if not problem:  # access() says yes to /proc as root: try, as the write at the end will
+            probe = parent / f".{target.name}.probe-{os.getpid()}"
+            os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            os.unlink(probe)
     except OSError as err:
         problem = err.strerror or str(err)
     if problem:
         raise ConfigError(f"{flag} must be a file that can be written. Got {path!r}: {problem}.")
+
+
+def check_plot_file(flag: str, path: str) -> None:
+    """Refuse, before any work, a plot file matplotlib could not write (its place, its format)."""
+    check_output_file(flag, path)
+    plt = pyplot()
+    figure = plt.figure()
+    formats = figure.canvas.get_supported_filetypes()
+    plt.close(figure)
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if suffix not in formats:
+        raise ConfigError(f"{flag} must name a file of an image format matplotlib writes "
+                          f"({', '.join(sorted(formats))}). Got {path!r}.")
 
 
 def plot_curves(path: str, title: str, curves: dict[str, list[tuple[int, float]]]) -> None:

@@ -31,6 +31,7 @@ import csv
 import gzip
 import io
 import lzma
+import os
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -63,7 +64,13 @@ _OPENERS: dict[str, Callable[[Path], bytes]] = {
 def _read_text(path: str, kind: str) -> str:
     file = Path(path).expanduser()
     if not file.is_file():
-        raise DataError(f"{kind} file not found: {path} (looked for {file.resolve()}).")
+        try:
+            looked = file.resolve()
+        except (OSError, RuntimeError):  # a symbolic link loop
+            raise DataError(f"{kind} file {path}: expected a readable file, got a symbolic link "
+                            f"that never ends in one.") from None
+        what = ("not a regular file" if os.path.lexists(file) else "not found")
+        raise DataError(f"{kind} file {what}: {path} (looked for {looked}).")
     opener = _OPENERS.get(file.suffix.lower())
     try:
         data = opener(file) if opener is not None else file.read_bytes()
@@ -206,8 +213,12 @@ def load_csv(path: str, **options: object) -> Dataset:
     if str(header_opt).strip().lower() == "auto":
         judged = has_header(rows, label_opt)
         if judged is None:
+            try:
+                field = repr(rows[0][int(str(label_opt)) % width].strip())
+            except ValueError:  # a label column given by name, which line 1 does not hold
+                field = f"(column {str(label_opt)!r}, not a name on line {lines[0]})"
             raise DataError(f"{path}: cannot tell whether line {lines[0]} is a header: its label "
-                            f"field {rows[0][int(str(label_opt)) % width].strip()!r} occurs on no "
+                            f"field {field} occurs on no "
                             f"other line, so as data it would be a class of one row. Expected "
                             f"--header yes or --header no (option header); got auto.")
         header = judged

@@ -377,12 +377,25 @@ def _of_the_usual_width(found: dict[str, JournaledDecision]) -> dict[str, Journa
     return {i: j for i, j in found.items() if i not in odd}
 
 
+# A sequence number this checkpointer could have written: one per checkpoint, so 10¹² is
+# 30,000 years at one a second. A larger one (a stray "ckpt-99999999999999999999") is not
+# ours: counting on from it made every later number overflow the snapshot's JSON, and the
+# daemon crashed at every restart (found by an outside client).
+MAX_SEQ = 10**12
+
+
 def _numbered(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
     out = []
     for path in directory.iterdir():
         match = pattern.match(path.name)
+        if match and len(match.group(1)) <= 13:  # bounds the int() of an absurdly long name
+            seq = int(match.group(1))
+            if seq <= MAX_SEQ:
+                out.append((seq, path))
+                continue
         if match:
-            out.append((int(match.group(1)), path))
+            log.warning("ignoring %s in the checkpoint directory: its number is beyond any this "
+                        "daemon writes (%d)", path.name, MAX_SEQ)
     return sorted(out)
 
 
