@@ -219,3 +219,29 @@ def test_clients_that_go_away_mid_request_print_no_traceback(
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=5) as r:
             assert r.status == 200
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_idle_and_half_sent_connections_are_closed_and_many_clients_are_served(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outside tester held a server thread per idle connection for good, and 10 concurrent
+    clients overflowed socketserver's listen backlog of 5 (dropped SYNs, seconds of retries)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from streamlearn.service import http
+    assert http._Handler.timeout is not None and 0 < http._Handler.timeout <= 30  # the default
+    assert http._Server.request_queue_size >= 64
+    monkeypatch.setattr(http._Handler, "timeout", 0.5)  # the mechanism, without a 10 s wait
+    server = MetricsServer(CollectorRegistry(), port=0)
+    server.start()
+    try:
+        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(20)]
+        idle[0].sendall(b"GET /metr")  # half a request
+        time.sleep(1.5)
+        for conn in idle:  # the server has hung up on each: a read returns at once, empty
+            assert conn.recv(1024) == b""
+            conn.close()
+        with ThreadPoolExecutor(64) as pool:
+            codes = list(pool.map(lambda _: get(f"{server.url}/healthz")[0], range(256)))
+        assert codes == [200] * 256
+    finally:
+        server.stop()
