@@ -108,7 +108,13 @@ def _short(value: Any, limit: int = 160) -> str:
 
 
 def _print_text(info: dict[str, Any]) -> None:
-    print(f"snapshot        {info['path']}")
+    if "error" in info:  # --all: a snapshot that does not read
+        print(f"snapshot        {info['path']}\nunreadable      {info['error']}")
+        return
+    for passed in info.get("skipped", []):
+        print(f"passed over     {passed['path']}: {passed['error']}")
+    print(f"snapshot        {info['path']}" + (" (the newest that reads: serve restores it)"
+                                                 if info.get("skipped") else ""))
     print(f"kind            {info['kind']}" + (f" (seq {info['seq']})" if "seq" in info else ""))
     print(f"format version  {info['format_version']}   written by streamlearn "
           f"{info['package_version']}")
@@ -168,6 +174,29 @@ def _print_rankers(rankers: dict[str, Any]) -> None:
               f"({entry.get('reason')})")
 
 
+def _described_or_error(path: Path) -> dict[str, Any]:
+    """``describe(path)``, or ``{"path", "error"}`` when that snapshot cannot be read."""
+    try:
+        return describe(path)
+    except StateError as exc:
+        return {"path": str(path), "error": str(exc)}
+
+
+def _restorable(paths: list[Path]) -> list[dict[str, Any]]:
+    """The newest snapshot that reads: the one ``serve`` restores, which falls back past a
+    corrupt newest one (docs/daemon.md §4); the snapshots passed over are listed under
+    ``skipped``. Only when none reads is it an error (the newest one's)."""
+    skipped: list[dict[str, Any]] = []
+    for path in reversed(paths):
+        info = _described_or_error(path)
+        if "error" not in info:
+            return [{**info, "skipped": skipped} if skipped else info]
+        skipped.append(info)
+    if skipped:
+        raise StateError(skipped[0]["error"])
+    return []
+
+
 def run(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if is_group_state(path) and not any(_CKPT.match(p.name) for p in path.iterdir()):
@@ -183,8 +212,7 @@ def run(args: argparse.Namespace) -> int:
         paths: list[Path] = []
     else:
         paths = snapshots_in(path)
-    chosen = paths if args.all else paths[-1:]
-    infos = [describe(p) for p in chosen]
+    infos = [_described_or_error(p) for p in paths] if args.all else _restorable(paths)
     if args.json:
         payload: Any = infos if args.all else (infos[0] if infos else {})
         if rankers is not None:

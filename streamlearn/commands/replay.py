@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     result, comparator = run_with_comparator(
         learner, stream, batch_size=args.batch_size, delay_rounds=args.delay * args.rate,
         drop=args.drop, window=None if args.window is None else max(1, round(args.window * args.rate)),
-        seed=args.seed, progress=not args.json and stream.rounds > 50_000)
+        seed=args.seed, progress=stream.rounds > 50_000)  # stderr: --json keeps stdout
     report = {
         "dataset": args.dataset,
         "learner": args.learner,

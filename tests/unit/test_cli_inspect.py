@@ -67,3 +67,24 @@ def test_not_a_snapshot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert "neither a streamlearn snapshot" in capsys.readouterr().err
     assert main(["inspect", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_corrupt_newest_checkpoint_shows_the_one_serve_restores(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """serve falls back past a corrupt newest snapshot; inspect used to stop at it (exit 2)."""
+    fake_checkpoint(tmp_path, 1, 2)
+    newest = fake_checkpoint(tmp_path, 2, 5)
+    arrays = newest / "arrays.npz"
+    arrays.write_bytes(arrays.read_bytes()[:100])  # truncated
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    info = orjson.loads(capsys.readouterr().out)
+    assert info["seq"] == 1 and [s["path"] for s in info["skipped"]] == [str(newest)]
+    assert "corrupt or truncated" in info["skipped"][0]["error"]
+    assert main(["inspect", str(tmp_path), "--all", "--json"]) == 0
+    listed = orjson.loads(capsys.readouterr().out)
+    assert [("error" in s) for s in listed] == [False, True]
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert "passed over" in capsys.readouterr().out
+    (tmp_path / "ckpt-00000001" / "meta.json").write_text("{")  # none reads: an error
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "ckpt-00000002" in capsys.readouterr().err
