@@ -165,7 +165,8 @@ def _mb(n_bytes: int) -> str:
 
 
 def _missing_error(spec: DatasetFiles, data_dir: Path, missing: Sequence[RemoteFile]) -> DataError:
-    where = str(data_dir) + ("" if data_dir.is_dir() else " (the directory does not exist)")
+    where = str(data_dir) + ("" if data_dir.is_dir() else " (not a directory)" if data_dir.exists()
+                             else " (the directory does not exist)")
     listed = ", ".join(f.path for f in missing[:3]) + (" ..." if len(missing) > 3 else "")
     return DataError(
         f"Dataset {spec.name!r} not found in {where}: expected {listed}. Fix: pass --data-dir DIR "

@@ -167,8 +167,8 @@ def has_header(rows: Sequence[Sequence[str]], label: object = -1) -> bool | None
     first, rest = rows[0], rows[1:]
     if isinstance(label, str) and label.strip() in (f.strip() for f in first) and not _is_int(label):
         return True
-    if not rest:
-        return False
+    if not rest:  # one line: a header when none of it is a number (then no data: an error)
+        return not any(_is_number(f) for f in first)
     numeric_rest = [all(_is_number(r[c]) for r in rest) for c in range(len(first))]
     if any(numeric and not _is_number(f) for numeric, f in zip(numeric_rest, first, strict=True)):
         return True

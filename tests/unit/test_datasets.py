@@ -465,3 +465,15 @@ def test_libsvm_refuses_a_file_without_any_pair(tmp_path: Path) -> None:
                                         r"line 1 on: 'alpha'"):
         path = _write(tmp_path, "x.svm", "alpha\nbeta\ngamma\n")
         load_dataset(f"libsvm:{path}")
+
+
+def test_a_header_only_csv_says_it_has_no_data(tmp_path: Path) -> None:
+    """It used to be read as a data row ('column 0, line 1: expected a number. Got 'a'')."""
+    with pytest.raises(DataError, match=r"has a header but no data rows"):
+        load_dataset("csv:" + str(_write(tmp_path, "h.csv", "a,b,label\n")))
+
+
+def test_a_data_dir_that_is_a_file_is_said_to_be_one(tmp_path: Path) -> None:
+    file = _write(tmp_path, "f.txt", "x")
+    with pytest.raises(DataError, match=r"\(not a directory\)"):
+        load_dataset("letter", data_dir=file)
