@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         check_plot_file("--plot", args.plot)  # fail before the run, not after it
     if args.save:
         check_replaceable(args.save)  # never after the run, and never anything but a snapshot
-        check_output_file("--save", args.save)
+        check_writable_place("--save", args.save)
     stream = prepare_from_args(
         args, drift=Drift(args.drift_at, args.drift, args.seed) if args.drift_at else None)
     learner = make_learner(args.learner, stream.n_classes, stream.n_features, exploration,
@@ -153,11 +153,22 @@ def print_table(report: dict[str, Any]) -> None:
 
 def check_output_file(flag: str, path: str) -> None:
     """Refuse, before any work, a file the command could not write at the end."""
+    try:
+        problem = "it is a directory" if Path(path).is_dir() else ""
+    except OSError as err:
+        problem = err.strerror or str(err)
+    if problem:
+        raise ConfigError(f"{flag} must be a file that can be written. Got {path!r}: {problem}.")
+    check_writable_place(flag, path)
+
+
+def check_writable_place(flag: str, path: str) -> None:
+    """Refuse, before any work, a ``path`` whose directory the command could not write in at
+    the end (a snapshot directory may itself already exist)."""
     target = Path(path)
     parent = target.parent if str(target.parent) else Path(".")
     try:
-        problem = ("it is a directory" if target.is_dir() and flag != "--save" else
-                   f"{str(parent)!r} is not an existing directory" if not parent.is_dir() else
+        problem = (f"{str(parent)!r} is not an existing directory" if not parent.is_dir() else
                    f"{str(parent)!r} is not writable" if not os.access(parent, os.W_OK) else "")
         if not problem:  # access() says yes to /proc as root: try, as the write at the end will
             probe = parent / f".{target.name}.probe-{os.getpid()}"

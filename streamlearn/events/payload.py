@@ -338,21 +338,20 @@ def _explain_combined(form: str, payload: Any, n_features: int,
     """Every entry is within the limits, their sum at one feature is not (see
     :func:`_combined_flags`): name that feature, or the combined squared norm."""
     if form == "sparse":
-        where = [f"feature {int(i)}" for i in payload[0]]
-        buckets = [int(i) for i in payload[0]]
-        values = [float(v) for v in payload[1]]
+        buckets, values, place = [int(i) for i in payload[0]], [float(v) for v in payload[1]], \
+            "feature {}"
     else:  # named: the buckets they hash into, signs included
         hashed = hash_names([payload], n_features)
         buckets, values = hashed.indices.tolist(), hashed.values.tolist()
-        where = [f"bucket {b} (names hashed into it)" for b in buckets]
+        place = "bucket {} (names hashed into it)"
     summed: dict[int, float] = {}
     count: dict[int, int] = {}
     for b, v in zip(buckets, values, strict=True):
         summed[b] = summed.get(b, 0.0) + v
         count[b] = count.get(b, 0) + 1
-    for j, b in enumerate(buckets):
+    for b in buckets:
         if abs(summed[b]) > limits.max_abs_feature:
-            return ("value_out_of_range", f"x's {count[b]} entries at {where[j]} add up to "
+            return ("value_out_of_range", f"x's {count[b]} entries at {place.format(b)} add up to "
                                           f"{summed[b]:.6g}, beyond ±{limits.max_abs_feature:.6g} "
                                           f"(limits.max_abs_feature)")
     square_sum = sum(v * v for v in summed.values())

@@ -388,14 +388,14 @@ def _numbered(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path
     out = []
     for path in directory.iterdir():
         match = pattern.match(path.name)
-        if match and len(match.group(1)) <= 13:  # bounds the int() of an absurdly long name
-            seq = int(match.group(1))
-            if seq <= MAX_SEQ:
-                out.append((seq, path))
-                continue
-        if match:
+        if not match:
+            continue
+        digits = match.group(1)  # its length bounds the int() of an absurdly long name
+        if len(digits) > len(str(MAX_SEQ)) or int(digits) > MAX_SEQ:
             log.warning("ignoring %s in the checkpoint directory: its number is beyond any this "
                         "daemon writes (%d)", path.name, MAX_SEQ)
+            continue
+        out.append((int(digits), path))
     return sorted(out)
 
 

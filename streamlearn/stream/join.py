@@ -225,6 +225,11 @@ class PendingJoins:
         """The newest time of any of the join's clocks."""
         return self.clocks.latest(wall)
 
+    def _skew_capped(self, ts: np.ndarray, wall: float) -> np.ndarray:
+        """Event times, those beyond ``max_clock_skew_s`` in the future counted as now + skew
+        (one wild timestamp cannot expire everything)."""
+        return np.minimum(np.asarray(ts, dtype=np.float64), wall + self.settings.max_clock_skew_s)
+
     # --------------------------------------------------------------- decisions
     def add_decisions(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                       labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
@@ -242,8 +247,7 @@ class PendingJoins:
         if B == 0:
             return
         self.clocks.observe("instances", partitions, decided_at if event_ts is None else
-                            np.minimum(np.asarray(event_ts, dtype=np.float64),
-                                       wall + self.settings.max_clock_skew_s))
+                            self._skew_capped(event_ts, wall))
         self.clocks.observe("feedback", partitions, decided_at, floor_only=True)
         overflow = len(self.slot_of) + B - self.settings.max_pending
         if overflow > 0:
@@ -276,8 +280,7 @@ class PendingJoins:
         answers at once): with the ``earliest`` policy and the feedback inside the window
         they join on arrival — the same outcome as :meth:`add_decisions` followed by
         :meth:`add_feedback`, without storing them. Otherwise they take that path."""
-        feedback_ts = np.minimum(np.asarray(feedback_ts, dtype=np.float64),
-                                 wall + self.settings.max_clock_skew_s)
+        feedback_ts = self._skew_capped(feedback_ts, wall)
         if self.settings.duplicate_policy != "earliest" or self.early or not (
                 feedback_ts < decided_at + self.settings.window_s).all():
             self.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
@@ -312,7 +315,7 @@ class PendingJoins:
         should it become unknown.
         """
         n = len(ids)
-        ts = np.minimum(np.asarray(ts, dtype=np.float64), wall + self.settings.max_clock_skew_s)
+        ts = self._skew_capped(ts, wall)
         self.clocks.observe("feedback", partitions, ts)
         self.clocks.observe("instances", partitions, ts, floor_only=True)
         if n == 0:
