@@ -34,7 +34,10 @@ from streamlearn.stream.experience import read_experience
 
 pytestmark = pytest.mark.integration
 
-N = 60_000
+# 30 s of stream: the seven kill cycles (each waits for a retrain to start, then restarts) must
+# end before the publisher does, or a wait for 2,000 more decisions after a restart can never
+# be met (with 60,000 events, 15 s, it timed out in 2 of 5 CI runs, one on a loaded machine)
+N = 120_000
 RATE = 4_000
 
 
