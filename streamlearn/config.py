@@ -238,15 +238,28 @@ class RetrainConfig:
     window_rows: int = spec(20_000, "train on the newest rows of the log, at most this many "
                             "(and at most 20M / (d·K): the joint feature matrix stays < 160 MB)",
                             ge=10)
-    holdout_fraction: float = spec(0.2, "share of the window held out (by id hash) for "
-                                   "off-policy evaluation", gt=0, le=0.9)
-    clip: float = spec(20.0, "inverse-propensity weights are clipped at this value", gt=1)
+    holdout_fraction: float = spec(0.2, "share of the window held out (the newest rows, in "
+                                   "time) for off-policy evaluation", gt=0, le=0.9)
+    clip: float = spec(20.0, "inverse-propensity weights of the training rows are clipped at "
+                       "this value (the off-policy estimates are not clipped)", gt=1)
     worker: str = spec("process", "where training runs: a separate process (keeps decision "
                        "latency flat, docs/performance.md) or a thread", choices=("process",
                                                                                  "thread"))
+    worker_nice: int = spec(10, "the worker process's nice value: a lower priority than the "
+                            "loop, yet a share of a busy CPU, so retrains finish", ge=0, le=19)
+    timeout_seconds: float = spec(600.0, "a retrain running longer is a failure (the worker is "
+                                  "replaced)", gt=0)
     policy: str = spec("learner", "the exploitation policy: the online learner, or the promoted "
-                       "ranker (exploring around its top action as configured)",
-                       choices=("learner", "ranker"))
+                       "ranker (exploring around its top action as configured, rolled out share "
+                       "by share, docs/daemon.md)", choices=("learner", "ranker"))
+    level: float = spec(0.95, "confidence of the promotion gate, the guardrail and the reported "
+                        "bounds (1 - level: their miss probability)", gt=0.5, le=0.999)
+    rollout_stages: str = spec("0.05,0.2,0.5", "shares a promoted ranker serves in turn before "
+                               "it serves all but the holdback (comma-separated, increasing)")
+    rollout_stage_events: int = spec(1000, "learned events a promoted ranker serves at one share "
+                                     "before it may take the next", ge=1)
+    holdback: float = spec(0.05, "share of the events the learner keeps while a ranker serves "
+                           "(the guardrail compares them)", ge=0, le=0.5)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,11 @@ delays, drops and expiry. Both therefore measure the same code.
 * :meth:`Engine.decide` decides a batch with one ``learner.decide`` call
   (decisions handed in as ``known`` — a journal's, after a restart — are reused
   and count as decided rounds) and records every decision as a pending join.
+  Given a :class:`Mixture`, the traffic is shared between the learner and
+  rankers (a guarded rollout): each event is served by one policy, drawn by its
+  key, and the logged distribution is the mixture, so propensities stay exact.
+  Every decision carries :data:`DECISION_COLUMNS`: the policy that served it
+  and the exploration rate any policy deployed at that moment would use.
 * :meth:`Engine.feedback` joins a feedback batch: one
   :class:`~streamlearn.stream.join.Outcome` per event.
 * :meth:`Engine.advance` expires what is due by the join's clocks.
@@ -34,50 +39,50 @@ from typing import Any
 
 import numpy as np
 
+from streamlearn.actions import exploit_around, exploration_rates
 from streamlearn.features import Batch, take_rows
 from streamlearn.learners import randomness
 from streamlearn.learners.base import Learner
 from streamlearn.stream.join import Closed, EarlyFeedback, JoinSettings, Outcome, PendingJoins
 
-__all__ = ["Decided", "Engine", "Learned", "best_first", "exploit_around", "exploration_rates"]
+__all__ = ["DECISION_COLUMNS", "Decided", "Engine", "Learned", "Mixture", "Reused"]
 
 
 RANKER_SEED = 0x52414E4B  # keeps the ranker policy's draws apart from the learner's
+ARM_SEED = 0x41524D53  # ... and the draw of the policy that serves an event apart from both
+
+#: Per-decision columns of the engine's pending joins (and of the experience log):
+#: ``served_by`` — 0 when the learner served the decision, else the version of the ranker
+#: that did; ``gamma`` — the learner's exploration rate at that decision, the rate a ranker
+#: deployed then explores with (:func:`exploit_around`), so a ranker can be evaluated later
+#: exactly as it would have been deployed.
+DECISION_COLUMNS: dict[str, type] = {"served_by": np.int64, "gamma": np.float64}
 
 
-def best_first(scores: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """(B, K) action orders: allowed actions by score (NaN lowest, ties by index), then the
-    disallowed ones.
+@dataclass(frozen=True)
+class Mixture:
+    """Policies sharing the traffic: the learner (version 0, scores None) and rankers, each
+    with its share (the shares sum to 1) and its (B, K) scores for the batch."""
 
-    >>> best_first(np.array([[np.nan, 0.2, 0.9]]), np.array([[True, True, False]])).tolist()
-    [[1, 0, 2]]
-    """
-    allowed = np.ones(scores.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    negated = -np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=-np.inf, posinf=np.inf,
-                             neginf=-np.inf)
-    return np.lexsort((negated, ~allowed), axis=-1)
+    versions: tuple[int, ...]
+    shares: tuple[float, ...]
+    scores: tuple[np.ndarray | None, ...]
 
+    def __post_init__(self) -> None:
+        if not (len(self.versions) == len(self.shares) == len(self.scores) >= 1):
+            raise ValueError(f"Expected one share and one score matrix per policy. Got "
+                             f"{len(self.versions)}, {len(self.shares)} and {len(self.scores)}.")
+        if min(self.shares) < 0 or abs(sum(self.shares) - 1.0) > 1e-9:
+            raise ValueError(f"Expected shares >= 0 summing to 1. Got {self.shares}.")
 
-def exploit_around(scores: np.ndarray, mask: np.ndarray | None, gamma: np.ndarray) -> np.ndarray:
-    """Distributions that put 1 − γ on the best-scored allowed action and spread γ
-    uniformly over the allowed actions (per row).
-
-    >>> exploit_around(np.array([[0.1, 0.9, 0.5]]), np.array([[True, False, True]]), np.array([0.2]))
-    array([[0.1, 0. , 0.9]])
-    """
-    allowed = np.ones(scores.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
-    top = best_first(scores, allowed)[:, 0]
-    n = allowed.sum(axis=1, keepdims=True)
-    gamma = np.clip(np.asarray(gamma, dtype=np.float64), 0.0, 1.0)[:, None]
-    probs = np.where(allowed, gamma / np.maximum(n, 1), 0.0)
-    probs[np.arange(len(top)), top] += 1.0 - gamma[:, 0]
-    return probs
+    def rows(self, rows: np.ndarray) -> Mixture:
+        """The same policies for a subset of the batch's rows."""
+        return Mixture(self.versions, self.shares,
+                       tuple(None if s is None else s[rows] for s in self.scores))
 
 
-def exploration_rates(probs: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-    """γ of each logged distribution: (1 − max p)·n/(n − 1) over its n allowed actions."""
-    allowed = probs.shape[1] if mask is None else mask.sum(axis=1)
-    return np.asarray((1.0 - probs.max(axis=1)) * allowed / np.maximum(allowed - 1, 1))
+#: a journaled decision: (action, distribution, decision time, its DECISION_COLUMNS)
+Reused = tuple[int, np.ndarray, float, Mapping[str, float]]
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Decided:
     actions: np.ndarray  # int64 (B,)
     probs: np.ndarray  # (B, K) full distributions
     fresh: np.ndarray  # rows decided now (the others were reused from ``known``)
+    columns: dict[str, np.ndarray]  # DECISION_COLUMNS of every row
 
     @property
     def explored(self) -> np.ndarray:
@@ -126,25 +132,24 @@ class Engine:
                  joins: PendingJoins | None = None) -> None:
         self.learner = learner
         self.joins = joins if joins is not None else PendingJoins(
-            learner.n_actions, learner.n_features, settings)
+            learner.n_actions, learner.n_features, settings, columns=DECISION_COLUMNS)
 
     def decide(self, ids: Sequence[Any], X: Batch, mask: np.ndarray | None, *, labels: np.ndarray,
                ts: np.ndarray, partitions: np.ndarray, wall: float, keys: object = None,
-               known: Mapping[Any, tuple[int, np.ndarray, float]] | None = None,
+               known: Mapping[Any, Reused] | None = None,
                answer: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
-               model_version: int = 0, exploit_scores: np.ndarray | None = None,
+               model_version: int = 0, mixture: Mixture | None = None,
                event_ts: np.ndarray | None = None) -> Decided:
         """Decide a batch of new ids and record the decisions as pending joins.
 
         ``keys`` seed the exploration randomness (default: the ids). ``known``
-        maps ids to ``(action, probs, decided_at)`` already decided (a journal);
-        they are reused as they are, with their first decision time. ``answer``
+        maps ids to decisions already made (a journal's :data:`Reused`); they are
+        reused as they are, with their first decision time. ``answer``
         (simulations that answer at once) maps the chosen actions to
         ``(rewards, feedback times)``, NaN rewards for decisions that get none;
         the answered ones join on arrival (:meth:`PendingJoins.add_joined`).
-        ``exploit_scores`` (B, K) — a promoted ranker's — replace the learner's
-        exploitation action by their best allowed action, exploring around it
-        with the learner's own γ (:func:`exploit_around`). ``event_ts``: the
+        ``mixture``: the policies sharing the traffic (:meth:`_decide_fresh`);
+        without one the learner serves every event. ``event_ts``: the
         instances' own event times when they are not ``ts`` (a daemon decides at
         the wall clock's time; :meth:`PendingJoins.add_decisions`).
         """
@@ -155,52 +160,83 @@ class Engine:
             actions = np.zeros(B, dtype=np.int64)
             probs = np.zeros((B, self.learner.n_actions))
             decided_at = np.asarray(ts, dtype=np.float64).copy()
+            columns: dict[str, np.ndarray] = {
+                name: np.zeros(B, dtype=dtype) for name, dtype in DECISION_COLUMNS.items()}
             for j, r in enumerate(reused):
                 if r is not None:
-                    actions[j], probs[j], decided_at[j] = r
+                    actions[j], probs[j], decided_at[j], kept = r
+                    for name, column in columns.items():
+                        column[j] = kept.get(name, 0)
             self.learner.count_decided(B - len(fresh))
             if len(fresh):
                 sub_keys = None if keys is None else np.asarray(keys)[fresh]
-                a, p = self._decide_fresh(take_rows(X, fresh), None if mask is None else mask[fresh],
-                                          [ids[j] for j in fresh] if sub_keys is None else sub_keys,
-                                          None if exploit_scores is None else exploit_scores[fresh])
+                a, p, c = self._decide_fresh(
+                    take_rows(X, fresh), None if mask is None else mask[fresh],
+                    [ids[j] for j in fresh] if sub_keys is None else sub_keys,
+                    None if mixture is None else mixture.rows(fresh))
                 actions[fresh], probs[fresh] = a, p
+                for name, column in columns.items():
+                    column[fresh] = c[name]
         else:
             fresh = np.arange(B)
-            actions, probs = self._decide_fresh(X, mask, ids if keys is None else keys,
-                                                exploit_scores)
+            actions, probs, columns = self._decide_fresh(X, mask, ids if keys is None else keys,
+                                                         mixture)
             decided_at = np.asarray(ts, dtype=np.float64)
+        decided = Decided(actions, probs, fresh, columns)
         if answer is None:
             self.joins.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
-                                     model_version, event_ts)
-        else:
-            rewards, feedback_ts = answer(actions)
-            if not np.isnan(rewards).any():
-                self.joins.add_joined(ids, X, actions, probs, labels, decided_at, partitions,
-                                      rewards, feedback_ts, wall, model_version)
-                return Decided(actions, probs, fresh)
-            answered = ~np.isnan(rewards)
-            for rows, joined in ((np.flatnonzero(answered), True), (np.flatnonzero(~answered), False)):
-                if not len(rows):
-                    continue
-                whole = len(rows) == B
-                part = (ids if whole else [ids[j] for j in rows.tolist()],
-                        X if whole else take_rows(X, rows), actions[rows], probs[rows],
-                        labels[rows], decided_at[rows], partitions[rows])
-                if joined:
-                    self.joins.add_joined(*part, rewards[rows], feedback_ts[rows], wall,
-                                          model_version)
-                else:
-                    self.joins.add_decisions(*part, wall, model_version)
-        return Decided(actions, probs, fresh)
+                                     model_version, event_ts, columns)
+            return decided
+        rewards, feedback_ts = answer(actions)
+        if not np.isnan(rewards).any():
+            self.joins.add_joined(ids, X, actions, probs, labels, decided_at, partitions,
+                                  rewards, feedback_ts, wall, model_version, columns)
+            return decided
+        answered = ~np.isnan(rewards)
+        for rows, joined in ((np.flatnonzero(answered), True), (np.flatnonzero(~answered), False)):
+            if not len(rows):
+                continue
+            whole = len(rows) == B
+            part = (ids if whole else [ids[j] for j in rows.tolist()],
+                    X if whole else take_rows(X, rows), actions[rows], probs[rows],
+                    labels[rows], decided_at[rows], partitions[rows])
+            part_columns = {name: column[rows] for name, column in columns.items()}
+            if joined:
+                self.joins.add_joined(*part, rewards[rows], feedback_ts[rows], wall,
+                                      model_version, part_columns)
+            else:
+                self.joins.add_decisions(*part, wall, model_version, columns=part_columns)
+        return decided
 
     def _decide_fresh(self, X: Batch, mask: np.ndarray | None, keys: object,
-                      exploit_scores: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+                      mixture: Mixture | None
+                      ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """The learner decides; with a :class:`Mixture` each row is then served by the policy
+        its key draws (share by share): the learner keeps its own draw, a ranker samples
+        from :func:`exploit_around` its scores with the learner's γ. The logged
+        distribution is the mixture Σ share·π, the probability of every action under the
+        whole sampling procedure."""
         actions, probs = self.learner.decide(X, mask, keys=keys)
-        if exploit_scores is None:
-            return actions, probs
-        probs = exploit_around(exploit_scores, mask, exploration_rates(probs, mask))
-        return randomness.sample(probs, randomness.uniforms(self.learner.seed + RANKER_SEED, keys)), probs
+        gamma = exploration_rates(probs, mask)
+        served = np.zeros(len(actions), dtype=np.int64)
+        if mixture is None or mixture.versions == (0,):
+            return actions, probs, {"served_by": served, "gamma": gamma}
+        seed = self.learner.seed
+        bounds = np.cumsum(mixture.shares)[:-1]  # the last policy takes the rest (rounding)
+        arm = np.searchsorted(bounds, randomness.uniforms(seed + ARM_SEED, keys), side="right")
+        mixed = np.zeros_like(probs)
+        ranker_draws: np.ndarray | None = None
+        for index, (version, share, scores) in enumerate(
+                zip(mixture.versions, mixture.shares, mixture.scores, strict=True)):
+            dist = probs if scores is None else exploit_around(scores, mask, gamma)
+            mixed += share * dist
+            rows = np.flatnonzero(arm == index)
+            served[rows] = version
+            if scores is not None and len(rows):
+                if ranker_draws is None:
+                    ranker_draws = randomness.uniforms(seed + RANKER_SEED, keys)
+                actions[rows] = randomness.sample(dist[rows], ranker_draws[rows])
+        return actions, mixed, {"served_by": served, "gamma": gamma}
 
     def feedback(self, ids: Sequence[Any], rewards: np.ndarray, ts: np.ndarray,
                  partitions: np.ndarray, wall: float, sources: Sequence[Any] | None = None,

@@ -43,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from streamlearn.actions import exploration_rates
 from streamlearn.datasets.stream import BLOCK_ROUNDS, PreparedStream
-from streamlearn.engine import Engine, exploration_rates
+from streamlearn.engine import Engine
 from streamlearn.errors import ConfigError
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.features import Batch, SparseBatch, take_rows

@@ -1,22 +1,29 @@
 """``streamlearn evaluate LOG_DIR``: off-policy estimates of policies on an experience log.
 
-Policies (``--policy``, repeatable): ``learner`` (the logged greedy action),
-``uniform`` (over the actions the logger allowed), ``constant:A``,
-``best_constant`` (the best constant action by SNIPS on the training part), and
-``ranker:NAME`` (the newest artifact ``NAME-v<version>`` in ``--artifacts``,
-default ``LOG_DIR/../rankers``) or ``ranker:PATH`` (an artifact directory).
+Policies (``--policy``, repeatable): ``logged`` (what was live: its on-policy mean
+reward), ``learner`` (the logged greedy action), ``uniform`` (over the actions the
+logger allowed), ``constant:A``, ``best_constant`` (the best constant action by SNIPS
+on the training part), and ``ranker:NAME`` (the newest artifact ``NAME-v<version>`` in
+``--artifacts``, default ``LOG_DIR/../rankers``) or ``ranker:PATH`` (an artifact
+directory) — a ranker as the loop deploys it: its best allowed action, explored with
+the rate the learner used at each logged decision.
 
-``--retrain V`` evaluates on exactly the held-out slice the daemon's retrain ``V``
-used (its segments, rows, held-out fraction and clip, from ``rankers/state.json``
-beside the log), so its estimates are the ones the loop exported.
+Estimators (``--estimator``): ``bound`` (a betting confidence sequence: valid at any
+effective sample size, with weights of any size, however often it is read — the one
+to read), and the point estimates ``ips`` (unbiased, noisy), ``snips`` (biased towards
+the logger's own behaviour on small samples) and ``dr`` (as good as its reward model,
+fitted on other rows). Weights are unclipped unless ``--clip`` is given. The table
+says which to read and flags an estimate resting on few effective rows.
+
+``--retrain V`` evaluates exactly what the daemon's retrain ``V`` evaluated (its
+window, watermark and held-out slice, from ``rankers/state.json`` beside the log) and
+judges its challengers again: its estimates, bounds and promotion verdicts are the
+ones the loop acted on.
 
 Rows: by default every row of the chosen segments; with ``--holdout-only`` the
-held-out slice of the retrainer (:func:`~streamlearn.evaluation.policies.holdout_mask`
-with ``--holdout-fraction``), so the same segments, clip and level reproduce
-exactly the estimates :func:`streamlearn.retrain.job.run_retrain` reported. DR's
-reward model is never fitted on the rows it evaluates: it is fitted on the
-training part for the held-out slice, and for all rows by two-fold cross-fitting
-(training part → held-out slice, held-out slice → training part).
+retrainer's held-out slice (the newest ``--holdout-fraction`` of the rows, in time).
+DR's reward model is never fitted on the rows it evaluates: it is fitted on the
+training part for the held-out slice, and for all rows by two-fold cross-fitting.
 """
 
 from __future__ import annotations
@@ -37,18 +44,26 @@ from streamlearn.evaluation.policies import (
     constant_policy,
     evaluate_policies,
     fit_reward_model,
-    holdout_mask,
     learner_policy,
-    ranker_policy,
     uniform_policy,
 )
 from streamlearn.retrain.artifact import find_artifact, load_artifact
-from streamlearn.retrain.job import DEFAULT_CLIP, estimate_dict
-from streamlearn.stream.experience import ExperienceRows, read_experience
+from streamlearn.retrain.job import (
+    bound_estimate,
+    estimate_dict,
+    estimate_policies,
+    judge_challengers,
+    read_window,
+    split_in_time,
+)
+from streamlearn.retrain.promotion import deployed_policy
+from streamlearn.stream.experience import ExperienceRows
 
 __all__ = ["add_parser", "parse_segments", "run"]
 
-POLICY_FORMS = "learner, uniform, best_constant, constant:A, ranker:NAME or ranker:PATH"
+POLICY_FORMS = "logged, learner, uniform, best_constant, constant:A, ranker:NAME or ranker:PATH"
+ALL_ESTIMATORS = (*ESTIMATORS, "bound")
+MIN_ESS = 20.0  # fewer effective rows than this: the point estimates are not to be trusted
 
 
 def add_parser(subparsers: Any) -> None:
@@ -57,9 +72,10 @@ def add_parser(subparsers: Any) -> None:
         description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("log_dir", metavar="LOG_DIR", help="the experience log directory")
     parser.add_argument("--policy", action="append", default=None, metavar="POLICY",
-                        help=f"{POLICY_FORMS} (repeatable; default: learner and uniform)")
-    parser.add_argument("--estimator", default="ips,snips,dr",
-                        help="comma-separated estimators among ips, snips, dr")
+                        help=f"{POLICY_FORMS} (repeatable; default: logged, learner and "
+                             "uniform; with --retrain the policies the retrain evaluated)")
+    parser.add_argument("--estimator", default="bound,ips,snips,dr",
+                        help="comma-separated estimators among bound, ips, snips, dr")
     parser.add_argument("--segments", default=None, metavar="A:B",
                         help="segments A..B inclusive (A: or :B leave one end open)")
     parser.add_argument("--max-rows", type=int_at_least(1), default=None,
@@ -69,8 +85,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--holdout-fraction", type=number_in(0.0, 1.0, low_open=True, high_open=True),
                         default=0.2,
                         help="size of the held-out slice (as retrain.holdout_fraction)")
-    parser.add_argument("--clip", type=number_in(1.0, 1e12), default=DEFAULT_CLIP,
-                        help="IPS weight clip")
+    parser.add_argument("--clip", type=number_in(1.0, 1e12), default=None,
+                        help="clip the point estimates' weights at this value (default: "
+                             "unclipped; clipping biases them towards the logger)")
     parser.add_argument("--level", type=number_in(0.0, 1.0, low_open=True, high_open=True),
                         default=0.95, help="confidence level")
     parser.add_argument("--artifacts", default=None, metavar="DIR",
@@ -98,10 +115,10 @@ def parse_segments(text: str | None) -> tuple[int | None, int | None]:
 
 def _estimators(text: str) -> list[str]:
     names = [e.strip().lower() for e in text.split(",") if e.strip()]
-    bad = [e for e in names if e not in ESTIMATORS]
+    bad = [e for e in names if e not in ALL_ESTIMATORS]
     if bad or not names:
-        raise ConfigError(f"Expected --estimator among {', '.join(ESTIMATORS)}. Got {text!r}.")
-    return names
+        raise ConfigError(f"Expected --estimator among {', '.join(ALL_ESTIMATORS)}. Got {text!r}.")
+    return list(dict.fromkeys(names))
 
 
 def _ranker(target: str, artifacts: Path) -> Any:
@@ -114,16 +131,18 @@ def _ranker(target: str, artifacts: Path) -> Any:
     return load_artifact(find_artifact(artifacts, target)).ranker
 
 
-def _policy(spec: str, rows: ExperienceRows, train: ExperienceRows, clip: float,
-            artifacts: Path) -> np.ndarray:
+def _policy(spec: str, rows: ExperienceRows, train: ExperienceRows, artifacts: Path,
+            selection_clip: float) -> np.ndarray:
     kind, _, arg = spec.partition(":")
     n, K = rows.probs.shape
+    if spec == "logged":
+        return np.asarray(rows.probs, dtype=np.float64)
     if spec == "learner":
         return learner_policy(rows.probs)
     if spec == "uniform":
         return uniform_policy(rows.probs)
     if spec == "best_constant":
-        return constant_policy(n, K, best_constant(train, clip))
+        return constant_policy(n, K, best_constant(train, selection_clip))
     if kind == "constant" and arg:
         try:
             action = int(arg)
@@ -131,32 +150,30 @@ def _policy(spec: str, rows: ExperienceRows, train: ExperienceRows, clip: float,
             raise ConfigError(f"Expected constant:A with an integer action. Got {spec!r}.") from None
         return constant_policy(n, K, action)
     if kind == "ranker" and arg:
-        return ranker_policy(_ranker(arg, artifacts), rows.X, rows.probs)
+        return deployed_policy(_ranker(arg, artifacts), rows)
     raise ConfigError(f"Expected --policy {POLICY_FORMS}. Got {spec!r}.")
 
 
-def _reward_model(rows: ExperienceRows, held: np.ndarray, holdout_only: bool) -> np.ndarray:
-    """r̂ of the evaluated rows, from a model that never saw them."""
+DEFAULT_SELECTION_CLIP = 20.0  # best_constant is chosen as the retrainer chooses it (retrain.clip)
+
+
+def _cross_fitted(rows: ExperienceRows, held: np.ndarray) -> np.ndarray:
+    """r̂ of every row from a model that never saw it (two folds: training part ↔ slice)."""
     K = rows.probs.shape[1]
     train, test = rows.take(~held), rows.take(held)
-    if len(train) == 0:
-        raise DataError("Expected training rows to fit DR's reward model. Got none.")
-    on_held = fit_reward_model(train.X, train.actions, train.rewards, K).predict(test.X)
-    if holdout_only:
-        return on_held
-    if len(test) == 0:
-        raise DataError("Expected held-out rows to cross-fit DR's reward model. Got none.")
+    if len(train) == 0 or len(test) == 0:
+        raise DataError("Expected a training part and a held-out slice to cross-fit DR's reward "
+                        f"model. Got {len(train)} and {len(test)} rows.")
     out = np.empty((len(rows), K))
-    out[held] = on_held
+    out[held] = fit_reward_model(train.X, train.actions, train.rewards, K).predict(test.X)
     out[~held] = fit_reward_model(test.X, test.actions, test.rewards, K).predict(train.X)
     return out
 
 
-def _use_retrain_window(args: argparse.Namespace) -> None:
-    """Set segments, rows, held-out slice and clip to those of the daemon's retrain ``V``."""
+def _retrain_entry(args: argparse.Namespace, artifacts: Path) -> dict[str, Any]:
+    """The history entry of the daemon's retrain ``args.retrain``."""
     if args.segments is not None or args.max_rows is not None:
         raise ConfigError("Expected either --retrain or --segments / --max-rows. Got both.")
-    artifacts = Path(args.artifacts) if args.artifacts else Path(args.log_dir).parent / "rankers"
     state_file = artifacts / "state.json"
     try:
         history = orjson.loads(state_file.read_bytes()).get("history", [])
@@ -168,54 +185,128 @@ def _use_retrain_window(args: argparse.Namespace) -> None:
         known = [e["version"] for e in history if e.get("segments")]
         raise ConfigError(f"Expected --retrain to name a retrain in {state_file}: one of "
                           f"{known}. Got {args.retrain}.")
-    first, last = entry["segments"]
-    args.segments, args.max_rows, args.holdout_only = f"{first}:{last}", entry["rows"], True
-    args.holdout_fraction = entry.get("holdout_fraction") or args.holdout_fraction
-    args.clip = entry.get("clip") or args.clip
+    return dict(entry)
+
+
+def _rows(args: argparse.Namespace, entry: dict[str, Any] | None
+          ) -> tuple[ExperienceRows, ExperienceRows, ExperienceRows, float]:
+    """(every row read, the training part, the held-out slice, the slice's start)."""
+    log_dir = Path(args.log_dir)
+    if entry is not None:
+        first, last = entry["segments"]
+        rows = read_window(log_dir, first, last, entry.get("max_rows") or entry["rows"],
+                           entry.get("watermark"))
+        fraction = float(entry.get("holdout_fraction") or args.holdout_fraction)
+    else:
+        first_, last_ = parse_segments(args.segments)
+        rows = read_window(log_dir, first_, last_, args.max_rows, None)
+        fraction = args.holdout_fraction
+    if len(rows) == 0:
+        raise DataError(f"Expected logged rows in {log_dir}. Got none.")
+    train, held, cut = split_in_time(rows, fraction)
+    return rows, train, held, cut
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON report of ``streamlearn evaluate`` (policy → estimator → estimate)."""
-    if getattr(args, "retrain", None) is not None:
-        _use_retrain_window(args)
     estimators = _estimators(args.estimator)
-    first, last = parse_segments(args.segments)
     log_dir = Path(args.log_dir)
-    rows = read_experience(log_dir, first, last, args.max_rows)
-    if len(rows) == 0:
-        raise DataError(f"Expected logged rows in {log_dir}. Got none.")
-    held = holdout_mask(rows.ids, args.holdout_fraction)
-    train = rows.take(~held)
-    evaluated = rows.take(held) if args.holdout_only else rows
+    artifacts = Path(args.artifacts) if args.artifacts else log_dir.parent / "rankers"
+    entry = _retrain_entry(args, artifacts) if getattr(args, "retrain", None) is not None else None
+    rows, train, held, cut = _rows(args, entry)
+    holdout_only = bool(args.holdout_only or entry is not None)
+    evaluated = held if holdout_only else rows
     if len(evaluated) == 0:
         raise DataError("Expected held-out rows to evaluate. Got none.")
-    artifacts = Path(args.artifacts) if args.artifacts else log_dir.parent / "rankers"
-    names = args.policy or ["learner", "uniform"]
-    policies = {name: _policy(name, evaluated, train, args.clip, artifacts) for name in names}
-    model = _reward_model(rows, held, args.holdout_only) if "dr" in estimators else None
-    estimates = evaluate_policies(evaluated, policies, estimators, args.clip, args.level, model)
-    return {"log_dir": str(log_dir), "segments": list(rows.segments) if rows.segments else None,
-            "rows": len(evaluated), "holdout_only": bool(args.holdout_only), "clip": args.clip,
-            "level": args.level,
-            "estimates": {p: {e: estimate_dict(v) for e, v in ests.items()}
-                          for p, ests in estimates.items()}}
+    if args.policy:
+        names = args.policy
+    elif entry is not None:
+        names = list(entry.get("estimates") or {})
+    else:
+        names = ["logged", "learner", "uniform"]
+    if entry is not None and "current" in names:
+        names.remove("current")  # the live ranker of then: evaluated by its artifact
+    selection_clip = float((entry or {}).get("clip") or DEFAULT_SELECTION_CLIP)
+    policies = {name: _policy(name, evaluated, train, artifacts, selection_clip) for name in names}
+    clip = math.inf if args.clip is None else float(args.clip)
+    if holdout_only:
+        estimates = estimate_policies(train, held, policies, estimators, args.level, clip)
+    else:
+        estimates = _all_rows_estimates(rows, held.decided_at[0] if len(held) else math.inf,
+                                        policies, estimators, args.level, clip)
+    report: dict[str, Any] = {
+        "log_dir": str(log_dir), "segments": list(rows.segments) if rows.segments else None,
+        "rows": len(evaluated), "holdout_only": holdout_only,
+        "clip": None if args.clip is None else clip, "level": args.level,
+        "evidence_since": cut, "estimates": estimates}
+    if entry is not None:
+        report["retrain"] = entry["version"]
+        tracked = entry.get("challengers") or []
+        report["challengers"] = [
+            {k: c[k] for k in ("name", "version", "rows", "passed", "advantage_lower", "value",
+                               "ess", "alpha")}
+            for c in judge_challengers(log_dir, [{**c, "looks": int(c.get("looks", 1)) - 1}
+                                                 for c in tracked],
+                                       held, entry["segments"][1], entry.get("watermark"), {})]
+    return report
+
+
+def _all_rows_estimates(rows: ExperienceRows, cut: float, policies: dict[str, np.ndarray],
+                        estimators: list[str], level: float, clip: float
+                        ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Estimates over every row; DR's reward model by two-fold cross-fitting."""
+    held = rows.decided_at >= cut
+    model = _cross_fitted(rows, held) if "dr" in estimators else None
+    point = [e for e in estimators if e != "bound"]
+    out: dict[str, dict[str, dict[str, Any]]] = {
+        p: {e: estimate_dict(v) for e, v in ests.items()}
+        for p, ests in evaluate_policies(rows, policies, point, clip, level, model).items()}
+    if "bound" in estimators:
+        for name, pi in policies.items():
+            out[name]["bound"] = bound_estimate(rows, pi, 1.0 - level, on_policy=name == "logged")
+    return {p: {e: out[p][e] for e in estimators} for p in out}
 
 
 def _fmt(value: float | None) -> str:
     return "—" if value is None or not math.isfinite(value) else f"{value:.4f}"
 
 
+def _note(name: str, e: dict[str, Any]) -> str:
+    """What a reader should know about one estimate."""
+    ess, n = e.get("ess"), e.get("n") or 0
+    if name == "bound":
+        return "read this: valid at any sample size and weight"
+    notes = []
+    if ess is not None and ess < MIN_ESS:
+        notes.append(f"not to be trusted: {ess:.0f} effective rows")
+    if e.get("clipped"):
+        notes.append(f"{100 * e['clipped'] / max(n, 1):.1f} % of weights clipped (biased)")
+    return "; ".join(notes)
+
+
 def _print_table(report: dict[str, Any]) -> None:
+    clip = "unclipped" if report["clip"] is None else f"clip {report['clip']:g}"
     print(f"log {report['log_dir']}  segments {report['segments']}  rows {report['rows']:,}"
-          f"{' (held-out slice)' if report['holdout_only'] else ''}  clip {report['clip']}  "
+          f"{' (held-out slice)' if report['holdout_only'] else ''}  {clip}  "
           f"level {report['level']}")
+    print("Read 'bound': a confidence sequence (betting), valid at any effective sample size, "
+          "with weights of any size. ips/snips/dr are point estimates: ips unbiased but noisy, "
+          "snips pulled towards the logger's behaviour on few effective rows, dr as good as its "
+          "reward model.")
     width = max(len("policy"), *(len(p) for p in report["estimates"]))
-    print(f"{'policy':<{width}}  estimator  {'value':>8}  {'low':>8}  {'high':>8}  "
-          f"{'stderr':>8}  clipped")
+    print(f"{'policy':<{width}}  estimator  {'value':>8}  {'low':>8}  {'high':>8}  {'ESS':>8}  note")
     for policy, ests in report["estimates"].items():
         for name, e in ests.items():
+            ess = e.get("ess")
             print(f"{policy:<{width}}  {name:<9}  {_fmt(e['value']):>8}  {_fmt(e['low']):>8}  "
-                  f"{_fmt(e['high']):>8}  {_fmt(e['stderr']):>8}  {e['clipped']}")
+                  f"{_fmt(e['high']):>8}  {'—' if ess is None else f'{ess:,.0f}':>8}  "
+                  f"{_note(name, e)}".rstrip())
+    for c in report.get("challengers") or []:
+        verdict = "passed" if c["passed"] else "did not pass"
+        low = c["advantage_lower"]
+        print(f"challenger {c['name']} v{c['version']}: {verdict} (advantage over what was live "
+              f">= {'—' if low is None else f'{low:+.4f}'} on {c['rows']:,} rows, ESS "
+              f"{c['ess']:.0f}, alpha {c['alpha']:.2g})")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,36 +1,35 @@
-"""The retrain job (run in a worker process) and the promotion rule — pure functions, JSON in and out.
+"""The retrain job (run in a worker process) — a pure function, JSON in and out.
 
-:func:`run_retrain` reads a window of the experience log, splits it by
-:func:`~streamlearn.evaluation.policies.holdout_mask` into a training part and a
-held-out slice, and then
+:func:`run_retrain` reads the newest window of the experience log, up to the
+``watermark`` (the oldest decision still waiting for feedback: every decision before
+it is in the log), in decision order (:func:`~streamlearn.retrain.promotion.evidence_order`),
+and splits it **in time**: the newest ``holdout_fraction`` of it is held out, the
+rest trains. Then it
 
-1. trains each ranker on the training part as a scorer of (context, action)
-   pairs — joint features φ(x, a) of the *logged* pairs, label 1[reward > 0]
-   (bipartite: rewarded vs unrewarded pairs), ``sample_weight = min(1/p, clip)``
-   so the objective is (up to clipping) the one of uniformly explored data;
-2. saves each as an immutable artifact ``<artifact_dir>/<name>-v<version>``;
-3. estimates on the held-out slice, with each of ``estimators`` (default SNIPS and
-   DR, with intervals): the online learner's greedy policy (``learner``, the
-   argmax of each logged distribution), the current promoted ranker
-   (``current``, when ``spec["current"]`` is an artifact path), each new ranker's
-   greedy policy (``ranker:<name>``), ``uniform`` and the best constant action
-   (``best_constant``, chosen by SNIPS on the training part). DR's reward model
-   is fitted on the training part only;
-4. reports each ranker's held-out AUC (IPS-weighted, rewarded vs unrewarded
-   logged pairs) and NDCG (the held-out logged pairs as one list, by score).
+1. trains each ranker on the training part as a scorer of (context, action) pairs —
+   joint features φ(x, a) of the *logged* pairs, label 1[reward > 0] (bipartite:
+   rewarded vs unrewarded pairs), ``sample_weight = min(1/p, clip)`` so the objective
+   is (up to clipping) the one of uniformly explored data — and saves each as an
+   immutable artifact ``<artifact_dir>/<name>-v<version>``;
+2. estimates on the held-out slice, with each of ``estimators`` (IPS, SNIPS, DR;
+   weights **unclipped**) and a betting confidence sequence (``bound``): what was live
+   (``logged``, its on-policy mean reward), the logger's greedy action (``learner``),
+   each new ranker as it would be deployed (``ranker:<name>``: its best action with the
+   row's exploration rate), the live ranker (``current``, when one serves), ``uniform``
+   and the best constant action (``best_constant``, chosen on the training part). DR's
+   reward model is fitted on the training part only;
+3. judges every **challenger** — the new rankers (evidence from the held-out slice on)
+   and those of earlier retrains still in the running (evidence from their own slice on)
+   — with :func:`~streamlearn.retrain.promotion.judge`;
+4. reports each new ranker's held-out AUC (IPS-weighted, rewarded vs unrewarded logged
+   pairs) and NDCG (the held-out logged pairs as one list, by score).
 
-The IPS clip defaults to :data:`DEFAULT_CLIP` = 20, the daemon's
-``retrain.clip``: one held-out row then moves an estimate by at most 20/n (0.5 %
-of a 4,000-row slice), and training cannot be dominated by a few rare explored
-rows. The price is a bias: rows whose logged propensity is below 1/20 count less,
-so IPS understates, and SNIPS pulls towards the logger's behaviour, a policy that
-often departs from the logged greedy action; DR corrects only a residual with
-the clipped weight and is the least affected. The clipped count is reported.
-
-:func:`promotion_decision` is Personalizer's Auto-Optimize rule: the new ranker
-with the highest lower confidence bound is promoted only if that bound is
-strictly above the current policy's point estimate. A candidate whose interval
-is degenerate (standard error 0) is never promoted.
+Why in time and unclipped (docs/daemon.md, "What the off-policy values got wrong"):
+a split by id hash held out rows from the whole window, so what was live was valued at
+its average since the window began, far below what it earns now on a stream it is
+still learning; and weights clipped at 20 value a policy that departs from the logger
+at the logger's own precision where they agree — SNIPS valued RankBoost at 0.47–0.82
+on letter when its true value was 0.15–0.22.
 """
 
 from __future__ import annotations
@@ -43,28 +42,37 @@ from typing import Any
 import numpy as np
 
 from streamlearn.errors import ConfigError, DataError
-from streamlearn.evaluation.offpolicy import _Z, Estimate
+from streamlearn.evaluation.bounds import interval_of_mean, value_interval
+from streamlearn.evaluation.offpolicy import Estimate
 from streamlearn.evaluation.policies import (
+    ESTIMATORS,
     best_constant,
     constant_policy,
     evaluate_policies,
     fit_reward_model,
-    holdout_mask,
     learner_policy,
-    ranker_policy,
     uniform_policy,
 )
 from streamlearn.rankers.metrics import auc, ndcg
 from streamlearn.retrain.artifact import artifact_name, load_artifact, make_ranker, save_artifact
 from streamlearn.retrain.joint import joint_features
+from streamlearn.retrain.promotion import (
+    challenger_alpha,
+    deployed_policy,
+    evidence_order,
+    importance,
+    judge,
+)
 from streamlearn.stream.experience import ExperienceRows, read_experience
 
-__all__ = ["DEFAULT_CLIP", "estimate_dict", "promotion_decision", "run_retrain", "split_rows"]
+__all__ = ["DEFAULT_CLIP", "bound_estimate", "estimate_dict", "estimate_policies",
+           "judge_challengers", "read_window", "run_retrain", "split_in_time"]
 
 DEFAULT_CLIP = 20.0
 DEFAULTS: dict[str, Any] = {"segments": None, "max_rows": None, "clip": DEFAULT_CLIP,
                             "holdout_fraction": 0.2, "current": None, "level": 0.95,
-                            "estimators": ["snips", "dr"]}
+                            "estimators": ["ips", "snips", "dr"], "watermark": None,
+                            "challengers": [], "challenger_index": 0}
 
 
 def _finite(value: float) -> float | None:
@@ -78,41 +86,6 @@ def estimate_dict(est: Estimate) -> dict[str, Any]:
             "ess": _finite(est.ess)}
 
 
-MIN_ESS = 20.0  # fewer effectively-matched held-out rows than this: no evidence to promote on
-
-
-def wilson_lower(value: float, n: float, z: float) -> float:
-    """The Wilson score lower bound of a mean of [0, 1] rewards observed on ``n`` rows.
-
-    >>> round(wilson_lower(1.0, 20, 1.959963984540054), 3)  # 20 of 20 rewarded
-    0.839
-    """
-    centre = value + z * z / (2 * n)
-    spread = z * math.sqrt(max(value * (1 - value), 0.0) / n + z * z / (4 * n * n))
-    return (centre - spread) / (1 + z * z / n)
-
-
-def promotion_bound(estimate: dict[str, Any], level: float) -> float | None:
-    """A candidate's lower bound for promotion: its interval's, but never above the Wilson
-    bound on its effective sample size (a sample whose matched rows all agree has a zero
-    standard error, not a certain value), and none below :data:`MIN_ESS` matched rows."""
-    low, value, ess = estimate.get("low"), estimate.get("value"), estimate.get("ess")
-    if low is None or value is None:
-        return None
-    if ess is None:
-        return float(low)
-    if ess < MIN_ESS:
-        return None
-    z = _Z[level] if level in _Z else _Z[0.95]
-    return float(min(low, wilson_lower(min(max(value, 0.0), 1.0), ess, z)))
-
-
-def split_rows(rows: ExperienceRows, fraction: float) -> tuple[ExperienceRows, ExperienceRows]:
-    """(training part, held-out slice) of ``rows`` by :func:`holdout_mask`."""
-    held = holdout_mask(rows.ids, fraction)
-    return rows.take(~held), rows.take(held)
-
-
 def _segments(spec: dict[str, Any]) -> tuple[int | None, int | None]:
     seg = spec.get("segments")
     if seg is None:
@@ -120,6 +93,34 @@ def _segments(spec: dict[str, Any]) -> tuple[int | None, int | None]:
     if not (isinstance(seg, (list, tuple)) and len(seg) == 2):
         raise ConfigError(f"Expected segments [first, last] or null. Got {seg!r}.")
     return (None if seg[0] is None else int(seg[0])), (None if seg[1] is None else int(seg[1]))
+
+
+def read_window(log_dir: str | Path, first: int | None, last: int | None, max_rows: int | None,
+                watermark: float | None, since: float | None = None) -> ExperienceRows:
+    """Rows of segments ``first..last`` (the newest ``max_rows``), decided in
+    [``since``, ``watermark``), in evidence order."""
+    rows = read_experience(log_dir, first, last, max_rows)
+    keep = np.ones(len(rows), dtype=bool)
+    if watermark is not None:
+        keep &= rows.decided_at < watermark
+    if since is not None:
+        keep &= rows.decided_at >= since
+    order = evidence_order(rows)
+    return rows.take(order[keep[order]])
+
+
+def split_in_time(rows: ExperienceRows, fraction: float) -> tuple[ExperienceRows, ExperienceRows,
+                                                                     float]:
+    """(training part, held-out slice, the slice's first decision time): the slice is every
+    row decided at or after the time that leaves about ``fraction`` of ``rows`` (in
+    evidence order) after it, so no decision time is on both sides."""
+    if not 0.0 < fraction < 1.0:
+        raise ConfigError(f"Expected a held-out fraction in (0, 1). Got {fraction!r}.")
+    if not len(rows):
+        return rows, rows, math.inf
+    cut = float(rows.decided_at[min(len(rows) - 1, int(len(rows) * (1.0 - fraction)))])
+    held = rows.decided_at >= cut
+    return rows.take(~held), rows.take(held), cut
 
 
 def _training_weights(rows: ExperienceRows, clip: float) -> np.ndarray:
@@ -137,8 +138,69 @@ def _quality(ranker: Any, held: ExperienceRows, n_actions: int, clip: float) -> 
     return out
 
 
+def bound_estimate(held: ExperienceRows, pi: np.ndarray, alpha: float, on_policy: bool) -> dict[str, Any]:
+    """The ``bound`` estimate of a policy: a confidence sequence on the held-out slice around
+    its IPS mean (``on_policy``: what was live, whose value is the mean reward itself)."""
+    if on_policy:
+        iv = interval_of_mean(held.rewards, alpha)
+        ess = float(len(held))
+    else:
+        w = importance(held, pi)
+        iv = value_interval(held.rewards, w, alpha)
+        ess = float(w.sum()) ** 2 / max(float((w * w).sum()), 1e-300)
+    return {"value": _finite(iv.mean), "low": iv.low, "high": iv.high, "n": iv.n,
+            "stderr": None, "clipped": 0, "ess": _finite(ess)}
+
+
+def estimate_policies(train: ExperienceRows, held: ExperienceRows, policies: dict[str, np.ndarray],
+                      estimators: list[str], level: float, clip: float = math.inf
+                      ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each policy's estimates on the held-out slice: IPS, SNIPS and DR (weights clipped at
+    ``clip``, unclipped by default; DR's reward model fitted on ``train``) and ``bound``."""
+    unknown = [e for e in estimators if e not in (*ESTIMATORS, "bound")]
+    if unknown:
+        raise ConfigError(f"Expected estimators among {', '.join((*ESTIMATORS, 'bound'))}. "
+                          f"Got {unknown}.")
+    point = [e for e in estimators if e != "bound"]
+    model = (fit_reward_model(train.X, train.actions, train.rewards, held.probs.shape[1])
+             .predict(held.X) if "dr" in point else None)
+    out: dict[str, dict[str, dict[str, Any]]] = {
+        p: {e: estimate_dict(v) for e, v in ests.items()}
+        for p, ests in evaluate_policies(held, policies, point, clip, level, model).items()}
+    if "bound" in estimators:
+        for name, pi in policies.items():
+            out[name]["bound"] = bound_estimate(held, pi, 1.0 - level, on_policy=name == "logged")
+    return {p: {e: out[p][e] for e in estimators} for p in out}  # in the order asked
+
+
+def judge_challengers(log_dir: str | Path, challengers: list[dict[str, Any]],
+                      held: ExperienceRows, last_segment: int | None, watermark: float | None,
+                      rankers: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each challenger's verdict on its evidence: the held-out slice for this retrain's new
+    ones (``since`` is the slice's start), and for those of earlier retrains every row from
+    their own ``since`` on (read from their first segment: they may predate the window).
+    ``rankers``: fitted rankers by artifact path (others are loaded)."""
+    older = [c for c in challengers if c["artifact"] not in rankers]
+    rows = held
+    if older:
+        first = min(int(c["first_segment"]) for c in older)
+        since = min(float(c["since"]) for c in older)
+        rows = read_window(log_dir, first, last_segment, None, watermark, since)
+    judged = []
+    for entry in challengers:
+        ranker = rankers.get(entry["artifact"]) or load_artifact(entry["artifact"]).ranker
+        evidence = rows.take(np.flatnonzero(rows.decided_at >= float(entry["since"])))
+        pi = deployed_policy(ranker, evidence) if len(evidence) else \
+            np.zeros((0, rows.probs.shape[1]))
+        segments = evidence.segments
+        judged.append({**entry, "looks": int(entry.get("looks", 0)) + 1,
+                       "last_segment": None if segments is None else segments[1],
+                       **judge(evidence, pi, float(entry["alpha"]))})
+    return judged
+
+
 def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
-    """Train, save and evaluate the rankers of ``spec``; a JSON-able report (see the module doc)."""
+    """Train, save and evaluate the rankers of ``spec``; judge the challengers (module doc)."""
     started = time.perf_counter()
     spec = {**DEFAULTS, **spec}
     for key in ("log_dir", "rankers", "artifact_dir", "version"):
@@ -147,10 +209,14 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     clip, level = float(spec["clip"]), float(spec["level"])
     if not clip > 0:
         raise ConfigError(f"Expected an IPS weight clip > 0. Got {clip}.")
+    if not 0.0 < level < 1.0:
+        raise ConfigError(f"Expected a confidence level in (0, 1). Got {level}.")
+    alpha = 1.0 - level
     rankers = [make_ranker(s) for s in spec["rankers"]]  # refuse bad specs before any work
     first, last = _segments(spec)
-    rows = read_experience(spec["log_dir"], first, last, spec["max_rows"])
-    train, held = split_rows(rows, float(spec["holdout_fraction"]))
+    watermark = None if spec["watermark"] is None else float(spec["watermark"])
+    rows = read_window(spec["log_dir"], first, last, spec["max_rows"], watermark)
+    train, held, cut = split_in_time(rows, float(spec["holdout_fraction"]))
     if len(train) == 0 or len(held) == 0:
         raise DataError(f"Expected training and held-out rows. Got {len(train)} training and "
                         f"{len(held)} held-out rows of {len(rows)}.")
@@ -161,10 +227,14 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     joint = joint_features(train.X, train.actions, n_actions)
     weights = _training_weights(train, clip)
     report_rankers: dict[str, Any] = {}
-    policies = {"learner": learner_policy(held.probs)}
+    policies = {"logged": held.probs.astype(np.float64), "learner": learner_policy(held.probs)}
     current = spec["current"]
     if current is not None:
-        policies["current"] = ranker_policy(load_artifact(current).ranker, held.X, held.probs)
+        policies["current"] = deployed_policy(load_artifact(current).ranker, held)
+    index = int(spec["challenger_index"])
+    first_segment = None if rows.segments is None else rows.segments[0]
+    challengers = list(spec["challengers"])
+    fitted: dict[str, Any] = {}
     for ranker_spec, ranker in zip(spec["rankers"], rankers, strict=True):
         name = artifact_name(ranker_spec)
         fit_started = time.perf_counter()
@@ -172,58 +242,33 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         fit_seconds = time.perf_counter() - fit_started
         path = save_artifact(spec["artifact_dir"], name, int(spec["version"]), ranker, n_actions,
                              n_features, {"spec": ranker_spec, "segments": rows.segments,
-                                          "train_rows": len(train), "clip": clip})
-        policies[f"ranker:{name}"] = ranker_policy(ranker, held.X, held.probs)
+                                          "train_rows": len(train), "clip": clip,
+                                          "evidence_since": cut})
+        policies[f"ranker:{name}"] = deployed_policy(ranker, held)
         report_rankers[name] = {"spec": ranker_spec, "artifact": str(path),
                                 "policy": f"ranker:{name}", "fit_seconds": fit_seconds,
                                 **_quality(ranker, held, n_actions, clip)}
+        index += 1
+        fitted[str(path)] = ranker
+        challengers.append({"name": name, "artifact": str(path), "version": int(spec["version"]),
+                            "since": cut, "first_segment": first_segment, "index": index,
+                            "alpha": challenger_alpha(alpha, index), "looks": 0})
     policies["uniform"] = uniform_policy(held.probs)
     constant = best_constant(train, clip)
     policies["best_constant"] = constant_policy(len(held), n_actions, constant)
-    model = fit_reward_model(train.X, train.actions, train.rewards, n_actions)
-    estimates = evaluate_policies(held, policies, spec["estimators"], clip, level,
-                                  model.predict(held.X) if "dr" in spec["estimators"] else None)
+    estimates = estimate_policies(train, held, policies,
+                                  list(dict.fromkeys([*spec["estimators"], "bound"])), level)
+    judged = judge_challengers(spec["log_dir"], challengers, held, last, watermark, fitted)
     return {
         "version": int(spec["version"]), "log_dir": str(Path(spec["log_dir"])),
         "segments": list(rows.segments) if rows.segments else None,
+        "max_rows": spec["max_rows"], "watermark": watermark, "evidence_since": cut,
         "rows": len(rows), "train_rows": len(train), "heldout_rows": len(held),
         "n_actions": n_actions, "n_features": n_features, "clip": clip, "level": level,
         "holdout_fraction": float(spec["holdout_fraction"]), "estimators": list(spec["estimators"]),
-        "current": {"policy": "current" if current is not None else "learner",
+        "current": {"policy": "current" if current is not None else "logged",
                     "artifact": None if current is None else str(current)},
-        "best_constant": constant, "rankers": report_rankers,
-        "estimates": {p: {e: estimate_dict(v) for e, v in ests.items()}
-                      for p, ests in estimates.items()},
+        "best_constant": constant, "rankers": report_rankers, "estimates": estimates,
+        "challengers": judged, "challenger_index": index,
         "duration_seconds": time.perf_counter() - started,
     }
-
-
-def promotion_decision(result: dict[str, Any], estimator: str = "snips") -> dict[str, Any]:
-    """Auto-Optimize: promote the best-LCB new ranker iff its LCB > the current policy's value."""
-    estimates = result["estimates"]
-    current_policy = result["current"]["policy"]
-    if estimator not in estimates.get(current_policy, {}):
-        raise ConfigError(f"Expected {estimator!r} estimates in the retrain result. "
-                          f"Got {sorted(estimates.get(current_policy, {}))}.")
-    current_value = estimates[current_policy][estimator]["value"]
-    candidates = [(info["policy"], name) for name, info in result["rankers"].items()]
-    level = float(result.get("level", 0.95))
-    bounds = [(promotion_bound(estimates[policy][estimator], level), name)
-              for policy, name in candidates]
-    lows = [(low, name) for low, name in bounds if low is not None]
-    decision: dict[str, Any] = {"promote": False, "ranker": None, "lower": None,
-                                "current_value": current_value, "estimator": estimator,
-                                "current": current_policy}
-    if not lows:
-        return {**decision, "reason": f"no new ranker has a lower bound on at least {MIN_ESS:.0f} "
-                                      "effectively matched held-out rows"}
-    lower, name = max(lows, key=lambda t: t[0])  # ties: the first listed ranker
-    decision.update(ranker=name, lower=lower,
-                    artifact=result["rankers"][name]["artifact"])
-    if current_value is None:
-        return {**decision, "reason": f"the current policy ({current_policy}) has no estimate"}
-    if lower > current_value:
-        return {**decision, "promote": True,
-                "reason": f"{name}: lower bound {lower:.4f} > {current_policy} {current_value:.4f}"}
-    return {**decision, "reason": f"{name}: lower bound {lower:.4f} <= "
-                                  f"{current_policy} {current_value:.4f}"}

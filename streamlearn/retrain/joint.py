@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamlearn.engine import best_first
+from streamlearn.actions import best_first
 from streamlearn.errors import DataError
 from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.rankboost import RankBoost

@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from streamlearn.engine import Engine, exploration_rates
+from streamlearn.actions import exploration_rates
+from streamlearn.engine import Engine
 from streamlearn.errors import TransportError
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.events import Rejection, decode_feedback, decode_instances
@@ -204,7 +205,7 @@ class Daemon:
                     if self.checkpointer is not None else None)
         if self.retraining is not None:
             self.retraining.open(restored.meta.get("experience") if restored else None,
-                                 restored is not None)
+                                 restored is not None, _rollout_state(restored))
         if self.checkpointer is None:
             return
         if restored is None:  # a crash before the first checkpoint still left its journal
@@ -244,7 +245,7 @@ class Daemon:
         pending = len(self.join) + len(self.join.early)
         self.observer.on_pending(pending)
         if self.retraining is not None:
-            self.retraining.tick()
+            self.retraining.tick(self.join.oldest_pending())
         if self.checkpointer is not None:
             self._settle_checkpoint(block=False)
             if self.checkpointer.due(len(messages), pending):
@@ -288,15 +289,15 @@ class Daemon:
         decided = self.engine.decide(
             batch.ids, batch.X, batch.mask, labels=batch.labels, ts=np.full(B, wall),
             event_ts=batch.ts, partitions=batch.partitions, wall=wall,
-            known={i: (j.action, np.asarray(j.probs), float(j.message["ts"]))
+            known={i: (j.action, np.asarray(j.probs), float(j.message["ts"]), j.columns)
                    for i, j in reused.items()},
             model_version=self.counters.model_version,
-            exploit_scores=scores if self.retraining is not None and self.retraining.exploits
-            else None)
+            mixture=None if self.retraining is None else self.retraining.mixture(batch.X, scores))
         values = self._decision_values(
             batch.ids, decided.actions, decided.probs, decided.fresh, reused, wall,
             None if scores is None else ranking_lists(
-                scores[decided.fresh], None if batch.mask is None else batch.mask[decided.fresh]))
+                scores[decided.fresh], None if batch.mask is None else batch.mask[decided.fresh]),
+            decided.columns)
         self.outputs.decisions([i.encode("utf-8") for i in batch.ids], values)
         self._count_decided(batch.messages, decided.fresh, int(decided.explored.sum()),
                             decided.actions,
@@ -328,10 +329,13 @@ class Daemon:
 
     def _decision_values(self, ids: list[str], actions: np.ndarray, probs: np.ndarray,
                          fresh: np.ndarray, reused: dict[str, JournaledDecision],
-                         wall: float, rankings: list[list[int]] | None = None) -> list[bytes]:
+                         wall: float, rankings: list[list[int]] | None = None,
+                         columns: dict[str, np.ndarray] | None = None) -> list[bytes]:
         """The decision messages: new ones journaled before they are published, journaled
         ones as they were (byte-identical). ``rankings`` (one per fresh row): the live
-        ranker's order of the allowed actions."""
+        ranker's order of the allowed actions. ``columns``: the engine's per-decision
+        columns (journaled with each decision; a decision a ranker served names it in
+        ``"policy"``)."""
         values: list[bytes] = [b""] * len(ids)
         if reused:
             for j, event_id in enumerate(ids):
@@ -347,13 +351,20 @@ class Daemon:
         if rankings is not None:
             for record, ranking in zip(records, rankings, strict=True):
                 record["ranking"] = ranking
-        return self._journal_and_encode(values, fresh, records, probs[fresh])
+        kept = None if columns is None else {k: v[fresh] for k, v in columns.items()}
+        if kept is not None and self.retraining is not None and kept["served_by"].any():
+            names = self.retraining.policy_names()
+            for record, version in zip(records, kept["served_by"].tolist(), strict=True):
+                if version:
+                    record["policy"] = names.get(version, f"ranker-v{version}")
+        return self._journal_and_encode(values, fresh, records, probs[fresh], kept)
 
     def _journal_and_encode(self, values: list[bytes], fresh: np.ndarray,
-                            records: list[dict[str, Any]], probs: np.ndarray) -> list[bytes]:
+                            records: list[dict[str, Any]], probs: np.ndarray,
+                            columns: dict[str, np.ndarray] | None = None) -> list[bytes]:
         """Journal the new decisions (before they are produced), then encode them in place."""
         if self.checkpointer is not None:
-            self.checkpointer.journal.append([r["id"] for r in records], probs, records)
+            self.checkpointer.journal.append([r["id"] for r in records], probs, records, columns)
         for j, record in zip(fresh.tolist(), records, strict=True):
             values[j] = orjson.dumps(record)
         return values
@@ -464,6 +475,8 @@ class Daemon:
         arrays, meta = self._freeze()
         if self.retraining is not None:  # the log is flushed first: durable with the checkpoint
             meta["experience"] = self.retraining.position()
+            rollout_arrays, meta["rollout"] = self.retraining.rollout.export()
+            arrays.update(rollout_arrays)
         try:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,
@@ -485,3 +498,11 @@ class Daemon:
         if seq is not None:
             started, wall = self._written_at.pop(seq)
             self.observer.on_checkpoint(time.perf_counter() - started, wall)
+
+
+def _rollout_state(restored: Restored | None) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:
+    """The rollout's arrays and JSON in a restored checkpoint (None: none recorded)."""
+    if restored is None or restored.meta.get("rollout") is None:
+        return None
+    return ({k: v for k, v in restored.arrays.items() if k.startswith("rollout.")},
+            restored.meta["rollout"])

@@ -53,6 +53,10 @@ __all__ = [
 FEEDBACK_OUTCOMES = ("joined", "late", "expired", "unknown", "duplicate")
 RANKER_METRICS = ("auc", "ndcg", "map", "precision")
 PROMOTION_OUTCOMES = ("promoted", "rejected", "rolled_back")
+#: why a promoted ranker stopped serving: credibly worse than the policy it would replace
+#: (guardrail), than the learner's holdback (holdback), no better after ten stages' worth of
+#: events (stalled), replaced by a newer promotion (replaced), or asked for (manual)
+ROLLBACK_REASONS = ("guardrail", "holdback", "stalled", "replaced", "manual")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 DELAY_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -193,6 +197,21 @@ class Observer:
     def on_ranker_metric(self, name: str, value: float) -> None:
         """Quality of the current ranker; ``name`` in :data:`RANKER_METRICS`."""
 
+    def on_retrain_overrun(self) -> None:
+        """A retrain was due while the previous one was still running."""
+
+    def on_rollback(self, reason: str) -> None:
+        """A promoted ranker was rolled back; ``reason`` in :data:`ROLLBACK_REASONS`."""
+
+    def on_rollout(self, shares: dict[str, float]) -> None:
+        """Who serves which share of the events (``learner``, ``live``, ``candidate``)."""
+
+    def on_policy_live_value(self, policy: str, value: float) -> None:
+        """What ``policy`` earned on the events it served (mean reward), on-policy."""
+
+    def on_ope_check(self, inside: bool) -> None:
+        """A promoted policy's realised value fell inside (or outside) its off-policy interval."""
+
 
 class PrometheusObserver(Observer):
     """Owns every streamlearn metric, registered on ``registry``.
@@ -293,6 +312,29 @@ class PrometheusObserver(Observer):
                                   ["outcome"], registry=r)
         for outcome in PROMOTION_OUTCOMES:
             self.promotions.labels(outcome=outcome)
+        self.retrain_overruns = Counter(
+            "streamlearn_retrain_overruns_total",
+            "Retrains that were due while the previous one was still running.", registry=r)
+        self.rollbacks = Counter("streamlearn_rollbacks_total",
+                                 "Promoted rankers rolled back, by reason.", ["reason"], registry=r)
+        for reason in ROLLBACK_REASONS:
+            self.rollbacks.labels(reason=reason)
+        self.rollout_share = Gauge("streamlearn_rollout_share",
+                                   "Share of the events each role serves (learner, live ranker, "
+                                   "candidate in rollout).", ["role"], registry=r)
+        self.policy_live_value = Gauge(
+            "streamlearn_policy_live_value",
+            "Mean reward a policy earned on the events it served since it went live (on-policy).",
+            ["policy"], registry=r)
+        self.ope_checks = Counter(
+            "streamlearn_ope_checks", "Promoted policies whose realised value was compared with "
+            "their promotion-time off-policy interval, by result.", ["result"], registry=r)
+        self.ope_miscalibrated = Counter(
+            "streamlearn_ope_miscalibrated",
+            "Promoted policies whose realised value fell outside their off-policy interval.",
+            registry=r)
+        for result in ("inside", "outside"):
+            self.ope_checks.labels(result=result)
         self.ranker_version = Gauge("streamlearn_ranker_version",
                                     "Version of the ranker decisions are ranked by (0: none).",
                                     registry=r)
@@ -433,3 +475,27 @@ class PrometheusObserver(Observer):
         if name not in RANKER_METRICS:
             raise ValueError(f"ranker metric must be one of {RANKER_METRICS}. Got {name!r}.")
         self.ranker.labels(metric=name).set(value)
+
+    def on_retrain_overrun(self) -> None:
+        self.retrain_overruns.inc()
+
+    def on_rollback(self, reason: str) -> None:
+        if reason not in ROLLBACK_REASONS:
+            raise ValueError(f"reason must be one of {ROLLBACK_REASONS}. Got {reason!r}.")
+        self.rollbacks.labels(reason=reason).inc()
+
+    def on_rollout(self, shares: dict[str, float]) -> None:
+        for role in ("learner", "live", "candidate"):
+            self.rollout_share.labels(role=role).set(shares.get(role, 0.0))
+
+    def on_policy_live_value(self, policy: str, value: float) -> None:
+        if policy not in self._policies:  # the same bound on policy labels as the estimates
+            if len(self._policies) >= self.max_policies:
+                return
+            self._policies.add(policy)
+        self.policy_live_value.labels(policy=policy).set(value)
+
+    def on_ope_check(self, inside: bool) -> None:
+        self.ope_checks.labels(result="inside" if inside else "outside").inc()
+        if not inside:
+            self.ope_miscalibrated.inc()

@@ -1,55 +1,56 @@
-"""Periodic retraining of batch rankers beside the serving loop (DESIGN.md §8).
+"""Periodic retraining of batch rankers beside the serving loop, and what it may change.
 
-:class:`Retraining` is the daemon's part of it:
+:class:`Retraining` is the daemon's part of it. It owns
 
-* every learned decision goes to the :class:`~streamlearn.stream.experience.ExperienceLog`
-  (:meth:`Retraining.record`), flushed with every checkpoint, whose metadata
-  records the log position (:meth:`Retraining.position`);
-* every ``retrain.every_events`` learned decisions or ``retrain.every_seconds``,
-  :meth:`Retraining.tick` flushes the log and hands the window to a background
-  worker — a separate process by default (measured in docs/performance.md: a
-  thread shares the interpreter lock with the loop) — that trains the rankers
-  with clipped inverse-propensity weights, writes each as an immutable artifact
-  and evaluates them off-policy on a held-out slice
-  (:func:`streamlearn.retrain.job.run_retrain`);
-* when the job is done the loop swaps the best new ranker in by one reference
-  assignment (:attr:`Retraining.live`; decisions carry its ``ranking``) and
-  promotes it only if the lower bound of its estimated value beats the current
-  policy's estimate (:func:`streamlearn.retrain.job.promotion_decision`); with
-  ``retrain.policy = "ranker"`` the promoted ranker is the exploitation policy.
-  :meth:`Retraining.rollback` (SIGUSR1 on ``serve``) returns to the previous one.
+* the :class:`~streamlearn.stream.experience.ExperienceLog` — every learned decision
+  (:meth:`Retraining.record`), flushed with every checkpoint, whose metadata records
+  the log position (:meth:`Retraining.position`);
+* the schedule: every ``retrain.every_events`` learned decisions or
+  ``retrain.every_seconds``, :meth:`Retraining.tick` hands the newest window to the
+  :class:`~streamlearn.service.retrain_worker.RetrainWorker`, which trains the rankers
+  with clipped inverse-propensity weights, writes each as an immutable artifact and
+  evaluates them off-policy (:func:`streamlearn.retrain.job.run_retrain`). A retrain
+  due while the previous one runs is counted as an overrun and starts when the worker
+  is free; one that outlives ``retrain.timeout_seconds`` is a failure (the worker is
+  replaced). The loop never waits for the worker;
+* the :class:`~streamlearn.retrain.store.RankerStore` (artifacts, ``state.json``);
+* the promotion: a challenger credibly better than what was live
+  (:mod:`streamlearn.retrain.promotion`) is promoted. With ``retrain.policy = "ranker"``
+  it then takes traffic through a guarded :class:`~streamlearn.service.rollout.Rollout`
+  (:meth:`Retraining.mixture` gives the decide step the policies that share each
+  batch); with ``"learner"`` its ranking is what decisions carry.
+  :meth:`Retraining.rollback` (SIGUSR1 on ``serve``) reverts the newest change.
 
 A failed or crashed job is logged and counted, the worker is replaced, and the
-loop never waits for it. The ranker state (live and promoted artifacts, the
-promotion history) is ``state.json`` beside the artifacts, written atomically,
-so a restart serves the last good ranker again.
+loop goes on.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as futures
-import contextlib
 import logging
 import math
-import multiprocessing
-import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
-from streamlearn.engine import best_first
-from streamlearn.errors import DataError, StateError
+from streamlearn.actions import best_first
+from streamlearn.engine import Mixture
+from streamlearn.errors import DataError
 from streamlearn.features import Batch, take_rows
-from streamlearn.retrain.artifact import RankerArtifact, list_artifacts, load_artifact
+from streamlearn.retrain.artifact import RankerArtifact
 from streamlearn.retrain.joint import action_scores
+from streamlearn.retrain.promotion import MAX_CHALLENGERS, MAX_LOOKS, promotion_decision
+from streamlearn.retrain.store import RankerStore, read_ranker_state
 from streamlearn.service.metrics import Observer
+from streamlearn.service.retrain_worker import RetrainWorker
+from streamlearn.service.rollout import Arm, Rollout, RolloutEvent
 from streamlearn.service.settings import DaemonSettings
 from streamlearn.stream.experience import ExperienceLog, dense_rows
 from streamlearn.stream.join import Closed
@@ -57,55 +58,6 @@ from streamlearn.stream.join import Closed
 __all__ = ["Retraining", "ranking_lists", "read_ranker_state"]
 
 log = logging.getLogger("streamlearn.retrain")
-
-STATE_FILE = "state.json"
-HISTORY_KEPT = 100
-
-
-def _worker_init() -> None:
-    """A training process yields the CPU to the serving loop: it runs only when a core is
-    otherwise idle (Linux ``SCHED_IDLE``; elsewhere the lowest nice level) and with one
-    BLAS thread (docs/performance.md: at nice 10 and the BLAS default, p99 decision latency
-    tripled on two cores)."""
-    with contextlib.suppress(OSError, AttributeError):
-        os.nice(19)
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    _die_with_parent()
-    with contextlib.suppress(ImportError):
-        from threadpoolctl import threadpool_limits
-
-        threadpool_limits(limits=1)
-
-
-def _die_with_parent() -> None:
-    """Linux: the worker gets SIGKILL when the daemon dies, even by ``kill -9`` (a pool
-    worker otherwise waits for work forever)."""
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-        import signal
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() == 1:  # the parent died before the call
-            os._exit(1)
-
-
-def _warm_up() -> None:
-    """The first task of a new worker: it imports what a retrain needs."""
-    import streamlearn.retrain.job  # noqa: F401
-
-
-def read_ranker_state(artifact_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The persisted ranker state (``{}`` if none yet)."""
-    path = Path(artifact_dir) / STATE_FILE
-    if not path.exists():
-        return {}
-    try:
-        state: dict[str, Any] = orjson.loads(path.read_bytes())
-    except orjson.JSONDecodeError as exc:
-        raise StateError(f"{path} is not valid JSON: {exc}") from exc
-    return state
 
 
 def ranking_lists(scores: np.ndarray, mask: np.ndarray | None) -> list[list[int]]:
@@ -122,7 +74,7 @@ def ranking_lists(scores: np.ndarray, mask: np.ndarray | None) -> list[list[int]
 
 
 class Retraining:
-    """The experience log, the retraining worker and the live / promoted rankers."""
+    """The experience log, the schedule, the ranker store and the rollout (module doc)."""
 
     def __init__(self, settings: DaemonSettings, observer: Observer,
                  wall_clock: Callable[[], float] = time.time) -> None:
@@ -148,64 +100,70 @@ class Retraining:
             for spec in settings.retrain_ranker_names():  # a bad name is a config error at start
                 make_ranker(spec, queries=settings.candidates_enabled)
         self.policy = settings.retrain_policy
-        self.live: RankerArtifact | None = None
-        self.promoted: RankerArtifact | None = None
-        self.state: dict[str, Any] = {"live": None, "promoted": [], "history": [],
-                                      "next_version": 1}
-        self._executor: futures.Executor | None = None
-        self._job: futures.Future[dict[str, Any]] | None = None
-        self._job_started = 0.0
+        self.store = RankerStore(self.artifact_dir)
+        self.worker = RetrainWorker(settings.retrain_worker, settings.retrain_worker_nice)
+        self.rollout = Rollout(settings.rollout_settings(), self._on_rollout_event)
+        self.live: RankerArtifact | None = None  # the newest ranker
+        self.promoted: RankerArtifact | None = None  # the last one that passed the gate
+        self._serving: dict[int, RankerArtifact] = {}  # rollout arms by version
         self._since_last = 0
         self._last_start = wall_clock()
+        self._overrun_reported = False
         self.failures = 0
         self.retrains = 0
         self.skipped = 0
         self._rollback_requested = False
 
-    # ----------------------------------------------------------------- restore
-    def open(self, position: dict[str, Any] | None, restored: bool) -> None:
-        """Recover the log to the checkpoint's position and reload the ranker state.
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.store.state
 
-        ``restored``: a checkpoint was restored (``position`` is its log position;
-        one written before the log existed has none: the segments are kept).
+    # ----------------------------------------------------------------- restore
+    def open(self, position: dict[str, Any] | None, restored: bool,
+             rollout: tuple[dict[str, np.ndarray], dict[str, Any]] | None = None) -> None:
+        """Recover the log to the checkpoint's position, reload the rankers and the rollout.
+
+        ``restored``: a checkpoint was restored (``position`` is its log position; one
+        written before the log existed has none: the segments are kept). ``rollout``: the
+        checkpoint's rollout state, if it has one.
         """
         kept = self.log.segments() if self.log.directory.is_dir() else []
         next_segment = None if not restored else (
             int(position["next_segment"]) if position else max((s + 1 for s in kept), default=0))
         self.log.open(next_segment)
-        self.artifact_dir.mkdir(parents=True, exist_ok=True)
-        for path in self.artifact_dir.iterdir():  # interrupted artifact writes
-            if path.name.startswith(".") and path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-        state = read_ranker_state(self.artifact_dir)
-        if state:
-            self.state = state
-            self.live = self._load(state.get("live"))
-            stack = state.get("promoted") or []
-            self.promoted = self._load(stack[-1]) if stack else None
-            self.observer.on_ranker_version(self.live.version if self.live else 0)
-        self.state["next_version"] = max(int(self.state.get("next_version", 1)),
-                                         self._newest_artifact_version() + 1)
-        if self.enabled:  # the worker's start-up (imports) happens before serving, not during
-            self._worker().submit(_warm_up).result(timeout=120)
+        self.store.open()
+        self.live = self.store.load(self.state.get("live"))
+        stack = self.store.promoted
+        self.promoted = self.store.load(stack[-1]) if stack else None
+        if rollout is not None:
+            self.rollout.restore(*rollout)
+        elif self.policy == "ranker" and self.promoted is not None:  # no rollout recorded
+            self.rollout.restore_live(self._arm_of(self.promoted))
+        self._load_serving()
+        served = self.rollout.serving()
+        self.observer.on_ranker_version(self.serving.version if self.serving else 0)
+        self._report_shares()
+        if served:
+            log.info("serving %s", ", ".join(f"{a.name} v{a.version}" for a in served))
+        if self.enabled:
+            self.worker.start()  # its imports run while the loop serves
 
-    def _newest_artifact_version(self) -> int:
-        """Artifacts of a job the last run did not harvest exist but are named in no state."""
-        return max((int(p.name.rsplit("-v", 1)[1]) for p in list_artifacts(self.artifact_dir)),
-                   default=0)
+    def _arm_of(self, artifact: RankerArtifact, interval: dict[str, Any] | None = None) -> Arm:
+        return Arm(artifact.version, artifact.name, str(artifact.path), interval)
 
-    def _load(self, path: str | None) -> RankerArtifact | None:
-        if not path:
-            return None
-        try:
-            return load_artifact(path)
-        except (StateError, OSError, ValueError) as exc:
-            log.error("ranker artifact %s cannot be loaded (%s); serving without it", path, exc)
-            return None
+    def _load_serving(self) -> None:
+        """The artifacts of the rollout's arms (an arm whose artifact does not load is dropped)."""
+        self._serving = {}
+        for arm in self.rollout.serving():
+            artifact = self.store.load(arm.artifact)
+            if artifact is None:
+                self.rollout.roll_back("manual")
+                continue
+            self._serving[arm.version] = artifact
 
     # ------------------------------------------------------------------- loop
     def record(self, closed: Closed) -> None:
-        """Append the learned rows of a closed batch to the log."""
+        """Append the learned rows of a closed batch to the log; the rollout watches them."""
         rows = np.flatnonzero(closed.learn)
         if not len(rows):
             return
@@ -214,22 +172,35 @@ class Retraining:
         def pick(a: np.ndarray) -> np.ndarray:
             return a if whole else a[rows]
 
+        served = closed.columns.get("served_by")
+        gamma = closed.columns.get("gamma")
         self.log.append(closed.ids if whole else [closed.ids[i] for i in rows.tolist()],
                         closed.X if whole else take_rows(closed.X, rows), pick(closed.actions),
                         pick(closed.probs), pick(closed.rewards), pick(closed.labels),
-                        pick(closed.model_version), pick(closed.decided_at))
+                        pick(closed.model_version), pick(closed.decided_at),
+                        None if served is None else pick(served),
+                        None if gamma is None else pick(gamma))
         self._since_last += len(rows)
+        if served is not None and self.rollout.serving():
+            self.rollout.observe(pick(served), pick(closed.rewards))
+            for arm in self.rollout.serving():
+                if arm.served:
+                    self.observer.on_policy_live_value(arm.label, arm.earned / arm.served)
+            learner = self.rollout.stats.get(0)
+            if learner is not None and learner.n:
+                self.observer.on_policy_live_value("learner", learner.mean)
 
-    def tick(self) -> None:
-        """Harvest a finished job; start one when due (never waits for the worker)."""
+    def tick(self, watermark: float = math.inf) -> None:
+        """Harvest a finished job; start one when due (never waits for the worker).
+
+        ``watermark``: the oldest decision still waiting for feedback — every decision
+        before it is closed and in the log, so retrains judge only those."""
         if self._rollback_requested:
             self._rollback_requested = False
-            self._rollback()
-        if self._job is not None:
-            if not self._job.done():
-                return
-            self._harvest(self._job)
-            self._job = None
+            self.rollback()
+        job = self.worker.take()
+        if job is not None:
+            self._harvest(job)
         if not self.enabled:
             return
         now = self.wall_clock()
@@ -237,50 +208,59 @@ class Retraining:
         due = ((s.retrain_every_events is not None and self._since_last >= s.retrain_every_events)
                or (s.retrain_every_seconds is not None
                    and now - self._last_start >= s.retrain_every_seconds and self._since_last > 0))
+        if self.worker.busy:
+            running = self.worker.running_for
+            if running > s.retrain_timeout_seconds:
+                self._failed(f"retrain ran for {running:.0f} s, beyond retrain.timeout_seconds "
+                             f"= {s.retrain_timeout_seconds:g}; the worker is replaced")
+                self.worker.restart()
+            elif due and not self._overrun_reported:
+                self._overrun_reported = True
+                self.observer.on_retrain_overrun()
+                log.warning("a retrain is due but the previous one is still running after %.1f s; "
+                            "the next starts when it ends (retrain less often, or give the "
+                            "worker more CPU: retrain.worker_nice)", running)
+            return
         if due:
-            self._start(now)
+            self._start(now, watermark)
 
-    def _start(self, now: float) -> None:
+    def _start(self, now: float, watermark: float) -> None:
         self.log.flush()
         if not self.log.segments():
             return
         s = self.settings
-        version = int(self.state["next_version"])
-        self.state["next_version"] = version + 1
-        spec: dict[str, Any] = {"log_dir": str(self.log.directory), "segments": None,
-                "max_rows": s.retrain_window(), "rankers": list(s.retrain_ranker_names()),
-                "artifact_dir": str(self.artifact_dir), "version": version, "clip": s.retrain_clip,
-                "holdout_fraction": s.retrain_holdout_fraction,
-                "current": str(self.promoted.path) if self.promoted is not None else None,
-                "level": 0.95}
+        version = self.store.take_version()
+        spec: dict[str, Any] = {
+            "log_dir": str(self.log.directory), "segments": None, "max_rows": s.retrain_window(),
+            "rankers": list(s.retrain_ranker_names()), "artifact_dir": str(self.artifact_dir),
+            "version": version, "clip": s.retrain_clip,
+            "holdout_fraction": s.retrain_holdout_fraction, "level": s.retrain_level,
+            "current": None, "watermark": watermark if math.isfinite(watermark) else None}
         if s.candidates_enabled:
             from streamlearn.retrain.candidates import run_candidate_retrain
 
+            spec["current"] = str(self.promoted.path) if self.promoted is not None else None
             spec["candidates"] = {"d_x": s.candidates_shared_features,
                                   "d_c": s.candidates_candidate_features}
-            self._job = self._worker().submit(run_candidate_retrain, spec)
+            self.worker.submit(run_candidate_retrain, spec)
         else:
             from streamlearn.retrain.job import run_retrain  # the worker's side
 
-            self._job = self._worker().submit(run_retrain, spec)
-        self._job_started, self._last_start, self._since_last = time.perf_counter(), now, 0
+            live = self.rollout.live
+            spec["current"] = live.artifact if live is not None and self.policy == "ranker" else None
+            spec["challengers"] = list(self.state.get("challengers") or [])
+            spec["challenger_index"] = int(self.state.get("challenger_index") or 0)
+            self.worker.submit(run_retrain, spec)
+        self._last_start, self._since_last, self._overrun_reported = now, 0, False
         log.info("retrain %d started on up to %d logged decisions (%s)", version,
                  s.retrain_window(), ", ".join(s.retrain_ranker_names()))
 
-    def _worker(self) -> futures.Executor:
-        if self._executor is None:
-            self._executor = (futures.ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init)
-                if self.settings.retrain_worker == "process" else futures.ThreadPoolExecutor(
-                    1, thread_name_prefix="streamlearn-retrain"))
-        return self._executor
-
-    def _harvest(self, job: futures.Future[dict[str, Any]]) -> None:
+    def _harvest(self, job: Future[dict[str, Any]]) -> None:
         try:
             result = job.result()
         except BrokenProcessPool as exc:
             self._failed(f"the worker process died ({exc}); starting a new one")
-            self._restart_worker()
+            self.worker.restart()
             return
         except DataError as exc:  # e.g. no rewarded row yet: nothing to learn, not a failure
             self.skipped += 1
@@ -291,9 +271,12 @@ class Retraining:
             self._failed(f"{type(exc).__name__}: {exc}")
             return
         self.retrains += 1
-        self.observer.on_retrain(time.perf_counter() - self._job_started)
+        self.observer.on_retrain(time.perf_counter() - self.worker.started)
         try:
-            self._apply(result)
+            if "candidates" in result:
+                self._apply_candidates(result)
+            else:
+                self._apply(result)
         except Exception as exc:  # counted, never fatal: a restart would meet the same result
             log.exception("retrain %s could not be applied", result.get("version"))
             self._failed(f"applying retrain {result.get('version')}: {type(exc).__name__}: {exc}")
@@ -303,62 +286,132 @@ class Retraining:
         self.observer.on_retrain_failure()
         log.error("retrain failed: %s", why)
 
-    def _restart_worker(self) -> None:
-        self._stop_worker()
-        self._worker().submit(_warm_up)  # the new worker's imports start now, not at the next job
-
-    def _stop_worker(self) -> None:
-        """Stop the worker without waiting for a job (its process is terminated)."""
-        executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        processes = list(getattr(executor, "_processes", {}).values())
-        executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            with contextlib.suppress(Exception):
-                process.terminate()
-
+    # ------------------------------------------------------------ promotion
     def _apply(self, result: dict[str, Any]) -> None:
-        if "candidates" in result:
-            self._apply_candidates(result)
-            return
         for policy, by_estimator in result.get("estimates", {}).items():
             for estimator, e in by_estimator.items():
                 # an estimate with no matched held-out row is null in the JSON: NaN on the gauge
                 self.observer.on_policy_value(policy, estimator, *(
                     math.nan if e.get(k) is None else float(e[k]) for k in ("value", "low", "high")))
-        from streamlearn.retrain.job import promotion_decision
-
         decision = promotion_decision(result)
-        best = decision.get("ranker")
-        entry = {"version": result.get("version"), "started": self._last_start,
-                 "at": self.wall_clock(), "duration_seconds": result.get("duration_seconds"),
-                 "segments": result.get("segments"), "rows": result.get("rows"),
-                 "holdout_fraction": result.get("holdout_fraction"), "clip": result.get("clip"),
-                 "level": result.get("level"),
-                 "estimates": result.get("estimates"),
-                 "held_out": result.get("heldout_rows"), "ranker": best,
-                 "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),
-                 "lower": decision.get("lower"), "current_value": decision.get("current_value")}
-        if best is not None:
-            info = result["rankers"][best]
-            for metric in ("auc", "ndcg"):
-                if metric in info and info[metric] is not None:
-                    self.observer.on_ranker_metric(metric, float(info[metric]))
-            artifact = self._load(info["artifact"])
+        judged = result.get("challengers") or []
+        new = [c for c in judged if c.get("version") == result.get("version")]
+        if new:  # the newest ranker decisions are ranked by: this retrain's best challenger
+            best = max(new, key=lambda c: -math.inf if c.get("advantage_lower") is None
+                       else c["advantage_lower"])
+            artifact = self.store.load(best["artifact"])
             if artifact is not None:
                 self.live = artifact  # the swap: one reference assignment
-                self.state["live"] = info["artifact"]
-                self.observer.on_ranker_version(artifact.version)
-                if decision.get("promote"):
-                    self.promoted = artifact
-                    self.state["promoted"] = [*self.state.get("promoted", []), info["artifact"]]
-                entry["artifact"] = info["artifact"]
+                self.state["live"] = best["artifact"]
+                info = result["rankers"].get(best["name"], {})
+                for metric in ("auc", "ndcg"):
+                    if info.get(metric) is not None:
+                        self.observer.on_ranker_metric(metric, float(info[metric]))
+        entry: dict[str, Any] = {
+            "version": result.get("version"), "started": self._last_start, "at": self.wall_clock(),
+            "duration_seconds": result.get("duration_seconds"), "segments": result.get("segments"),
+            "rows": result.get("rows"), "max_rows": result.get("max_rows"),
+            "watermark": result.get("watermark"), "evidence_since": result.get("evidence_since"),
+            "holdout_fraction": result.get("holdout_fraction"), "clip": result.get("clip"),
+            "level": result.get("level"), "estimates": result.get("estimates"),
+            "held_out": result.get("heldout_rows"), "ranker": decision.get("ranker"),
+            "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),
+            "advantage_lower": decision.get("advantage_lower"),
+            "challengers": [{k: c.get(k) for k in (
+                "name", "version", "artifact", "since", "first_segment", "last_segment", "index",
+                "alpha", "looks", "rows", "passed", "advantage_lower", "value", "ess",
+                "max_weight")} for c in judged]}
+        if decision.get("promote"):
+            self._promote(decision, entry)
+        else:
+            kept = [c for c in judged if not c.get("passed") and c["looks"] < MAX_LOOKS]
+            self.state["challengers"] = [
+                {k: c[k] for k in ("name", "artifact", "version", "since", "first_segment",
+                                   "index", "alpha", "looks")} for c in kept[-MAX_CHALLENGERS:]]
+            self.state["challenger_index"] = int(result.get("challenger_index") or 0)
         outcome = "promoted" if entry["promoted"] else "rejected"
         self.observer.on_promotion(outcome)
-        log.info("retrain %s: ranker %s %s (%s)", result.get("version"), best, outcome,
+        log.info("retrain %s: %s (%s)", result.get("version"),
+                 f"ranker {decision['ranker']} promoted" if entry["promoted"] else "none promoted",
                  decision.get("reason"))
-        self._record_history(entry)
+        self.store.record(entry)
+
+    def _promote(self, decision: dict[str, Any], entry: dict[str, Any]) -> None:
+        artifact = self.store.load(decision["artifact"])
+        if artifact is None:
+            entry["promoted"] = False
+            entry["reason"] = f"{decision['reason']}; its artifact does not load"
+            return
+        entry["artifact"] = decision["artifact"]
+        self.promoted = artifact
+        self.state["promoted"] = [*self.store.promoted, decision["artifact"]]
+        self._new_epoch()
+        if self.policy == "ranker":
+            self._serving[artifact.version] = artifact
+            self.rollout.promote(self._arm_of(artifact, decision.get("value")))
+            self._report_shares()
+        self.observer.on_ranker_version(artifact.version)
+
+    def _new_epoch(self) -> None:
+        """What is live changed: the challengers judged against the old one are dropped and
+        the miss probability is spent afresh."""
+        self.state["challengers"] = []
+        self.state["challenger_index"] = 0
+
+    def _on_rollout_event(self, event: RolloutEvent) -> None:
+        arm = event.arm
+        entry: dict[str, Any] = {"at": self.wall_clock(), "rollout": event.kind,
+                                 "ranker": arm.name, "ranker_version": arm.version,
+                                 "artifact": arm.artifact, "reason": event.reason or None,
+                                 **event.detail}
+        if event.kind == "advanced":
+            log.info("rollout of %s v%d: now %.0f %% of the events", arm.name, arm.version,
+                     100 * event.detail["share"])
+        elif event.kind == "completed":
+            log.info("rollout of %s v%d complete: it serves %.0f %% (the learner keeps %.0f %%)",
+                     arm.name, arm.version, 100 * (1 - self.settings.retrain_holdback),
+                     100 * self.settings.retrain_holdback)
+            self._new_epoch()
+        elif event.kind == "rolled_back":
+            self._serving.pop(arm.version, None)
+            stack = self.store.promoted
+            if arm.artifact in stack:
+                stack.remove(arm.artifact)
+                self.state["promoted"] = stack
+            self.promoted = self.store.load(stack[-1]) if stack else None
+            entry.update(rolled_back=arm.artifact, promoted_now=stack[-1] if stack else None)
+            self.observer.on_rollback(event.reason)
+            self.observer.on_promotion("rolled_back")
+            stats = {v: (s.mean, s.lower(), s.upper(), s.n) for v, s in self.rollout.stats.items()}
+            entry["compared"] = {str(v): {"mean": m, "low": lo, "high": hi, "events": n}
+                                 for v, (m, lo, hi, n) in stats.items()}
+            log.warning("rolled back %s v%d (%s) after %d events served; now %s", arm.name,
+                        arm.version, event.reason, arm.served,
+                        ", ".join(f"{a.name} v{a.version}" for a in self.rollout.serving())
+                        or "the online learner")
+            self._new_epoch()
+        elif event.kind == "consistency":
+            inside = event.reason == "inside"
+            self.observer.on_ope_check(inside)
+            (log.info if inside else log.warning)(
+                "%s v%d earned %.4f on %d events; its off-policy interval at promotion was "
+                "[%.4f, %.4f]: %s", arm.name, arm.version, event.detail["realised"],
+                event.detail["events"], arm.interval["low"] if arm.interval else math.nan,
+                arm.interval["high"] if arm.interval else math.nan,
+                "inside" if inside else "OUTSIDE (miscalibrated)")
+        self._report_shares()
+        self.store.record(entry)
+
+    def _report_shares(self) -> None:
+        if self.policy != "ranker":
+            return
+        shares = self.rollout.shares()
+        roles: dict[str, float] = {"learner": shares.get(0, 0.0)}
+        if self.rollout.live is not None:
+            roles["live"] = shares.get(self.rollout.live.version, 0.0)
+        if self.rollout.candidate is not None:
+            roles["candidate"] = shares.get(self.rollout.candidate.version, 0.0)
+        self.observer.on_rollout(roles)
 
     def _apply_candidates(self, result: dict[str, Any]) -> None:
         """Candidate mode: the rankers are measured on the held-out logged slates (NDCG, AUC)
@@ -389,57 +442,84 @@ class Retraining:
                  "learner's slot order %s)", result.get("version"), result.get("train_queries"),
                  best, None if best is None else rankers[best].get("ndcg"),
                  (result.get("learner") or {}).get("ndcg"))
-        self._record_history(entry)
-
-    def _record_history(self, entry: dict[str, Any]) -> None:
-        self.state["history"] = [*self.state.get("history", []), entry][-HISTORY_KEPT:]
-        path = self.artifact_dir / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(orjson.dumps(self.state, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        self.store.record(entry)
 
     # ---------------------------------------------------------------- rollback
     def request_rollback(self) -> None:
-        """Ask for :meth:`_rollback` at the next tick (safe from a signal handler)."""
+        """Ask for :meth:`rollback` at the next tick (safe from a signal handler)."""
         self._rollback_requested = True
 
-    def _rollback(self) -> None:
-        stack = list(self.state.get("promoted", []))
+    def rollback(self) -> None:
+        """Revert the newest promotion: a candidate in rollout, else the serving ranker (an
+        earlier promoted one serves again, else the learner)."""
+        stack = self.store.promoted
+        if self.policy == "ranker" and self.rollout.serving():
+            self.rollout.roll_back("manual")  # the event updates the stack and the history
+            stack = self.store.promoted
+            if self.rollout.live is None and self.rollout.candidate is None and stack:
+                earlier = self.store.load(stack[-1])
+                if earlier is not None:
+                    self._serving[earlier.version] = earlier
+                    self.rollout.restore_live(self._arm_of(earlier))
+                    self._report_shares()
+            log.info("rolled back; now %s", stack[-1] if stack else "the online learner")
+            return
         if not stack:
             log.warning("rollback requested but no ranker is promoted")
             return
         dropped = stack.pop()
         self.state["promoted"] = stack
-        self.promoted = self._load(stack[-1]) if stack else None
+        self.promoted = self.store.load(stack[-1]) if stack else None
         self.observer.on_promotion("rolled_back")
+        self.observer.on_rollback("manual")
         log.info("rolled back ranker %s; now %s", dropped,
                  stack[-1] if stack else "the online learner")
-        self._record_history({"at": self.wall_clock(), "rolled_back": dropped,
-                              "promoted_now": stack[-1] if stack else None})
+        self._new_epoch()
+        self.store.record({"at": self.wall_clock(), "rolled_back": dropped,
+                           "promoted_now": stack[-1] if stack else None})
 
     # --------------------------------------------------------------- decisions
     @property
     def serving(self) -> RankerArtifact | None:
-        """The ranker whose ranking decisions carry: the promoted one when it is the
-        exploitation policy, else the newest."""
-        if self.policy == "ranker" and self.promoted is not None:
-            return self.promoted
-        return self.live
+        """The ranker whose ranking decisions carry: the live one of the rollout, else the
+        promoted one, else the newest."""
+        live = self.rollout.live
+        if live is not None and live.version in self._serving:
+            return self._serving[live.version]
+        return self.promoted if self.promoted is not None else self.live
 
     def scores(self, X: Batch) -> np.ndarray | None:
-        """(B, K) scores of the serving ranker, or None when none is live."""
+        """(B, K) scores of the ranker decisions are ranked by, or None when none is."""
         ranker = self.serving
         if ranker is None:
             return None
         return action_scores(ranker.ranker, dense_rows(X), self.n_actions)
 
+    def mixture(self, X: Batch, ranking: np.ndarray | None) -> Mixture | None:
+        """The policies that share this batch (``retrain.policy = "ranker"``), or None when
+        the learner serves every event. ``ranking``: :meth:`scores` of the batch, reused
+        for the arm it belongs to."""
+        if self.policy != "ranker" or not self.rollout.serving():
+            return None
+        dense: np.ndarray | None = None
+        scores: dict[int, np.ndarray] = {}
+        for arm in self.rollout.serving():
+            artifact = self._serving[arm.version]
+            if ranking is not None and artifact is self.serving:
+                scores[arm.version] = ranking
+                continue
+            dense = dense_rows(X) if dense is None else dense
+            scores[arm.version] = action_scores(artifact.ranker, dense, self.n_actions)
+        return self.rollout.mixture(scores)
+
+    def policy_names(self) -> dict[int, str]:
+        """Version → the name a decision served by that ranker carries (``"policy"``)."""
+        return {arm.version: f"{arm.name}-v{arm.version}" for arm in self.rollout.serving()}
+
     @property
     def exploits(self) -> bool:
-        """Whether the promoted ranker picks the exploitation action."""
-        return self.policy == "ranker" and self.promoted is not None
+        """Whether a ranker serves some of the events."""
+        return self.policy == "ranker" and bool(self.rollout.serving())
 
     # ------------------------------------------------------------ checkpoints
     def position(self) -> dict[str, Any]:
@@ -448,6 +528,6 @@ class Retraining:
         return {"next_segment": self.log.next_segment}
 
     def close(self) -> None:
-        self._stop_worker()
+        self.worker.stop()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)

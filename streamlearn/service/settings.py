@@ -10,7 +10,9 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from streamlearn.errors import ConfigError
 from streamlearn.events import DecodeLimits
+from streamlearn.service.rollout import RolloutSettings
 from streamlearn.stream.join import JoinSettings
 
 __all__ = ["DAEMON_GC_THRESHOLDS", "DaemonSettings", "blas_threads"]
@@ -68,7 +70,13 @@ class DaemonSettings:
     retrain_holdout_fraction: float = 0.2
     retrain_clip: float = 20.0
     retrain_worker: str = "process"
+    retrain_worker_nice: int = 10
+    retrain_timeout_seconds: float = 600.0
     retrain_policy: str = "learner"
+    retrain_level: float = 0.95
+    retrain_rollout_stages: str = "0.05,0.2,0.5"
+    retrain_rollout_stage_events: int = 1000
+    retrain_holdback: float = 0.05
     candidates_enabled: bool = False
     candidates_learner: str = "linucb"
     candidates_shared_features: int = 0
@@ -99,6 +107,17 @@ class DaemonSettings:
         matrix (rows × d·K) stays below 20 M elements (160 MB in the worker)."""
         width = max(1, self.learner_n_features * self.learner_n_actions)
         return max(10, min(self.retrain_window_rows, 8_000_000 // width))
+
+    def rollout_settings(self) -> RolloutSettings:
+        """How a promoted ranker takes traffic (``retrain.rollout_*``, ``retrain.holdback``)."""
+        try:
+            stages = tuple(float(v) for v in self.retrain_rollout_stages.split(",") if v.strip())
+            return RolloutSettings(stages, self.retrain_rollout_stage_events,
+                                   self.retrain_holdback, alpha=1.0 - self.retrain_level)
+        except ValueError as exc:
+            raise ConfigError(f"retrain.rollout_stages must be increasing shares in (0, 1), "
+                              f"e.g. '0.05,0.2,0.5'. Got {self.retrain_rollout_stages!r} "
+                              f"({exc}).") from None
 
     def join_settings(self) -> JoinSettings:
         return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,

@@ -62,9 +62,9 @@ import re
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -191,6 +191,7 @@ class JournaledDecision:
     action: int
     probs: list[float]
     message: dict[str, Any]
+    columns: dict[str, float] = field(default_factory=dict)  # the engine's per-decision columns
 
 
 @dataclass
@@ -225,13 +226,21 @@ class DecisionJournal:
         if self._file.tell() and _last_byte(path) != b"\n":
             self._file.write(b"\n")  # end a torn last line: the next record starts a line of its own
 
-    def append(self, event_ids: list[str], probs: np.ndarray, messages: list[dict[str, Any]]) -> None:
-        """Journal one batch of decisions (before they are produced)."""
+    def append(self, event_ids: list[str], probs: np.ndarray, messages: list[dict[str, Any]],
+               columns: Mapping[str, np.ndarray] | None = None) -> None:
+        """Journal one batch of decisions (before they are produced), with the engine's
+        per-decision ``columns`` (one value per decision each) under ``"c"``."""
         if self._file is None or not event_ids:
             return
         rows = probs.tolist()
-        lines = b"".join(orjson.dumps({"p": p, "d": m}) + b"\n"
-                         for p, m in zip(rows, messages, strict=True))
+        if columns:
+            per_row = [dict(zip(columns, values, strict=True))
+                       for values in zip(*(c.tolist() for c in columns.values()), strict=True)]
+            lines = b"".join(orjson.dumps({"p": p, "d": m, "c": c}) + b"\n"
+                             for p, m, c in zip(rows, messages, per_row, strict=True))
+        else:
+            lines = b"".join(orjson.dumps({"p": p, "d": m}) + b"\n"
+                             for p, m in zip(rows, messages, strict=True))
         self._file.write(lines)
         self._file.flush()
         if self.fsync:
@@ -273,7 +282,11 @@ class DecisionJournal:
                     bad.append((number, problem))
                     continue
                 d = rec["d"]
-                found.setdefault(d["id"], JournaledDecision(d.get("action", -1), rec["p"], d))
+                kept = rec.get("c")
+                found.setdefault(d["id"], JournaledDecision(
+                    d.get("action", -1), rec["p"], d,
+                    {k: float(v) for k, v in kept.items() if _is_number(v)}
+                    if isinstance(kept, dict) else {}))
             if bad:
                 log.warning("journal segment %s: %d damaged line(s) skipped, their decisions are "
                             "not reused; line %d: %s", path, len(bad), *bad[0])

@@ -1,7 +1,9 @@
 """The experience log: every learned (joined or expired) decision, on disk, for retraining.
 
 Rows are (id, context x, logged action, the full logged distribution, reward,
-label, model version, decision time). They are buffered in memory and written as
+label, model version, decision time, the policy that served the decision — 0 for
+the learner, else a ranker's version — and the exploration rate a policy deployed
+at that decision would use). They are buffered in memory and written as
 *segments* — ``segment-00000012.npz`` (plain arrays, ``allow_pickle=False``) — by
 :meth:`ExperienceLog.flush`. A segment is written to a temporary file, fsynced
 and renamed, so a reader sees a whole segment or none.
@@ -47,6 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
+from streamlearn.actions import exploration_rates
 from streamlearn.errors import ConfigError, StateError
 from streamlearn.features import Batch, SparseBatch
 from streamlearn.snapshot import pack_strings, unpack_strings
@@ -56,7 +59,8 @@ __all__ = ["ExperienceLog", "ExperienceRows", "dense_rows", "list_segments", "re
 log = logging.getLogger("streamlearn.experience")
 
 _SEGMENT = re.compile(r"^segment-(\d{8})\.npz$")
-_COLUMNS = ("actions", "probs", "rewards", "labels", "model_version", "decided_at")
+_COLUMNS = ("actions", "probs", "rewards", "labels", "model_version", "decided_at", "served_by",
+            "gamma")
 
 
 def _segment_path(directory: Path, seq: int) -> Path:
@@ -84,6 +88,8 @@ class ExperienceRows:
     labels: np.ndarray  # (n,) int64, -1 when unknown (labels come from simulations only)
     model_version: np.ndarray  # (n,) int64: the model version that decided
     decided_at: np.ndarray  # (n,) float64 seconds (event time)
+    served_by: np.ndarray  # (n,) int64: 0 = the learner served it, v = the ranker of version v
+    gamma: np.ndarray  # (n,) float64: the exploration rate at the decision
     segments: tuple[int, int] | None = None  # first and last segment read
 
     def __len__(self) -> int:
@@ -106,7 +112,14 @@ def _rows(ids: list[str], X: np.ndarray, columns: dict[str, np.ndarray],
           segments: tuple[int, int] | None = None) -> ExperienceRows:
     return ExperienceRows(ids, X, columns["actions"], columns["probs"], columns["rewards"],
                           columns["labels"], columns["model_version"], columns["decided_at"],
-                          segments)
+                          columns["served_by"], columns["gamma"], segments)
+
+
+
+def _learner_gamma(probs: np.ndarray) -> np.ndarray:
+    """γ of distributions the learner logged (segments written before the column existed)."""
+    p = np.asarray(probs, dtype=np.float64)
+    return np.asarray(exploration_rates(p, p > 0), dtype=np.float64)
 
 
 def dense_rows(X: Batch) -> np.ndarray:
@@ -173,6 +186,9 @@ def _read_segment(path: Path) -> ExperienceRows | None:
         raise StateError(f"{path} is not a readable experience segment: {exc}") from exc
     try:
         ids = unpack_strings(arrays["ids_utf8"], arrays["ids_ends"])
+        if "served_by" not in arrays:  # written before the column existed: the learner served
+            arrays["served_by"] = np.zeros(len(ids), np.int64)
+            arrays["gamma"] = _learner_gamma(arrays["probs"])
         return _rows(ids, _stored_dense(arrays), {c: arrays[c] for c in _COLUMNS})
     except KeyError as exc:
         raise StateError(f"{path} lacks the array {exc}: not an experience segment.") from exc
@@ -198,7 +214,8 @@ def read_experience(log_dir: str | os.PathLike[str], first_segment: int | None =
     if not parts:
         return ExperienceRows([], np.zeros((0, 0), np.float32), np.zeros(0, np.int64),
                               np.zeros((0, 0), np.float32), np.zeros(0), np.zeros(0, np.int64),
-                              np.zeros(0, np.int64), np.zeros(0))
+                              np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64),
+                              np.zeros(0))
     rows = _rows([i for _, p in parts for i in p.ids], np.concatenate([p.X for _, p in parts]),
                  {c: np.concatenate([getattr(p, c) for _, p in parts]) for c in _COLUMNS},
                  (parts[0][0], parts[-1][0]))
@@ -267,8 +284,10 @@ class ExperienceLog:
     # ------------------------------------------------------------------ append
     def append(self, ids: Sequence[str], X: Batch, actions: np.ndarray, probs: np.ndarray,
                rewards: np.ndarray, labels: np.ndarray, model_version: np.ndarray,
-               decided_at: np.ndarray) -> None:
-        """Buffer rows; a full or old buffer becomes a segment."""
+               decided_at: np.ndarray, served_by: np.ndarray | None = None,
+               gamma: np.ndarray | None = None) -> None:
+        """Buffer rows; a full or old buffer becomes a segment. Without ``served_by`` the
+        learner served every row, and ``gamma`` is then that of the logged distributions."""
         if not len(ids):
             return
         self._buffer.append({
@@ -276,7 +295,11 @@ class ExperienceLog:
             "probs": np.asarray(probs, np.float32), "rewards": np.asarray(rewards, np.float64),
             "labels": np.asarray(labels, np.int64),
             "model_version": np.asarray(model_version, np.int64),
-            "decided_at": np.asarray(decided_at, np.float64)})
+            "decided_at": np.asarray(decided_at, np.float64),
+            "served_by": (np.zeros(len(ids), np.int64) if served_by is None
+                          else np.asarray(served_by, np.int64)),
+            "gamma": (_learner_gamma(probs) if gamma is None
+                      else np.asarray(gamma, np.float64))})
         self._buffered_ids.extend(str(i) for i in ids)
         now = self.wall_clock()
         self._buffer_since = min(self._buffer_since, now)

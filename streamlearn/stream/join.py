@@ -29,7 +29,10 @@ count as now + skew, so one wild timestamp cannot expire everything.
 
 Storage is a struct of arrays indexed by slot, with ``slot_of[id]``; adding,
 joining, expiring and draining a batch are numpy operations plus one dict
-operation per id.
+operation per id. Besides what every join needs, a store carries the per-decision
+``columns`` its owner declares (name → dtype, e.g. which policy served the
+decision): given with each decision, returned with it in :attr:`Closed.columns`,
+kept in checkpoints.
 
 >>> joins = PendingJoins(n_actions=2, n_features=2, settings=JoinSettings(window_s=10.0))
 >>> joins.add_decisions(["a", "b"], np.eye(2), np.array([0, 1]), np.full((2, 2), 0.5),
@@ -51,7 +54,7 @@ import base64
 import enum
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -146,6 +149,7 @@ class Closed:
     learn: np.ndarray  # bool: rows to apply to the learner
     decided_at: np.ndarray  # decision event times
     model_version: np.ndarray  # int64: the model version that decided each row
+    columns: dict[str, np.ndarray] = field(default_factory=dict)  # the store's own columns
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -169,8 +173,12 @@ class PendingJoins:
     capacity: int
 
     def __init__(self, n_actions: int, n_features: int, settings: JoinSettings | None = None,
-                 clocks: PartitionClocks | None = None) -> None:
+                 clocks: PartitionClocks | None = None,
+                 columns: Mapping[str, Any] | None = None) -> None:
         self.settings = settings or JoinSettings()
+        self.column_types: dict[str, np.dtype[Any]] = {
+            name: np.dtype(dtype) for name, dtype in (columns or {}).items()}
+        self.columns: dict[str, np.ndarray] = {}
         self.n_actions, self.n_features = n_actions, n_features
         self.clocks = clocks if clocks is not None else PartitionClocks()
         self.rows = RowStore(n_features)
@@ -206,6 +214,11 @@ class PendingJoins:
         grown("n_feedback", (capacity,), np.int64)
         grown("feedback_ts", (capacity,), np.float64, np.nan)
         grown("active", (capacity,), bool, False)
+        for name, dtype in self.column_types.items():
+            column = np.zeros(capacity, dtype=dtype)
+            if old:
+                column[:old] = self.columns[name]
+            self.columns[name] = column
         self.rows.grow(capacity)
         self._free.extend(range(capacity - 1, old - 1, -1))
 
@@ -221,6 +234,11 @@ class PendingJoins:
             seen.add(event_id)
         return out
 
+    def oldest_pending(self) -> float:
+        """A time no pending decision was made before (inf when none waits): every decision
+        made earlier is closed."""
+        return self._oldest if self.slot_of else np.inf
+
     def now(self, wall: float) -> float:
         """The newest time of any of the join's clocks."""
         return self.clocks.latest(wall)
@@ -234,14 +252,16 @@ class PendingJoins:
     def add_decisions(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                       labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
                       wall: float, model_version: int | np.ndarray = 0,
-                      event_ts: np.ndarray | None = None) -> None:
+                      event_ts: np.ndarray | None = None,
+                      columns: Mapping[str, np.ndarray] | None = None) -> None:
         """Record new decisions (ids must be new: check with :meth:`is_known`).
 
         A decision's window opens at ``decided_at``. The instance clock of its partition
         moves to the instances' event times ``event_ts`` (default: ``decided_at``, where
         they are one, as in a replay): a daemon decides a backlog read long after it was
         written at the wall clock's time, and early feedback, held on that clock, must be
-        held in the backlog's own time. ``model_version`` names the model that decided.
+        held in the backlog's own time. ``model_version`` names the model that decided;
+        ``columns`` give the store's own columns (an absent one is 0).
         """
         B = len(ids)
         if B == 0:
@@ -260,6 +280,8 @@ class PendingJoins:
         self.action[slots], self.probs[slots], self.label[slots] = actions, probs, labels
         self.decided_at[slots], self.partition[slots] = decided_at, partitions
         self.model[slots] = model_version
+        for name, column in self.columns.items():
+            column[slots] = 0 if columns is None or name not in columns else columns[name]
         self.reward[slots], self.n_feedback[slots], self.feedback_ts[slots] = 0.0, 0, np.nan
         self.active[slots] = True
         self._oldest = min(self._oldest, float(np.asarray(decided_at).min()))
@@ -275,7 +297,8 @@ class PendingJoins:
     def add_joined(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                    labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
                    rewards: np.ndarray, feedback_ts: np.ndarray, wall: float,
-                   model_version: int | np.ndarray = 0) -> None:
+                   model_version: int | np.ndarray = 0,
+                   columns: Mapping[str, np.ndarray] | None = None) -> None:
         """Decisions that arrive together with their feedback (new ids; a simulation that
         answers at once): with the ``earliest`` policy and the feedback inside the window
         they join on arrival — the same outcome as :meth:`add_decisions` followed by
@@ -284,7 +307,7 @@ class PendingJoins:
         if self.settings.duplicate_policy != "earliest" or self.early or not (
                 feedback_ts < decided_at + self.settings.window_s).all():
             self.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
-                               model_version)
+                               model_version, columns=columns)
             self.add_feedback(ids, rewards, feedback_ts, partitions, wall)
             return
         self.clocks.observe_pair(partitions, decided_at, feedback_ts)
@@ -296,8 +319,18 @@ class PendingJoins:
             rewards=np.asarray(rewards, dtype=np.float64), labels=np.asarray(labels),
             outcome=np.zeros(B, dtype=np.int8), delays=feedback_ts - decided_at,
             learn=np.ones(B, dtype=bool), decided_at=np.asarray(decided_at, dtype=np.float64),
-            model_version=versions))
+            model_version=versions, columns=self._given_columns(columns, B)))
         self.recent.add_all(ids, int(Outcome.JOINED), float(feedback_ts.max()))
+
+    def _given_columns(self, columns: Mapping[str, np.ndarray] | None, n: int
+                       ) -> dict[str, np.ndarray]:
+        """The store's columns for ``n`` rows from those given (an absent one is 0)."""
+        out = {}
+        for name, dtype in self.column_types.items():
+            given = None if columns is None else columns.get(name)
+            out[name] = (np.zeros(n, dtype=dtype) if given is None
+                         else np.broadcast_to(np.asarray(given, dtype=dtype), (n,)).copy())
+        return out
 
     def _shed(self, n: int, now: float) -> None:
         live = np.flatnonzero(self.active)
@@ -458,6 +491,7 @@ class PendingJoins:
             probs=self.probs[slots], rewards=rewards, labels=self.label[slots], outcome=outcome,
             delays=np.where(joined, self.feedback_ts[slots] - self.decided_at[slots], np.nan),
             learn=learn, decided_at=self.decided_at[slots], model_version=self.model[slots],
+            columns={name: column[slots] for name, column in self.columns.items()},
         )
         self.ids[slots] = None
         self.rows.clear(slots)
@@ -484,6 +518,8 @@ class PendingJoins:
         arrays["pending.ids.utf8"], arrays["pending.ids.ends"] = pack_strings(
             [str(i) for i in self.ids[live].tolist()])
         arrays.update({f"pending.x.{k}": v for k, v in self.rows.export(live).items()})
+        arrays.update({f"pending.column.{name}": column[live]
+                       for name, column in self.columns.items()})
         meta = {"early": [_early_json(fb) for fb in self.early.values()],
                 "shed_total": self.shed_total, "clocks": self.clocks.to_json(),
                 "recent_young_since": young_since if np.isfinite(young_since) else None}
@@ -492,7 +528,8 @@ class PendingJoins:
     @classmethod
     def restore(cls, n_actions: int, n_features: int, settings: JoinSettings,
                 arrays: dict[str, np.ndarray], meta: dict[str, Any],
-                clocks: PartitionClocks | None = None) -> PendingJoins:
+                clocks: PartitionClocks | None = None,
+                columns: Mapping[str, Any] | None = None) -> PendingJoins:
         """Rebuild a store from :meth:`export` output; raise StateError if it does not fit.
 
         ``clocks`` are used when ``meta`` has none (checkpoints written before the
@@ -500,7 +537,7 @@ class PendingJoins:
         """
         try:
             clocks = PartitionClocks.from_json(meta["clocks"]) if "clocks" in meta else clocks
-            store = cls(n_actions, n_features, settings, clocks)
+            store = cls(n_actions, n_features, settings, clocks, columns)
             ids = _stored_ids(arrays, "pending.ids")
             X = RowStore.imported({k[len("pending.x."):]: v for k, v in arrays.items()
                                    if k.startswith("pending.x.")}, n_features)
@@ -509,7 +546,10 @@ class PendingJoins:
             store.add_decisions(ids, X, arrays["pending.action"], arrays["pending.probs"],
                                 arrays["pending.label"], arrays["pending.decided_at"],
                                 arrays["pending.partition"], wall=-np.inf,
-                                model_version=arrays.get("pending.model", 0))  # older: absent
+                                model_version=arrays.get("pending.model", 0),  # older: absent
+                                columns={name: arrays[f"pending.column.{name}"]
+                                         for name in store.column_types
+                                         if f"pending.column.{name}" in arrays})
             store.clocks = saved_clocks
             slots = np.array([store.slot_of[i] for i in ids], dtype=np.int64)
             store.reward[slots] = arrays["pending.reward"]
@@ -534,6 +574,8 @@ def _concat_closed(parts: list[Closed]) -> Closed:
     if len(parts) == 1:
         return parts[0]
     return Closed(ids=[i for p in parts for i in p.ids], X=concat_rows([p.X for p in parts]),
+                  columns={name: np.concatenate([p.columns[name] for p in parts])
+                           for name in parts[0].columns},
                   **{name: np.concatenate([getattr(p, name) for p in parts])
                      for name in ("actions", "probs", "rewards", "labels", "outcome", "delays",
                                   "learn", "decided_at", "model_version")})

@@ -290,7 +290,7 @@ def test_the_loop_retrains_listwise_rankers_on_its_logged_slates(tmp_path: Path)
     daemon = make_daemon(broker, tmp_path, clock, retrain_every_events=400,
                          retrain_worker="thread")
     daemon = run(broker, daemon, caller, clock, 10)
-    while daemon.retraining is not None and daemon.retraining._job is not None:
+    while daemon.retraining is not None and daemon.retraining.worker.job is not None:
         time.sleep(0.05)
         daemon.retraining.tick()
     daemon.checkpoint(final=True)

@@ -34,9 +34,11 @@ def evaluate_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, A
 def test_holdout_only_reproduces_run_retrain_exactly(
         retrained: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
     root, result = retrained
-    policies = ["learner", "uniform", "best_constant", "ranker:logistic", "ranker:rankboost"]
+    policies = ["logged", "learner", "uniform", "best_constant", "ranker:logistic",
+                "ranker:rankboost"]
     report = evaluate_json(capsys, str(root / "log"), *[f"--policy={p}" for p in policies],
-                           "--estimator", "ips,snips,dr", "--segments", "1:3", "--holdout-only")
+                           "--estimator", "ips,snips,dr,bound", "--segments", "1:3",
+                           "--holdout-only")
     assert report["rows"] == result["heldout_rows"] and report["segments"] == result["segments"]
     assert report["estimates"] == {p: result["estimates"][p] for p in policies}
 
@@ -57,12 +59,29 @@ def test_all_rows_and_the_table(retrained: tuple[Path, dict[str, Any]],
                                 capsys: pytest.CaptureFixture[str]) -> None:
     root, _ = retrained
     report = evaluate_json(capsys, str(root / "log"))
-    assert report["rows"] == 5000 and set(report["estimates"]) == {"learner", "uniform"}
-    assert all(set(e) == {"ips", "snips", "dr"} for e in report["estimates"].values())
-    assert main(["evaluate", str(root / "log"), "--policy", "learner", "--estimator", "snips"]) == 0
+    assert report["rows"] == 5000
+    assert set(report["estimates"]) == {"logged", "learner", "uniform"}
+    assert all(list(e) == ["bound", "ips", "snips", "dr"] for e in report["estimates"].values())
+    logged = report["estimates"]["logged"]
+    assert logged["bound"]["low"] <= logged["ips"]["value"] <= logged["bound"]["high"]
+    assert main(["evaluate", str(root / "log"), "--policy", "learner",
+                 "--estimator", "snips,bound"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1].split()[:3] == ["policy", "estimator", "value"]
-    assert out[2].split()[:2] == ["learner", "snips"] and len(out) == 3
+    assert out[1].startswith("Read 'bound'")
+    assert out[2].split()[:3] == ["policy", "estimator", "value"]
+    assert out[3].split()[:2] == ["learner", "snips"] and len(out) == 5
+    assert out[4].split()[:2] == ["learner", "bound"] and "read this" in out[4]
+
+
+def test_an_estimate_on_few_effective_rows_is_flagged(
+        retrained: tuple[Path, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    """A constant action on the 200 newest rows: few effective rows; and a clipped estimate
+    says how much of it was clipped."""
+    root, _ = retrained
+    assert main(["evaluate", str(root / "log"), "--policy", "constant:2", "--estimator",
+                 "snips,ips", "--max-rows", "60", "--clip", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "not to be trusted" in out and "% of weights clipped (biased)" in out
 
 
 @pytest.mark.parametrize("args,message", [

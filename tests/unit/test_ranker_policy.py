@@ -7,7 +7,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from streamlearn.engine import Engine, exploit_around
+from streamlearn.actions import exploit_around
+from streamlearn.engine import Engine, Mixture
 from streamlearn.learners import Banditron, FixedGamma
 from streamlearn.service.retraining import ranking_lists
 from streamlearn.stream.join import JoinSettings
@@ -50,7 +51,7 @@ def test_logged_propensities_are_the_sampling_frequencies() -> None:
     mask = np.tile([[True, True, False, True, True]], (n, 1))
     decided = engine.decide([f"k{i}" for i in range(n)], X, mask, labels=np.full(n, -1),
                             ts=np.zeros(n), partitions=np.zeros(n, int), wall=0.0,
-                            exploit_scores=scores)
+                            mixture=Mixture((7,), (1.0,), (scores,)))
     p = decided.probs[0]
     np.testing.assert_allclose(p, [0.3 / 4, 0.7 + 0.3 / 4, 0.0, 0.3 / 4, 0.3 / 4])
     assert (decided.probs == p).all()
@@ -62,3 +63,33 @@ def test_logged_propensities_are_the_sampling_frequencies() -> None:
     assert chi2 < 16.27  # χ²(3) at p = 0.001
     # the ranker's distribution is also what the join stored: the learner learns with it
     assert np.allclose(engine.joins.probs[engine.joins.active][0], p)
+    assert (decided.columns["served_by"] == 7).all()
+    np.testing.assert_allclose(decided.columns["gamma"], 0.3)
+
+
+def test_a_mixture_logs_the_probability_of_the_whole_sampling_procedure() -> None:
+    """The learner (30 %) and a ranker (70 %) share the events: each event is served by the
+    policy its key draws, and the logged distribution is the mixture — the frequency of
+    every action over 40,000 keyed draws (χ², fixed seed), and the share each policy served."""
+    learner = Banditron(K, 3, FixedGamma(0.3), seed=5)
+    engine = Engine(learner, JoinSettings(window_s=1e9, max_pending=100_000))
+    n = 40_000
+    X = np.tile([[1.0, 0.5, -0.2]], (n, 1))
+    scores = np.tile([[0.1, 0.2, 0.3, -1.0, 0.9]], (n, 1))  # the ranker's best: action 4
+    _, learner_probs = learner.decide(X[:1], None, keys=["probe"])  # untrained: the same for all
+    decided = engine.decide([f"m{i}" for i in range(n)], X, None, labels=np.full(n, -1),
+                            ts=np.zeros(n), partitions=np.zeros(n, int), wall=0.0,
+                            mixture=Mixture((0, 3), (0.3, 0.7), (None, scores)))
+    ranker = exploit_around(scores[:1], None, np.array([0.3]))[0]
+    expected_p = 0.3 * learner_probs[0] + 0.7 * ranker
+    np.testing.assert_allclose(decided.probs[0], expected_p)
+    counts = np.bincount(decided.actions, minlength=K)
+    expected = n * expected_p
+    chi2 = float((((counts - expected) ** 2) / expected).sum())
+    assert chi2 < 18.47  # χ²(4) at p = 0.001
+    served = decided.columns["served_by"]
+    assert set(np.unique(served).tolist()) == {0, 3}
+    assert abs((served == 3).mean() - 0.7) < 0.01  # 4.4 standard errors
+    # the logged propensity of each event is the mixture's, whichever policy served it
+    np.testing.assert_allclose(decided.probs[np.arange(n), decided.actions],
+                               expected_p[decided.actions])

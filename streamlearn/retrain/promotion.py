@@ -1,0 +1,138 @@
+"""The promotion gate: is a retrained ranker credibly better than the policy that is live?
+
+Every ranker a retrain produces becomes a **challenger**. Its evidence is every logged
+row decided after the rows it was trained on (``since``: the start of its retrain's
+held-out slice) and before the retrain's watermark (the oldest decision still waiting
+for feedback, so every earlier decision is in the log), in decision order — each look
+of a later retrain extends the same sequence. On those rows it is evaluated **as it
+would be deployed**: its best allowed action with the exploration rate the learner used
+at that decision (:func:`deployed_policy`), against **what was live on the same rows**
+(the logger itself), paired row by row:
+
+    Y_i = 1 + r_i·(w_i − 1),   w_i = π(a_i|x_i) / p_i,   E[Y_i] = 1 + V(π) − V(logger_i)
+
+``Y ≥ 0`` whatever the weights, so a betting confidence sequence
+(:mod:`streamlearn.evaluation.bounds`) gives a lower bound on the advantage that holds
+at every look, at any effective sample size and with weights of any size. A challenger
+passes when its sequence rejects "no better than what was live" (``m = 1``).
+
+Several challengers are judged at once and a new batch arrives with every retrain, so
+the miss probability is spent: the j-th challenger since the live policy last changed
+is judged at ``α_j = α / (j (j + 1))`` (Σ α_j = α). Hence, between two changes of the
+live policy, the probability that *any* challenger truly no better than what was live
+passes is at most α = 1 − ``level``. A challenger is judged at most
+:data:`MAX_LOOKS` times (then dropped) and at most :data:`MAX_CHALLENGERS` are kept.
+
+:func:`promotion_decision` picks, among the challengers that passed, the one with the
+highest lower bound on its advantage; passing starts a guarded rollout, not a switch
+(:mod:`streamlearn.service.rollout`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from streamlearn.actions import exploit_around
+from streamlearn.evaluation.bounds import HEAVY_GAMBLERS, lower_bound, value_interval
+from streamlearn.evaluation.offpolicy import effective_sample_size
+from streamlearn.features import hash_strings
+from streamlearn.rankers.base import Ranker
+from streamlearn.retrain.joint import action_scores
+from streamlearn.stream.experience import ExperienceRows
+
+__all__ = ["MAX_CHALLENGERS", "MAX_LOOKS", "challenger_alpha", "deployed_policy",
+           "evidence_order", "judge", "paired_advantage", "promotion_decision"]
+
+MAX_LOOKS = 10  # a challenger judged this many times without passing is dropped
+MAX_CHALLENGERS = 6  # challengers kept between retrains (the newest)
+
+
+def challenger_alpha(alpha: float, index: int) -> float:
+    """The miss probability spent on the ``index``-th challenger (1-based) since the live
+    policy last changed: α / (j (j + 1)), which sums to α over all j.
+
+    >>> challenger_alpha(0.05, 1), round(challenger_alpha(0.05, 3), 6)
+    (0.025, 0.004167)
+    """
+    if index < 1:
+        raise ValueError(f"Expected a challenger index >= 1. Got {index}.")
+    return alpha / (index * (index + 1))
+
+
+def evidence_order(rows: ExperienceRows) -> np.ndarray:
+    """The row order of a confidence sequence: by decision time, ties (a batch decided at
+    once) by a hash of the id, so the order never depends on how the rows were read."""
+    return np.lexsort((hash_strings(list(rows.ids)), rows.decided_at))
+
+
+def deployed_policy(ranker: Ranker, rows: ExperienceRows) -> np.ndarray:
+    """The ranker as the loop deploys it, on each logged row: 1 − γ on its best allowed
+    action (the actions the logger could take), γ spread over them, with the row's γ."""
+    X = np.asarray(rows.X, dtype=np.float64)
+    allowed = rows.probs > 0
+    return exploit_around(action_scores(ranker, X, rows.probs.shape[1]), allowed,
+                          np.asarray(rows.gamma, dtype=np.float64))
+
+
+def importance(rows: ExperienceRows, pi: np.ndarray) -> np.ndarray:
+    """w = π(a|x)/p of every row (unclipped)."""
+    picked = pi[np.arange(len(rows)), rows.actions]
+    return np.asarray(picked / rows.propensities, dtype=np.float64)
+
+
+def paired_advantage(rows: ExperienceRows, pi: np.ndarray) -> np.ndarray:
+    """``1 + r·(w − 1)`` per row: nonnegative, mean 1 + V(π) − V(logger)."""
+    return np.asarray(1.0 + np.asarray(rows.rewards, np.float64) * (importance(rows, pi) - 1.0))
+
+
+def judge(rows: ExperienceRows, pi: np.ndarray, alpha: float) -> dict[str, Any]:
+    """A challenger's verdict on its evidence rows (already in :func:`evidence_order`).
+
+    ``passed``: its advantage over what was live is credibly above 0 (at ``alpha``);
+    ``advantage_lower``: the confidence sequence's lower bound on that advantage;
+    ``value``: a confidence sequence for its own value (each side at ``alpha``/2: the
+    interval its live value is later checked against), with the IPS estimate ``mean``.
+    """
+    if not len(rows):
+        return {"rows": 0, "passed": False, "advantage_lower": None, "value": None,
+                "ess": 0.0, "max_weight": None}
+    w = importance(rows, pi)
+    y = paired_advantage(rows, pi)
+    low = lower_bound(y, alpha, high=2.0, n_gamblers=HEAVY_GAMBLERS)
+    value = value_interval(rows.rewards, w, alpha)
+    return {"rows": len(rows), "passed": bool(low >= 1.0), "advantage_lower": low - 1.0,
+            "value": value.as_dict(), "ess": effective_sample_size(w),
+            "max_weight": float(w.max())}
+
+
+def promotion_decision(result: dict[str, Any]) -> dict[str, Any]:
+    """The challenger to promote from a retrain's report: among those that passed, the one
+    with the highest lower bound on its advantage (ties: the first listed)."""
+    challengers = result.get("challengers") or []
+    passed = [c for c in challengers if c.get("passed")]
+    decision: dict[str, Any] = {"promote": False, "ranker": None, "artifact": None,
+                                "advantage_lower": None, "alpha": None}
+    if not passed:
+        best = max((c for c in challengers if c.get("advantage_lower") is not None),
+                   key=lambda c: c["advantage_lower"], default=None)
+        if best is None:
+            return {**decision, "reason": "no challenger has evidence yet"}
+        return {**decision, "ranker": best["name"], "advantage_lower": best["advantage_lower"],
+                "reason": (f"no challenger is credibly better than what was live; best "
+                           f"{best['name']} v{best['version']}: advantage >= "
+                           f"{_fmt(best['advantage_lower'])} on {best['rows']:,} rows "
+                           f"(ESS {best['ess']:.0f}, alpha {best['alpha']:.2g})")}
+    best = max(passed, key=lambda c: c["advantage_lower"])
+    return {"promote": True, "ranker": best["name"], "artifact": best["artifact"],
+            "version": best["version"], "advantage_lower": best["advantage_lower"],
+            "alpha": best["alpha"], "value": best["value"],
+            "reason": (f"{best['name']} v{best['version']}: advantage over what was live >= "
+                       f"{_fmt(best['advantage_lower'])} on {best['rows']:,} rows (ESS "
+                       f"{best['ess']:.0f}, alpha {best['alpha']:.2g})")}
+
+
+def _fmt(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:+.4f}"

@@ -1,0 +1,105 @@
+"""The rankers on disk: immutable artifacts and ``state.json``, the record of what happened.
+
+``state.json`` (beside the artifacts, written atomically: temporary file, fsync,
+rename) holds
+
+* ``live`` — the newest ranker trained (its ranking is published with decisions while
+  the learner decides);
+* ``promoted`` — the rankers that passed the promotion gate, oldest first; the last one
+  is the one whose ranking decisions carry, and with ``retrain.policy = "ranker"`` the
+  one that serves (its rollout state is in the daemon's checkpoint);
+* ``challengers`` and ``challenger_index`` — the rankers still being judged and how many
+  were judged since the live policy last changed (the promotion gate spends its miss
+  probability over them, :mod:`streamlearn.retrain.promotion`);
+* ``history`` — the last :data:`HISTORY_KEPT` retrains, promotions, rollout steps and
+  rollbacks, each with its figures (``streamlearn inspect`` shows them);
+* ``next_version``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from streamlearn.errors import StateError
+from streamlearn.retrain.artifact import RankerArtifact, list_artifacts, load_artifact
+
+__all__ = ["HISTORY_KEPT", "STATE_FILE", "RankerStore", "read_ranker_state"]
+
+log = logging.getLogger("streamlearn.retrain")
+
+STATE_FILE = "state.json"
+HISTORY_KEPT = 100
+
+
+def read_ranker_state(artifact_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The persisted ranker state (``{}`` if none yet)."""
+    path = Path(artifact_dir) / STATE_FILE
+    if not path.exists():
+        return {}
+    try:
+        state: dict[str, Any] = orjson.loads(path.read_bytes())
+    except orjson.JSONDecodeError as exc:
+        raise StateError(f"{path} is not valid JSON: {exc}") from exc
+    return state
+
+
+class RankerStore:
+    """The artifact directory and its ``state.json`` (see the module doc)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.state: dict[str, Any] = {"live": None, "promoted": [], "history": [],
+                                      "next_version": 1, "challengers": [],
+                                      "challenger_index": 0}
+
+    def open(self) -> None:
+        """Create the directory, drop interrupted artifact writes, read the state."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for path in self.directory.iterdir():
+            if path.name.startswith(".") and path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+        state = read_ranker_state(self.directory)
+        if state:
+            self.state = {**self.state, **state}
+        newest = max((int(p.name.rsplit("-v", 1)[1]) for p in list_artifacts(self.directory)),
+                     default=0)  # a job the last run did not harvest left artifacts no state names
+        self.state["next_version"] = max(int(self.state.get("next_version", 1)), newest + 1)
+
+    def load(self, path: str | None) -> RankerArtifact | None:
+        """The artifact at ``path``, or None (logged) when there is none or it cannot load."""
+        if not path:
+            return None
+        try:
+            return load_artifact(path)
+        except (StateError, OSError, ValueError) as exc:
+            log.error("ranker artifact %s cannot be loaded (%s); serving without it", path, exc)
+            return None
+
+    def take_version(self) -> int:
+        version = int(self.state["next_version"])
+        self.state["next_version"] = version + 1
+        return version
+
+    @property
+    def promoted(self) -> list[str]:
+        return list(self.state.get("promoted") or [])
+
+    def record(self, entry: dict[str, Any]) -> None:
+        """Append ``entry`` to the history and write the state."""
+        self.state["history"] = [*self.state.get("history", []), entry][-HISTORY_KEPT:]
+        self.save()
+
+    def save(self) -> None:
+        path = self.directory / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(orjson.dumps(self.state, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
