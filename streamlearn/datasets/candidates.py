@@ -48,6 +48,7 @@ __all__ = [
     "CandidateStream",
     "load_candidate_stream",
     "ohsumed_candidates",
+    "request_cycle",
     "synthetic_candidates",
 ]
 
@@ -150,12 +151,13 @@ def _check_passes(passes: int, rounds: int | None) -> None:
         raise ConfigError(f"Expected rounds to be an int >= 1 or None. Got {rounds!r}.")
 
 
-def ohsumed_candidates(passes: int = 1, seed: int = 0, graded: bool = False,
+def ohsumed_candidates(passes: int = 1, seed: int | None = 0, graded: bool = False,
                        data_dir: str | os.PathLike[str] | None = None,
                        rounds: int | None = None) -> CandidateStream:
     """LETOR 3.0 OHSUMED as a candidate-set bandit (module docstring); ``rounds`` cuts or extends.
 
     Request ids are ``q<qid>.p<pass>`` (pass from 1); candidate ids are the LETOR doc ids.
+    ``seed=None`` keeps the queries in file order in every pass.
     """
     _check_passes(passes, rounds)
     root = resolve_data_dir(data_dir) / "letor3-ohsumed"
@@ -259,6 +261,27 @@ def _load_synthetic(passes: int, seed: int, rounds: int | None,
         request_ids=[f"{base.request_ids[r]}.p{p}" for r, p in zip(order.tolist(), pass_of.tolist(),
                                                                    strict=True)],
     )
+
+
+#: Shuffled passes over OHSUMED's queries a simulated caller plays before it starts over.
+OHSUMED_CALLER_PASSES = 20
+
+
+def request_cycle(name: str, seed: int, data_dir: str | os.PathLike[str] | None = None,
+                  ) -> tuple[CandidateStream, np.ndarray]:
+    """The requests a simulated caller cycles through, each held once, and the order it plays
+    them in (request ``n`` is ``stream`` request ``order[n mod len(order)]``).
+
+    OHSUMED: its 106 queries in file order, played in :data:`OHSUMED_CALLER_PASSES` shuffled
+    passes — the order of ``load_candidate_stream(name, passes=20, seed=seed)``, without its
+    20 copies of the candidates (120 MB). Another stream: its requests, in order.
+    """
+    entry = CANDIDATE_STREAMS.get(name)
+    if entry is not None and entry[0] is _load_ohsumed:
+        stream = ohsumed_candidates(passes=1, seed=None, graded=entry[1], data_dir=data_dir)
+        return stream, stream_order(len(stream), OHSUMED_CALLER_PASSES, None, seed)
+    stream = load_candidate_stream(name, seed=seed, data_dir=data_dir)
+    return stream, np.arange(len(stream))
 
 
 CandidateLoader = Callable[[int, int, int | None, str | os.PathLike[str] | None, bool], CandidateStream]

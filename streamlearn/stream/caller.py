@@ -32,6 +32,7 @@ import numpy as np
 import orjson
 
 from streamlearn.features import SparseBatch
+from streamlearn.stream.transport import own_copy
 
 __all__ = ["CallerStats", "SimulatedCaller", "StreamSource", "encode_instances"]
 
@@ -226,7 +227,7 @@ class SimulatedCaller:
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 self.stats.unparsable_decisions += 1
                 continue
-            self.stats.recent_decisions.append(value or b"")
+            self.stats.recent_decisions.append(own_copy(value or b""))
             n = int(event_id[len(self.prefix):]) if event_id.startswith(self.prefix) and \
                 event_id[len(self.prefix):].isdigit() else -1
             numbers.append(n)

@@ -17,8 +17,13 @@ Instance number ``n`` has id ``"e<n>"`` and is the message at offset ``n`` of
 the instances topic; its features and label are a pure function of
 ``(seed, n)``. After a restart that seeks to a checkpoint's offset ``N`` the
 stream therefore continues with event ``N`` — no id collides with a restored
-pending join. Messages below both the read position and the last commit are
-trimmed, so memory stays bounded on a long run.
+pending join. That seek is the only one the daemon makes, and it is made on a
+new process's transport, whose topics start empty: so nothing consumed has to
+stay in memory for it. Consumed messages are trimmed once committed, and the
+uncommitted ones (all of them without checkpoints) are kept only up to
+:data:`RETAIN_BYTES` behind the read position, for a seek back within the
+process (as within a Kafka topic's retention; below it a seek is refused as
+trimmed). Memory stays flat on a run of any length.
 
 >>> import orjson
 >>> t = EmbeddedTransport(chunk=4, delay_mean_s=0.0, seed=3)
@@ -43,7 +48,8 @@ from streamlearn.stream.transport import Message, check_offsets
 
 __all__ = ["CallerStats", "EmbeddedTransport", "StreamSource"]
 
-RETAIN = 50_000  # messages kept behind the read position for a seek back
+#: Consumed but uncommitted messages kept per partition behind the read position, in bytes.
+RETAIN_BYTES = 8 << 20
 
 
 class EmbeddedTransport(InMemoryTransport):
@@ -129,12 +135,13 @@ class EmbeddedTransport(InMemoryTransport):
         self._rate_sent += max(count, 0)
 
     def _trim(self) -> None:
-        """Keep what may still be read or re-read: from the last commit (where a restart
-        resumes), or without a commit the last :data:`RETAIN` messages (for a seek back)."""
+        """Forget consumed messages once committed, and uncommitted ones beyond
+        :data:`RETAIN_BYTES` behind the read position (the module docstring says why)."""
         committed = self.committed()
         for tp in self._assigned:
-            position = self._positions[tp]
-            self.broker.log(*tp).trim(min(position, committed.get(tp, position - RETAIN)))
+            position, log = self._positions[tp], self.broker.log(*tp)
+            kept_from = max(committed.get(tp, 0), log.offset_holding(position, RETAIN_BYTES))
+            log.trim(min(position, kept_from))
 
     def poll(self, max_records: int, timeout_s: float) -> list[Message]:
         """Advance the simulation, then return up to ``max_records`` input messages."""
