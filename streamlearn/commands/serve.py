@@ -14,9 +14,11 @@ checkpoint (exit 0). ``--max-events N`` does the same after N instances.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -26,7 +28,7 @@ from contextlib import ExitStack, contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, disable_created_metrics
+from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics
 
 from streamlearn.commands.progress import ProgressLine, number_or_dash
 from streamlearn.config import Config, env_name, field_specs, flag_name, load_config
@@ -287,12 +289,27 @@ def build_learner(config: Config, n_actions: int, n_features: int) -> Learner:
                         config.learner.seed, **config.learner.hyperparameters())
 
 
-class Progress:
-    """Periodic one-line progress reports read from the metrics registry (thread-safe)."""
+#: Fewer learned rounds than this: the final line says its error rates are too early to judge.
+EARLY_ROUNDS = 1000
 
-    def __init__(self, registry: CollectorRegistry, out: Any, stats: Any = None) -> None:
-        self.registry, self.out, self.stats = registry, out, stats
-        self.progress = ProgressLine("events")
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (``ru_maxrss``: kB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class Progress:
+    """Periodic one-line progress reports read from the metrics registry (thread-safe).
+
+    In candidate mode (``slots=True``) an event is a request, and feedback is counted per
+    placed slot: the labels say so.
+    """
+
+    def __init__(self, registry: CollectorRegistry, out: Any, stats: Any = None,
+                 slots: bool = False) -> None:
+        self.registry, self.out, self.stats, self.slots = registry, out, stats, slots
+        self.progress = ProgressLine("requests" if slots else "events")
 
     def _get(self, name: str, labels: dict[str, str] | None = None) -> float:
         value = self.registry.get_sample_value(name, labels)
@@ -304,11 +321,16 @@ class Progress:
         decided = sum(self._get("streamlearn_decisions_total", {"explored": e})
                       for e in ("true", "false"))
         gamma = self._get("streamlearn_exploration_gamma") if decided > 0 else None
+        per = "-slots" if self.slots else ""
         extra = [("γ", number_or_dash(gamma)),
-                 ("joined", f"{self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}"),
-                 ("pending", f"{self._get('streamlearn_pending_joins'):,.0f}")]
+                 (f"joined{per}",
+                  f"{self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}"),
+                 (f"pending{per}", f"{self._get('streamlearn_pending_joins'):,.0f}")]
         if self.stats is not None and self.stats.dropped:
             extra.append(("dropped", f"{self.stats.dropped:,}"))
+        rss = self.registry.get_sample_value("process_resident_memory_bytes")
+        if rss is not None:
+            extra.append(("rss", f"{rss / 1e6:,.0f}MB"))
         # cum: the tracker's rate, which a restored checkpoint carries over (NaN before any round)
         cumulative = self._get("streamlearn_error_rate") if rounds > 0 else None
         return self.progress.line(self._get("streamlearn_instances_total"), rounds, mistakes,
@@ -332,18 +354,47 @@ class Progress:
             thread.join(timeout=2)
 
     def summary(self, daemon: Any, seen: int, elapsed: float) -> str:
-        c, tracker = daemon.counters, daemon.tracker
+        """The final line: rates, the fate of every decision, the error rates, memory."""
         seq = daemon.checkpointer.seq if daemon.checkpointer is not None else None
+        noun = "requests" if self.slots else "instances"
+        return (f"streamlearn serve: stopped after {seen} {noun} in {elapsed:.1f} s "
+                f"({_rates(seen, elapsed, daemon.polling_seconds)}); daemon totals: "
+                f"{_totals(daemon)}; {self._errors(daemon.tracker)}; peak RSS "
+                f"{peak_rss_bytes() / 1e6:,.0f} MB; last checkpoint {seq or 'none'}")
+
+    def _errors(self, tracker: Any) -> str:
         mistakes = self._get("streamlearn_mistakes_total")
         ewma = self.progress.ewma.update(self._get("streamlearn_rewards_total") + mistakes,
                                          mistakes)
-        return (f"streamlearn serve: stopped after {seen} instances in {elapsed:.1f} s "
-                f"({seen / max(elapsed, 1e-9):,.0f}/s); daemon totals: instances "
-                f"{c.instances}{_rejected_note(daemon)}, feedback joined {c.feedback['joined']}, expired "
-                f"{c.feedback['expired']}; cum-error {tracker.error_rate:.4f}, ewma-error "
-                f"{number_or_dash(ewma)}, window-error {tracker.window_error_rate:.4f}; last "
-                f"checkpoint "
-                f"{seq or 'none'}")
+        text = (f"cum-error {number_or_dash(tracker.error_rate)}, ewma-error "
+                f"{number_or_dash(ewma)}, window-error {number_or_dash(tracker.window_error_rate)}")
+        if tracker.rounds < EARLY_ROUNDS:
+            text += (f" (over {tracker.rounds} learned {'slots' if self.slots else 'rounds'} "
+                     f"only: too few to judge the learner, which has barely started)")
+        return text
+
+
+def _rates(seen: int, elapsed: float, polling: float) -> str:
+    """Instances per second of the wall clock, and of the time not spent polling (the
+    daemon's own work: the wall-clock rate also counts the waits for input)."""
+    wall = f"{seen / max(elapsed, 1e-9):,.0f}/s"
+    busy = elapsed - polling
+    if busy <= 0:
+        return wall
+    return f"{wall}; {seen / busy:,.0f}/s over the {busy:.1f} s not spent polling"
+
+
+def _totals(daemon: Any) -> str:
+    """What became of every decision: joined + expired + pending + shed = decided (in
+    candidate mode per placed slot: each slot of a request is joined on its own)."""
+    c, pending = daemon.counters, len(daemon.join)
+    joined, expired = c.feedback["joined"], c.feedback["expired"]
+    fates = f"joined {joined}, expired {expired}, pending {pending}, shed {c.shed}"
+    if daemon.settings.candidates_enabled:
+        return (f"requests {c.instances}{_rejected_note(daemon)}, feedback per placed slot: "
+                f"{fates} (of {joined + expired + pending + c.shed} slots placed)")
+    return (f"instances {c.instances}{_rejected_note(daemon)}, feedback {fates} (of "
+            f"{c.decisions} decisions)")
 
 
 def _rejected_note(daemon: Any) -> str:
@@ -382,6 +433,7 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
     out = out if out is not None else sys.stdout
     disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series double the count and carry nothing we use
     registry = registry if registry is not None else CollectorRegistry()
+    _add_process_metrics(registry)
     observer = PrometheusObserver(registry)
     stopping = threading.Event()
     if config.kafka.membership == "group":
@@ -414,7 +466,8 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
             stack.callback(server.stop)
             print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
                   file=out, flush=True)
-        progress = Progress(registry, out, getattr(transport, "stats", None))
+        progress = Progress(registry, out, getattr(transport, "stats", None),
+                            slots=settings.candidates_enabled)
         if progress_s > 0:
             stack.enter_context(progress.every(progress_s))
         retraining = daemon.retraining
@@ -431,6 +484,13 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
         if linger_s > 0 and not stopping.is_set():
             stopping.wait(linger_s)
     return 0
+
+
+def _add_process_metrics(registry: CollectorRegistry) -> None:
+    """The process's own memory, CPU and file descriptors (``process_resident_memory_bytes``,
+    ...) on this registry: the daemon's registry is the process's. Once per registry."""
+    with contextlib.suppress(ValueError):  # already there (a registry reused, the global one)
+        ProcessCollector(registry=registry)
 
 
 def _serve_group(config: Config, max_events: int | None, progress_s: float,
