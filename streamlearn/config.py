@@ -283,8 +283,11 @@ class EmbeddedConfig:
     """The in-process simulator used when no Kafka bootstrap is configured."""
 
     dataset: str = spec("synnonsep", "dataset streamed (synsep, synnonsep, letter, ...)")
-    data_dir: Path | None = spec(None, "dataset directory (default: the loaders' own)",  # noqa: RUF009
-                                 kind="path")
+    data_dir: Path | None = spec(None, "where the datasets live (default: "  # noqa: RUF009
+                                 "$STREAMLEARN_DATA_DIR, ../shared/datasets, then the user "
+                                 "cache; docs/datasets.md)", kind="path")
+    fetch: bool = spec(False, "download missing built-in data (verified by sha256) into the "
+                       "data directory before serving")
     rate: float = spec(0.0, "instances per second; 0 = as fast as the loop consumes", ge=0)
     chunk: int = spec(256, "instances produced per step", ge=1)
     delay_mean_seconds: float = spec(0.2, "mean feedback delay (exponential)", ge=0)

@@ -63,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
                 str(args.seed if args.seed is not None else 0), "--batch-size", str(args.batch_size)]
         if args.rounds is not None:
             argv += ["--requests", str(args.rounds)]
+        if args.data_dir is not None:
+            argv += ["--data-dir", args.data_dir]
+        if args.fetch:
+            argv.append("--fetch")
         return bench_candidates.main(argv + (["--json"] if args.json else []))
     systems = parse_systems(args.systems)
     exploration = exploration_from_args(args, unset=FixedGamma(0.05))

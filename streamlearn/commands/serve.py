@@ -46,10 +46,13 @@ if TYPE_CHECKING:
 __all__ = ["add_config_arguments", "add_logging_arguments", "add_parser", "cli_overrides",
            "configure_logging", "run", "serve"]
 
-#: Short spellings for the most used settings (the long --<section>-<field> forms also work).
+#: Short spellings for the most used settings (the long --<section>-<field> forms also work);
+#: --data-dir is the spelling every command that reads a dataset shares.
 ALIASES = {"kafka.bootstrap": ["--bootstrap"], "learner.name": ["--learner"],
            "exploration.name": ["--exploration"], "exploration.gamma": ["--gamma"],
-           "learner.seed": ["--seed"]}
+           "learner.seed": ["--seed"], "embedded.data_dir": ["--data-dir"]}
+#: Flags without a value that set a boolean setting to true (as replay's and bench's --fetch).
+SWITCHES = {"embedded.fetch": "--fetch"}
 _DEST = "cfg__"
 
 
@@ -85,10 +88,14 @@ def add_config_arguments(parser: argparse.ArgumentParser,
         help_text = (f"{override} (env {env_name(fs.section, fs.name)})" if override else
                      f"{fs.help} (default {default}; env {env_name(fs.section, fs.name)})"
                      ).replace("%", "%%")
+        dest = f"{_DEST}{fs.section}__{fs.name}"
         groups[fs.section].add_argument(
-            flag_name(fs.section, fs.name), *ALIASES.get(fs.key, []),
-            dest=f"{_DEST}{fs.section}__{fs.name}", metavar=_metavar(fs), default=None,
-            help=help_text)
+            flag_name(fs.section, fs.name), *ALIASES.get(fs.key, []), dest=dest,
+            metavar=_metavar(fs), default=None, help=help_text)
+        if fs.key in SWITCHES:
+            groups[fs.section].add_argument(
+                SWITCHES[fs.key], dest=dest, action="store_const", const="true",
+                help=f"the same as {flag_name(fs.section, fs.name)} true")
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -198,7 +205,7 @@ def build_transport(config: Config, max_instances: int | None = None) -> Transpo
                                  else str(e.data_dir), rate=e.rate, chunk=e.chunk,
                                  delay_mean_s=e.delay_mean_seconds, drop=e.drop, seed=e.seed,
                                  max_instances=max_instances, drift_at=e.drift_at,
-                                 slots=e.slots)
+                                 slots=e.slots, fetch=e.fetch)
     from streamlearn.stream.kafka import KafkaTransport, ensure_topics
 
     k = config.kafka
@@ -366,8 +373,10 @@ class Progress:
         mistakes = self._get("streamlearn_mistakes_total")
         ewma = self.progress.ewma.update(self._get("streamlearn_rewards_total") + mistakes,
                                          mistakes)
-        text = (f"cum-error {number_or_dash(tracker.error_rate)}, ewma-error "
-                f"{number_or_dash(ewma)}, window-error {number_or_dash(tracker.window_error_rate)}")
+        learned = tracker.rounds > 0  # before the first round the tracker's rates read 0
+        text = (f"cum-error {number_or_dash(tracker.error_rate if learned else None)}, "
+                f"ewma-error {number_or_dash(ewma)}, window-error "
+                f"{number_or_dash(tracker.window_error_rate if learned else None)}")
         if tracker.rounds < EARLY_ROUNDS:
             text += (f" (over {tracker.rounds} learned {'slots' if self.slots else 'rounds'} "
                      f"only: too few to judge the learner, which has barely started)")

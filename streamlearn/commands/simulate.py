@@ -52,7 +52,12 @@ def add_parser(subparsers: Any) -> None:
                             "default synnonsep)")
     group.add_argument("--slots", type=int, default=1, metavar="K",
                        help="slots per candidate-set request (default 1)")
-    group.add_argument("--data-dir", metavar="DIR", help="dataset directory")
+    group.add_argument("--data-dir", metavar="DIR",
+                       help="where the datasets live (default: $STREAMLEARN_DATA_DIR, "
+                            "../shared/datasets, then the user cache)")
+    group.add_argument("--fetch", action="store_true",
+                       help="download missing built-in data (verified by sha256) into the "
+                            "data dir")
     group.add_argument("--rate", type=float, required=True, metavar="EV_PER_S",
                        help="required, no default: instances per second; 0 = as fast as "
                             "possible")
@@ -126,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("kafka.bootstrap must be HOST:PORT[,HOST:PORT...] for simulate. Got "
                           "nothing (use --bootstrap or STREAMLEARN_KAFKA_BOOTSTRAP).")
     configure_logging(args.log_level, args.library_log_level)
-    summary = simulate(config, dataset=args.dataset, data_dir=args.data_dir, rate=args.rate,
+    summary = simulate(config, dataset=args.dataset, data_dir=args.data_dir, fetch=args.fetch,
+                       rate=args.rate,
                        events=args.events, delay_mean_s=args.delay_mean, drop=args.drop,
                        seed=args.seed, run_id=args.run_id, wait_s=args.wait_seconds,
                        progress_s=args.progress_seconds, slots=args.slots,
@@ -165,7 +171,8 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
              rate: float = 0.0, events: int = 10_000, delay_mean_s: float = 1.0,
              drop: float = 0.0, seed: int = 1, run_id: str | None = None,
              wait_s: float = 30.0, chunk: int = 500, progress_s: float = 0.0,
-             progress_out: Any = None, slots: int = 1) -> SimulationSummary:
+             progress_out: Any = None, slots: int = 1, fetch: bool = False,
+             ) -> SimulationSummary:
     """Run one simulation against ``config.kafka.bootstrap``; see the module docstring.
 
     The caller is the shared :class:`~streamlearn.stream.caller.SimulatedCaller`
@@ -180,7 +187,8 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
     from streamlearn.stream.candidate_caller import make_caller
 
     summary = SimulationSummary(run_id or uuid.uuid4().hex[:8])
-    caller = make_caller(dataset, data_dir, f"{summary.run_id}-", delay_mean_s, drop, seed, slots)
+    caller = make_caller(dataset, data_dir, f"{summary.run_id}-", delay_mean_s, drop, seed, slots,
+                         fetch=fetch)
     topics = config.topics
     try:
         producer, consumer = _clients(config)

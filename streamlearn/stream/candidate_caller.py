@@ -142,13 +142,13 @@ class CandidateCaller:
 
 def make_caller(dataset: str, data_dir: str | None, prefix: str, delay_mean_s: float,
                 drop: float, seed: int, slots: int = 1, drift_at: int | None = None,
-                ) -> SimulatedCaller | CandidateCaller:
+                fetch: bool = False) -> SimulatedCaller | CandidateCaller:
     """The simulated caller of a dataset: a :class:`CandidateCaller` for a candidate-set
     stream (:func:`~streamlearn.datasets.candidates.request_cycle`: OHSUMED in 20 shuffled
     passes, then cycled), else a :class:`~streamlearn.stream.caller.SimulatedCaller`."""
     name = dataset.lower()
     if name in CANDIDATE_STREAMS:
-        stream, order = request_cycle(name, seed, data_dir)
+        stream, order = request_cycle(name, seed, data_dir, fetch)
         return CandidateCaller(stream, prefix, delay_mean_s, drop, seed, slots, order)
-    return SimulatedCaller(StreamSource(dataset, data_dir, seed, drift_at=drift_at), prefix,
-                           delay_mean_s, drop, seed)
+    return SimulatedCaller(StreamSource(dataset, data_dir, seed, drift_at=drift_at, fetch=fetch),
+                           prefix, delay_mean_s, drop, seed)

@@ -61,6 +61,8 @@ class EmbeddedTransport(InMemoryTransport):
         Topic names (as in the Kafka configuration).
     dataset, data_dir : str
         What the simulated caller streams (see :class:`StreamSource`).
+    fetch : bool
+        Download missing files of a built-in dataset first (verified by sha256).
     rate : float
         Instances per second; 0 = a chunk whenever the backlog is below one chunk.
     chunk : int
@@ -84,14 +86,15 @@ class EmbeddedTransport(InMemoryTransport):
                  dataset: str = "synnonsep", data_dir: str | None = None, rate: float = 0.0,
                  chunk: int = 256, delay_mean_s: float = 0.2, drop: float = 0.0, seed: int = 1,
                  max_instances: int | None = None, drift_at: int | None = None,
-                 clock: Callable[[], float] = time.time, slots: int = 1) -> None:
+                 clock: Callable[[], float] = time.time, slots: int = 1,
+                 fetch: bool = False) -> None:
         if rate < 0 or chunk < 1 or delay_mean_s < 0 or not 0 <= drop <= 1:
             raise ConfigError(f"EmbeddedTransport expects rate >= 0, chunk >= 1, delay_mean_s >= "
                               f"0, 0 <= drop <= 1. Got {rate}, {chunk}, {delay_mean_s}, {drop}.")
         super().__init__(instances_topic, feedback_topic, decisions_topic, dead_letter_topic,
                          broker=InMemoryBroker(1))
         self.caller = make_caller(dataset, data_dir, "e", delay_mean_s, drop, seed, slots,
-                                  drift_at)
+                                  drift_at, fetch)
         self.source = self.caller.source if isinstance(self.caller, SimulatedCaller) else None
         self.rate, self.chunk, self.max_instances = rate, chunk, max_instances
         self._clock = clock

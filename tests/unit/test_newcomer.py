@@ -1,0 +1,107 @@
+"""What a new user trips over: the data directory, --fetch, suggestions for a mistaken name.
+
+Each test here is one way a first run went wrong: a flag a command printed in its advice but
+did not accept, a directory it ignored, a name it did not suggest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from streamlearn.cli import main
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+needs_data = pytest.mark.skipif(
+    not SHARED.is_dir(), reason=f"real-data test: the shared data folder {SHARED} is absent")
+
+
+def _error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("command", [
+    ["replay", "--dataset", "ohsumed-candidates", "--passes", "1"],
+    ["bench", "--dataset", "ohsumed-candidates"],
+])
+def test_data_dir_is_used_for_the_candidate_streams(
+        command: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--data-dir was ignored for ohsumed-candidates (only $STREAMLEARN_DATA_DIR worked), and
+    the message said neither how to fix it nor where LETOR comes from."""
+    monkeypatch.delenv("STREAMLEARN_DATA_DIR", raising=False)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([*command, "--data-dir", str(empty)]) == 2
+    err = _error(capsys)
+    assert f"not found in {empty}:" in err and "letor3-ohsumed" in err
+    assert "--data-dir DIR" in err and "STREAMLEARN_DATA_DIR" in err
+    assert "OHSUMED.rar from https://www.microsoft.com/" in err
+    assert main([*command, "--data-dir", str(empty), "--fetch"]) == 2
+    assert "--fetch cannot download LETOR 3.0 OHSUMED" in _error(capsys)
+
+
+@needs_data
+def test_replay_reads_ohsumed_from_the_data_dir_given(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMLEARN_DATA_DIR", str(tmp_path / "not-here"))
+    (tmp_path / "data").mkdir()
+    os.symlink(SHARED / "letor3-ohsumed", tmp_path / "data" / "letor3-ohsumed")
+    assert main(["replay", "--dataset", "ohsumed-candidates", "--rounds", "200", "--data-dir",
+                 str(tmp_path / "data")]) == 0
+    assert "200 requests" in capsys.readouterr().out
+
+
+def test_serve_accepts_the_flags_its_missing_data_message_names(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """serve said 'pass --data-dir DIR ... or add --fetch' and then refused both flags."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["serve", "--embedded-dataset", "letter", "--data-dir", str(empty),
+                 "--metrics-port", "-1", "--progress-seconds", "0", "--max-events", "10"]) == 2
+    err = _error(capsys)
+    assert f"Dataset 'letter' not found in {empty}" in err
+    assert "pass --data-dir DIR" in err and "add --fetch" in err
+    # both flags it names are serve's: --data-dir (alias of --embedded-data-dir) and --fetch
+    assert main(["serve", "--data-dir", str(empty), "--fetch", "--print-config"]) == 0
+    printed = capsys.readouterr().out
+    assert f'data_dir = "{empty}"' in printed and "fetch = true" in printed
+    assert main(["serve", "--embedded-data-dir", str(empty), "--print-config"]) == 0
+
+
+def test_serve_fetches_missing_data_with_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--fetch downloads the embedded dataset's files (here from a file:// address)."""
+    from streamlearn.datasets import uci
+    from streamlearn.datasets.base import DatasetFiles, RemoteFile
+
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    rows = "".join(f"{letters[i % 26]}," + ",".join(str((i * k) % 16) for k in range(1, 17))
+                   + "\n" for i in range(20_000))
+    source = tmp_path / "letter-recognition.data"
+    source.write_text(rows)
+    payload = source.read_bytes()
+    remote = RemoteFile(uci.LETTER.files[0].path, source.as_uri(),
+                        hashlib.sha256(payload).hexdigest(), len(payload))
+    monkeypatch.setattr(uci, "LETTER", DatasetFiles("letter", (remote,)))
+    data = tmp_path / "data"
+    assert main(["serve", "--embedded-dataset", "letter", "--data-dir", str(data), "--fetch",
+                 "--metrics-port", "-1", "--progress-seconds", "0", "--max-events", "50"]) == 0
+    assert (data / remote.path).is_file()
+    assert "stopped after 50 instances" in capsys.readouterr().out
+
+
+def test_simulate_and_the_rank_experiments_take_data_dir_and_fetch() -> None:
+    from streamlearn.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["simulate", "--rate", "0"], ["rank", "roger", "--dataset", "letter"],
+                 ["rank", "routing"], ["rank", "letor"]):
+        args = parser.parse_args([*argv, "--data-dir", "/x", "--fetch"])
+        assert args.data_dir == "/x" and args.fetch is True, argv
