@@ -25,6 +25,7 @@ from simulators.bench import DEFAULT_SYSTEMS, parse_systems, run_bench
 from streamlearn.commands.stream_options import (
     add_exploration_arguments,
     add_stream_arguments,
+    check_dataset_arg,
     exploration_from_args,
     prepare_from_args,
 )
@@ -56,6 +57,7 @@ def _say(message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from streamlearn.datasets.candidates import CANDIDATE_STREAMS
 
+    check_dataset_arg(args)
     if args.dataset in CANDIDATE_STREAMS:  # candidate sets: their learners against VW's ADF
         from simulators import bench_candidates
 

@@ -13,6 +13,7 @@ import orjson
 from streamlearn.commands.stream_options import (
     add_exploration_arguments,
     add_stream_arguments,
+    check_dataset_arg,
     exploration_from_args,
     int_at_least,
     number_in,
@@ -84,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     from streamlearn.datasets.stream import Drift
     from streamlearn.replay import run_with_comparator
 
+    check_dataset_arg(args)
     if args.dataset in CANDIDATE_STREAMS:
         from streamlearn.candidates.command import replay_candidate_stream
 

@@ -27,6 +27,7 @@ import numpy as np
 import orjson
 
 from streamlearn.datasets.candidates import CANDIDATE_STREAMS, CandidateStream, request_cycle
+from streamlearn.datasets.catalogue import check_dataset_name
 from streamlearn.stream.caller import CallerStats, SimulatedCaller, StreamSource
 from streamlearn.stream.transport import own_copy
 
@@ -147,6 +148,7 @@ def make_caller(dataset: str, data_dir: str | None, prefix: str, delay_mean_s: f
     stream (:func:`~streamlearn.datasets.candidates.request_cycle`: OHSUMED in 20 shuffled
     passes, then cycled), else a :class:`~streamlearn.stream.caller.SimulatedCaller`."""
     name = dataset.lower()
+    check_dataset_name(dataset, ignore_case=True)
     if name in CANDIDATE_STREAMS:
         stream, order = request_cycle(name, seed, data_dir, fetch)
         return CandidateCaller(stream, prefix, delay_mean_s, drop, seed, slots, order)

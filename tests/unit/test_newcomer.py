@@ -105,3 +105,100 @@ def test_simulate_and_the_rank_experiments_take_data_dir_and_fetch() -> None:
                  ["rank", "routing"], ["rank", "letor"]):
         args = parser.parse_args([*argv, "--data-dir", "/x", "--fetch"])
         assert args.data_dir == "/x" and args.fetch is True, argv
+
+
+# ------------------------------------------------------------- a mistaken name or path
+
+@pytest.mark.parametrize(("given", "suggested"), [
+    ("lettre", "(did you mean 'letter'?)"),
+    ("ohsumed", "(did you mean 'ohsumed-candidates'?)"),
+    ("my.csv", "a file is given as csv:PATH (did you mean 'csv:my.csv'?)"),
+    ("data/train.svm", "a file is given as libsvm:PATH (did you mean 'libsvm:data/train.svm'?)"),
+])
+@pytest.mark.parametrize("command", ["replay", "bench"])
+def test_a_mistaken_dataset_gets_a_suggestion_and_the_full_list(
+        command: str, given: str, suggested: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--dataset", given]) == 2
+    err = _error(capsys)
+    assert suggested in err
+    for name in ("letter", "ohsumed-candidates", "ohsumed-candidates-graded",
+                 "synthetic-candidates", "synnonsep"):
+        assert f"'{name}'" in err, name
+
+
+def test_an_existing_file_given_as_a_dataset_suggests_csv(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "events"
+    path.write_text("a,b\n1,0\n2,1\n")
+    assert main(["replay", "--dataset", str(path)]) == 2
+    assert f"(did you mean 'csv:{path}'?)" in _error(capsys)
+
+
+def test_serve_suggests_the_embedded_dataset_meant(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--embedded-dataset", "lettre", "--metrics-port", "-1",
+                 "--progress-seconds", "0", "--max-events", "10"]) == 2
+    assert "(did you mean 'letter'?)" in _error(capsys)
+
+
+def test_the_dataset_help_lists_every_name() -> None:
+    from streamlearn.commands.stream_options import dataset_help
+    from streamlearn.datasets.catalogue import dataset_names
+
+    assert all(name in dataset_help() for name in dataset_names())
+
+
+def test_a_second_serve_on_a_port_in_use_says_how_to_get_a_free_one(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--metrics-port", str(port), "--progress-seconds", "0",
+                     "--max-events", "10"]) == 2
+    err = _error(capsys)
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in err
+    assert "pass --metrics-port 0 for a free one" in err
+
+
+# ------------------------------------------------------------- csv files as they come
+
+MISSING = "f1,f2,f3,y\n1,2,3,a\n4,,6,b\n7,8,9,a\n1,2,?,b\n3,3,3,b\n5,NA,5,a\n"
+
+
+def test_a_missing_csv_value_names_the_option_that_handles_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text(MISSING)
+    assert main(["replay", "--dataset", f"csv:{path}"]) == 2
+    err = _error(capsys)
+    assert "column 'f2', line 3: expected a number. Got ''" in err
+    assert "--missing skip drops its row, --missing impute fills the column's mean" in err
+
+
+def test_missing_csv_values_skipped_or_imputed(tmp_path: Path) -> None:
+    from streamlearn.datasets import load_dataset
+
+    path = tmp_path / "m.csv"
+    path.write_text(MISSING + "2,2,2,\n")  # the last row has no label
+    skipped = load_dataset(f"csv:{path}", missing="skip")
+    assert skipped.X.tolist() == [[1, 2, 3], [7, 8, 9], [3, 3, 3]]  # type: ignore[union-attr]
+    imputed = load_dataset(f"csv:{path}", missing="impute")
+    assert imputed.n_rows == 6  # the row without a label is dropped, the others filled
+    X = imputed.X
+    assert X[1].tolist() == [4, (2 + 8 + 2 + 3) / 4, 6]  # type: ignore[index]
+    assert X[3].tolist() == [1, 2, (3 + 6 + 9 + 3 + 5) / 5]  # type: ignore[index]
+    assert X[5].tolist() == [5, (2 + 8 + 2 + 3) / 4, 5]  # type: ignore[index]
+    with pytest.raises(Exception, match="must be one of error, skip, impute"):
+        load_dataset(f"csv:{path}", missing="drop")
+
+
+def test_a_wrong_delimiter_is_named_not_the_header(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.csv"
+    path.write_text("x1,x2,label\n0.5,1,3\n0.7,2,4\n")
+    assert main(["replay", "--dataset", f"csv:{path}", "--delimiter", ";"]) == 2
+    err = _error(capsys)
+    assert "every line is one field when split at ';', but the lines hold ','" in err
+    assert "expected --delimiter ','" in err and "--header" not in err
