@@ -78,3 +78,12 @@ def test_inspect_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
     proc.stdout.close()  # the reader is gone before the first line, as `| head -0` would be
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141 and "Traceback" not in err, err
+
+
+def test_a_reversed_segment_range_is_named(capsys: pytest.CaptureFixture[str]) -> None:
+    from streamlearn.commands.evaluate import parse_segments
+    from streamlearn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"Got '5:2', a reversed range: did you mean 2:5\?"):
+        parse_segments("5:2")
+    assert parse_segments("2:2") == (2, 2)
