@@ -34,7 +34,13 @@ from typing import Any
 import numpy as np
 
 from simulators.peers import VW_EXPLORERS, import_vw, python_loop_banditron, run_vw, vw_lines
-from streamlearn.datasets.stream import PreparedStream, add_bias, standardise
+from streamlearn.datasets.stream import (
+    ROUND_BYTES,
+    PreparedStream,
+    add_bias,
+    check_fits_in_memory,
+    standardise,
+)
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.features import SparseBatch
 from streamlearn.learners import make_learner
@@ -190,6 +196,9 @@ def run_bench(
         raise ConfigError(f"--systems expects names in {sorted(SYSTEMS)}. Got {unknown} instead.")
     if stream.rounds == 0:
         raise DataError(f"Dataset {stream.dataset!r} has no rows.")
+    dense = not isinstance(stream.features, SparseBatch)  # generated rows are dense too
+    check_fits_in_memory(stream.rounds, ROUND_BYTES + (8 * stream.n_features if dense else 0),
+                         f"the stream bench holds ({stream.n_features} features a round)")
     X_stream, y_stream = stream.materialise()  # every system needs the whole stream
     if not isinstance(X_stream, SparseBatch):
         X_stream = np.asarray(X_stream, dtype=np.float64)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics
 
 from streamlearn.commands.progress import ProgressLine, number_or_dash
+from streamlearn.commands.stream_options import integer, number
 from streamlearn.config import Config, env_name, field_specs, flag_name, load_config
 from streamlearn.errors import ConfigError
 from streamlearn.service.http import LagTracker, MetricsServer
@@ -116,11 +117,11 @@ def add_parser(subparsers: Any) -> None:
     group = parser.add_argument_group("running")
     group.add_argument("--config", metavar="FILE",
                        help="TOML config file (default: $STREAMLEARN_CONFIG, else none)")
-    group.add_argument("--max-events", type=int, metavar="N",
+    group.add_argument("--max-events", type=integer, metavar="N",
                        help="stop after N instances (final checkpoint, exit 0)")
-    group.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
+    group.add_argument("--progress-seconds", type=number, default=5.0, metavar="S",
                        help="print a progress line every S seconds; 0 = never (default 5)")
-    group.add_argument("--linger-seconds", type=float, default=0.0, metavar="S",
+    group.add_argument("--linger-seconds", type=number, default=0.0, metavar="S",
                        help="after stopping, keep /metrics up S more seconds so a scraper "
                             "reads the final values (a signal ends it early; default 0)")
     group.add_argument("--print-config", action="store_true",

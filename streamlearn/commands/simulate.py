@@ -33,6 +33,7 @@ from streamlearn.commands.serve import (
     cli_overrides,
     configure_logging,
 )
+from streamlearn.commands.stream_options import integer, number
 from streamlearn.config import load_config
 from streamlearn.errors import ConfigError, TransportError
 
@@ -50,7 +51,7 @@ def add_parser(subparsers: Any) -> None:
                        help="dataset to stream (synsep, synnonsep, letter, pendigits, ...; "
                             "candidate-set requests: ohsumed-candidates, synthetic-candidates; "
                             "default synnonsep)")
-    group.add_argument("--slots", type=int, default=1, metavar="K",
+    group.add_argument("--slots", type=integer, default=1, metavar="K",
                        help="slots per candidate-set request (default 1)")
     group.add_argument("--data-dir", metavar="DIR",
                        help="where the datasets live (default: $STREAMLEARN_DATA_DIR, "
@@ -58,24 +59,24 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--fetch", action="store_true",
                        help="download missing built-in data (verified by sha256) into the "
                             "data dir")
-    group.add_argument("--rate", type=float, required=True, metavar="EV_PER_S",
+    group.add_argument("--rate", type=number, required=True, metavar="EV_PER_S",
                        help="required, no default: instances per second; 0 = as fast as "
                             "possible")
-    group.add_argument("--events", type=int, default=10_000, metavar="N",
+    group.add_argument("--events", type=integer, default=10_000, metavar="N",
                        help="instances to send (default 10000)")
-    group.add_argument("--delay-mean", type=float, default=1.0, metavar="S",
+    group.add_argument("--delay-mean", type=number, default=1.0, metavar="S",
                        help="mean feedback delay in seconds, exponential (default 1)")
-    group.add_argument("--drop", type=float, default=0.0, metavar="P",
+    group.add_argument("--drop", type=number, default=0.0, metavar="P",
                        help="probability that a decision gets no feedback (default 0)")
-    group.add_argument("--seed", type=int, default=1, metavar="S", help="seed (default 1)")
+    group.add_argument("--seed", type=integer, default=1, metavar="S", help="seed (default 1)")
     group.add_argument("--run-id", metavar="TEXT",
                        help="event id prefix (default: a fresh random one)")
-    group.add_argument("--wait-seconds", type=float, default=30.0, metavar="S",
+    group.add_argument("--wait-seconds", type=number, default=30.0, metavar="S",
                        help="after the last instance, wait this long for missing decisions "
                             "(default 30)")
     group.add_argument("--json", action="store_true",
                        help="print the summary as JSON (progress lines then go to stderr)")
-    group.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
+    group.add_argument("--progress-seconds", type=number, default=5.0, metavar="S",
                        help="print a progress line every S seconds; 0 = never (default 5)")
     add_logging_arguments(group)
     add_config_arguments(parser, sections=("kafka", "topics"), help_overrides={

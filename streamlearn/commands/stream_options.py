@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from streamlearn.config_fields import DIGITS_ONLY, decimal_float, decimal_int
 from streamlearn.errors import ConfigError
 from streamlearn.learners.exploration import (
     LEARNER_DEFAULT,
@@ -31,7 +32,9 @@ __all__ = [
     "check_dataset_arg",
     "exploration_from_args",
     "int_at_least",
+    "integer",
     "loader_options",
+    "number",
     "number_in",
     "prepare_from_args",
 ]
@@ -46,11 +49,29 @@ def dataset_help() -> str:
 _CSV_OPTIONS = ("label_column", "categorical", "delimiter", "header", "missing")
 
 
+def integer(text: str) -> int:
+    """argparse type: an integer written with the digits 0-9 (``int`` also takes ``1_0``)."""
+    try:
+        return decimal_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer ({DIGITS_ONLY}), "
+                                         f"got {text!r}") from None
+
+
+def number(text: str) -> float:
+    """argparse type: a number written with the digits 0-9 (``float`` also takes ``1_0``)."""
+    try:
+        return decimal_float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number ({DIGITS_ONLY}), "
+                                         f"got {text!r}") from None
+
+
 def int_at_least(low: int, high: int = 2**63 - 1) -> Callable[[str], int]:
     """argparse type: an integer in [``low``, ``high``] (by default up to the int64 range)."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = decimal_int(text)
         except ValueError:
             value = low - 1
         if not low <= value <= high:
@@ -66,7 +87,7 @@ def number_in(low: float = -math.inf, high: float = math.inf, low_open: bool = F
     """argparse type: a finite number in the given interval."""
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = decimal_float(text)
         except ValueError:
             value = math.nan
         ok = math.isfinite(value) and (value > low if low_open else value >= low) and (

@@ -12,7 +12,7 @@ True
 >>> check_dataset_name("lettre")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-streamlearn.errors.ConfigError: Expected a dataset in [...] or csv:PATH / libsvm:PATH. Got 'lettre' instead (did you mean 'letter'?).
+streamlearn.errors.ConfigError: Expected a dataset in ... Got 'lettre' instead (did you mean 'letter'?).
 """
 
 from __future__ import annotations
