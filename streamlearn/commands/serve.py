@@ -9,6 +9,8 @@ decision with delayed feedback, so the progress lines show it learning.
 
 SIGTERM / SIGINT stop the loop after the current batch and write a final
 checkpoint (exit 0). ``--max-events N`` does the same after N instances.
+
+``--help`` lists the options of a first run; ``--help-all`` every setting.
 """
 
 from __future__ import annotations
@@ -54,6 +56,14 @@ ALIASES = {"kafka.bootstrap": ["--bootstrap"], "learner.name": ["--learner"],
            "learner.seed": ["--seed"], "embedded.data_dir": ["--data-dir"]}
 #: Flags without a value that set a boolean setting to true (as replay's and bench's --fetch).
 SWITCHES = {"embedded.fetch": "--fetch"}
+#: What ``serve --help`` shows: the options a first run needs (``--help-all``: every one).
+FIRST_RUN_OPTIONS = frozenset({
+    "--help", "--help-all", "--config", "--max-events", "--progress-seconds", "--print-config",
+    "--log-level", "--bootstrap", "--learner", "--exploration", "--gamma", "--seed",
+    "--learner-n-actions", "--learner-n-features", "--checkpoint-dir", "--metrics-port",
+    "--metrics-host", "--embedded-dataset", "--data-dir", "--fetch", "--candidates-enabled"})
+_USAGE = ("%(prog)s [--config FILE] [--bootstrap HOST:PORT] [--checkpoint-dir DIR] "
+          "[--max-events N] [OPTION ...]")
 _DEST = "cfg__"
 
 
@@ -64,7 +74,7 @@ def _metavar(fs: Any) -> str:
         return "HOST:PORT"
     if fs.kind == "file":
         return "FILE"
-    if fs.kind == "path":
+    if fs.kind in ("path", "dir"):
         return "DIR"
     return {int: "N", float: "X", bool: "{true,false}"}.get(fs.base, "TEXT")
 
@@ -109,12 +119,53 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
+class _FirstRunHelp(argparse.Action):
+    """``--help``: the help with only :data:`FIRST_RUN_OPTIONS`, then how to see the rest."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(first_run_help(parser), end="")
+        parser.exit()
+
+
+def first_run_help(parser: argparse.ArgumentParser) -> str:
+    """``parser``'s help showing only the options of :data:`FIRST_RUN_OPTIONS` (the groups
+    left empty are left out), and a last line pointing to ``--help-all``."""
+    hidden = [a for a in parser._actions
+              if a.option_strings and not FIRST_RUN_OPTIONS.intersection(a.option_strings)]
+    groups = parser._action_groups
+    saved = ([(a, a.help) for a in hidden], [(g, g.description) for g in groups])
+    try:
+        for action in hidden:
+            action.help = argparse.SUPPRESS
+        parser._action_groups = [g for g in groups if any(
+            a.help is not argparse.SUPPRESS for a in g._group_actions)]
+        for group in groups:
+            group.description = None  # 'config file table [x]': the title says it
+        text = parser.format_help()
+    finally:
+        parser._action_groups = groups
+        for action, help_text in saved[0]:
+            action.help = help_text
+        for group, description in saved[1]:
+            group.description = description
+    return (f"{text}\nThese are the options of a first run; {len(hidden)} more (every setting "
+            f"of docs/configuration.md, SASL/SSL included): {parser.prog} --help-all\n")
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve", help="run the online-learning daemon (embedded simulator without --bootstrap)",
-        description=(__doc__ or "").replace("``", ""),
+        description=(__doc__ or "").replace("``", ""), usage=_USAGE, add_help=False,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_argument_group("running")
+    group.add_argument("-h", "--help", action=_FirstRunHelp,
+                       help="show the options of a first run and exit")
+    group.add_argument("--help-all", action="help", help="show every option and exit")
     group.add_argument("--config", metavar="FILE",
                        help="TOML config file (default: $STREAMLEARN_CONFIG, else none)")
     group.add_argument("--max-events", type=integer, metavar="N",

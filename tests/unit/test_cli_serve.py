@@ -316,3 +316,28 @@ def test_candidate_mode_says_it_counts_requests_and_placed_slots() -> None:
     assert placed == 2 * 1000 == joined + expired + pending + shed  # every request has >= 2
     progress = Progress(registry, out=None, slots=True).line()
     assert "requests " in progress and "joined-slots " in progress and "pending-slots " in progress
+
+
+def test_help_is_short_and_points_to_help_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """serve --help was 431 lines; it now shows the options of a first run."""
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) < 120
+    for flag in ("--max-events", "--bootstrap", "--learner", "--checkpoint-dir",
+                 "--metrics-port", "--embedded-dataset", "--data-dir", "--fetch", "--config"):
+        assert flag in text, flag
+    assert "--kafka-sasl-password" not in text and "[limits]" not in text
+    assert text.rstrip().splitlines()[-1].endswith("streamlearn serve --help-all")
+
+
+def test_help_all_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help-all"])
+    text = capsys.readouterr().out
+    for fs in field_specs():
+        assert flag_name(fs.section, fs.name) in text, fs.key
+    assert "--linger-seconds" in text and "--library-log-level" in text
+    # the short help changed nothing: the parser's full help is still whole
+    assert serve_help() == text
