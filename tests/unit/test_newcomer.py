@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,15 @@ def test_a_wrong_delimiter_is_named_not_the_header(
     err = _error(capsys)
     assert "every line is one field when split at ';', but the lines hold ','" in err
     assert "expected --delimiter ','" in err and "--header" not in err
+
+
+def test_replay_prints_the_exploration_in_words_and_numbers_rounded(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--dataset", "synsep", "--rounds", "3000", "--batch-size", "16"]) == 0
+    lines = {line.split()[0]: line.split(None, 1)[1] for line in
+             capsys.readouterr().out.splitlines()}
+    assert lines["exploration"].startswith("adaptive (c 0.35, ")  # not {'name': 'adaptive', ...}
+    assert "{" not in lines["exploration"] and "True" not in lines["exploration"]
+    assert lines["rounds"] == "3,000" and lines["standardised"] == "no"
+    assert re.fullmatch(r"0\.\d{4}", lines["error_rate"])
+    assert re.fullmatch(r"[\d,]+", lines["events_per_second"])  # not 102939.1754
