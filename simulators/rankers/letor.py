@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from streamlearn.commands.readable import spec_text
 from streamlearn.datasets.letor import LetorData, default_letor_dir, load_fold
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.plotting import pyplot
@@ -322,7 +323,8 @@ def run(args: argparse.Namespace) -> int:
         for name in algos:
             res = run_fold(name, fold, data, rounds=args.rounds, seed=args.seed)
             results[name].append(res)
-            progress(f"fold {fold} {name}: {res.seconds:.1f} s, selected {res.selected}, "
+            progress(f"fold {fold} {name}: {res.seconds:.1f} s, selected "
+                     f"{spec_text({'name': 'by validation MAP', **res.selected})}, "
                      f"test NDCG@10 {res.test['NDCG@10']:.4f} MAP {res.test['MAP']:.4f}")
     summary = summarise(results)
     if args.plot:

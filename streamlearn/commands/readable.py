@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,29 +16,34 @@ __all__ = ["spec_text", "value_text"]
 
 
 def spec_text(spec: Mapping[str, Any]) -> str:
-    """``{"name": N, **params}`` as ``N (param value, ...)``."""
-    params = ", ".join(f"{key} {value_text(value, digits=6)}" for key, value in spec.items()
+    """``{"name": N, **params}`` as ``N (param value, ...)``, each float to 4 significant
+    digits (0.006, 0.35, 100, 0.4721)."""
+    params = ", ".join(f"{key} {_parameter_text(value)}" for key, value in spec.items()
                        if key != "name")
     name = str(spec.get("name", "?"))
     return f"{name} ({params})" if params else name
 
 
-def value_text(value: Any, digits: int = 4) -> str:
+def value_text(value: Any, decimals: int = 4) -> str:
     """A number for people: integers (and integral floats from 1 on) with thousands
-    separators, other floats with ``digits`` decimals (up to 6 significant digits for
-    parameters, ``digits=6``), rates above 1,000 without decimals; booleans as yes / no."""
+    separators, floats of 1,000 and more without decimals, others with ``decimals``;
+    booleans as yes / no; a strategy spec as :func:`spec_text`."""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             return str(value)
-        if digits == 6:
-            return f"{value:.6g}"
         if abs(value) >= 1000 or (value.is_integer() and abs(value) >= 1):
             return f"{value:,.0f}"
-        return f"{value:.{digits}f}"
+        return f"{value:.{decimals}f}"
     if isinstance(value, Mapping) and "name" in value:
         return spec_text(value)
     return str(value)
+
+
+def _parameter_text(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.4g}"
+    return value_text(value)

@@ -215,3 +215,15 @@ def test_replay_prints_the_exploration_in_words_and_numbers_rounded(
     assert lines["rounds"] == "3,000" and lines["standardised"] == "no"
     assert re.fullmatch(r"0\.\d{4}", lines["error_rate"])
     assert re.fullmatch(r"[\d,]+", lines["events_per_second"])  # not 102939.1754
+
+
+@needs_data
+def test_rank_letor_says_what_validation_selected_in_words(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It printed "selected {'rounds': 1, ..., 'vali_MAP': 0.4720462920637005}"."""
+    assert main(["rank", "letor", "--algo", "rankboost", "--folds", "1", "--rounds", "5",
+                 "--peers", "none", "--data-dir", str(SHARED)]) == 0
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if "selected" in line)
+    assert "selected by validation MAP (rounds " in line and "{" not in line
+    assert re.search(r"vali_MAP 0\.\d{1,4}\)", line), line
