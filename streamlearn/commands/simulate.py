@@ -98,13 +98,17 @@ class SimulationSummary:
     rewards: float = 0.0
     missing_decisions: int = 0
     seconds: float = 0.0
+    sending_seconds: float = 0.0  # until the last instance was sent (then: waiting)
 
     def text(self) -> str:
         rate = self.instances_sent / self.seconds if self.seconds > 0 else 0.0
         answered = self.feedback_sent
         reward_rate = self.rewards / answered if answered else float("nan")
+        sending = (f"; {self.instances_sent / self.sending_seconds:,.0f}/s over the "
+                   f"{self.sending_seconds:.1f} s of sending, the rest waiting for decisions"
+                   if 0 < self.sending_seconds < self.seconds else "")
         return (f"streamlearn simulate: run {self.run_id}: sent {self.instances_sent} instances "
-                f"in {self.seconds:.1f} s ({rate:,.0f}/s); decisions received "
+                f"in {self.seconds:.1f} s ({rate:,.0f}/s{sending}); decisions received "
                 f"{self.decisions_received}; feedback sent {self.feedback_sent}; dropped "
                 f"{self.dropped}; missing decisions {self.missing_decisions}; reward rate "
                 f"{reward_rate:.4f}")
@@ -236,6 +240,8 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
     summary.rewards = stats.rewards_sent
     summary.missing_decisions = stats.instances_sent - stats.decisions_received
     summary.seconds = time.monotonic() - started
+    summary.sending_seconds = (last_sent_at if last_sent_at is not None else time.monotonic()
+                               ) - started
     return summary
 
 
