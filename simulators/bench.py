@@ -34,7 +34,13 @@ from typing import Any
 import numpy as np
 
 from simulators.peers import VW_EXPLORERS, import_vw, python_loop_banditron, run_vw, vw_lines
-from streamlearn.datasets.stream import PreparedStream, add_bias, standardise
+from streamlearn.datasets.stream import (
+    ROUND_BYTES,
+    PreparedStream,
+    add_bias,
+    check_fits_in_memory,
+    standardise,
+)
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.features import SparseBatch
 from streamlearn.learners import make_learner
@@ -43,7 +49,6 @@ from streamlearn.replay import replay
 
 __all__ = [
     "DEFAULT_SYSTEMS",
-    "REFERENCE",
     "SYSTEMS",
     "BenchReport",
     "BenchResult",
@@ -73,8 +78,6 @@ DEFAULT_SYSTEMS: tuple[str, ...] = tuple(SYSTEMS)
 #: learners that run with their own default (drift-aware) exploration; the Banditron family
 #: (banditron, pnorm, eg) runs with the fixed --gamma
 OWN_EXPLORATION = frozenset({"epsilon-greedy", "squarecb", "bag", "linucb", "lints", "newtron", "soba"})
-#: the ratio column is this system's events/s divided by each row's
-REFERENCE = "streamlearn-banditron"
 _GROUPS = {
     "all": DEFAULT_SYSTEMS,
     "streamlearn": tuple(s for s in SYSTEMS if SYSTEMS[s][0] == "streamlearn"),
@@ -110,38 +113,76 @@ class BenchReport:
     seed: int
     results: list[BenchResult]
 
-    def ratio(self, result: BenchResult) -> float | None:
-        """Reference events/s ÷ this system's events/s (None when either is missing)."""
-        ref = next((r for r in self.results if r.system == REFERENCE), None)
-        if ref is None or not ref.events_per_second or not result.events_per_second:
+    def reference(self) -> tuple[BenchResult, str] | None:
+        """The row every other is related to, and why: the VW row with the lowest error (the
+        peer to beat), else — no VW row ran — the row with the lowest error; None when no row
+        ran."""
+        ran = [r for r in self.results if r.error_rate is not None and r.events_per_second]
+        vw = [r for r in ran if SYSTEMS[r.system][0] == "vw"]
+        pool, why = ((vw, "the VW row with the lowest error") if vw else
+                     (ran, "the row with the lowest error (no VW row ran)"))
+        if not pool:
             return None
-        return ref.events_per_second / result.events_per_second
+        return min(pool, key=lambda r: float(r.error_rate or 0.0)), why
+
+    def speed_vs_reference(self, result: BenchResult) -> float | None:
+        """This row's events/s ÷ the reference's (2.0: twice as fast); None if either is
+        missing."""
+        ref = self.reference()
+        if ref is None or not result.events_per_second or not ref[0].events_per_second:
+            return None
+        return result.events_per_second / ref[0].events_per_second
+
+    def error_vs_reference(self, result: BenchResult) -> float | None:
+        """This row's error rate − the reference's (negative: fewer wrong actions)."""
+        ref = self.reference()
+        if ref is None or result.error_rate is None or ref[0].error_rate is None:
+            return None
+        return result.error_rate - ref[0].error_rate
 
     def to_json(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "results"}
         out["openblas_coretype"] = os.environ.get("OPENBLAS_CORETYPE")
-        out["results"] = [{**asdict(r), "ratio": self.ratio(r)} for r in self.results]
+        ref = self.reference()
+        out["reference"] = None if ref is None else {"system": ref[0].system, "why": ref[1]}
+        out["results"] = [{**asdict(r), "speed_vs_reference": self.speed_vs_reference(r),
+                           "error_vs_reference": self.error_vs_reference(r)}
+                          for r in self.results]
         return out
 
     def to_markdown(self) -> str:
-        lines = ["| system | batch | events/s | error rate | ratio |", "|---|---:|---:|---:|---:|"]
+        ref = self.reference()
+        name = ref[0].system if ref is not None else "-"
+        lines = ([f"Relative to {name}, {ref[1]}: speed = events/s ÷ its events/s, error − its "
+                  f"error rate.", ""] if ref is not None else [])
+        lines += [f"| system | batch | events/s | error rate | speed ÷ {name} | error − {name} |",
+                  "|---|---:|---:|---:|---:|---:|"]
         for r in self.results:
             if r.skipped:
-                lines.append(f"| {r.system} | {r.batch_size} | skipped: {r.skipped} | | |")
                 continue
-            ratio = self.ratio(r)
+            speed, delta = self.speed_vs_reference(r), self.error_vs_reference(r)
             lines.append(f"| {r.system} | {r.batch_size} | {r.events_per_second:,.0f} | "
-                         f"{r.error_rate:.4f} | {'n/a' if ratio is None else f'{ratio:.2f}'} |")
-        notes = [f"- {r.system}: VW's own average cbify loss {r.details['vw_reported_error']:.4f} "
-                 f"({'matches' if r.details.get('vw_error_matches') else 'DIFFERS from'} the count "
-                 f"above); text parsing, untimed, took {r.details['parse_seconds']:.2f} s"
-                 for r in self.results if "vw_reported_error" in r.details]
+                         f"{r.error_rate:.4f} | {'n/a' if speed is None else f'{speed:.2f}'} | "
+                         f"{'n/a' if delta is None else f'{delta:+.4f}'} |")
+        notes = self._skipped_notes() + [
+            f"- {r.system}: VW's own average cbify loss {r.details['vw_reported_error']:.4f} "
+            f"({'matches' if r.details.get('vw_error_matches') else 'DIFFERS from'} the count "
+            f"above); text parsing, untimed, took {r.details['parse_seconds']:.2f} s"
+            for r in self.results if "vw_reported_error" in r.details]
         cpu = [f"{r.system} {self.rounds / r.details['cpu_seconds']:,.0f}" for r in self.results
                if r.details.get("cpu_seconds")]
         if cpu:
             notes.append("- events per CPU second (process time, less sensitive to other load on the "
                          "machine): " + ", ".join(cpu))
         return "\n".join(lines + (["", *notes] if notes else []))
+
+    def _skipped_notes(self) -> list[str]:
+        """One line per reason a system was skipped, naming the systems."""
+        by_reason: dict[str, list[str]] = {}
+        for r in self.results:
+            if r.skipped:
+                by_reason.setdefault(r.skipped, []).append(r.system)
+        return [f"- skipped, {reason}: {', '.join(names)}" for reason, names in by_reason.items()]
 
 
 def parse_systems(text: str) -> list[str]:
@@ -190,6 +231,9 @@ def run_bench(
         raise ConfigError(f"--systems expects names in {sorted(SYSTEMS)}. Got {unknown} instead.")
     if stream.rounds == 0:
         raise DataError(f"Dataset {stream.dataset!r} has no rows.")
+    dense = not isinstance(stream.features, SparseBatch)  # generated rows are dense too
+    check_fits_in_memory(stream.rounds, ROUND_BYTES + (8 * stream.n_features if dense else 0),
+                         f"the stream bench holds ({stream.n_features} features a round)")
     X_stream, y_stream = stream.materialise()  # every system needs the whole stream
     if not isinstance(X_stream, SparseBatch):
         X_stream = np.asarray(X_stream, dtype=np.float64)

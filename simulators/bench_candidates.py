@@ -47,10 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--data-dir", default=None, help="where the datasets live")
+    parser.add_argument("--fetch", action="store_true",
+                        help="download missing built-in data (OHSUMED cannot be: see the error)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     stream = load_candidate_stream(args.dataset, passes=args.passes, seed=args.seed,
-                                   rounds=args.requests)
+                                   rounds=args.requests, data_dir=args.data_dir, fetch=args.fetch)
     rows = [run_streamlearn(stream, name, args.batch_size, args.seed) for name in LEARNERS]
     lines = adf_lines(stream)
     for explorer in adf_explorers(stream.sets.context.shape[1]):

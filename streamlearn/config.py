@@ -296,8 +296,11 @@ class EmbeddedConfig:
     """The in-process simulator used when no Kafka bootstrap is configured."""
 
     dataset: str = spec("synnonsep", "dataset streamed (synsep, synnonsep, letter, ...)")
-    data_dir: Path | None = spec(None, "dataset directory (default: the loaders' own)",  # noqa: RUF009
-                                 kind="path")
+    data_dir: Path | None = spec(None, "where the datasets live (default: "  # noqa: RUF009
+                                 "$STREAMLEARN_DATA_DIR, ../shared/datasets, then the user "
+                                 "cache; docs/datasets.md)", kind="path")
+    fetch: bool = spec(False, "download missing built-in data (verified by sha256) into the "
+                       "data directory before serving")
     rate: float = spec(0.0, "instances per second; 0 = as fast as the loop consumes", ge=0)
     chunk: int = spec(256, "instances produced per step", ge=1)
     delay_mean_seconds: float = spec(0.2, "mean feedback delay (exponential)", ge=0)
@@ -440,17 +443,17 @@ def load_config(
     given: set[str] = set()  # keys set by the CLI, the environment or the file
     for fs in field_specs():
         key, env_key = f"{fs.section}.{fs.name}", env_name(fs.section, fs.name)
-        if key in cli and cli[key] is not None:
-            raw, origin, text = cli[key], flag_name(fs.section, fs.name), True
-        elif env_key in env:
-            raw, origin, text = env[env_key], env_key, True
-        elif fs.name in file_values.get(fs.section, {}):
-            raw, origin, text = file_values[fs.section][fs.name], str(file_path), False
-        else:
-            sections[fs.section][fs.name] = fs.default
-            continue
-        sections[fs.section][fs.name] = convert(fs, raw, origin, text)
-        given.add(key)
+        # every value given is checked, also one a higher source overrides (a bad value in
+        # the file is an error the day the flag that hides it is dropped); the last wins
+        values = [convert(fs, raw, origin, text) for raw, origin, text in (
+            *(((file_values[fs.section][fs.name], str(file_path), False),)
+              if fs.name in file_values.get(fs.section, {}) else ()),
+            *(((env[env_key], env_key, True),) if env_key in env else ()),
+            *(((cli[key], flag_name(fs.section, fs.name), True),)
+              if key in cli and cli[key] is not None else ()))]
+        sections[fs.section][fs.name] = values[-1] if values else fs.default
+        if values:
+            given.add(key)
     _warn_near_misses(env)
     if "exploration.gamma" in given and "exploration.name" not in given:
         # `--gamma 0.1` alone means a fixed γ of 0.1 (as in replay), not an ignored value
@@ -462,15 +465,38 @@ def load_config(
 
 
 def _warn_near_misses(env: Mapping[str, str]) -> None:
-    """A ``STREAMLEARN_*`` variable one typo away from a setting is ignored like any other
-    unrelated variable — but said, since the setting it meant keeps its default."""
-    known = {env_name(fs.section, fs.name) for fs in field_specs()} | {"STREAMLEARN_CONFIG"}
-    for key in env:
-        if key.startswith("STREAMLEARN_") and key not in known:
-            meant = difflib.get_close_matches(key, known, n=1, cutoff=0.9)
+    """A ``STREAMLEARN_*`` variable that is no setting is ignored like any other unrelated
+    variable — but said when it was meant as one, since that setting keeps its default: when
+    it is named after a section (``STREAMLEARN_LEARNER_GAMMA``), or one typo away from a
+    setting."""
+    for key in sorted(env):
+        if key.startswith(ENV_PREFIX) and key != "STREAMLEARN_CONFIG":
+            meant = _meant_setting(key)
             if meant:
-                _log.warning("ignoring the environment variable %s: no such setting (did you "
-                             "mean %s?)", key, meant[0])
+                _log.warning("ignoring the environment variable %s: %s", key, meant)
+
+
+def _meant_setting(key: str) -> str:
+    """Why ``key`` is no setting and what was meant; '' for a setting or an unrelated name
+    (``STREAMLEARN_DATA_DIR`` is the datasets')."""
+    specs = field_specs()
+    known = {env_name(fs.section, fs.name): fs for fs in specs}
+    if key in known:
+        return ""
+    section = next((s for s in SECTIONS if key.startswith(env_name(s, ""))), None)
+    if section is None:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.9)
+        return f"no such setting (did you mean {close[0]}?)" if close else ""
+    name = key[len(env_name(section, "")):].lower()
+    own = [fs.name for fs in specs if fs.section == section]
+    close = difflib.get_close_matches(name, own, n=1, cutoff=0.6)
+    if close:
+        return f"no such setting (did you mean {env_name(section, close[0])}?)"
+    elsewhere = [env_name(fs.section, fs.name) for fs in specs if fs.name == name]
+    if elsewhere:
+        return f"[{section}] has no setting {name!r} (did you mean {elsewhere[0]}?)"
+    return (f"[{section}] has no setting {name!r} (its settings: "
+            f"{', '.join(env_name(section, n) for n in own)})")
 
 
 def _check_consistency(config: Config) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -33,10 +34,34 @@ from typing import Any
 
 from streamlearn.errors import ConfigError
 
-__all__ = ["FieldSpec", "convert", "spec"]
+__all__ = ["FieldSpec", "convert", "decimal_float", "decimal_int", "spec"]
 
 _NONE_WORDS = ("", "none", "null")
 _INT64 = 2**63
+# what a person types for a number: ASCII digits only (Python's int() and float() also take
+# '1_0' and other scripts' digits, which no setting should be given as)
+_INT_TEXT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)",
+                         re.ASCII | re.IGNORECASE)
+DIGITS_ONLY = "only the digits 0-9 (no '_' separators, no other scripts' digits)"
+
+
+def decimal_int(text: str) -> int:
+    """``text`` as an integer written with the ASCII digits 0-9 (and a sign); ValueError
+    otherwise (``1_0``, ``١٠``, ``1.0``)."""
+    stripped = text.strip()
+    if not _INT_TEXT.fullmatch(stripped):
+        raise ValueError(f"not a decimal integer: {text!r}")
+    return int(stripped)
+
+
+def decimal_float(text: str) -> float:
+    """``text`` as a number written with the ASCII digits 0-9, a point and an exponent;
+    ValueError otherwise (``1_0.5``, ``١.٥``)."""
+    stripped = text.strip()
+    if not _FLOAT_TEXT.fullmatch(stripped):
+        raise ValueError(f"not a decimal number: {text!r}")
+    return float(stripped)
 
 
 def spec(default: Any, help: str, *, gt: float | None = None, ge: float | None = None,
@@ -159,11 +184,11 @@ def _parse_number(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> int | fl
     if isinstance(raw, bool) or (isinstance(raw, str) and not parse):
         raise _fail(fs, raw, origin)
     if isinstance(raw, str):
-        digits = raw.strip().replace("_", "")
         try:
-            value: int | float = int(digits) if fs.base is int else float(digits)
+            value: int | float = decimal_int(raw) if fs.base is int else decimal_float(raw)
         except ValueError:
-            raise _fail(fs, raw, origin) from None
+            odd = raw.strip() and (not raw.strip().isascii() or "_" in raw)
+            raise _fail(fs, raw, origin, DIGITS_ONLY if odd else "") from None
     elif fs.base is int and isinstance(raw, int):
         value = raw
     elif fs.base is float and isinstance(raw, (int, float)):

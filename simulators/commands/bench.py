@@ -2,8 +2,9 @@
 
 Every system sees the same stream (same order, same passes) and is scored the
 same way: events per second and the fraction of rounds whose played action was
-wrong. The table's ratio column is streamlearn-banditron's events/s divided by
-each system's. The harness is :mod:`simulators.bench`; see docs/bench.md for
+wrong. The table relates every row to the VW row with the lowest error (or, when no
+VW row ran, the row with the lowest error): its events/s ÷ that row's, and its error
+rate − that row's. The harness is :mod:`simulators.bench`; see docs/bench.md for
 what each system's timer covers. Progress goes to stderr.
 
 The dataset and stream options are those of ``streamlearn replay`` (one
@@ -21,10 +22,11 @@ from typing import Any
 
 import orjson
 
-from simulators.bench import DEFAULT_SYSTEMS, parse_systems, run_bench
+from simulators.bench import DEFAULT_SYSTEMS, SYSTEMS, parse_systems, run_bench
 from streamlearn.commands.stream_options import (
     add_exploration_arguments,
     add_stream_arguments,
+    check_dataset_arg,
     exploration_from_args,
     prepare_from_args,
 )
@@ -43,7 +45,8 @@ def add_parser(subparsers: Any) -> None:
     add_exploration_arguments(systems, unset="the Banditron family at a fixed γ = 0.05 (vw-epsilon's ε), "
                                       "every other learner at its own default")
     systems.add_argument("--systems", metavar="LIST", default=",".join(DEFAULT_SYSTEMS),
-                         help="comma-separated systems or groups (all, streamlearn, vw); default all")
+                         help="comma-separated systems or groups (all, streamlearn, vw); "
+                              f"default all. Systems: {', '.join(SYSTEMS)}")
     systems.add_argument("--json", action="store_true",
                          help="print one JSON object instead of a table")
     parser.set_defaults(run=run)
@@ -56,6 +59,7 @@ def _say(message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from streamlearn.datasets.candidates import CANDIDATE_STREAMS
 
+    check_dataset_arg(args)
     if args.dataset in CANDIDATE_STREAMS:  # candidate sets: their learners against VW's ADF
         from simulators import bench_candidates
 
@@ -63,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
                 str(args.seed if args.seed is not None else 0), "--batch-size", str(args.batch_size)]
         if args.rounds is not None:
             argv += ["--requests", str(args.rounds)]
+        if args.data_dir is not None:
+            argv += ["--data-dir", args.data_dir]
+        if args.fetch:
+            argv.append("--fetch")
         return bench_candidates.main(argv + (["--json"] if args.json else []))
     systems = parse_systems(args.systems)
     exploration = exploration_from_args(args, unset=FixedGamma(0.05))

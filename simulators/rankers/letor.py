@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from streamlearn.commands.readable import spec_text
 from streamlearn.datasets.letor import LetorData, default_letor_dir, load_fold
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.plotting import pyplot
@@ -218,7 +219,13 @@ def progress(message: str) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``streamlearn rank letor``."""
     parser.add_argument("dir", nargs="?", default=None, metavar="DIR",
-                        help="LETOR collection folder (default: <data dir>/letor3-ohsumed)")
+                        help="LETOR collection folder (default: <--data-dir>/letor3-ohsumed)")
+    parser.add_argument("--data-dir", default=None, metavar="DIR",
+                        help="where the datasets live (default: $STREAMLEARN_DATA_DIR, "
+                             "../shared/datasets, then the user cache)")
+    parser.add_argument("--fetch", action="store_true",
+                        help="LETOR cannot be downloaded automatically: the error says where "
+                             "to get it")
     parser.add_argument("--algo", default="rankboost,adarank,ndcgboost,roger,logreg",
                         help="comma list of rankboost, adarank (= adarank-map,adarank-ndcg), "
                              "adarank-map, adarank-ndcg, ndcgboost, roger, logreg")
@@ -305,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
     folds = parse_folds(args.folds)
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be an int >= 1. Got {args.rounds} instead.")
-    root = args.dir if args.dir is not None else default_letor_dir()
+    root = args.dir if args.dir is not None else default_letor_dir(args.data_dir, args.fetch)
     results: dict[str, list[FoldResult]] = {name: [] for name in algos}
     for fold in folds:
         data = load_fold(root, fold)
@@ -316,7 +323,8 @@ def run(args: argparse.Namespace) -> int:
         for name in algos:
             res = run_fold(name, fold, data, rounds=args.rounds, seed=args.seed)
             results[name].append(res)
-            progress(f"fold {fold} {name}: {res.seconds:.1f} s, selected {res.selected}, "
+            progress(f"fold {fold} {name}: {res.seconds:.1f} s, selected "
+                     f"{spec_text({'name': 'by validation MAP', **res.selected})}, "
                      f"test NDCG@10 {res.test['NDCG@10']:.4f} MAP {res.test['MAP']:.4f}")
     summary = summarise(results)
     if args.plot:

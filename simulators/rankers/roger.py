@@ -40,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default=None,
                         help="positive class name(s), comma-separated; the rest are negative "
                              "(default: letter A, nursery priority, pendigits 4, optdigits 3)")
-    parser.add_argument("--data-dir", default=None, help="dataset directory (default: resolved)")
+    parser.add_argument("--data-dir", default=None, metavar="DIR",
+                        help="where the datasets live (default: $STREAMLEARN_DATA_DIR, "
+                             "../shared/datasets, then the user cache)")
+    parser.add_argument("--fetch", action="store_true",
+                        help="download missing data (verified by sha256) into the data dir")
     parser.add_argument("--methods", default=",".join(METHODS),
                         help=f"comma list of {', '.join(METHODS)} (default all)")
     parser.add_argument("--generations", type=int, default=60, help="ES generations (default 60)")
@@ -74,7 +78,7 @@ def build_task(args: argparse.Namespace) -> dict[str, Any]:
     """Load the dataset and build the binary train/test task."""
     from streamlearn.datasets import load_dataset
 
-    ds = load_dataset(args.dataset, args.data_dir)
+    ds = load_dataset(args.dataset, args.data_dir, fetch=args.fetch)
     task = args.task or DEFAULT_TASKS[args.dataset]
     wanted = [t.strip() for t in task.split(",") if t.strip()]
     unknown = [t for t in wanted if t not in ds.class_names]

@@ -58,7 +58,11 @@ def _comma_list(value: str, allowed: tuple[str, ...], option: str) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``streamlearn rank routing``."""
     parser.add_argument("--dataset", default="reuters21578", choices=["reuters21578"])
-    parser.add_argument("--data-dir", default=None, help="dataset directory (default: resolved)")
+    parser.add_argument("--data-dir", default=None, metavar="DIR",
+                        help="where the datasets live (default: $STREAMLEARN_DATA_DIR, "
+                             "../shared/datasets, then the user cache)")
+    parser.add_argument("--fetch", action="store_true",
+                        help="download missing data (verified by sha256) into the data dir")
     parser.add_argument("--topics", type=int, default=10,
                         help="number of most frequent ModApte training topics (default 10)")
     parser.add_argument("--features", default="lsi,chi2",
@@ -103,7 +107,7 @@ def _load(args: argparse.Namespace) -> tuple[list[list[str]], list[list[str]], l
                                               list[set[str]]]:
     from streamlearn.datasets.reuters import load_reuters, modapte_split, tokenize
 
-    docs = load_reuters(args.data_dir)
+    docs = load_reuters(args.data_dir, fetch=args.fetch)
     train, test = modapte_split(docs)
     tokens_train = [tokenize(d.title + " " + d.body) for d in train]
     tokens_test = [tokenize(d.title + " " + d.body) for d in test]

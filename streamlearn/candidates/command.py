@@ -40,7 +40,7 @@ def replay_candidate_stream(args: argparse.Namespace) -> int:
                           f"candidate-set stream. Got {args.learner!r}.")
     stream = load_candidate_stream(args.dataset, passes=args.passes or 1,
                                    seed=args.seed if args.seed is not None else 0,
-                                   rounds=args.rounds)
+                                   rounds=args.rounds, data_dir=args.data_dir, fetch=args.fetch)
     d_x, d_c = stream.sets.context.shape[1], stream.sets.items.shape[1]
     learner = CANDIDATE_LEARNERS[args.learner](d_x, d_c, seed=args.seed or 0)
     result = replay_candidates(learner, stream.sets, args.batch_size, expected=stream.expected,

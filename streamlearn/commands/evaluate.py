@@ -100,17 +100,21 @@ def add_parser(subparsers: Any) -> None:
 
 
 def parse_segments(text: str | None) -> tuple[int | None, int | None]:
-    """``"A:B"`` → (A, B); either end may be empty (open)."""
+    """``"A:B"`` → (A, B) with A <= B; either end may be empty (open)."""
     if text is None:
         return None, None
     first, sep, last = text.partition(":")
     try:
         if not sep:
             raise ValueError(text)
-        return (int(first) if first else None), (int(last) if last else None)
+        low, high = (int(first) if first else None), (int(last) if last else None)
     except ValueError:
         raise ConfigError(f"Expected --segments A:B (integers, either may be empty). "
                           f"Got {text!r}.") from None
+    if low is not None and high is not None and low > high:
+        raise ConfigError(f"Expected --segments A:B with A <= B (segments A to B inclusive). "
+                          f"Got {text!r}, a reversed range: did you mean {high}:{low}?")
+    return low, high
 
 
 def _estimators(text: str) -> list[str]:

@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 
 from streamlearn.commands.inspect_group import describe_group, is_group_state, print_group
+from streamlearn.commands.readable import spec_text
 from streamlearn.errors import StateError
 from streamlearn.snapshot import ARRAYS_FILE, META_FILE, read_snapshot
 
@@ -103,8 +104,18 @@ def describe(path: Path) -> dict[str, Any]:
 
 
 def _short(value: Any, limit: int = 160) -> str:
+    """``value`` as one line of JSON; a longer one is cut at ``limit`` characters and says
+    how many more there are and where they are (``--json``)."""
     text = orjson.dumps(value, default=str).decode() if not isinstance(value, str) else value
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… (+{len(text) - limit:,} characters: --json shows all)"
+
+
+def _column(names: list[str], at_least: int) -> int:
+    """Width of a name column: the longest name and two spaces, so no value runs into its
+    name (``learner.oracle.intercept_sq_grad`` is 32 characters)."""
+    return max([at_least, *(len(n) + 2 for n in names)])
 
 
 def _print_text(info: dict[str, Any]) -> None:
@@ -122,24 +133,33 @@ def _print_text(info: dict[str, Any]) -> None:
     if "learner" in info:
         learner = info["learner"]
         print(f"learner         {learner['class']}")
-        for key, value in (learner.get("params") or {}).items():
-            print(f"  {key:<13} {_short(value)}")
+        params = learner.get("params") or {}
+        width = _column(list(params), 14)
+        for key, value in params.items():
+            shown = spec_text(value) if isinstance(value, dict) and "name" in value else (
+                _short(value))
+            print(f"  {key:<{width}}{shown}")
         counters = learner.get("counters") or {}
         if counters:
             print("counters        " + "   ".join(
                 f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}" for k, v in counters.items()))
     if "offsets" in info:
         print("offsets (next to read)")
-        for row in info["offsets"]:
-            print(f"  {row['topic']}[{row['partition']}]  {row['next_offset']:,}")
+        places = [f"{row['topic']}[{row['partition']}]" for row in info["offsets"]]
+        width = _column(places, 0)
+        for place, row in zip(places, info["offsets"], strict=True):
+            print(f"  {place:<{width}}{row['next_offset']:,}")
     if "pending_joins" in info:
         print(f"pending joins   {info['pending_joins']:,}")
-    for key, value in (info.get("other") or {}).items():
-        print(f"{key:<16}{_short(value)}")
+    other = info.get("other") or {}
+    width = _column(list(other), 16)
+    for key, value in other.items():
+        print(f"{key:<{width}}{_short(value)}")
     print(f"arrays          {len(info['arrays'])} ({info['arrays_bytes']:,} bytes)")
+    width = _column([row["name"] for row in info["arrays"]], 30)
     for row in info["arrays"]:
         shape = "×".join(str(s) for s in row["shape"]) or "scalar"
-        print(f"  {row['name']:<30}{shape:<16}{row['dtype']}")
+        print(f"  {row['name']:<{width}}{shape:<16}{row['dtype']}")
 
 
 def describe_rankers(rankers_dir: Path) -> dict[str, Any] | None:
@@ -171,7 +191,21 @@ def _print_rankers(rankers: dict[str, Any]) -> None:
         bounds = (f"lower {lower:.4f} vs current {current:.4f}"
                   if isinstance(lower, float) and isinstance(current, float) else "")
         print(f"  v{entry.get('version')} {entry.get('ranker')}: {verdict} {bounds} "
-              f"({entry.get('reason')})")
+              f"({entry.get('reason')}){_held_out_quality(entry)}")
+
+
+def _held_out_quality(entry: dict[str, Any]) -> str:
+    """'; held-out NDCG rankboost 0.7234, ...' for a retrain that measured its rankers on the
+    logged slates (candidate mode), rounded to 4 decimals; '' otherwise."""
+    rankers = entry.get("rankers")
+    if not isinstance(rankers, dict):
+        return ""
+    shown = [f"{name} {info['ndcg']:.4f}" for name, info in rankers.items()
+             if isinstance(info, dict) and isinstance(info.get("ndcg"), float)]
+    learner = (entry.get("learner") or {}).get("ndcg")
+    if isinstance(learner, float):
+        shown.append(f"the learner's slot order {learner:.4f}")
+    return f"; held-out NDCG {', '.join(shown)}" if shown else ""
 
 
 def _described_or_error(path: Path) -> dict[str, Any]:

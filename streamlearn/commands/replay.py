@@ -10,9 +10,11 @@ from typing import Any
 
 import orjson
 
+from streamlearn.commands.readable import value_text
 from streamlearn.commands.stream_options import (
     add_exploration_arguments,
     add_stream_arguments,
+    check_dataset_arg,
     exploration_from_args,
     int_at_least,
     number_in,
@@ -84,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     from streamlearn.datasets.stream import Drift
     from streamlearn.replay import run_with_comparator
 
+    check_dataset_arg(args)
     if args.dataset in CANDIDATE_STREAMS:
         from streamlearn.candidates.command import replay_candidate_stream
 
@@ -145,9 +148,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_table(report: dict[str, Any]) -> None:
+    """One line per key; the exploration in words, numbers rounded (--json: exact)."""
     width = max(len(k) for k in report)
     for key, value in report.items():
-        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        if isinstance(value, float) and key.endswith(("_rate", "_estimate", "gamma_final")):
+            shown = f"{value:.4f}"  # a rate keeps its decimals, 1.0 included
+        else:
+            shown = f"{value:.2f}" if key == "seconds" else value_text(value)
         print(f"{key:<{width}}  {shown}")
 
 

@@ -9,14 +9,18 @@ decision with delayed feedback, so the progress lines show it learning.
 
 SIGTERM / SIGINT stop the loop after the current batch and write a final
 checkpoint (exit 0). ``--max-events N`` does the same after N instances.
+
+``--help`` lists the options of a first run; ``--help-all`` every setting.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -26,9 +30,10 @@ from contextlib import ExitStack, contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, disable_created_metrics
+from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics
 
 from streamlearn.commands.progress import ProgressLine, number_or_dash
+from streamlearn.commands.stream_options import integer, number
 from streamlearn.config import Config, env_name, field_specs, flag_name, load_config
 from streamlearn.errors import ConfigError
 from streamlearn.service.http import LagTracker, MetricsServer
@@ -44,10 +49,21 @@ if TYPE_CHECKING:
 __all__ = ["add_config_arguments", "add_logging_arguments", "add_parser", "cli_overrides",
            "configure_logging", "run", "serve"]
 
-#: Short spellings for the most used settings (the long --<section>-<field> forms also work).
+#: Short spellings for the most used settings (the long --<section>-<field> forms also work);
+#: --data-dir is the spelling every command that reads a dataset shares.
 ALIASES = {"kafka.bootstrap": ["--bootstrap"], "learner.name": ["--learner"],
            "exploration.name": ["--exploration"], "exploration.gamma": ["--gamma"],
-           "learner.seed": ["--seed"]}
+           "learner.seed": ["--seed"], "embedded.data_dir": ["--data-dir"]}
+#: Flags without a value that set a boolean setting to true (as replay's and bench's --fetch).
+SWITCHES = {"embedded.fetch": "--fetch"}
+#: What ``serve --help`` shows: the options a first run needs (``--help-all``: every one).
+FIRST_RUN_OPTIONS = frozenset({
+    "--help", "--help-all", "--config", "--max-events", "--progress-seconds", "--print-config",
+    "--log-level", "--bootstrap", "--learner", "--exploration", "--gamma", "--seed",
+    "--learner-n-actions", "--learner-n-features", "--checkpoint-dir", "--metrics-port",
+    "--metrics-host", "--embedded-dataset", "--data-dir", "--fetch", "--candidates-enabled"})
+_USAGE = ("%(prog)s [--config FILE] [--bootstrap HOST:PORT] [--checkpoint-dir DIR] "
+          "[--max-events N] [OPTION ...]")
 _DEST = "cfg__"
 
 
@@ -58,7 +74,7 @@ def _metavar(fs: Any) -> str:
         return "HOST:PORT"
     if fs.kind == "file":
         return "FILE"
-    if fs.kind == "path":
+    if fs.kind in ("path", "dir"):
         return "DIR"
     return {int: "N", float: "X", bool: "{true,false}"}.get(fs.base, "TEXT")
 
@@ -83,10 +99,14 @@ def add_config_arguments(parser: argparse.ArgumentParser,
         help_text = (f"{override} (env {env_name(fs.section, fs.name)})" if override else
                      f"{fs.help} (default {default}; env {env_name(fs.section, fs.name)})"
                      ).replace("%", "%%")
+        dest = f"{_DEST}{fs.section}__{fs.name}"
         groups[fs.section].add_argument(
-            flag_name(fs.section, fs.name), *ALIASES.get(fs.key, []),
-            dest=f"{_DEST}{fs.section}__{fs.name}", metavar=_metavar(fs), default=None,
-            help=help_text)
+            flag_name(fs.section, fs.name), *ALIASES.get(fs.key, []), dest=dest,
+            metavar=_metavar(fs), default=None, help=help_text)
+        if fs.key in SWITCHES:
+            groups[fs.section].add_argument(
+                SWITCHES[fs.key], dest=dest, action="store_const", const="true",
+                help=f"the same as {flag_name(fs.section, fs.name)} true")
 
 
 def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -99,19 +119,60 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
+class _FirstRunHelp(argparse.Action):
+    """``--help``: the help with only :data:`FIRST_RUN_OPTIONS`, then how to see the rest."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(first_run_help(parser), end="")
+        parser.exit()
+
+
+def first_run_help(parser: argparse.ArgumentParser) -> str:
+    """``parser``'s help showing only the options of :data:`FIRST_RUN_OPTIONS` (the groups
+    left empty are left out), and a last line pointing to ``--help-all``."""
+    hidden = [a for a in parser._actions
+              if a.option_strings and not FIRST_RUN_OPTIONS.intersection(a.option_strings)]
+    groups = parser._action_groups
+    saved = ([(a, a.help) for a in hidden], [(g, g.description) for g in groups])
+    try:
+        for action in hidden:
+            action.help = argparse.SUPPRESS
+        parser._action_groups = [g for g in groups if any(
+            a.help is not argparse.SUPPRESS for a in g._group_actions)]
+        for group in groups:
+            group.description = None  # 'config file table [x]': the title says it
+        text = parser.format_help()
+    finally:
+        parser._action_groups = groups
+        for action, help_text in saved[0]:
+            action.help = help_text
+        for group, description in saved[1]:
+            group.description = description
+    return (f"{text}\nThese are the options of a first run; {len(hidden)} more (every setting "
+            f"of docs/configuration.md, SASL/SSL included): {parser.prog} --help-all\n")
+
+
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve", help="run the online-learning daemon (embedded simulator without --bootstrap)",
-        description=(__doc__ or "").replace("``", ""),
+        description=(__doc__ or "").replace("``", ""), usage=_USAGE, add_help=False,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     group = parser.add_argument_group("running")
+    group.add_argument("-h", "--help", action=_FirstRunHelp,
+                       help="show the options of a first run and exit")
+    group.add_argument("--help-all", action="help", help="show every option and exit")
     group.add_argument("--config", metavar="FILE",
                        help="TOML config file (default: $STREAMLEARN_CONFIG, else none)")
-    group.add_argument("--max-events", type=int, metavar="N",
+    group.add_argument("--max-events", type=integer, metavar="N",
                        help="stop after N instances (final checkpoint, exit 0)")
-    group.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
+    group.add_argument("--progress-seconds", type=number, default=5.0, metavar="S",
                        help="print a progress line every S seconds; 0 = never (default 5)")
-    group.add_argument("--linger-seconds", type=float, default=0.0, metavar="S",
+    group.add_argument("--linger-seconds", type=number, default=0.0, metavar="S",
                        help="after stopping, keep /metrics up S more seconds so a scraper "
                             "reads the final values (a signal ends it early; default 0)")
     group.add_argument("--print-config", action="store_true",
@@ -196,7 +257,7 @@ def build_transport(config: Config, max_instances: int | None = None) -> Transpo
                                  else str(e.data_dir), rate=e.rate, chunk=e.chunk,
                                  delay_mean_s=e.delay_mean_seconds, drop=e.drop, seed=e.seed,
                                  max_instances=max_instances, drift_at=e.drift_at,
-                                 slots=e.slots)
+                                 slots=e.slots, fetch=e.fetch)
     from streamlearn.stream.kafka import KafkaTransport, ensure_topics
 
     k = config.kafka
@@ -287,12 +348,27 @@ def build_learner(config: Config, n_actions: int, n_features: int) -> Learner:
                         config.learner.seed, **config.learner.hyperparameters())
 
 
-class Progress:
-    """Periodic one-line progress reports read from the metrics registry (thread-safe)."""
+#: Fewer learned rounds than this: the final line says its error rates are too early to judge.
+EARLY_ROUNDS = 1000
 
-    def __init__(self, registry: CollectorRegistry, out: Any, stats: Any = None) -> None:
-        self.registry, self.out, self.stats = registry, out, stats
-        self.progress = ProgressLine("events")
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (``ru_maxrss``: kB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+class Progress:
+    """Periodic one-line progress reports read from the metrics registry (thread-safe).
+
+    In candidate mode (``slots=True``) an event is a request, and feedback is counted per
+    placed slot: the labels say so.
+    """
+
+    def __init__(self, registry: CollectorRegistry, out: Any, stats: Any = None,
+                 slots: bool = False) -> None:
+        self.registry, self.out, self.stats, self.slots = registry, out, stats, slots
+        self.progress = ProgressLine("requests" if slots else "events")
 
     def _get(self, name: str, labels: dict[str, str] | None = None) -> float:
         value = self.registry.get_sample_value(name, labels)
@@ -304,11 +380,16 @@ class Progress:
         decided = sum(self._get("streamlearn_decisions_total", {"explored": e})
                       for e in ("true", "false"))
         gamma = self._get("streamlearn_exploration_gamma") if decided > 0 else None
+        per = "-slots" if self.slots else ""
         extra = [("γ", number_or_dash(gamma)),
-                 ("joined", f"{self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}"),
-                 ("pending", f"{self._get('streamlearn_pending_joins'):,.0f}")]
+                 (f"joined{per}",
+                  f"{self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}"),
+                 (f"pending{per}", f"{self._get('streamlearn_pending_joins'):,.0f}")]
         if self.stats is not None and self.stats.dropped:
             extra.append(("dropped", f"{self.stats.dropped:,}"))
+        rss = self.registry.get_sample_value("process_resident_memory_bytes")
+        if rss is not None:
+            extra.append(("rss", f"{rss / 1e6:,.0f}MB"))
         # cum: the tracker's rate, which a restored checkpoint carries over (NaN before any round)
         cumulative = self._get("streamlearn_error_rate") if rounds > 0 else None
         return self.progress.line(self._get("streamlearn_instances_total"), rounds, mistakes,
@@ -332,18 +413,49 @@ class Progress:
             thread.join(timeout=2)
 
     def summary(self, daemon: Any, seen: int, elapsed: float) -> str:
-        c, tracker = daemon.counters, daemon.tracker
+        """The final line: rates, the fate of every decision, the error rates, memory."""
         seq = daemon.checkpointer.seq if daemon.checkpointer is not None else None
+        noun = "requests" if self.slots else "instances"
+        return (f"streamlearn serve: stopped after {seen} {noun} in {elapsed:.1f} s "
+                f"({_rates(seen, elapsed, daemon.polling_seconds)}); daemon totals: "
+                f"{_totals(daemon)}; {self._errors(daemon.tracker)}; peak RSS "
+                f"{peak_rss_bytes() / 1e6:,.0f} MB; last checkpoint {seq or 'none'}")
+
+    def _errors(self, tracker: Any) -> str:
         mistakes = self._get("streamlearn_mistakes_total")
         ewma = self.progress.ewma.update(self._get("streamlearn_rewards_total") + mistakes,
                                          mistakes)
-        return (f"streamlearn serve: stopped after {seen} instances in {elapsed:.1f} s "
-                f"({seen / max(elapsed, 1e-9):,.0f}/s); daemon totals: instances "
-                f"{c.instances}{_rejected_note(daemon)}, feedback joined {c.feedback['joined']}, expired "
-                f"{c.feedback['expired']}; cum-error {tracker.error_rate:.4f}, ewma-error "
-                f"{number_or_dash(ewma)}, window-error {tracker.window_error_rate:.4f}; last "
-                f"checkpoint "
-                f"{seq or 'none'}")
+        learned = tracker.rounds > 0  # before the first round the tracker's rates read 0
+        text = (f"cum-error {number_or_dash(tracker.error_rate if learned else None)}, "
+                f"ewma-error {number_or_dash(ewma)}, window-error "
+                f"{number_or_dash(tracker.window_error_rate if learned else None)}")
+        if tracker.rounds < EARLY_ROUNDS:
+            text += (f" (over {tracker.rounds} learned {'slots' if self.slots else 'rounds'} "
+                     f"only: too few to judge the learner, which has barely started)")
+        return text
+
+
+def _rates(seen: int, elapsed: float, polling: float) -> str:
+    """Instances per second of the wall clock, and of the time not spent polling (the
+    daemon's own work: the wall-clock rate also counts the waits for input)."""
+    wall = f"{seen / max(elapsed, 1e-9):,.0f}/s"
+    busy = elapsed - polling
+    if busy <= 0:
+        return wall
+    return f"{wall}; {seen / busy:,.0f}/s over the {busy:.1f} s not spent polling"
+
+
+def _totals(daemon: Any) -> str:
+    """What became of every decision: joined + expired + pending + shed = decided (in
+    candidate mode per placed slot: each slot of a request is joined on its own)."""
+    c, pending = daemon.counters, len(daemon.join)
+    joined, expired = c.feedback["joined"], c.feedback["expired"]
+    fates = f"joined {joined}, expired {expired}, pending {pending}, shed {c.shed}"
+    if daemon.settings.candidates_enabled:
+        return (f"requests {c.instances}{_rejected_note(daemon)}, feedback per placed slot: "
+                f"{fates} (of {joined + expired + pending + c.shed} slots placed)")
+    return (f"instances {c.instances}{_rejected_note(daemon)}, feedback {fates} (of "
+            f"{c.decisions} decisions)")
 
 
 def _rejected_note(daemon: Any) -> str:
@@ -382,6 +494,7 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
     out = out if out is not None else sys.stdout
     disable_created_metrics()  # type: ignore[no-untyped-call]  # *_created series double the count and carry nothing we use
     registry = registry if registry is not None else CollectorRegistry()
+    _add_process_metrics(registry)
     observer = PrometheusObserver(registry)
     stopping = threading.Event()
     if config.kafka.membership == "group":
@@ -414,7 +527,8 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
             stack.callback(server.stop)
             print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
                   file=out, flush=True)
-        progress = Progress(registry, out, getattr(transport, "stats", None))
+        progress = Progress(registry, out, getattr(transport, "stats", None),
+                            slots=settings.candidates_enabled)
         if progress_s > 0:
             stack.enter_context(progress.every(progress_s))
         retraining = daemon.retraining
@@ -431,6 +545,13 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
         if linger_s > 0 and not stopping.is_set():
             stopping.wait(linger_s)
     return 0
+
+
+def _add_process_metrics(registry: CollectorRegistry) -> None:
+    """The process's own memory, CPU and file descriptors (``process_resident_memory_bytes``,
+    ...) on this registry: the daemon's registry is the process's. Once per registry."""
+    with contextlib.suppress(ValueError):  # already there (a registry reused, the global one)
+        ProcessCollector(registry=registry)
 
 
 def _serve_group(config: Config, max_events: int | None, progress_s: float,

@@ -33,6 +33,7 @@ from streamlearn.commands.serve import (
     cli_overrides,
     configure_logging,
 )
+from streamlearn.commands.stream_options import integer, number
 from streamlearn.config import load_config
 from streamlearn.errors import ConfigError, TransportError
 
@@ -50,27 +51,32 @@ def add_parser(subparsers: Any) -> None:
                        help="dataset to stream (synsep, synnonsep, letter, pendigits, ...; "
                             "candidate-set requests: ohsumed-candidates, synthetic-candidates; "
                             "default synnonsep)")
-    group.add_argument("--slots", type=int, default=1, metavar="K",
+    group.add_argument("--slots", type=integer, default=1, metavar="K",
                        help="slots per candidate-set request (default 1)")
-    group.add_argument("--data-dir", metavar="DIR", help="dataset directory")
-    group.add_argument("--rate", type=float, required=True, metavar="EV_PER_S",
+    group.add_argument("--data-dir", metavar="DIR",
+                       help="where the datasets live (default: $STREAMLEARN_DATA_DIR, "
+                            "../shared/datasets, then the user cache)")
+    group.add_argument("--fetch", action="store_true",
+                       help="download missing built-in data (verified by sha256) into the "
+                            "data dir")
+    group.add_argument("--rate", type=number, required=True, metavar="EV_PER_S",
                        help="required, no default: instances per second; 0 = as fast as "
                             "possible")
-    group.add_argument("--events", type=int, default=10_000, metavar="N",
+    group.add_argument("--events", type=integer, default=10_000, metavar="N",
                        help="instances to send (default 10000)")
-    group.add_argument("--delay-mean", type=float, default=1.0, metavar="S",
+    group.add_argument("--delay-mean", type=number, default=1.0, metavar="S",
                        help="mean feedback delay in seconds, exponential (default 1)")
-    group.add_argument("--drop", type=float, default=0.0, metavar="P",
+    group.add_argument("--drop", type=number, default=0.0, metavar="P",
                        help="probability that a decision gets no feedback (default 0)")
-    group.add_argument("--seed", type=int, default=1, metavar="S", help="seed (default 1)")
+    group.add_argument("--seed", type=integer, default=1, metavar="S", help="seed (default 1)")
     group.add_argument("--run-id", metavar="TEXT",
                        help="event id prefix (default: a fresh random one)")
-    group.add_argument("--wait-seconds", type=float, default=30.0, metavar="S",
+    group.add_argument("--wait-seconds", type=number, default=30.0, metavar="S",
                        help="after the last instance, wait this long for missing decisions "
                             "(default 30)")
     group.add_argument("--json", action="store_true",
                        help="print the summary as JSON (progress lines then go to stderr)")
-    group.add_argument("--progress-seconds", type=float, default=5.0, metavar="S",
+    group.add_argument("--progress-seconds", type=number, default=5.0, metavar="S",
                        help="print a progress line every S seconds; 0 = never (default 5)")
     add_logging_arguments(group)
     add_config_arguments(parser, sections=("kafka", "topics"), help_overrides={
@@ -92,13 +98,17 @@ class SimulationSummary:
     rewards: float = 0.0
     missing_decisions: int = 0
     seconds: float = 0.0
+    sending_seconds: float = 0.0  # until the last instance was sent (then: waiting)
 
     def text(self) -> str:
         rate = self.instances_sent / self.seconds if self.seconds > 0 else 0.0
         answered = self.feedback_sent
         reward_rate = self.rewards / answered if answered else float("nan")
+        sending = (f"; {self.instances_sent / self.sending_seconds:,.0f}/s over the "
+                   f"{self.sending_seconds:.1f} s of sending, the rest waiting for decisions"
+                   if 0 < self.sending_seconds < self.seconds else "")
         return (f"streamlearn simulate: run {self.run_id}: sent {self.instances_sent} instances "
-                f"in {self.seconds:.1f} s ({rate:,.0f}/s); decisions received "
+                f"in {self.seconds:.1f} s ({rate:,.0f}/s{sending}); decisions received "
                 f"{self.decisions_received}; feedback sent {self.feedback_sent}; dropped "
                 f"{self.dropped}; missing decisions {self.missing_decisions}; reward rate "
                 f"{reward_rate:.4f}")
@@ -126,7 +136,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("kafka.bootstrap must be HOST:PORT[,HOST:PORT...] for simulate. Got "
                           "nothing (use --bootstrap or STREAMLEARN_KAFKA_BOOTSTRAP).")
     configure_logging(args.log_level, args.library_log_level)
-    summary = simulate(config, dataset=args.dataset, data_dir=args.data_dir, rate=args.rate,
+    summary = simulate(config, dataset=args.dataset, data_dir=args.data_dir, fetch=args.fetch,
+                       rate=args.rate,
                        events=args.events, delay_mean_s=args.delay_mean, drop=args.drop,
                        seed=args.seed, run_id=args.run_id, wait_s=args.wait_seconds,
                        progress_s=args.progress_seconds, slots=args.slots,
@@ -165,7 +176,8 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
              rate: float = 0.0, events: int = 10_000, delay_mean_s: float = 1.0,
              drop: float = 0.0, seed: int = 1, run_id: str | None = None,
              wait_s: float = 30.0, chunk: int = 500, progress_s: float = 0.0,
-             progress_out: Any = None, slots: int = 1) -> SimulationSummary:
+             progress_out: Any = None, slots: int = 1, fetch: bool = False,
+             ) -> SimulationSummary:
     """Run one simulation against ``config.kafka.bootstrap``; see the module docstring.
 
     The caller is the shared :class:`~streamlearn.stream.caller.SimulatedCaller`
@@ -180,7 +192,8 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
     from streamlearn.stream.candidate_caller import make_caller
 
     summary = SimulationSummary(run_id or uuid.uuid4().hex[:8])
-    caller = make_caller(dataset, data_dir, f"{summary.run_id}-", delay_mean_s, drop, seed, slots)
+    caller = make_caller(dataset, data_dir, f"{summary.run_id}-", delay_mean_s, drop, seed, slots,
+                         fetch=fetch)
     topics = config.topics
     try:
         producer, consumer = _clients(config)
@@ -227,6 +240,8 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
     summary.rewards = stats.rewards_sent
     summary.missing_decisions = stats.instances_sent - stats.decisions_received
     summary.seconds = time.monotonic() - started
+    summary.sending_seconds = (last_sent_at if last_sent_at is not None else time.monotonic()
+                               ) - started
     return summary
 
 

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from streamlearn.config_fields import DIGITS_ONLY, decimal_float, decimal_int
 from streamlearn.errors import ConfigError
 from streamlearn.learners.exploration import (
     LEARNER_DEFAULT,
@@ -28,23 +29,49 @@ from streamlearn.learners.exploration import (
 __all__ = [
     "add_exploration_arguments",
     "add_stream_arguments",
+    "check_dataset_arg",
     "exploration_from_args",
     "int_at_least",
+    "integer",
     "loader_options",
+    "number",
     "number_in",
     "prepare_from_args",
 ]
 
-DATASET_HELP = ("synnonsep, synsep, letter, pendigits, optdigits, nursery, mnist, reuters4, "
-                "csv:PATH or libsvm:PATH (PATH may end in .gz, .bz2 or .xz)")
-_CSV_OPTIONS = ("label_column", "categorical", "delimiter", "header")
+def dataset_help() -> str:
+    """What --dataset accepts: every registered name, then the file forms."""
+    from streamlearn.datasets.catalogue import dataset_names
+
+    return (f"{', '.join(dataset_names())}, csv:PATH or libsvm:PATH (PATH may end in .gz, "
+            f".bz2 or .xz)")
+
+_CSV_OPTIONS = ("label_column", "categorical", "delimiter", "header", "missing")
+
+
+def integer(text: str) -> int:
+    """argparse type: an integer written with the digits 0-9 (``int`` also takes ``1_0``)."""
+    try:
+        return decimal_int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer ({DIGITS_ONLY}), "
+                                         f"got {text!r}") from None
+
+
+def number(text: str) -> float:
+    """argparse type: a number written with the digits 0-9 (``float`` also takes ``1_0``)."""
+    try:
+        return decimal_float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number ({DIGITS_ONLY}), "
+                                         f"got {text!r}") from None
 
 
 def int_at_least(low: int, high: int = 2**63 - 1) -> Callable[[str], int]:
     """argparse type: an integer in [``low``, ``high``] (by default up to the int64 range)."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = decimal_int(text)
         except ValueError:
             value = low - 1
         if not low <= value <= high:
@@ -60,7 +87,7 @@ def number_in(low: float = -math.inf, high: float = math.inf, low_open: bool = F
     """argparse type: a finite number in the given interval."""
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = decimal_float(text)
         except ValueError:
             value = math.nan
         ok = math.isfinite(value) and (value > low if low_open else value >= low) and (
@@ -77,7 +104,7 @@ def number_in(low: float = -math.inf, high: float = math.inf, low_open: bool = F
 def add_stream_arguments(parser: argparse.ArgumentParser, *, batch_size: int) -> None:
     """The dataset and stream options; ``batch_size`` is the command's default micro-batch."""
     data = parser.add_argument_group("dataset")
-    data.add_argument("--dataset", required=True, metavar="NAME", help=DATASET_HELP)
+    data.add_argument("--dataset", required=True, metavar="NAME", help=dataset_help())
     data.add_argument("--data-dir", metavar="DIR",
                       help="where the datasets live (default: $STREAMLEARN_DATA_DIR, "
                            "../shared/datasets, then the user cache)")
@@ -93,6 +120,10 @@ def add_stream_arguments(parser: argparse.ArgumentParser, *, batch_size: int) ->
     data.add_argument("--header", choices=("auto", "yes", "no"), default=None,
                       help="csv: is line 1 a header? auto (default) decides from the data and "
                            "stops when it cannot tell")
+    data.add_argument("--missing", choices=("error", "skip", "impute"), default=None,
+                      help="csv: a missing value (empty, ?, NA, NaN) stops the load (error, "
+                           "default), drops its row (skip) or is filled with the column's mean "
+                           "(impute; a row without a label is dropped)")
     stream = parser.add_argument_group("stream")
     length = stream.add_mutually_exclusive_group()
     length.add_argument("--passes", type=int_at_least(1, 1_000_000), metavar="N",
@@ -141,6 +172,13 @@ def loader_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError(f"{given} {verb} to csv:PATH datasets only. Got --dataset "
                           f"{args.dataset!r}.")
     return options
+
+
+def check_dataset_arg(args: argparse.Namespace) -> None:
+    """Refuse, before any work, a --dataset that names nothing (with the closest name)."""
+    from streamlearn.datasets.catalogue import check_dataset_name
+
+    check_dataset_name(args.dataset)
 
 
 def prepare_from_args(args: argparse.Namespace, drift: Any = None) -> Any:

@@ -27,13 +27,13 @@ from streamlearn.datasets.base import (
     check_options,
     ensure_files,
     resolve_data_dir,
+    unknown_dataset,
 )
 from streamlearn.datasets.files import load_csv, load_libsvm
 from streamlearn.datasets.mnist import load_mnist
 from streamlearn.datasets.reuters import ReutersDoc, load_reuters, load_reuters4, modapte_split
 from streamlearn.datasets.synth import load_synnonsep, load_synsep
 from streamlearn.datasets.uci import load_letter, load_nursery, load_optdigits, load_pendigits
-from streamlearn.errors import ConfigError
 
 __all__ = [
     "DATASETS",
@@ -92,8 +92,7 @@ def load_dataset(name: str, data_dir: str | os.PathLike[str] | None = None, *,
             return file_loader(name[len(prefix):], **options)
     loader = DATASETS.get(name)
     if loader is None:
-        raise ConfigError(f"Expected a dataset in {sorted(DATASETS)} or csv:PATH / libsvm:PATH. "
-                          f"Got {name!r} instead.")
+        raise unknown_dataset(name, sorted(DATASETS))
     takes_options = any(p.kind is inspect.Parameter.VAR_KEYWORD
                         for p in inspect.signature(loader).parameters.values())
     if not takes_options:

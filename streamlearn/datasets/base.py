@@ -18,6 +18,7 @@ environment is read for data.
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import hashlib
 import os
@@ -46,6 +47,7 @@ __all__ = [
     "read_payload",
     "read_payloads",
     "resolve_data_dir",
+    "unknown_dataset",
 ]
 
 ENV_DATA_DIR = "STREAMLEARN_DATA_DIR"
@@ -348,6 +350,42 @@ def option_bool(dataset: str, name: str, value: object) -> bool:
         return False
     raise ConfigError(f"The {name!r} option of dataset {dataset!r} must be true or false. "
                       f"Got {value!r} instead.")
+
+
+_FILE_SUFFIXES = {"libsvm:": (".svm", ".libsvm", ".svmlight"),
+                  "csv:": (".csv", ".tsv", ".txt", ".data")}
+
+
+def unknown_dataset(name: str, known: Sequence[str]) -> ConfigError:
+    """The error for a dataset ``name`` that is none of ``known`` nor ``csv:`` / ``libsvm:``:
+    it lists them and suggests the closest name, or the prefix for what looks like a file.
+
+    >>> str(unknown_dataset("lettre", ["letter", "mnist"])).split("Got ")[1]
+    "'lettre' instead (did you mean 'letter'?)."
+    >>> str(unknown_dataset("runs/my.csv.gz", ["letter"])).split("instead")[1]
+    ": a file is given as csv:PATH (did you mean 'csv:runs/my.csv.gz'?)."
+    """
+    base = name.lower()
+    for compressed in (".gz", ".bz2", ".xz"):
+        base = base.removesuffix(compressed)
+    prefix = next((p for p, suffixes in _FILE_SUFFIXES.items() if base.endswith(suffixes)), None)
+    if prefix is None and _is_file(name):
+        prefix = "csv:"
+    if prefix is not None:
+        hint = f": a file is given as {prefix}PATH (did you mean {prefix + name!r}?)"
+    else:
+        longer = [k for k in known if k.startswith(name.lower())] if name else []
+        close = longer or difflib.get_close_matches(name.lower(), known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"Expected a dataset in {sorted(known)} or csv:PATH / libsvm:PATH. "
+                       f"Got {name!r} instead{hint}.")
+
+
+def _is_file(name: str) -> bool:
+    try:
+        return Path(name).expanduser().is_file()
+    except (OSError, ValueError):  # a name the file system cannot take
+        return False
 
 
 def check_options(dataset: str, options: Mapping[str, object], allowed: Sequence[str]) -> None:

@@ -36,8 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamlearn.candidates.sets import CandidateSets, gather_segments, segment_argmax
-from streamlearn.datasets.base import resolve_data_dir
-from streamlearn.datasets.letor import SPLITS, load_fold
+from streamlearn.datasets.letor import SPLITS, load_fold, ohsumed_root
 from streamlearn.datasets.stream import stream_order
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.rankers.metrics import query_groups
@@ -48,6 +47,7 @@ __all__ = [
     "CandidateStream",
     "load_candidate_stream",
     "ohsumed_candidates",
+    "request_cycle",
     "synthetic_candidates",
 ]
 
@@ -150,15 +150,17 @@ def _check_passes(passes: int, rounds: int | None) -> None:
         raise ConfigError(f"Expected rounds to be an int >= 1 or None. Got {rounds!r}.")
 
 
-def ohsumed_candidates(passes: int = 1, seed: int = 0, graded: bool = False,
+def ohsumed_candidates(passes: int = 1, seed: int | None = 0, graded: bool = False,
                        data_dir: str | os.PathLike[str] | None = None,
-                       rounds: int | None = None) -> CandidateStream:
+                       rounds: int | None = None, fetch: bool = False) -> CandidateStream:
     """LETOR 3.0 OHSUMED as a candidate-set bandit (module docstring); ``rounds`` cuts or extends.
 
     Request ids are ``q<qid>.p<pass>`` (pass from 1); candidate ids are the LETOR doc ids.
+    ``seed=None`` keeps the queries in file order in every pass. A missing data directory is
+    a DataError naming the fixes (:func:`~streamlearn.datasets.letor.ohsumed_root`).
     """
     _check_passes(passes, rounds)
-    root = resolve_data_dir(data_dir) / "letor3-ohsumed"
+    root = ohsumed_root(data_dir, fetch)
     fold = load_fold(root, _OHSUMED_FOLD)
     X = np.concatenate([fold[s].X for s in SPLITS])
     grade = np.concatenate([fold[s].y for s in SPLITS])
@@ -234,12 +236,15 @@ def synthetic_candidates(n_requests: int, d_x: int = 5, d_c: int = 5, min_candid
 
 
 def _load_ohsumed(passes: int, seed: int, rounds: int | None,
-                  data_dir: str | os.PathLike[str] | None, graded: bool) -> CandidateStream:
-    return ohsumed_candidates(passes=passes, seed=seed, graded=graded, data_dir=data_dir, rounds=rounds)
+                  data_dir: str | os.PathLike[str] | None, graded: bool,
+                  fetch: bool) -> CandidateStream:
+    return ohsumed_candidates(passes=passes, seed=seed, graded=graded, data_dir=data_dir,
+                              rounds=rounds, fetch=fetch)
 
 
 def _load_synthetic(passes: int, seed: int, rounds: int | None,
-                    data_dir: str | os.PathLike[str] | None, graded: bool) -> CandidateStream:
+                    data_dir: str | os.PathLike[str] | None, graded: bool,
+                    fetch: bool) -> CandidateStream:
     """``rounds`` distinct requests (default 10,000); later passes replay them reshuffled."""
     _check_passes(passes, rounds)
     base = synthetic_candidates(rounds if rounds is not None else DEFAULT_SYNTHETIC_REQUESTS, seed=seed)
@@ -261,7 +266,30 @@ def _load_synthetic(passes: int, seed: int, rounds: int | None,
     )
 
 
-CandidateLoader = Callable[[int, int, int | None, str | os.PathLike[str] | None, bool], CandidateStream]
+#: Shuffled passes over OHSUMED's queries a simulated caller plays before it starts over.
+OHSUMED_CALLER_PASSES = 20
+
+
+def request_cycle(name: str, seed: int, data_dir: str | os.PathLike[str] | None = None,
+                  fetch: bool = False) -> tuple[CandidateStream, np.ndarray]:
+    """The requests a simulated caller cycles through, each held once, and the order it plays
+    them in (request ``n`` is ``stream`` request ``order[n mod len(order)]``).
+
+    OHSUMED: its 106 queries in file order, played in :data:`OHSUMED_CALLER_PASSES` shuffled
+    passes — the order of ``load_candidate_stream(name, passes=20, seed=seed)``, without its
+    20 copies of the candidates (120 MB). Another stream: its requests, in order.
+    """
+    entry = CANDIDATE_STREAMS.get(name)
+    if entry is not None and entry[0] is _load_ohsumed:
+        stream = ohsumed_candidates(passes=1, seed=None, graded=entry[1], data_dir=data_dir,
+                                    fetch=fetch)
+        return stream, stream_order(len(stream), OHSUMED_CALLER_PASSES, None, seed)
+    stream = load_candidate_stream(name, seed=seed, data_dir=data_dir, fetch=fetch)
+    return stream, np.arange(len(stream))
+
+
+CandidateLoader = Callable[[int, int, int | None, str | os.PathLike[str] | None, bool, bool],
+                          CandidateStream]
 
 #: stream name → (loader, graded flag) for :func:`load_candidate_stream`.
 CANDIDATE_STREAMS: dict[str, tuple[CandidateLoader, bool]] = {
@@ -272,13 +300,15 @@ CANDIDATE_STREAMS: dict[str, tuple[CandidateLoader, bool]] = {
 
 
 def load_candidate_stream(name: str, passes: int = 1, seed: int = 0, rounds: int | None = None,
-                          data_dir: str | os.PathLike[str] | None = None) -> CandidateStream:
+                          data_dir: str | os.PathLike[str] | None = None,
+                          fetch: bool = False) -> CandidateStream:
     """A registered candidate-set stream by name (:data:`CANDIDATE_STREAMS`).
 
     ``ohsumed-candidates[-graded]``: ``passes`` shuffled passes over the 106
     queries, cut or extended to ``rounds`` requests when given.
     ``synthetic-candidates``: ``rounds`` distinct requests (default 10,000),
-    repeated reshuffled for each further pass.
+    repeated reshuffled for each further pass. ``data_dir`` and ``fetch`` are those of
+    ``--data-dir`` and ``--fetch`` (OHSUMED cannot be fetched: the error says where to get it).
 
     >>> load_candidate_stream("nope")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -290,4 +320,4 @@ def load_candidate_stream(name: str, passes: int = 1, seed: int = 0, rounds: int
         raise ConfigError(f"Expected a candidate stream in {sorted(CANDIDATE_STREAMS)}. "
                           f"Got {name!r} instead.")
     loader, graded = entry
-    return loader(passes, seed, rounds, data_dir, graded)
+    return loader(passes, seed, rounds, data_dir, graded, fetch)

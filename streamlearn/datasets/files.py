@@ -13,9 +13,12 @@ from the end; default the last column), ``categorical`` (comma-separated
 names/indices, one-hot encoded with categories in sorted order), ``header``
 (yes/no/auto, see :func:`has_header`), ``delimiter`` (one character, or
 ``tab``, ``comma``, ``semicolon``, ``space``, ``pipe``; default ``,``) and
-``standardise`` (default: True when there is a numeric feature column). Lines
-that all end with the delimiter (an empty last field) are an error that says
-so.
+``standardise`` (default: True when there is a numeric feature column) and
+``missing`` (what a missing value does, see :data:`MISSING_VALUES`: ``error``,
+the default, stops at it; ``skip`` drops its row; ``impute`` fills a feature with
+its column's mean and drops a row whose label is missing). Lines that all end
+with the delimiter (an empty last field) are an error that says so, and so is a
+file read as one column because the delimiter given is not its own.
 
 libsvm options: ``n_features`` (default: largest index + 1). Indices are
 1-based unless some index is 0; ``qid:N`` tokens and ``# comments`` are ignored.
@@ -30,6 +33,7 @@ import bz2
 import csv
 import gzip
 import io
+import logging
 import lzma
 import os
 import zlib
@@ -48,11 +52,19 @@ from streamlearn.datasets.base import (
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.features import SparseBatch
 
-__all__ = ["DELIMITER_NAMES", "has_header", "load_csv", "load_libsvm"]
+__all__ = ["DELIMITER_NAMES", "MISSING_MODES", "MISSING_VALUES", "has_header", "load_csv",
+           "load_libsvm"]
+
+log = logging.getLogger(__name__)
 
 #: Names accepted for the csv ``delimiter`` option besides a single character.
 DELIMITER_NAMES = {"tab": "\t", "\\t": "\t", "comma": ",", "semicolon": ";", "space": " ",
                    "pipe": "|"}
+#: Fields that are a missing value in a numeric feature column (case-insensitive); in the
+#: label column only the empty field is (``NA`` may be a class there).
+MISSING_VALUES = ("", "?", "na", "n/a", "nan")
+#: What the csv ``missing`` option may say (``--missing``).
+MISSING_MODES = ("error", "skip", "impute")
 
 _OPENERS: dict[str, Callable[[Path], bytes]] = {
     ".gz": lambda f: gzip.decompress(f.read_bytes()),
@@ -96,20 +108,29 @@ def _is_number(field: str) -> bool:
     return True
 
 
-def _to_float(values: np.ndarray, lines: np.ndarray, where: str) -> np.ndarray:
-    """Parse strings to finite floats; on failure name the first offending line and value."""
+def _to_float(values: np.ndarray, lines: np.ndarray, where: str,
+              missing_hint: bool = False) -> np.ndarray:
+    """Parse strings to finite floats; on failure name the first offending line and value
+    (and, with ``missing_hint``, the csv option for a missing one)."""
     try:
         numbers = np.char.strip(values).astype(np.float64)
     except ValueError:
         bad = next(i for i, v in enumerate(values.tolist()) if not _is_number(v))
         raise DataError(f"{where}line {lines[bad]}: expected a number. "
-                        f"Got {str(values[bad])!r}.") from None
+                        f"Got {str(values[bad])!r}{_hint(values[bad], missing_hint)}.") from None
     not_finite = np.flatnonzero(~np.isfinite(numbers))
     if len(not_finite):
         bad = not_finite[0]
         raise DataError(f"{where}line {lines[bad]}: expected a finite number. "
-                        f"Got {str(values[bad])!r}.")
+                        f"Got {str(values[bad])!r}{_hint(values[bad], missing_hint)}.")
     return numbers
+
+
+def _hint(value: object, missing_hint: bool) -> str:
+    if not missing_hint or str(value).strip().lower() not in MISSING_VALUES:
+        return ""
+    return (", a missing value (--missing skip drops its row, --missing impute fills the "
+            "column's mean)")
 
 
 def _column_index(ref: object, names: Sequence[str], header: bool, path: str) -> int:
@@ -138,6 +159,23 @@ def _read_csv_rows(text: str, path: str, delimiter: str) -> tuple[list[list[str]
     if not rows:
         raise DataError(f"csv file {path} is empty.")
     return rows, lines
+
+
+def _check_columns(rows: list[list[str]], lines: list[int], path: str, delimiter: str) -> None:
+    """A file read as one column: its delimiter is another one (or it has no features)."""
+    if any(len(row) > 1 for row in rows):
+        return
+    sample = [row[0] for row in rows[:200]]
+    found = [d for d in (",", ";", "\t", "|", " ")
+             if d != delimiter and all(d in line for line in sample)]
+    if found:
+        shown = {"\t": "tab", " ": "space"}.get(found[0], found[0])
+        raise DataError(f"{path}: every line is one field when split at {delimiter!r}, but the "
+                        f"lines hold {found[0]!r}: expected --delimiter {shown!r} (option "
+                        f"delimiter); got {delimiter!r}.")
+    raise DataError(f"{path}: expected a label column and at least one feature column "
+                    f"separated by {delimiter!r}. Got one column (line {lines[0]}: "
+                    f"{rows[0][0][:60]!r}).")
 
 
 def _delimiter(name: str, value: object) -> str:
@@ -196,9 +234,14 @@ def load_csv(path: str, **options: object) -> Dataset:
     """A dense dataset from a CSV file (see the module docstring for the options)."""
     name = f"csv:{path}"
     check_options(name, options, ["label_column", "categorical", "header", "delimiter",
-                                  "standardise"])
+                                  "standardise", "missing"])
     delimiter = _delimiter(name, options.get("delimiter", ","))
+    missing = str(options.get("missing", "error")).strip().lower()
+    if missing not in MISSING_MODES:
+        raise ConfigError(f"The 'missing' option of dataset {name!r} must be one of "
+                          f"{', '.join(MISSING_MODES)}. Got {options.get('missing')!r} instead.")
     rows, lines = _read_csv_rows(_read_text(path, "csv"), path, delimiter)
+    _check_columns(rows, lines, path, delimiter)
     data_rows = rows[1:] if len(rows) > 1 else rows
     if len(rows[-1]) > 1 and all(len(r) > 1 and not r[-1].strip() for r in data_rows):
         raise DataError(f"{path}: every line ends with the delimiter {delimiter!r}, so the last "
@@ -242,6 +285,9 @@ def load_csv(path: str, **options: object) -> Dataset:
                           f"categorical.")
     table = np.array(rows, dtype=str)
     line_numbers = np.array(lines)
+    numeric = [c for c in range(width) if c != label and c not in categorical]
+    table, line_numbers, absent = _missing_values(table, line_numbers, numeric, label, names,
+                                                  path, missing)
     blocks = []
     for col in range(width):
         if col == label:
@@ -251,7 +297,12 @@ def load_csv(path: str, **options: object) -> Dataset:
             blocks.append(np.eye(len(categories))[codes.reshape(-1)])
         else:
             where = f"{path}: column {names[col]!r}, "
-            blocks.append(_to_float(table[:, col], line_numbers, where)[:, None])
+            values = table[:, col] if absent is None else np.where(absent[:, col], "0",
+                                                                     table[:, col])
+            column = _to_float(values, line_numbers, where, missing_hint=True)
+            if absent is not None and absent[:, col].any():
+                column[absent[:, col]] = column[~absent[:, col]].mean()
+            blocks.append(column[:, None])
     X = np.hstack(blocks)
     y, class_names = encode_labels(np.char.strip(table[:, label]),
                                    f"label column {names[label]!r} of {path}")
@@ -265,6 +316,40 @@ def load_csv(path: str, **options: object) -> Dataset:
                     f"{len(class_names)} classes.",
         standardise=standardise,
     )
+
+
+def _missing_values(table: np.ndarray, lines: np.ndarray, numeric: list[int], label: int,
+                    names: list[str], path: str, mode: str,
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """(table, lines, absent): rows with a missing value dropped (``skip``; ``impute``: those
+    whose label is missing), and with ``impute`` where the remaining numeric features are
+    missing (None otherwise). ``error``: an empty label is refused here, a missing feature
+    where it is parsed (naming the option)."""
+    stripped = np.char.lower(np.char.strip(table))
+    absent = np.zeros(table.shape, dtype=bool)
+    if numeric:
+        absent[:, numeric] = np.isin(stripped[:, numeric], MISSING_VALUES)
+    no_label = stripped[:, label] == ""
+    if mode == "error":
+        if no_label.any():
+            raise DataError(f"{path}: label column {names[label]!r}, line "
+                            f"{lines[np.argmax(no_label)]}: expected a label. Got '' (a missing "
+                            f"value: --missing skip or --missing impute drop its row).")
+        return table, lines, None
+    drop = no_label | (absent.any(axis=1) if mode == "skip" else False)
+    if drop.all():
+        raise DataError(f"{path}: every row has a missing value, so --missing {mode} leaves "
+                        f"no data. Expected some complete rows.")
+    if mode == "impute":
+        empty = [names[c] for c in numeric if absent[~drop, c].all()]
+        if empty:
+            raise DataError(f"{path}: column {empty[0]!r} has no value to impute from (every "
+                            f"value is missing). Expected at least one number.")
+    if drop.any():
+        log.warning("%s: %d row(s) with a missing %s dropped (--missing %s)", path,
+                    int(drop.sum()), "value" if mode == "skip" else "label", mode)
+    kept = ~drop
+    return table[kept], lines[kept], absent[kept] if mode == "impute" else None
 
 
 #: Largest libsvm feature dimension: 2²² columns are 32 MB per action of a dense weight row.

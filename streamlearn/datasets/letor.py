@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -29,9 +30,15 @@ import numpy as np
 from streamlearn.errors import DataError
 from streamlearn.rankers.metrics import query_groups
 
-__all__ = ["LetorData", "default_letor_dir", "load_fold", "parse_letor", "query_level_norm"]
+__all__ = ["LETOR_OHSUMED", "LetorData", "default_letor_dir", "load_fold", "ohsumed_root",
+           "parse_letor", "query_level_norm"]
 
 SPLITS = ("train", "vali", "test")
+#: LETOR 3.0 OHSUMED's folder under the data directory.
+LETOR_OHSUMED = "letor3-ohsumed"
+#: Where LETOR 3.0 is published (OHSUMED.rar, under Microsoft Research's download agreement).
+LETOR_PAGE = ("https://www.microsoft.com/en-us/research/project/"
+              "letor-learning-rank-information-retrieval/")
 _RAW_NAMES = {"train": "trainingset", "vali": "validationset", "test": "testset"}
 
 
@@ -145,10 +152,28 @@ def load_fold(root: str | Path, fold: int) -> dict[str, LetorData]:
     return out
 
 
-def default_letor_dir() -> Path:
-    """``<data dir>/letor3-ohsumed`` (data dir from ``streamlearn.datasets`` when available)."""
-    try:
-        from streamlearn.datasets.base import resolve_data_dir
-    except ImportError:
-        raise DataError("No LETOR folder given and no data directory resolver; pass DIR.") from None
-    return resolve_data_dir(None) / "letor3-ohsumed"
+def default_letor_dir(data_dir: str | os.PathLike[str] | None = None,
+                      fetch: bool = False) -> Path:
+    """``<data dir>/letor3-ohsumed`` (:func:`ohsumed_root`)."""
+    return ohsumed_root(data_dir, fetch)
+
+
+def ohsumed_root(data_dir: str | os.PathLike[str] | None = None, fetch: bool = False) -> Path:
+    """``<data dir>/letor3-ohsumed`` (``--data-dir``, else ``$STREAMLEARN_DATA_DIR``, ...),
+    checked to hold ``QueryLevelNorm/Fold1``: when it does not, a DataError says where it
+    looked and how to get the data. LETOR cannot be fetched (``fetch`` only changes the
+    wording): it is a RAR archive behind a download agreement."""
+    from streamlearn.datasets.base import ENV_DATA_DIR, resolve_data_dir
+
+    base = resolve_data_dir(data_dir)
+    root = base / LETOR_OHSUMED
+    if (root / "QueryLevelNorm" / "Fold1").is_dir() or (root / "Fold1").is_dir():
+        return root
+    lead = ("--fetch cannot download LETOR 3.0 OHSUMED (a RAR archive behind Microsoft "
+            "Research's download agreement)" if fetch else
+            f"LETOR 3.0 OHSUMED not found in {base}")
+    raise DataError(
+        f"{lead}: expected {root}/QueryLevelNorm/Fold1/{{train,vali,test}}.txt(.gz). Fix: pass "
+        f"--data-dir DIR (or set {ENV_DATA_DIR}) to a folder holding {LETOR_OHSUMED}/, or "
+        f"download OHSUMED.rar from {LETOR_PAGE} and unpack its QueryLevelNorm folder into "
+        f"DIR/{LETOR_OHSUMED}/ (docs/datasets.md).")

@@ -19,6 +19,7 @@ long stream never has to be held in memory.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,11 +32,44 @@ from streamlearn.datasets.synthetic import N_CLASSES, N_FEATURES, SyntheticRows
 from streamlearn.errors import ConfigError
 from streamlearn.features import Batch, SparseBatch, take_rows
 
-__all__ = ["BLOCK_ROUNDS", "Drift", "PreparedStream", "add_bias", "apply_drift", "prepare_stream",
-           "standardise", "stream_order"]
+__all__ = ["BLOCK_ROUNDS", "ROUND_BYTES", "Drift", "PreparedStream", "add_bias", "apply_drift",
+           "available_memory", "check_fits_in_memory", "prepare_stream", "standardise",
+           "stream_order"]
 
 #: Rounds per block when a stream is generated or sliced block by block.
 BLOCK_ROUNDS = 4096
+#: Bytes a round of a stream holds whatever its rows: its row index and label (int64 each),
+#: and while they are built the permutations of the passes (docs/datasets.md: ~30 a round).
+ROUND_BYTES = 32
+
+
+def available_memory() -> int | None:
+    """Bytes this machine can still give (``MemAvailable``; else its physical memory; None
+    when neither is known)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_fits_in_memory(rounds: int, bytes_per_round: int, what: str) -> None:
+    """Refuse, before allocating anything, ``rounds`` that would need more memory than the
+    machine has (``what`` names the options that asked for them)."""
+    available = available_memory()
+    needed = rounds * bytes_per_round
+    if available is None or needed <= available:
+        return
+    raise ConfigError(f"{what} is {rounds:,} rounds, which need about {needed / 1e9:,.1f} GB "
+                      f"({bytes_per_round:,} bytes a round); this machine has "
+                      f"{available / 1e9:,.1f} GB available. Expected at most "
+                      f"{available // bytes_per_round:,} rounds: fewer --passes or --rounds.")
 
 
 @dataclass(frozen=True)
@@ -55,11 +89,15 @@ class Drift:
 
 def stream_order(n: int, passes: int, rounds: int | None, seed: int | None) -> np.ndarray:
     """Row indices of the stream: ``passes`` passes (each reshuffled when seed is given),
-    cut or extended to ``rounds`` when given."""
+    cut or extended to ``rounds`` when given. A stream larger than the memory is refused
+    before anything is allocated (:func:`check_fits_in_memory`)."""
     if passes < 1:
         raise ConfigError(f"--passes must be an int >= 1. Got {passes}.")
-    rng = np.random.default_rng(seed) if seed is not None else None
     needed = passes if rounds is None else max(passes, -(-rounds // n))
+    check_fits_in_memory(needed * n, ROUND_BYTES,
+                         f"--passes {passes} over {n:,} rows" if rounds is None else
+                         f"--rounds {rounds:,} (with --passes {passes} over {n:,} rows)")
+    rng = np.random.default_rng(seed) if seed is not None else None
     blocks = [rng.permutation(n) if rng is not None else np.arange(n) for _ in range(needed)]
     order = np.concatenate(blocks)
     return order if rounds is None else order[:rounds]
@@ -136,8 +174,20 @@ class PreparedStream:
         return self.features
 
 
+#: Columns whose largest magnitude reaches 2**this are scaled down before their mean and
+#: variance are taken: their squares would overflow a float64 (1e308 values, say).
+_HUGE_EXPONENT = 400
+
+
 def standardise(X: np.ndarray) -> np.ndarray:
-    """Column z-scores; constant columns become 0."""
+    """Column z-scores; constant columns become 0.
+
+    A column with values beyond 2**400 (~1e120) is first divided by a power of two, which
+    is exact: its z-scores are the same, and its mean and variance cannot overflow.
+    """
+    if X.size:
+        _, exponent = np.frexp(np.max(np.abs(X), axis=0))
+        X = np.ldexp(X, -np.where(exponent >= _HUGE_EXPONENT, exponent, 0))
     mean = X.mean(axis=0)
     std = X.std(axis=0)
     return np.asarray((X - mean) / np.where(std > 0, std, 1.0))

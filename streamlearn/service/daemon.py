@@ -131,6 +131,7 @@ class Daemon:
         self._retry_checkpoint_at = 0.0
         self._written_at: dict[int, tuple[float, float]] = {}  # background snapshots: when begun
         self.started_at_instances = 0
+        self.polling_seconds = 0.0  # spent in poll: waiting for input (and, embedded, making it)
         self._drifts_seen = learner.drift_detections_
         self.ready = False
         self.limits = settings.limits()
@@ -253,12 +254,15 @@ class Daemon:
 
     def _poll(self) -> list[Message]:
         s = self.settings
+        began = time.perf_counter()
         try:
             return self.aligner.poll(s.limits_poll_max_records, s.limits_poll_timeout_seconds)
         except TransportError as exc:
             log.warning("poll failed, retrying in %.1f s: %s", s.retry_seconds, exc)
             self._stop.wait(s.retry_seconds)
             return []
+        finally:
+            self.polling_seconds += time.perf_counter() - began
 
     def _split(self, messages: list[Message]) -> tuple[list[Message], list[Message], list[Message]]:
         """(instances before the first feedback, the feedback, the instances after it)."""

@@ -23,6 +23,7 @@ blocks the loop; it binds ``127.0.0.1`` by default and port 0 picks a free port
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 import threading
@@ -149,8 +150,11 @@ class MetricsServer:
         try:
             self._server = _Server((self.host, self.requested_port), self.registry, self.readiness)
         except OSError as exc:
+            advice = ("; another process (a second serve?) holds that port: pass "
+                      "--metrics-port 0 for a free one (printed on start), or -1 for none"
+                      if exc.errno == errno.EADDRINUSE else "")
             raise ConfigError(f"metrics endpoint cannot listen on {self.host}:"
-                              f"{self.requested_port}: {exc.strerror or exc}.") from exc
+                              f"{self.requested_port}: {exc.strerror or exc}{advice}.") from exc
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         kwargs={"poll_interval": 0.2},
                                         name="streamlearn-http", daemon=True)

@@ -32,6 +32,7 @@ import numpy as np
 import orjson
 
 from streamlearn.features import SparseBatch
+from streamlearn.stream.transport import own_copy
 
 __all__ = ["CallerStats", "SimulatedCaller", "StreamSource", "encode_instances"]
 
@@ -43,12 +44,12 @@ class StreamSource:
     """Instance ``n`` → (features, label), a pure function of ``(seed, n)``.
 
     ``synsep`` / ``synnonsep`` are generated block by block (infinite stream);
-    any other name is loaded with ``streamlearn.datasets.load_dataset`` and
-    cycled through, each pass in a fresh seeded permutation.
+    any other name is loaded with ``streamlearn.datasets.load_dataset`` (``fetch``: missing
+    files are downloaded first) and cycled through, each pass in a fresh seeded permutation.
     """
 
     def __init__(self, dataset: str = "synnonsep", data_dir: str | None = None, seed: int = 1,
-                 block: int = 4096, drift_at: int | None = None) -> None:
+                 block: int = 4096, drift_at: int | None = None, fetch: bool = False) -> None:
         self.dataset, self.seed, self.block = dataset.lower(), seed, block
         self.drift_at = drift_at  # from this instance on, labels are permuted (concept drift)
         self.shuffle = True
@@ -63,7 +64,7 @@ class StreamSource:
         else:
             from streamlearn.datasets import load_dataset
 
-            data = load_dataset(self.dataset, data_dir)
+            data = load_dataset(self.dataset, data_dir, fetch=fetch)
             X = data.X.to_dense() if isinstance(data.X, SparseBatch) else np.asarray(data.X)
             self._X, self._y = np.asarray(X, dtype=np.float64), np.asarray(data.y)
             self.n_classes, self.n_features = int(data.n_classes), int(data.n_features)
@@ -226,7 +227,7 @@ class SimulatedCaller:
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 self.stats.unparsable_decisions += 1
                 continue
-            self.stats.recent_decisions.append(value or b"")
+            self.stats.recent_decisions.append(own_copy(value or b""))
             n = int(event_id[len(self.prefix):]) if event_id.startswith(self.prefix) and \
                 event_id[len(self.prefix):].isdigit() else -1
             numbers.append(n)

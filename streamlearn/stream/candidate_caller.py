@@ -3,10 +3,10 @@
 The same part :class:`~streamlearn.stream.caller.SimulatedCaller` plays for
 fixed actions, with the same interface (``instances``, ``answer``, ``due``,
 ``skip_to``, ``stats``): request ``n`` (id ``<prefix><n>``) is request
-``n mod B`` of a :class:`~streamlearn.datasets.candidates.CandidateStream`, with
-its candidates (id and features) and ``slots``; a decision is answered, after an
-exponential delay (or never, with probability ``drop``), with the realised
-reward of every candidate it placed:
+``order[n mod len(order)]`` of a :class:`~streamlearn.datasets.candidates.CandidateStream`
+(by default ``n mod B``), with its candidates (id and features) and ``slots``; a
+decision is answered, after an exponential delay (or never, with probability
+``drop``), with the realised reward of every candidate it placed:
 ``{"id": "e7", "rewards": {"<candidate id>": 1.0, ...}, "ts": ...}``.
 
 >>> from streamlearn.datasets.candidates import synthetic_candidates
@@ -26,12 +26,10 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
-from streamlearn.datasets.candidates import (
-    CANDIDATE_STREAMS,
-    CandidateStream,
-    load_candidate_stream,
-)
+from streamlearn.datasets.candidates import CANDIDATE_STREAMS, CandidateStream, request_cycle
+from streamlearn.datasets.catalogue import check_dataset_name
 from streamlearn.stream.caller import CallerStats, SimulatedCaller, StreamSource
+from streamlearn.stream.transport import own_copy
 
 __all__ = ["CandidateCaller", "make_caller"]
 
@@ -42,8 +40,10 @@ class CandidateCaller:
     """Publishes a candidate-set stream's requests and answers their decisions."""
 
     def __init__(self, stream: CandidateStream, prefix: str = "e", delay_mean_s: float = 0.2,
-                 drop: float = 0.0, seed: int = 1, slots: int = 1) -> None:
+                 drop: float = 0.0, seed: int = 1, slots: int = 1,
+                 order: np.ndarray | None = None) -> None:
         self.stream, self.prefix, self.slots = stream, prefix, int(slots)
+        self.order = np.arange(len(stream)) if order is None else np.asarray(order, np.int64)
         self.delay_mean_s, self.drop = delay_mean_s, drop
         self.stats = CallerStats()
         self.next_instance = 0
@@ -68,8 +68,11 @@ class CandidateCaller:
         self.next_instance = n
         self._awaiting[:] = False
 
+    def _request(self, n: int) -> int:
+        return int(self.order[n % len(self.order)])
+
     def _rows(self, n: int) -> tuple[int, int]:
-        r = n % len(self.stream)
+        r = self._request(n)
         offsets = self.stream.sets.offsets
         return int(offsets[r]), int(offsets[r + 1])
 
@@ -85,7 +88,7 @@ class CandidateCaller:
                                for row in range(start, stop)],
                 "slots": min(self.slots, stop - start)}
             if self.d_x:
-                request["x"] = sets.context[n % len(self.stream)].tolist()
+                request["x"] = sets.context[self._request(n)].tolist()
             out.append((request["id"].encode(), orjson.dumps(request)))  # type: ignore[attr-defined]
             self._awaiting[n % AWAIT_RING] = True
         self.next_instance += max(count, 0)
@@ -103,7 +106,7 @@ class CandidateCaller:
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 self.stats.unparsable_decisions += 1
                 continue
-            self.stats.recent_decisions.append(value or b"")
+            self.stats.recent_decisions.append(own_copy(value or b""))
             digits = event_id[len(self.prefix):]
             n = int(digits) if event_id.startswith(self.prefix) and digits.isdigit() else -1
             if not (0 <= n < self.next_instance and n >= self.next_instance - AWAIT_RING
@@ -140,14 +143,14 @@ class CandidateCaller:
 
 def make_caller(dataset: str, data_dir: str | None, prefix: str, delay_mean_s: float,
                 drop: float, seed: int, slots: int = 1, drift_at: int | None = None,
-                ) -> SimulatedCaller | CandidateCaller:
+                fetch: bool = False) -> SimulatedCaller | CandidateCaller:
     """The simulated caller of a dataset: a :class:`CandidateCaller` for a candidate-set
-    stream (OHSUMED: 20 shuffled passes, then cycled), else a
-    :class:`~streamlearn.stream.caller.SimulatedCaller`."""
+    stream (:func:`~streamlearn.datasets.candidates.request_cycle`: OHSUMED in 20 shuffled
+    passes, then cycled), else a :class:`~streamlearn.stream.caller.SimulatedCaller`."""
     name = dataset.lower()
+    check_dataset_name(dataset, ignore_case=True)
     if name in CANDIDATE_STREAMS:
-        stream = load_candidate_stream(name, passes=20 if name.startswith("ohsumed") else 1,
-                                       seed=seed, data_dir=data_dir)
-        return CandidateCaller(stream, prefix, delay_mean_s, drop, seed, slots)
-    return SimulatedCaller(StreamSource(dataset, data_dir, seed, drift_at=drift_at), prefix,
-                           delay_mean_s, drop, seed)
+        stream, order = request_cycle(name, seed, data_dir, fetch)
+        return CandidateCaller(stream, prefix, delay_mean_s, drop, seed, slots, order)
+    return SimulatedCaller(StreamSource(dataset, data_dir, seed, drift_at=drift_at, fetch=fetch),
+                           prefix, delay_mean_s, drop, seed)

@@ -17,8 +17,13 @@ Instance number ``n`` has id ``"e<n>"`` and is the message at offset ``n`` of
 the instances topic; its features and label are a pure function of
 ``(seed, n)``. After a restart that seeks to a checkpoint's offset ``N`` the
 stream therefore continues with event ``N`` — no id collides with a restored
-pending join. Messages below both the read position and the last commit are
-trimmed, so memory stays bounded on a long run.
+pending join. That seek is the only one the daemon makes, and it is made on a
+new process's transport, whose topics start empty: so nothing consumed has to
+stay in memory for it. Consumed messages are trimmed once committed, and the
+uncommitted ones (all of them without checkpoints) are kept only up to
+:data:`RETAIN_BYTES` behind the read position, for a seek back within the
+process (as within a Kafka topic's retention; below it a seek is refused as
+trimmed). Memory stays flat on a run of any length.
 
 >>> import orjson
 >>> t = EmbeddedTransport(chunk=4, delay_mean_s=0.0, seed=3)
@@ -43,7 +48,8 @@ from streamlearn.stream.transport import Message, check_offsets
 
 __all__ = ["CallerStats", "EmbeddedTransport", "StreamSource"]
 
-RETAIN = 50_000  # messages kept behind the read position for a seek back
+#: Consumed but uncommitted messages kept per partition behind the read position, in bytes.
+RETAIN_BYTES = 8 << 20
 
 
 class EmbeddedTransport(InMemoryTransport):
@@ -55,6 +61,8 @@ class EmbeddedTransport(InMemoryTransport):
         Topic names (as in the Kafka configuration).
     dataset, data_dir : str
         What the simulated caller streams (see :class:`StreamSource`).
+    fetch : bool
+        Download missing files of a built-in dataset first (verified by sha256).
     rate : float
         Instances per second; 0 = a chunk whenever the backlog is below one chunk.
     chunk : int
@@ -78,14 +86,15 @@ class EmbeddedTransport(InMemoryTransport):
                  dataset: str = "synnonsep", data_dir: str | None = None, rate: float = 0.0,
                  chunk: int = 256, delay_mean_s: float = 0.2, drop: float = 0.0, seed: int = 1,
                  max_instances: int | None = None, drift_at: int | None = None,
-                 clock: Callable[[], float] = time.time, slots: int = 1) -> None:
+                 clock: Callable[[], float] = time.time, slots: int = 1,
+                 fetch: bool = False) -> None:
         if rate < 0 or chunk < 1 or delay_mean_s < 0 or not 0 <= drop <= 1:
             raise ConfigError(f"EmbeddedTransport expects rate >= 0, chunk >= 1, delay_mean_s >= "
                               f"0, 0 <= drop <= 1. Got {rate}, {chunk}, {delay_mean_s}, {drop}.")
         super().__init__(instances_topic, feedback_topic, decisions_topic, dead_letter_topic,
                          broker=InMemoryBroker(1))
         self.caller = make_caller(dataset, data_dir, "e", delay_mean_s, drop, seed, slots,
-                                  drift_at)
+                                  drift_at, fetch)
         self.source = self.caller.source if isinstance(self.caller, SimulatedCaller) else None
         self.rate, self.chunk, self.max_instances = rate, chunk, max_instances
         self._clock = clock
@@ -129,12 +138,13 @@ class EmbeddedTransport(InMemoryTransport):
         self._rate_sent += max(count, 0)
 
     def _trim(self) -> None:
-        """Keep what may still be read or re-read: from the last commit (where a restart
-        resumes), or without a commit the last :data:`RETAIN` messages (for a seek back)."""
+        """Forget consumed messages once committed, and uncommitted ones beyond
+        :data:`RETAIN_BYTES` behind the read position (the module docstring says why)."""
         committed = self.committed()
         for tp in self._assigned:
-            position = self._positions[tp]
-            self.broker.log(*tp).trim(min(position, committed.get(tp, position - RETAIN)))
+            position, log = self._positions[tp], self.broker.log(*tp)
+            kept_from = max(committed.get(tp, 0), log.offset_holding(position, RETAIN_BYTES))
+            log.trim(min(position, kept_from))
 
     def poll(self, max_records: int, timeout_s: float) -> list[Message]:
         """Advance the simulation, then return up to ``max_records`` input messages."""

@@ -4,7 +4,9 @@
 per group; several :class:`InMemoryTransport` objects can share one, as
 consumers share a cluster. A log can be trimmed below an offset (a retention
 limit): offsets stay absolute, and reading below the first kept offset is an
-error, as on Kafka.
+error, as on Kafka. A log keeps its own right-sized copy of each value and
+knows about how many bytes it holds (:attr:`PartitionLog.nbytes`), so a
+retention can be set in bytes.
 """
 
 from __future__ import annotations
@@ -19,20 +21,38 @@ from streamlearn.stream.transport import (
     Message,
     Offsets,
     check_offsets,
+    own_copy,
     partition_for_key,
     produce_each,
 )
 
-__all__ = ["InMemoryBroker", "InMemoryTransport", "PartitionLog"]
+__all__ = ["MESSAGE_OVERHEAD_BYTES", "InMemoryBroker", "InMemoryTransport", "PartitionLog"]
+
+#: What a kept message costs besides its key and value (the Message object, its offset and
+#: timestamp, the list slot), in bytes: an estimate, for a retention set in bytes.
+MESSAGE_OVERHEAD_BYTES = 200
+
+
+def _own_copy(value: bytes | None) -> bytes | None:
+    return None if value is None else own_copy(value)
+
+
+def _held(key: bytes | None, value: bytes | None) -> int:
+    return len(key or b"") + len(value or b"") + MESSAGE_OVERHEAD_BYTES
 
 
 class PartitionLog:
-    """One partition: messages from offset ``base`` on (older ones trimmed)."""
+    """One partition: messages from offset ``base`` on (older ones trimmed).
+
+    ``nbytes`` is about what ``messages`` holds: keys, values and
+    :data:`MESSAGE_OVERHEAD_BYTES` per message.
+    """
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic, self.partition = topic, partition
         self.base = 0  # offset of messages[0]
         self.messages: list[Message] = []
+        self.nbytes = 0
 
     @property
     def end(self) -> int:
@@ -40,15 +60,26 @@ class PartitionLog:
         return self.base + len(self.messages)
 
     def append(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> Message:
-        message = Message(self.topic, self.partition, self.end, key, value, timestamp_ms)
+        message = Message(self.topic, self.partition, self.end, key, _own_copy(value),
+                          timestamp_ms)
         self.messages.append(message)
+        self.nbytes += _held(key, value)
         return message
 
     def extend(self, keys: Sequence[bytes | None], values: Sequence[bytes | None],
                timestamp_ms: int) -> None:
         end, topic, partition = self.end, self.topic, self.partition
-        self.messages.extend(Message(topic, partition, end + i, k, v, timestamp_ms)
+        self.messages.extend(Message(topic, partition, end + i, k, _own_copy(v), timestamp_ms)
                              for i, (k, v) in enumerate(zip(keys, values, strict=True)))
+        self.nbytes += sum(_held(k, v) for k, v in zip(keys, values, strict=True))
+
+    def offset_holding(self, position: int, budget_bytes: int) -> int:
+        """The offset from which the messages up to ``position`` hold about ``budget_bytes``
+        (by the mean size of the kept messages; at most ``position``)."""
+        if not self.messages:
+            return position
+        mean = self.nbytes / len(self.messages)
+        return position - int(budget_bytes // mean)
 
     def read(self, start: int, count: int) -> list[Message]:
         if start < self.base:
@@ -61,6 +92,7 @@ class PartitionLog:
         """Forget the messages before offset ``below`` (in bulk: when half the list is old)."""
         drop = min(below - self.base, len(self.messages))
         if drop > 0 and 2 * drop >= len(self.messages):
+            self.nbytes -= sum(_held(m.key, m.value) for m in self.messages[:drop])
             del self.messages[:drop]
             self.base += drop
 
@@ -68,6 +100,7 @@ class PartitionLog:
         """Continue the log at ``offset`` (an empty log may start anywhere)."""
         self.messages = []
         self.base = offset
+        self.nbytes = 0
 
 
 class InMemoryBroker:

@@ -31,7 +31,8 @@ from kafka.partitioner.default import murmur2
 
 from streamlearn.errors import TransportError
 
-__all__ = ["Message", "Offsets", "Transport", "check_offsets", "partition_for_key", "produce_each"]
+__all__ = ["Message", "Offsets", "Transport", "check_offsets", "own_copy", "partition_for_key",
+           "produce_each"]
 
 Offsets = dict[tuple[str, int], int]
 """Next offset to read per ``(topic, partition)``."""
@@ -47,6 +48,16 @@ class Message:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+
+
+def own_copy(value: bytes) -> bytes:
+    """A copy of ``value`` that allocates only its length.
+
+    orjson returns bytes objects that keep its whole write buffer (4 KB and more) allocated
+    however short the JSON is; whatever keeps thousands of messages (a log, the last
+    decisions) keeps copies. 0.3 µs per message.
+    """
+    return bytes(memoryview(value))
 
 
 @runtime_checkable

@@ -80,7 +80,9 @@ def test_simulate_feeds_serve_through_kafka(kafka_bootstrap: str, tmp_path: Path
     assert summary["feedback_sent"] + summary["dropped"] == n
     assert 200 < summary["dropped"] < 400  # Binomial(1500, 0.2): mean 300, sd 15.5
     assert server.returncode == 0, err
-    match = re.search(r"daemon totals: instances (\d+), feedback joined (\d+)", out)
+    # candidate mode counts requests, and feedback per placed slot
+    match = re.search(r"daemon totals: (?:instances|requests) (\d+), feedback (?:per placed slot: )?"
+                      r"joined (\d+)", out)
     assert match, out
     assert int(match.group(1)) == n
     assert int(match.group(2)) <= slots * summary["feedback_sent"]  # joins count slots

@@ -137,7 +137,10 @@ def test_bench_json_has_the_required_keys(capsys: pytest.CaptureFixture[str]) ->
         assert 0.0 <= r["error_rate"] <= 1.0
     assert rows["streamlearn-banditron"]["batch_size"] == 64
     assert rows["streamlearn-banditron-b1"]["batch_size"] == 1
-    assert rows["streamlearn-banditron"]["ratio"] == pytest.approx(1.0)
+    reference = out["reference"]
+    assert reference["system"] in rows and reference["why"]
+    assert rows[reference["system"]]["speed_vs_reference"] == pytest.approx(1.0)
+    assert rows[reference["system"]]["error_vs_reference"] == 0.0
     # same stream, same keyed randomness: the per-event loop makes streamlearn's b1 decisions
     assert rows["python-loop-banditron"]["error_rate"] == rows["streamlearn-banditron-b1"]["error_rate"]
     if import_vw() is not None:
@@ -151,7 +154,13 @@ def test_bench_table_lists_the_chosen_systems(capsys: pytest.CaptureFixture[str]
     assert code == 0
     captured = capsys.readouterr()
     table = [line for line in captured.out.splitlines() if line.startswith("| ")]
-    assert table[0] == "| system | batch | events/s | error rate | ratio |"
+    # no VW row: relative to the row with the lowest error, and the line above says so
+    best = min(("streamlearn-banditron", "python-loop-banditron"),
+               key=lambda name: float(next(line for line in table if f"| {name} |" in line)
+                                      .split(" | ")[3]))
+    assert table[0] == (f"| system | batch | events/s | error rate | speed ÷ {best} | "
+                        f"error − {best} |")
+    assert f"Relative to {best}, the row with the lowest error (no VW row ran)" in captured.out
     assert [line.split(" | ")[0] for line in table[1:]] == [
         "| streamlearn-banditron", "| python-loop-banditron"]
     assert table[1].split(" | ")[1] == "32"
@@ -264,9 +273,53 @@ def test_without_vowpalwabbit_the_vw_rows_say_skipped(
     assert main(["bench", "--dataset", "synsep", "--rounds", "300", "--systems",
                  "streamlearn-banditron,vw-bag"]) == 0
     table = capsys.readouterr().out
-    assert "| vw-bag | 1 | skipped: vowpalwabbit not installed" in table
+    assert "- skipped, vowpalwabbit not installed (pip install 'streamlearn[bench]'): vw-bag" in table
+    assert "| vw-bag |" not in table
     assert main(["bench", "--dataset", "synsep", "--rounds", "300", "--systems", "vw-cover",
                  "--json"]) == 0
     (row,) = orjson.loads(capsys.readouterr().out)["results"]
     assert row["skipped"].startswith("vowpalwabbit not installed")
-    assert row["events_per_second"] is None and row["error_rate"] is None and row["ratio"] is None
+    assert row["events_per_second"] is None and row["error_rate"] is None
+    assert row["speed_vs_reference"] is None and row["error_vs_reference"] is None
+
+
+def test_without_vowpalwabbit_one_line_names_every_vw_system(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Eight 'skipped: vowpalwabbit not installed' rows were one reason said eight times."""
+    monkeypatch.setattr("simulators.bench.import_vw", lambda: None)
+    assert main(["bench", "--dataset", "synsep", "--rounds", "300", "--systems",
+                 "streamlearn-banditron,vw"]) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "vowpalwabbit not installed" in line]
+    assert said == ["- skipped, vowpalwabbit not installed (pip install 'streamlearn[bench]'): "
+                    + ", ".join(VW_EXPLORERS)]
+
+
+def test_rows_relate_to_the_vw_row_with_the_lowest_error() -> None:
+    """The ratio was relative to streamlearn-banditron (error 0.84 on letter): a weak row."""
+    from simulators.bench import BenchReport, BenchResult
+
+    results = [BenchResult("streamlearn-banditron", 64, 600_000.0, 0.84, 1.0),
+               BenchResult("streamlearn-linucb", 64, 200_000.0, 0.30, 1.0),
+               BenchResult("vw-epsilon", 1, 150_000.0, 0.58, 1.0),
+               BenchResult("vw-bag", 1, 50_000.0, 0.35, 1.0),
+               BenchResult("vw-cover", 1, None, None, None, skipped="vowpalwabbit not installed")]
+    report = BenchReport("letter", 20_000, 1, 16, 26, True, 0.05, {"name": "fixed"}, 0, results)
+    assert report.reference() == (results[3], "the VW row with the lowest error")
+    assert report.speed_vs_reference(results[1]) == pytest.approx(4.0)
+    assert report.error_vs_reference(results[1]) == pytest.approx(-0.05)
+    table = report.to_markdown()
+    assert "| streamlearn-banditron | 64 | 600,000 | 0.8400 | 12.00 | +0.4900 |" in table
+    assert "| vw-bag | 1 | 50,000 | 0.3500 | 1.00 | +0.0000 |" in table
+
+
+def test_bench_help_lists_the_systems() -> None:
+    from streamlearn.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    # argparse wraps the help at hyphens too: compare without any white space
+    text = "".join(sub.choices["bench"].format_help().split())  # type: ignore[attr-defined]
+    for name in SYSTEMS:
+        assert name in text, name

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -88,3 +90,39 @@ def test_a_corrupt_newest_checkpoint_shows_the_one_serve_restores(
     (tmp_path / "ckpt-00000001" / "meta.json").write_text("{")  # none reads: an error
     assert main(["inspect", str(tmp_path)]) == 2
     assert "ckpt-00000002" in capsys.readouterr().err
+
+
+def test_long_names_and_values_stay_readable(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A 32-character array name ran into its shape ('learner.oracle.intercept_sq_grad9'), and
+    a long JSON value was cut at '…' with no word of the rest."""
+    learner = make_learner("banditron", 3, 5)
+    arrays, meta = learner.state()
+    arrays = {**arrays, "learner.oracle.intercept_sq_grad": np.zeros(9)}
+    settings = {f"setting_{i}": i * 1.5 for i in range(40)}
+    write_snapshot(tmp_path / "ckpt-00000001", arrays,
+                   {"learner": meta, "seq": 1, "offsets": [], "settings": settings})
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"learner\.oracle\.intercept_sq_grad +9 +float64", out), out
+    line = next(line for line in out.splitlines() if line.startswith("settings"))
+    assert line.endswith("characters: --json shows all)")
+    assert "exploration" in out and "{" not in next(
+        line for line in out.splitlines() if line.strip().startswith("exploration"))
+
+
+def test_ranker_history_rounds_ndcg(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rankers = tmp_path / "rankers"
+    rankers.mkdir()
+    entry = {"version": 3, "ranker": "rankboost", "promoted": False,
+             "reason": "candidate mode: measured on the logged slates, not promoted",
+             "rankers": {"rankboost": {"ndcg": 0.7234234234234234, "auc": 0.61234123412},
+                         "rocchio": {"ndcg": 0.6999999999999999, "auc": None}},
+             "learner": {"ndcg": 0.6123412341234123}}
+    (rankers / "state.json").write_bytes(orjson.dumps({"live": None, "promoted": [],
+                                                       "history": [entry]}))
+    assert main(["inspect", str(rankers)]) == 0
+    out = capsys.readouterr().out
+    assert ("held-out NDCG rankboost 0.7234, rocchio 0.7000, the learner's slot order 0.6123"
+            in out)
+    assert "0.72342" not in out

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from streamlearn.cli import build_parser, main
-from streamlearn.commands.serve import serve, to_toml
+from streamlearn.commands.serve import Progress, serve, to_toml
 from streamlearn.config import env_name, field_specs, flag_name, load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -262,3 +262,82 @@ def test_a_config_file_that_is_no_config_is_a_clear_error(
     path.write_text(content)
     assert main(["serve", "--print-config", "--config", str(path)]) == 2
     assert expected in capsys.readouterr().err
+
+
+def _summary(out: io.StringIO) -> str:
+    return next(line for line in out.getvalue().splitlines() if "stopped after" in line)
+
+
+def test_the_final_line_accounts_for_every_decision_and_reports_memory_and_busy_rate() -> None:
+    """joined + expired + pending + shed = decided; the rate beside the wall clock's leaves out
+    polling; the process's own memory is on the line and on /metrics."""
+    config = load_config(environ={}, cli={"metrics.port": "-1", "embedded.seed": "5",
+                                          "embedded.delay_mean_seconds": "0.5"})
+    registry, out = CollectorRegistry(), io.StringIO()
+    assert serve(config, max_events=3000, progress_s=0, registry=registry, out=out) == 0
+    line = _summary(out)
+    fates = re.search(r"feedback joined (\d+), expired (\d+), pending (\d+), shed (\d+) "
+                      r"\(of (\d+) decisions\)", line)
+    assert fates is not None, line
+    joined, expired, pending, shed, decided = map(int, fates.groups())
+    assert decided == 3000 and pending > 0
+    assert joined + expired + pending + shed == decided
+    assert re.search(r"\(\d[\d,]*/s; \d[\d,]*/s over the \d+\.\d s not spent polling\)", line), line
+    assert re.search(r"peak RSS \d[\d,]* MB", line), line
+    assert (registry.get_sample_value("process_resident_memory_bytes") or 0) > 10e6
+
+
+def test_the_final_line_says_when_the_error_rests_on_few_rounds() -> None:
+    config = load_config(environ={}, cli={"metrics.port": "-1",
+                                          "embedded.delay_mean_seconds": "5"})
+    out = io.StringIO()
+    assert serve(config, max_events=500, progress_s=0, out=out) == 0
+    assert re.search(r"over \d+ learned rounds only: too few to judge the learner",
+                     _summary(out)), _summary(out)
+    out = io.StringIO()
+    config = load_config(environ={}, cli={"metrics.port": "-1",
+                                          "embedded.delay_mean_seconds": "0"})
+    assert serve(config, max_events=3000, progress_s=0, out=out) == 0
+    assert "too few to judge" not in _summary(out)
+
+
+def test_candidate_mode_says_it_counts_requests_and_placed_slots() -> None:
+    config = load_config(environ={}, cli={"metrics.port": "-1", "embedded.delay_mean_seconds": "0.3",
+                                          "embedded.dataset": "synthetic-candidates",
+                                          "embedded.slots": "2"})
+    registry, out = CollectorRegistry(), io.StringIO()
+    assert serve(config, max_events=1000, progress_s=0, registry=registry, out=out) == 0
+    line = _summary(out)
+    assert "stopped after 1000 requests" in line and "daemon totals: requests 1000," in line
+    fates = re.search(r"feedback per placed slot: joined (\d+), expired (\d+), pending (\d+), "
+                      r"shed (\d+) \(of (\d+) slots placed\)", line)
+    assert fates is not None, line
+    joined, expired, pending, shed, placed = map(int, fates.groups())
+    assert placed == 2 * 1000 == joined + expired + pending + shed  # every request has >= 2
+    progress = Progress(registry, out=None, slots=True).line()
+    assert "requests " in progress and "joined-slots " in progress and "pending-slots " in progress
+
+
+def test_help_is_short_and_points_to_help_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """serve --help was 431 lines; it now shows the options of a first run."""
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) < 120
+    for flag in ("--max-events", "--bootstrap", "--learner", "--checkpoint-dir",
+                 "--metrics-port", "--embedded-dataset", "--data-dir", "--fetch", "--config"):
+        assert flag in text, flag
+    assert "--kafka-sasl-password" not in text and "[limits]" not in text
+    assert text.rstrip().splitlines()[-1].endswith("streamlearn serve --help-all")
+
+
+def test_help_all_lists_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help-all"])
+    text = capsys.readouterr().out
+    for fs in field_specs():
+        assert flag_name(fs.section, fs.name) in text, fs.key
+    assert "--linger-seconds" in text and "--library-log-level" in text
+    # the short help changed nothing: the parser's full help is still whole
+    assert serve_help() == text

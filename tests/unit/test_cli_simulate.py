@@ -116,3 +116,13 @@ def test_simulate_prints_the_serve_style_progress_line(monkeypatch: pytest.Monke
     last = lines[-1]
     assert re.search(r"\bsent +\d", last) and "awaiting-decision" in last
     assert 0.5 < error < 1.0 and "cum-error" in last
+
+
+def test_the_summary_gives_the_sending_rate_beside_the_wall_clock_rate() -> None:
+    """'(187/s)' counted the wait for the last decisions as sending time."""
+    summary = simulate_module.SimulationSummary("r", instances_sent=10_000, seconds=40.0,
+                                                sending_seconds=10.0)
+    assert "in 40.0 s (250/s; 1,000/s over the 10.0 s of sending, the rest waiting for " \
+           "decisions)" in summary.text()
+    assert "of sending" not in simulate_module.SimulationSummary(
+        "r", instances_sent=10, seconds=4.0, sending_seconds=4.0).text()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import orjson
 import pytest
 
 from streamlearn.errors import ConfigError, TransportError
-from streamlearn.stream.embedded import EmbeddedTransport, StreamSource
+from streamlearn.stream.embedded import RETAIN_BYTES, EmbeddedTransport, StreamSource
 from streamlearn.stream.transport import Transport
 
 INST, FEED, DEC, DLQ = ("streamlearn.instances", "streamlearn.feedback",
@@ -162,3 +164,56 @@ def test_real_dataset_source_cycles_with_fresh_permutations() -> None:
     assert source.n_classes == 10 and X.shape == (2 * n, 64)
     assert np.array_equal(np.sort(y[:n]), np.sort(y[n:]))  # each pass covers every row once
     assert not np.array_equal(y[:n], y[n:])
+
+
+def test_consumed_messages_do_not_accumulate_without_commits() -> None:
+    """A long run without checkpoints keeps only RETAIN_BYTES of consumed messages per topic
+    (plus what is unread), whatever its length: memory stays flat."""
+    t = EmbeddedTransport(chunk=500, delay_mean_s=0.0, seed=6)
+    polled = 0
+    while polled < 40_000:
+        batch = t.poll(500, 0.0)
+        polled += sum(m.topic == INST for m in batch)
+        ids = [m.key or b"" for m in batch if m.topic == INST]
+        t.produce_many(DEC, ids, [b'{"id": "%s", "action": 0}' % k for k in ids])
+    assert t.broker.log(INST, 0).base > 0  # the oldest consumed instances are gone
+    for topic in (INST, FEED):
+        log = t.broker.log(topic, 0)
+        assert log.nbytes <= 2 * RETAIN_BYTES + 2 * 500 * 2_000, (topic, log.nbytes)
+    t.seek({(INST, 0): t.positions()[(INST, 0)] - 100})  # a short seek back still works
+    assert [m.offset for m in t.poll(1, 0.0) if m.topic == INST][:1] in ([], [polled - 100])
+
+
+def test_committed_messages_are_trimmed_at_once() -> None:
+    t = EmbeddedTransport(chunk=100, delay_mean_s=0.0)
+    t.poll(100, 0.0)
+    t.commit({(INST, 0): 100})
+    assert t.broker.log(INST, 0).base == 100
+
+
+def test_kept_messages_allocate_only_their_length() -> None:
+    """orjson's bytes keep its 4 KB write buffer; the log keeps right-sized copies."""
+    t = EmbeddedTransport(chunk=10, max_instances=0)
+    tracemalloc.start()
+    try:
+        values = [orjson.dumps({"id": f"e{i}", "reward": 1.0, "ts": 1.0}) for i in range(2000)]
+        t.broker.extend(FEED, 0, [None] * len(values), values, 0)
+        del values
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert held < 2000 * 400, held  # 60-byte messages: ~4 KB each when orjson's are kept
+
+
+@pytest.mark.needs_data
+def test_ohsumed_caller_holds_one_copy_and_plays_twenty_shuffled_passes() -> None:
+    """The embedded OHSUMED requests are those of the 20-pass stream, in its order, from one
+    copy of the queries."""
+    from streamlearn.datasets.candidates import load_candidate_stream
+    from streamlearn.stream.candidate_caller import CandidateCaller, make_caller
+
+    twenty = CandidateCaller(load_candidate_stream("ohsumed-candidates", passes=20, seed=4),
+                             slots=2)
+    caller = make_caller("ohsumed-candidates", None, "e", 0.2, 0.0, 4, 2)
+    assert isinstance(caller, CandidateCaller) and len(caller.stream) == 106
+    assert caller.instances(2200, 0.0) == twenty.instances(2200, 0.0)
