@@ -70,26 +70,34 @@ def _check_values(y: np.ndarray) -> None:
 
 
 def _bet(y: np.ndarray, m: np.ndarray, fractions: np.ndarray, log_wealth: np.ndarray,
-         threshold: float) -> tuple[np.ndarray, np.ndarray]:
+         threshold: float, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Every gambler's wealth at every value ``m`` after the values ``y`` in order.
 
-    ``log_wealth`` (M, J) is the wealth so far; returns (the new log wealth, whether the
-    mixture's wealth reached ``threshold`` = log(J/α) at any step, per value)."""
+    ``log_wealth`` (M, J) is the wealth after the ``offset`` values seen before. The
+    mixture's wealth is read after every :data:`CHECK_EVERY`-th value of the whole sequence
+    and after the last of ``y`` (reading less often keeps the bound valid: Ville's
+    inequality holds for any times one looks). Returns (the new log wealth, per value of
+    ``m`` the index in ``y`` after which the mixture first reached ``threshold`` =
+    log(J/α), or -1)."""
     lam = fractions[None, :] / np.maximum(m, 1e-12)[:, None]  # (M, J); at m = 0 any bet is safe
-    crossed = np.zeros(len(m), dtype=bool)
-    step = max(1, _CHUNK_ELEMENTS // max(lam.size, 1))
+    first = np.full(len(m), -1, dtype=np.int64)
+    step = max(CHECK_EVERY, (_CHUNK_ELEMENTS // max(lam.size, 1)) // CHECK_EVERY * CHECK_EVERY)
     for lo in range(0, len(y), step):
         chunk = y[lo:lo + step]
         path = log_wealth[:, :, None] + np.cumsum(
             np.log1p(lam[:, :, None] * (chunk[None, None, :] - m[:, None, None])), axis=2)
-        # the mixture is read every CHECK_EVERY values and at the chunk's end: looking less
-        # often keeps the bound valid (Ville's inequality holds for any times one looks)
-        looked = path[:, :, np.r_[CHECK_EVERY - 1:path.shape[2]:CHECK_EVERY, path.shape[2] - 1]]
-        peak = looked.max(axis=1)  # logsumexp over gamblers, per value and step
-        mixed = peak + np.log(np.exp(looked - peak[:, None, :]).sum(axis=1))
-        crossed |= (mixed >= threshold).any(axis=1)
+        looked = np.arange((CHECK_EVERY - 1 - offset - lo) % CHECK_EVERY, len(chunk), CHECK_EVERY)
+        if lo + len(chunk) == len(y) and (not len(looked) or looked[-1] != len(chunk) - 1):
+            looked = np.append(looked, len(chunk) - 1)
+        if len(looked):
+            at = path[:, :, looked]
+            peak = at.max(axis=1)  # logsumexp over gamblers, per value and look
+            mixed = peak + np.log(np.exp(at - peak[:, None, :]).sum(axis=1))
+            hit = mixed >= threshold
+            new = (first < 0) & hit.any(axis=1)
+            first[new] = lo + looked[hit[new].argmax(axis=1)]
         log_wealth = path[:, :, -1]
-    return log_wealth, crossed
+    return log_wealth, first
 
 
 def lower_bound(values: np.ndarray, alpha: float, high: float,
@@ -112,7 +120,7 @@ def lower_bound(values: np.ndarray, alpha: float, high: float,
     threshold = math.log(n_gamblers / alpha)
 
     def rejected(m: np.ndarray) -> np.ndarray:
-        return _bet(y, m, fractions, np.zeros((len(m), n_gamblers)), threshold)[1]
+        return _bet(y, m, fractions, np.zeros((len(m), n_gamblers)), threshold)[1] >= 0
 
     coarse = np.linspace(0.0, high, 17)
     hit = rejected(coarse)
@@ -134,9 +142,10 @@ def lower_bound(values: np.ndarray, alpha: float, high: float,
 
 def first_crossing(values: np.ndarray, alpha: float, m: float,
                    n_gamblers: int = HEAVY_GAMBLERS) -> int | None:
-    """The index of the first value after which the mean is credibly above ``m`` (the
-    mixture's wealth at ``m`` reached 1/α, read every :data:`CHECK_EVERY` values), or None.
-    One value of ``m``: the cheap form of a gate that only asks "above m or not".
+    """The index of the value after which the mean is first credibly above ``m`` (the
+    mixture's wealth at ``m`` reached 1/α at a look), or None: the cheap form of a gate
+    that only asks "above m or not". It agrees with :func:`lower_bound` ``≥ m`` whenever
+    ``m`` is one of the values that function tries first (``k·high/16``).
 
     >>> first_crossing(np.full(100, 0.9), 0.05, 0.5) is not None, first_crossing(np.full(100, 0.4), 0.05, 0.5)
     (True, None)
@@ -144,23 +153,9 @@ def first_crossing(values: np.ndarray, alpha: float, m: float,
     alpha = _check_alpha(alpha)
     y = np.asarray(values, dtype=np.float64).reshape(-1)
     _check_values(y)
-    fractions = _fractions(n_gamblers)
-    lam = fractions / max(m, 1e-12)
-    threshold = math.log(n_gamblers / alpha)
-    log_wealth = np.zeros(n_gamblers)
-    step = max(1, _CHUNK_ELEMENTS // n_gamblers)
-    for lo in range(0, len(y), step):
-        chunk = y[lo:lo + step]
-        path = log_wealth[:, None] + np.cumsum(np.log1p(lam[:, None] * (chunk[None, :] - m)), axis=1)
-        looked = np.r_[np.arange(CHECK_EVERY - 1 - lo % CHECK_EVERY, len(chunk), CHECK_EVERY),
-                       len(chunk) - 1]
-        peak = path[:, looked].max(axis=0)
-        mixed = peak + np.log(np.exp(path[:, looked] - peak[None, :]).sum(axis=0))
-        hit = np.flatnonzero(mixed >= threshold)
-        if len(hit):
-            return lo + int(looked[hit[0]])
-        log_wealth = path[:, -1]
-    return None
+    _, first = _bet(y, np.array([float(m)]), _fractions(n_gamblers), np.zeros((1, n_gamblers)),
+                    math.log(n_gamblers / alpha))
+    return None if first[0] < 0 else int(first[0])
 
 
 class LowerBound:
@@ -197,11 +192,11 @@ class LowerBound:
             return
         open_at = np.flatnonzero(~self.rejected)  # a rejected value stays rejected
         if len(open_at):
-            wealth, crossed = _bet(y, self.grid[open_at], self._fractions,
-                                   self.log_wealth[open_at],
-                                   math.log(len(self._fractions) / self.alpha))
+            wealth, first = _bet(y, self.grid[open_at], self._fractions,
+                                 self.log_wealth[open_at],
+                                 math.log(len(self._fractions) / self.alpha), self.n)
             self.log_wealth[open_at] = wealth
-            self.rejected[open_at[crossed]] = True
+            self.rejected[open_at[first >= 0]] = True
         self.n += len(y)
         self.total += float(y.sum())
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from streamlearn.actions import exploit_around
-from streamlearn.evaluation.bounds import HEAVY_GAMBLERS, lower_bound, value_interval
+from streamlearn.evaluation.bounds import HEAVY_GAMBLERS, first_crossing, lower_bound, value_interval
 from streamlearn.evaluation.offpolicy import effective_sample_size
 from streamlearn.features import hash_strings
 from streamlearn.rankers.base import Ranker
@@ -44,7 +44,8 @@ from streamlearn.retrain.joint import action_scores
 from streamlearn.stream.experience import ExperienceRows
 
 __all__ = ["MAX_CHALLENGERS", "MAX_LOOKS", "challenger_alpha", "deployed_policy",
-           "evidence_order", "judge", "paired_advantage", "promotion_decision"]
+           "evidence_order", "importance", "judge", "paired_advantage", "passes",
+           "promotion_decision"]
 
 MAX_LOOKS = 10  # a challenger judged this many times without passing is dropped
 MAX_CHALLENGERS = 6  # challengers kept between retrains (the newest)
@@ -88,6 +89,13 @@ def paired_advantage(rows: ExperienceRows, pi: np.ndarray) -> np.ndarray:
     return np.asarray(1.0 + np.asarray(rows.rewards, np.float64) * (importance(rows, pi) - 1.0))
 
 
+def passes(advantage: np.ndarray, alpha: float) -> bool:
+    """The gate: the confidence sequence of the paired advantage (in evidence order) rejects
+    "no better than what was live" (its mean ≤ 1) at ``alpha``. It agrees with the lower bound
+    :func:`judge` reports being ≥ 0."""
+    return first_crossing(advantage, alpha, 1.0, HEAVY_GAMBLERS) is not None
+
+
 def judge(rows: ExperienceRows, pi: np.ndarray, alpha: float) -> dict[str, Any]:
     """A challenger's verdict on its evidence rows (already in :func:`evidence_order`).
 
@@ -103,7 +111,7 @@ def judge(rows: ExperienceRows, pi: np.ndarray, alpha: float) -> dict[str, Any]:
     y = paired_advantage(rows, pi)
     low = lower_bound(y, alpha, high=2.0, n_gamblers=HEAVY_GAMBLERS)
     value = value_interval(rows.rewards, w, alpha)
-    return {"rows": len(rows), "passed": bool(low >= 1.0), "advantage_lower": low - 1.0,
+    return {"rows": len(rows), "passed": passes(y, alpha), "advantage_lower": low - 1.0,
             "value": value.as_dict(), "ess": effective_sample_size(w),
             "max_weight": float(w.max())}
 

@@ -246,7 +246,7 @@ class Daemon:
         pending = len(self.join) + len(self.join.early)
         self.observer.on_pending(pending)
         if self.retraining is not None:
-            self.retraining.tick(self.join.oldest_pending())
+            self.retraining.tick(self.join.oldest_pending)
         if self.checkpointer is not None:
             self._settle_checkpoint(block=False)
             if self.checkpointer.due(len(messages), pending):

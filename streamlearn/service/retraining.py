@@ -190,11 +190,12 @@ class Retraining:
             if learner is not None and learner.n:
                 self.observer.on_policy_live_value("learner", learner.mean)
 
-    def tick(self, watermark: float = math.inf) -> None:
+    def tick(self, watermark: Callable[[], float] = lambda: math.inf) -> None:
         """Harvest a finished job; start one when due (never waits for the worker).
 
-        ``watermark``: the oldest decision still waiting for feedback — every decision
-        before it is closed and in the log, so retrains judge only those."""
+        ``watermark``: when the oldest decision still waiting for feedback was made (asked
+        only when a retrain starts) — every decision before it is closed and in the log, so
+        retrains judge only those."""
         if self._rollback_requested:
             self._rollback_requested = False
             self.rollback()
@@ -222,7 +223,7 @@ class Retraining:
                             "worker more CPU: retrain.worker_nice)", running)
             return
         if due:
-            self._start(now, watermark)
+            self._start(now, watermark())
 
     def _start(self, now: float, watermark: float) -> None:
         self.log.flush()

@@ -19,10 +19,13 @@ every look), and after every learned batch:
 * **guardrail**: the candidate is rolled back as soon as its upper bound falls below
   the lower bound of the policy it would replace (it is credibly worse);
   ``streamlearn_rollbacks_total{reason="guardrail"}``;
-* **stages**: it moves to the next share once it has served ``stage_events`` learned
-  events at this share and its mean is at least the replaced policy's minus
-  ``tolerance``; a candidate that has not earned the next share after
-  ``STALL_STAGES`` times ``stage_events`` is rolled back (``reason="stalled"``);
+* **stages**: after every ``stage_events`` learned events it served at this share, it
+  moves to the next share if its mean is at least the replaced policy's minus
+  ``tolerance`` (looked at once per block, so noise does not carry it through by being
+  looked at after every batch); a candidate that has not earned the next share after
+  ``STALL_STAGES`` blocks is rolled back (``reason="stalled"``). This is a lenient step:
+  what reaches a rollout has passed the promotion gate, and the guardrail, which is
+  anytime-valid, is what stops a worse one;
 * **completion**: after the last stage the candidate becomes the live ranker;
 * **holdback**: a live ranker is rolled back (to the learner) when its upper bound
   falls below the learner's lower bound on the holdback (``reason="holdback"``).
@@ -173,6 +176,7 @@ class Rollout:
         self.candidate: Arm | None = None
         self.stage = 0
         self.stage_start = 0  # the candidate's learned events when its current stage began
+        self.stage_looks = 0  # blocks of stage_events at this stage already considered
         self.stats: dict[int, ArmStats] = {}
 
     # ------------------------------------------------------------ who serves
@@ -215,7 +219,7 @@ class Rollout:
         if self.candidate is not None:
             self._end_candidate("replaced", f"replaced by {arm.name} v{arm.version}")
         self.candidate = arm
-        self.stage, self.stage_start = 0, 0
+        self.stage, self.stage_start, self.stage_looks = 0, 0, 0
         self._restart_comparisons()
         log.info("rollout of %s v%d: %.0f %% of the events", arm.name, arm.version,
                  100 * self.shares()[arm.version])
@@ -277,10 +281,13 @@ class Rollout:
                 self._end_candidate("rolled_back", "guardrail")
                 return
             at_stage = cand.n - self.stage_start  # learned at the current share
-            if at_stage >= s.stage_events and cand.mean >= inc.mean - s.tolerance:
-                self._advance(cand.n)
-            elif at_stage >= STALL_STAGES * s.stage_events:
-                self._end_candidate("rolled_back", "stalled")
+            looks = at_stage // s.stage_events  # the share is reconsidered once per block
+            if looks > self.stage_looks:
+                self.stage_looks = looks
+                if cand.mean >= inc.mean - s.tolerance:
+                    self._advance(cand.n)
+                elif looks >= STALL_STAGES:
+                    self._end_candidate("rolled_back", "stalled")
             return
         if self.live is not None:
             live, learner = self.stats[self.live.version], self.stats[LEARNER]
@@ -289,7 +296,7 @@ class Rollout:
 
     def _advance(self, learned: int) -> None:
         assert self.candidate is not None
-        self.stage_start = learned
+        self.stage_start, self.stage_looks = learned, 0
         if self.stage + 1 < len(self.settings.stages):
             self.stage += 1
             arm = self.candidate
@@ -325,13 +332,15 @@ class Rollout:
             stats_meta[str(version)] = m
         meta = {"live": None if self.live is None else self.live.as_json(),
                 "candidate": None if self.candidate is None else self.candidate.as_json(),
-                "stage": self.stage, "stage_start": self.stage_start, "stats": stats_meta}
+                "stage": self.stage, "stage_start": self.stage_start,
+                "stage_looks": self.stage_looks, "stats": stats_meta}
         return arrays, meta
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         self.live = None if meta.get("live") is None else Arm(**meta["live"])
         self.candidate = None if meta.get("candidate") is None else Arm(**meta["candidate"])
         self.stage, self.stage_start = int(meta["stage"]), int(meta["stage_start"])
+        self.stage_looks = int(meta["stage_looks"])
         self.stats = {}
         for version, m in meta["stats"].items():
             prefix = f"rollout.{version}."

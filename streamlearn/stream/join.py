@@ -235,9 +235,9 @@ class PendingJoins:
         return out
 
     def oldest_pending(self) -> float:
-        """A time no pending decision was made before (inf when none waits): every decision
-        made earlier is closed."""
-        return self._oldest if self.slot_of else np.inf
+        """When the oldest pending decision was made (inf when none waits): every decision
+        made earlier is closed. One scan of the store: for occasional use."""
+        return float(self.decided_at[self.active].min()) if self.slot_of else np.inf
 
     def now(self, wall: float) -> float:
         """The newest time of any of the join's clocks."""

@@ -1,0 +1,105 @@
+"""Betting confidence sequences: coverage with heavy weights and repeated looks, exactness of
+the incremental form, and the promotion gate built on them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamlearn.errors import ConfigError
+from streamlearn.evaluation.bounds import (
+    BOUNDED_GAMBLERS,
+    HEAVY_GAMBLERS,
+    LowerBound,
+    first_crossing,
+    interval_of_mean,
+    lower_bound,
+    value_interval,
+)
+from streamlearn.retrain.promotion import passes
+
+
+def heavy_log(seed: int, n: int, p_rare: float, value_rare: float, value_common: float
+              ) -> tuple[np.ndarray, np.ndarray, float]:
+    """A target that plays what the logger plays with probability ``p_rare`` only: weight
+    1/p_rare on those rows, 0 elsewhere; its true value is ``value_rare``."""
+    rng = np.random.default_rng(seed)
+    rare = rng.random(n) < p_rare
+    r = (rng.random(n) < np.where(rare, value_rare, value_common)).astype(float)
+    return r, rare / p_rare, value_rare
+
+
+@pytest.mark.parametrize("p_rare", [0.001, 0.05])
+def test_the_value_interval_covers_at_every_look_with_weights_up_to_1000(p_rare: float) -> None:
+    """200 logs: the interval read after the last row is the intersection of the intervals
+    at every look before it (a value once rejected stays rejected), so it misses the true
+    value in at most α = 5 % of the logs only if the sequence holds at every look at once."""
+    misses = 0
+    for seed in range(200):
+        r, w, truth = heavy_log(seed, 2000, p_rare, 0.7, 0.3)
+        iv = value_interval(r, w, 0.05)
+        misses += not iv.low <= truth <= iv.high
+    assert misses / 200 <= 0.05
+
+
+def test_the_on_policy_interval_covers_and_is_not_much_wider_than_normal() -> None:
+    misses, widths = 0, []
+    for seed in range(300):
+        r = (np.random.default_rng(seed).random(2000) < 0.4).astype(float)
+        iv = interval_of_mean(r, 0.05)
+        misses += not iv.low <= 0.4 <= iv.high
+        widths.append(iv.high - iv.low)
+    assert misses / 300 <= 0.05
+    normal = 2 * 1.96 * np.sqrt(0.24 / 2000)
+    assert np.mean(widths) < 2.0 * normal  # the price of validity at every look
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 400), st.floats(0.0, 3.0))
+def test_the_gate_and_the_lower_bound_agree(seed: int, n: int, m: float) -> None:
+    """first_crossing at m is exactly 'the bisection's lower bound reaches m' for the values it
+    tries first (k·high/16), and the bound never exceeds what the values can support."""
+    rng = np.random.default_rng(seed)
+    y = np.where(rng.random(n) < 0.05, rng.exponential(20.0, n), rng.random(n) * 2)
+    grid_m = round(m * 16 / 4) * 4 / 16  # a multiple of high/16 with high = 4
+    crossed = first_crossing(y, 0.05, grid_m) is not None
+    assert crossed == (lower_bound(y, 0.05, high=4.0) >= grid_m)
+
+
+def test_the_incremental_form_is_the_batch_form_read_at_the_same_looks() -> None:
+    rng = np.random.default_rng(3)
+    y = rng.exponential(1.0, 4000)
+    grid = np.linspace(0.0, 2.0, 33)
+    pieces = LowerBound(grid, 0.05, HEAVY_GAMBLERS)
+    for lo in range(0, 4000, 8):  # updates of 8: its looks are the batch form's looks
+        pieces.update(y[lo:lo + 8])
+    whole = LowerBound(grid, 0.05, HEAVY_GAMBLERS)
+    whole.update(y)
+    assert pieces.lower() == whole.lower()
+    assert (pieces.rejected == whole.rejected).all()
+    open_at = ~whole.rejected  # a rejected value's wealth is no longer followed
+    np.testing.assert_allclose(pieces.log_wealth[open_at], whole.log_wealth[open_at])
+    assert whole.lower() <= 1.0 and whole.lower() >= 0.85  # the mean is 1
+    restored = LowerBound.from_state(whole.state())
+    assert restored.lower() == whole.lower() and restored.n == 4000
+
+
+def test_bad_input_is_refused_with_what_was_expected() -> None:
+    with pytest.raises(ConfigError, match="alpha"):
+        lower_bound(np.ones(3), 1.5, 1.0)
+    with pytest.raises(ConfigError, match=">= 0"):
+        first_crossing(np.array([1.0, -1.0]), 0.05, 0.5)
+    with pytest.raises(ConfigError, match="increasing grid"):
+        LowerBound(np.array([0.5, 0.2]), 0.05)
+    with pytest.raises(ConfigError, match=r"values in \[0, 1\]"):
+        interval_of_mean(np.array([0.5, 2.0]), 0.05)
+    assert BOUNDED_GAMBLERS < HEAVY_GAMBLERS
+
+
+def test_the_gate_passes_a_clearly_better_challenger_and_not_a_worse_one() -> None:
+    rng = np.random.default_rng(0)
+    better = 1 + rng.random(3000) * 0.4  # mean 1.2: advantage +0.2
+    worse = rng.random(3000) * 1.9  # mean 0.95
+    assert passes(better, 0.05) and not passes(worse, 0.05)
