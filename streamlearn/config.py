@@ -245,7 +245,7 @@ class RetrainConfig:
     worker: str = spec("process", "where training runs: a separate process (keeps decision "
                        "latency flat, docs/performance.md) or a thread", choices=("process",
                                                                                  "thread"))
-    worker_nice: int = spec(10, "the worker process's nice value: a lower priority than the "
+    worker_nice: int = spec(5, "the worker process's nice value: a lower priority than the "
                             "loop, yet a share of a busy CPU, so retrains finish", ge=0, le=19)
     timeout_seconds: float = spec(600.0, "a retrain running longer is a failure (the worker is "
                                   "replaced)", gt=0)
@@ -254,9 +254,9 @@ class RetrainConfig:
                        "by share, docs/daemon.md)", choices=("learner", "ranker"))
     level: float = spec(0.95, "confidence of the promotion gate, the guardrail and the reported "
                         "bounds (1 - level: their miss probability)", gt=0.5, le=0.999)
-    rollout_stages: str = spec("0.05,0.2,0.5", "shares a promoted ranker serves in turn before "
+    rollout_stages: str = spec("0.02,0.1,0.3,0.6", "shares a promoted ranker serves in turn before "
                                "it serves all but the holdback (comma-separated, increasing)")
-    rollout_stage_events: int = spec(1000, "learned events a promoted ranker serves at one share "
+    rollout_stage_events: int = spec(500, "learned events a promoted ranker serves at one share "
                                      "before it may take the next", ge=1)
     holdback: float = spec(0.05, "share of the events the learner keeps while a ranker serves "
                            "(the guardrail compares them)", ge=0, le=0.5)

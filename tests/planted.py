@@ -74,3 +74,53 @@ class NeverLogged(Ranker):
         same = (x[:, None, :] == self.logged_X_[None, :, :]).all(axis=2)
         logged = np.where(same.any(axis=1), self.logged_actions_[same.argmax(axis=1)], -1)
         return np.asarray(action == (logged + 1) % self.n_actions_, dtype=np.float64)
+
+
+class LeakyOracle(Ranker):
+    """Memorises the label of every logged context, the held-out slice's included — a leak:
+    the rows it is first judged on are rows it has seen the answers of — and plays action 0
+    on any context it has not seen. On the held-out slice it looks perfect; live, on fresh
+    contexts, it is right one time in K. The guardrail must catch what the gate cannot."""
+
+    def __init__(self) -> None:
+        pass
+
+    def _fit(self, data: FitData) -> None:
+        rows = read_experience(os.environ["PLANTED_LOG_DIR"])
+        known = rows.labels >= 0
+        self.n_actions_ = rows.probs.shape[1]
+        self.contexts_ = np.ascontiguousarray(rows.X[known], dtype=np.float32)
+        self.labels_ = rows.labels[known].astype(np.int64)
+
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        lookup = getattr(self, "_lookup", None)  # built on first use (not part of the artifact)
+        if lookup is None:
+            lookup = self._lookup = {row.tobytes(): int(label) for row, label in
+                                     zip(self.contexts_, self.labels_.tolist(), strict=True)}
+        blocks = X.reshape(len(X), self.n_actions_, -1)
+        action = np.argmax(np.abs(blocks).sum(axis=2), axis=1)  # φ(x, a) = x ⊗ e_a
+        x = np.ascontiguousarray(blocks[np.arange(len(X)), action], dtype=np.float32)
+        label = np.array([lookup.get(row.tobytes(), 0) for row in x])
+        return np.asarray(action == label, dtype=np.float64)
+
+
+class MemoryOracle(LeakyOracle):
+    """Like :class:`LeakyOracle`, but on a context it has not seen it ranks by the nearest
+    class centroid. On a replayed dataset (pendigits: 10,992 rows over and over) every
+    context comes again, so it is right live as well: truly better than any learner."""
+
+    def _fit(self, data: FitData) -> None:
+        super()._fit(data)
+        centroid = CentroidOracle()
+        centroid._fit(data)
+        self.centroids_ = centroid.centroids_
+
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        known = super()._score(X)
+        lookup = self._lookup
+        blocks = X.reshape(len(X), self.n_actions_, -1)
+        action = np.argmax(np.abs(blocks).sum(axis=2), axis=1)
+        x = np.ascontiguousarray(blocks[np.arange(len(X)), action], dtype=np.float32)
+        seen = np.array([row.tobytes() in lookup for row in x])
+        distance = ((x.astype(np.float64) - self.centroids_[action]) ** 2).sum(axis=1)
+        return np.where(seen, 2.0 * known, -distance / (1.0 + distance))  # seen rows first

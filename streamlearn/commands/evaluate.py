@@ -136,7 +136,7 @@ def _ranker(target: str, artifacts: Path) -> Any:
 
 
 def _policy(spec: str, rows: ExperienceRows, train: ExperienceRows, artifacts: Path,
-            selection_clip: float) -> np.ndarray:
+            selection_clip: float, pinned: dict[str, str] | None = None) -> np.ndarray:
     kind, _, arg = spec.partition(":")
     n, K = rows.probs.shape
     if spec == "logged":
@@ -154,7 +154,7 @@ def _policy(spec: str, rows: ExperienceRows, train: ExperienceRows, artifacts: P
             raise ConfigError(f"Expected constant:A with an integer action. Got {spec!r}.") from None
         return constant_policy(n, K, action)
     if kind == "ranker" and arg:
-        return deployed_policy(_ranker(arg, artifacts), rows)
+        return deployed_policy(_ranker((pinned or {}).get(arg, arg), artifacts), rows)
     raise ConfigError(f"Expected --policy {POLICY_FORMS}. Got {spec!r}.")
 
 
@@ -193,7 +193,7 @@ def _retrain_entry(args: argparse.Namespace, artifacts: Path) -> dict[str, Any]:
 
 
 def _rows(args: argparse.Namespace, entry: dict[str, Any] | None
-          ) -> tuple[ExperienceRows, ExperienceRows, ExperienceRows, float]:
+          ) -> tuple[ExperienceRows, ExperienceRows, ExperienceRows, list[Any] | None]:
     """(every row read, the training part, the held-out slice, the slice's start)."""
     log_dir = Path(args.log_dir)
     if entry is not None:
@@ -231,13 +231,16 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     if entry is not None and "current" in names:
         names.remove("current")  # the live ranker of then: evaluated by its artifact
     selection_clip = float((entry or {}).get("clip") or DEFAULT_SELECTION_CLIP)
-    policies = {name: _policy(name, evaluated, train, artifacts, selection_clip) for name in names}
+    # --retrain V: ranker:NAME is the artifact retrain V made, not the newest one of NAME
+    pinned = {c["name"]: c["artifact"] for c in (entry or {}).get("challengers") or []
+              if c.get("version") == (entry or {}).get("version")}
+    policies = {name: _policy(name, evaluated, train, artifacts, selection_clip, pinned)
+                for name in names}
     clip = math.inf if args.clip is None else float(args.clip)
     if holdout_only:
         estimates = estimate_policies(train, held, policies, estimators, args.level, clip)
     else:
-        estimates = _all_rows_estimates(rows, held.decided_at[0] if len(held) else math.inf,
-                                        policies, estimators, args.level, clip)
+        estimates = _all_rows_estimates(rows, len(train), policies, estimators, args.level, clip)
     report: dict[str, Any] = {
         "log_dir": str(log_dir), "segments": list(rows.segments) if rows.segments else None,
         "rows": len(evaluated), "holdout_only": holdout_only,
@@ -251,15 +254,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
                                "ess", "alpha")}
             for c in judge_challengers(log_dir, [{**c, "looks": int(c.get("looks", 1)) - 1}
                                                  for c in tracked],
-                                       held, entry["segments"][1], entry.get("watermark"), {})]
+                                       held, entry["segments"][1], entry.get("watermark"), {},
+                                       entry.get("max_evidence"))]
     return report
 
 
-def _all_rows_estimates(rows: ExperienceRows, cut: float, policies: dict[str, np.ndarray],
+def _all_rows_estimates(rows: ExperienceRows, n_train: int, policies: dict[str, np.ndarray],
                         estimators: list[str], level: float, clip: float
                         ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Estimates over every row; DR's reward model by two-fold cross-fitting."""
-    held = rows.decided_at >= cut
+    """Estimates over every row (in evidence order, the first ``n_train`` the training part);
+    DR's reward model by two-fold cross-fitting."""
+    held = np.arange(len(rows)) >= n_train
     model = _cross_fitted(rows, held) if "dr" in estimators else None
     point = [e for e in estimators if e != "bound"]
     out: dict[str, dict[str, dict[str, Any]]] = {

@@ -91,9 +91,12 @@ def describe(path: Path) -> dict[str, Any]:
         info["pending_joins"] = len(arrays["pending.ids.ends"])
     elif "pending.ids" in arrays:  # checkpoints written before ids were stored as UTF-8 bytes
         info["pending_joins"] = len(arrays["pending.ids"])
+    rollout = meta.get("rollout")
+    if isinstance(rollout, dict) and (rollout.get("live") or rollout.get("candidate")):
+        info["rollout"] = _rollout_summary(rollout)
     skip = {"format_version", "package_version", "arrays_sha256", "kind", "seq", "offsets",
-            "learner"} | ({"class", "params", "counters", "exploration_state"}
-                         if learner is meta else set())
+            "learner", "rollout"} | ({"class", "params", "counters", "exploration_state"}
+                                     if learner is meta else set())
     extra = {k: v for k, v in meta.items() if k not in skip}
     if extra:
         info["other"] = extra
@@ -101,6 +104,21 @@ def describe(path: Path) -> dict[str, Any]:
                       for name, a in sorted(arrays.items())]
     info["arrays_bytes"] = int(sum(a.nbytes for a in arrays.values()))
     return info
+
+
+def _rollout_summary(rollout: dict[str, Any]) -> dict[str, Any]:
+    """Who served which share at this checkpoint (retrain.policy = "ranker")."""
+    shares = {int(v): float(p) for v, p in (rollout.get("shares") or {}).items()}
+    out: dict[str, Any] = {"learner_share": shares.get(0)}
+    for role in ("live", "candidate"):
+        arm = rollout.get(role)
+        if arm:
+            out[role] = {"ranker": arm.get("name"), "version": arm.get("version"),
+                         "share": shares.get(int(arm.get("version", -1))),
+                         "served": arm.get("served"), "interval": arm.get("interval")}
+    if rollout.get("candidate"):
+        out["stage"] = int(rollout.get("stage", 0)) + 1
+    return out
 
 
 def _short(value: Any, limit: int = 160) -> str:
@@ -151,6 +169,8 @@ def _print_text(info: dict[str, Any]) -> None:
             print(f"  {place:<{width}}{row['next_offset']:,}")
     if "pending_joins" in info:
         print(f"pending joins   {info['pending_joins']:,}")
+    if "rollout" in info:
+        _print_rollout(info["rollout"])
     other = info.get("other") or {}
     width = _column(list(other), 16)
     for key, value in other.items():
@@ -172,26 +192,59 @@ def describe_rankers(rankers_dir: Path) -> dict[str, Any] | None:
     except orjson.JSONDecodeError as exc:
         raise StateError(f"{state_file} is not valid JSON: {exc}") from exc
     promoted = state.get("promoted") or []
+    history = state.get("history") or []
     return {"live": state.get("live"), "promoted": promoted[-1] if promoted else None,
             "rollback_to": promoted[-2] if len(promoted) > 1 else None,
-            "history": state.get("history") or []}
+            "rollbacks": sum(1 for e in history
+                             if e.get("rollout") == "rolled_back" or "rolled_back" in e),
+            "history": history}
+
+
+def _print_rollout(rollout: dict[str, Any]) -> None:
+    parts = []
+    for role in ("live", "candidate"):
+        arm = rollout.get(role)
+        if arm:
+            stage = f", stage {rollout['stage']}" if role == "candidate" else ""
+            parts.append(f"{role} {arm['ranker']} v{arm['version']} {100 * (arm['share'] or 0):.0f} %"
+                         f"{stage} ({arm['served'] or 0:,} learned events served)")
+    parts.append(f"learner {100 * (rollout.get('learner_share') or 0):.0f} %")
+    print(f"serving         {'; '.join(parts)}")
 
 
 def _print_rankers(rankers: dict[str, Any]) -> None:
-    print(f"live ranker     {rankers['live'] or '-'}")
-    print(f"promoted        {rankers['promoted'] or '- (the online learner exploits)'}")
+    print(f"newest ranker   {rankers['live'] or '-'}")
+    print(f"promoted        {rankers['promoted'] or '- (the online learner decides)'}")
     history = rankers["history"]
+    print(f"rollbacks       {rankers['rollbacks']}")
     print(f"history         {len(history)} event(s), newest last")
     for entry in history[-20:]:
-        if "rolled_back" in entry:
-            print(f"  rolled back {entry['rolled_back']} -> {entry.get('promoted_now') or 'learner'}")
-            continue
-        verdict = "PROMOTED" if entry.get("promoted") else "rejected"
-        lower, current = entry.get("lower"), entry.get("current_value")
-        bounds = (f"lower {lower:.4f} vs current {current:.4f}"
-                  if isinstance(lower, float) and isinstance(current, float) else "")
-        print(f"  v{entry.get('version')} {entry.get('ranker')}: {verdict} {bounds} "
-              f"({entry.get('reason')}){_held_out_quality(entry)}")
+        print(f"  {_history_line(entry)}")
+
+
+def _history_line(entry: dict[str, Any]) -> str:
+    """One history entry in words: a retrain's verdict, a rollout step, a rollback, a check."""
+    kind = entry.get("rollout")
+    who = f"{entry.get('ranker')} v{entry.get('ranker_version')}"
+    if kind == "advanced":
+        return f"rollout {who}: now {100 * float(entry.get('share', 0)):.0f} % of the events"
+    if kind == "completed":
+        return f"rollout {who}: complete, it serves all but the learner's holdback"
+    if kind == "rolled_back":
+        compared = entry.get("compared") or {}
+        detail = "; ".join(f"{'learner' if v == '0' else 'v' + v} earned {c['mean']:.4f} "
+                           f"[{c['low']:.4f}, {c['high']:.4f}] on {c['events']:,}"
+                           for v, c in compared.items() if c.get("events"))
+        return f"ROLLED BACK {who} ({entry.get('reason')}){': ' + detail if detail else ''}"
+    if kind == "consistency":
+        iv = entry.get("interval") or {}
+        return (f"check {who}: earned {entry.get('realised', float('nan')):.4f} on "
+                f"{entry.get('events', 0):,} events, {entry.get('reason')} its off-policy "
+                f"interval [{iv.get('low', float('nan')):.4f}, {iv.get('high', float('nan')):.4f}]")
+    if "rolled_back" in entry:
+        return f"rolled back {entry['rolled_back']} -> {entry.get('promoted_now') or 'learner'}"
+    verdict = f"PROMOTED {entry.get('ranker')}" if entry.get("promoted") else "none promoted"
+    return f"retrain v{entry.get('version')}: {verdict} ({entry.get('reason')}){_held_out_quality(entry)}"
 
 
 def _held_out_quality(entry: dict[str, Any]) -> str:

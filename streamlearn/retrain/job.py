@@ -60,8 +60,10 @@ from streamlearn.retrain.promotion import (
     challenger_alpha,
     deployed_policy,
     evidence_order,
+    from_key,
     importance,
     judge,
+    key_of,
 )
 from streamlearn.stream.experience import ExperienceRows, read_experience
 
@@ -72,7 +74,7 @@ DEFAULT_CLIP = 20.0
 DEFAULTS: dict[str, Any] = {"segments": None, "max_rows": None, "clip": DEFAULT_CLIP,
                             "holdout_fraction": 0.2, "current": None, "level": 0.95,
                             "estimators": ["ips", "snips", "dr"], "watermark": None,
-                            "challengers": [], "challenger_index": 0}
+                            "challengers": [], "challenger_index": 0, "max_evidence": None}
 
 
 def _finite(value: float) -> float | None:
@@ -96,31 +98,30 @@ def _segments(spec: dict[str, Any]) -> tuple[int | None, int | None]:
 
 
 def read_window(log_dir: str | Path, first: int | None, last: int | None, max_rows: int | None,
-                watermark: float | None, since: float | None = None) -> ExperienceRows:
-    """Rows of segments ``first..last`` (the newest ``max_rows``), decided in
-    [``since``, ``watermark``), in evidence order."""
-    rows = read_experience(log_dir, first, last, max_rows)
+                watermark: float | None, since: list[Any] | None = None) -> ExperienceRows:
+    """Rows of segments ``first..last`` decided before ``watermark`` and at or after the
+    key ``since`` (:func:`from_key`), in evidence order: the newest ``max_rows`` of them."""
+    rows = read_experience(log_dir, first, last, max_rows, watermark)
     keep = np.ones(len(rows), dtype=bool)
     if watermark is not None:
         keep &= rows.decided_at < watermark
     if since is not None:
-        keep &= rows.decided_at >= since
+        keep &= from_key(rows, since)
     order = evidence_order(rows)
-    return rows.take(order[keep[order]])
+    kept = order[keep[order]]
+    return rows.take(kept if max_rows is None else kept[max(0, len(kept) - max_rows):])
 
 
-def split_in_time(rows: ExperienceRows, fraction: float) -> tuple[ExperienceRows, ExperienceRows,
-                                                                     float]:
-    """(training part, held-out slice, the slice's first decision time): the slice is every
-    row decided at or after the time that leaves about ``fraction`` of ``rows`` (in
-    evidence order) after it, so no decision time is on both sides."""
+def split_in_time(rows: ExperienceRows, fraction: float
+                  ) -> tuple[ExperienceRows, ExperienceRows, list[Any] | None]:
+    """(training part, held-out slice, the slice's first key): ``rows`` in evidence order,
+    the newest ``fraction`` of them held out; the key ([decision time, id hash], None when
+    nothing is held out) is where a challenger's evidence starts."""
     if not 0.0 < fraction < 1.0:
         raise ConfigError(f"Expected a held-out fraction in (0, 1). Got {fraction!r}.")
-    if not len(rows):
-        return rows, rows, math.inf
-    cut = float(rows.decided_at[min(len(rows) - 1, int(len(rows) * (1.0 - fraction)))])
-    held = rows.decided_at >= cut
-    return rows.take(~held), rows.take(held), cut
+    cut = min(len(rows), round(len(rows) * (1.0 - fraction)))
+    key = key_of(rows, cut) if cut < len(rows) else None
+    return rows.take(np.arange(cut)), rows.take(np.arange(cut, len(rows))), key
 
 
 def _training_weights(rows: ExperienceRows, clip: float) -> np.ndarray:
@@ -175,27 +176,30 @@ def estimate_policies(train: ExperienceRows, held: ExperienceRows, policies: dic
 
 def judge_challengers(log_dir: str | Path, challengers: list[dict[str, Any]],
                       held: ExperienceRows, last_segment: int | None, watermark: float | None,
-                      rankers: dict[str, Any]) -> list[dict[str, Any]]:
+                      rankers: dict[str, Any], max_evidence: int | None = None
+                      ) -> list[dict[str, Any]]:
     """Each challenger's verdict on its evidence: the held-out slice for this retrain's new
     ones (``since`` is the slice's start), and for those of earlier retrains every row from
-    their own ``since`` on (read from their first segment: they may predate the window).
+    their own ``since`` on (read from their first segment: they may predate the window),
+    at most its first ``max_evidence`` rows (then it is ``exhausted``: judged a last time).
     ``rankers``: fitted rankers by artifact path (others are loaded)."""
     older = [c for c in challengers if c["artifact"] not in rankers]
     rows = held
     if older:
         first = min(int(c["first_segment"]) for c in older)
-        since = min(float(c["since"]) for c in older)
+        since = min((c["since"] for c in older), key=lambda k: (float(k[0]), int(k[1])))
         rows = read_window(log_dir, first, last_segment, None, watermark, since)
     judged = []
     for entry in challengers:
         ranker = rankers.get(entry["artifact"]) or load_artifact(entry["artifact"]).ranker
-        evidence = rows.take(np.flatnonzero(rows.decided_at >= float(entry["since"])))
+        evidence = rows.take(np.flatnonzero(from_key(rows, entry["since"]))[:max_evidence])
+        exhausted = max_evidence is not None and len(evidence) >= max_evidence
         pi = deployed_policy(ranker, evidence) if len(evidence) else \
             np.zeros((0, rows.probs.shape[1]))
         segments = evidence.segments
         judged.append({**entry, "looks": int(entry.get("looks", 0)) + 1,
                        "last_segment": None if segments is None else segments[1],
-                       **judge(evidence, pi, float(entry["alpha"]))})
+                       "exhausted": exhausted, **judge(evidence, pi, float(entry["alpha"]))})
     return judged
 
 
@@ -217,7 +221,7 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     watermark = None if spec["watermark"] is None else float(spec["watermark"])
     rows = read_window(spec["log_dir"], first, last, spec["max_rows"], watermark)
     train, held, cut = split_in_time(rows, float(spec["holdout_fraction"]))
-    if len(train) == 0 or len(held) == 0:
+    if len(train) == 0 or len(held) == 0 or cut is None:
         raise DataError(f"Expected training and held-out rows. Got {len(train)} training and "
                         f"{len(held)} held-out rows of {len(rows)}.")
     n_actions, n_features = rows.probs.shape[1], rows.X.shape[1]
@@ -258,7 +262,8 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     policies["best_constant"] = constant_policy(len(held), n_actions, constant)
     estimates = estimate_policies(train, held, policies,
                                   list(dict.fromkeys([*spec["estimators"], "bound"])), level)
-    judged = judge_challengers(spec["log_dir"], challengers, held, last, watermark, fitted)
+    judged = judge_challengers(spec["log_dir"], challengers, held, last, watermark, fitted,
+                               spec["max_evidence"])
     return {
         "version": int(spec["version"]), "log_dir": str(Path(spec["log_dir"])),
         "segments": list(rows.segments) if rows.segments else None,
@@ -269,6 +274,6 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         "current": {"policy": "current" if current is not None else "logged",
                     "artifact": None if current is None else str(current)},
         "best_constant": constant, "rankers": report_rankers, "estimates": estimates,
-        "challengers": judged, "challenger_index": index,
+        "challengers": judged, "challenger_index": index, "max_evidence": spec["max_evidence"],
         "duration_seconds": time.perf_counter() - started,
     }

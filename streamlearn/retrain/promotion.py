@@ -1,8 +1,9 @@
 """The promotion gate: is a retrained ranker credibly better than the policy that is live?
 
 Every ranker a retrain produces becomes a **challenger**. Its evidence is every logged
-row decided after the rows it was trained on (``since``: the start of its retrain's
-held-out slice) and before the retrain's watermark (the oldest decision still waiting
+row decided after the rows it was trained on (``since``: the first row of its retrain's
+held-out slice, as [decision time, id hash] in evidence order) and before the retrain's
+watermark (the oldest decision still waiting
 for feedback, so every earlier decision is in the log), in decision order — each look
 of a later retrain extends the same sequence. On those rows it is evaluated **as it
 would be deployed**: its best allowed action with the exploration rate the learner used
@@ -14,7 +15,9 @@ at that decision (:func:`deployed_policy`), against **what was live on the same 
 ``Y ≥ 0`` whatever the weights, so a betting confidence sequence
 (:mod:`streamlearn.evaluation.bounds`) gives a lower bound on the advantage that holds
 at every look, at any effective sample size and with weights of any size. A challenger
-passes when its sequence rejects "no better than what was live" (``m = 1``).
+passes when its sequence rejects "no better than what was live" (``m = 1``). Its evidence
+is capped at :data:`MAX_EVIDENCE_WINDOWS` retrain windows of rows (a prefix of the
+sequence: the bound stays valid), so a look costs at most that much work.
 
 Several challengers are judged at once and a new batch arrives with every retrain, so
 the miss probability is spent: the j-th challenger since the live policy last changed
@@ -43,12 +46,13 @@ from streamlearn.rankers.base import Ranker
 from streamlearn.retrain.joint import action_scores
 from streamlearn.stream.experience import ExperienceRows
 
-__all__ = ["MAX_CHALLENGERS", "MAX_LOOKS", "challenger_alpha", "deployed_policy",
-           "evidence_order", "importance", "judge", "paired_advantage", "passes",
-           "promotion_decision"]
+__all__ = ["MAX_CHALLENGERS", "MAX_EVIDENCE_WINDOWS", "MAX_LOOKS", "challenger_alpha", "deployed_policy",
+           "evidence_order", "from_key", "importance", "judge", "key_of", "paired_advantage",
+           "passes", "promotion_decision"]
 
 MAX_LOOKS = 10  # a challenger judged this many times without passing is dropped
 MAX_CHALLENGERS = 6  # challengers kept between retrains (the newest)
+MAX_EVIDENCE_WINDOWS = 2  # ... and judged on at most this many retrain windows of rows
 
 
 def challenger_alpha(alpha: float, index: int) -> float:
@@ -67,6 +71,18 @@ def evidence_order(rows: ExperienceRows) -> np.ndarray:
     """The row order of a confidence sequence: by decision time, ties (a batch decided at
     once) by a hash of the id, so the order never depends on how the rows were read."""
     return np.lexsort((hash_strings(list(rows.ids)), rows.decided_at))
+
+
+def from_key(rows: ExperienceRows, key: list[Any]) -> np.ndarray:
+    """Rows at or after ``key`` = [decision time, id hash] in :func:`evidence_order`."""
+    time, hashed = float(key[0]), np.uint64(int(key[1]))
+    t = np.asarray(rows.decided_at)
+    return np.asarray((t > time) | ((t == time) & (hash_strings(list(rows.ids)) >= hashed)))
+
+
+def key_of(rows: ExperienceRows, row: int) -> list[Any]:
+    """The [decision time, id hash] of one row: where an evidence sequence starts."""
+    return [float(rows.decided_at[row]), int(hash_strings([rows.ids[row]])[0])]
 
 
 def deployed_policy(ranker: Ranker, rows: ExperienceRows) -> np.ndarray:

@@ -46,7 +46,12 @@ from streamlearn.errors import DataError
 from streamlearn.features import Batch, take_rows
 from streamlearn.retrain.artifact import RankerArtifact
 from streamlearn.retrain.joint import action_scores
-from streamlearn.retrain.promotion import MAX_CHALLENGERS, MAX_LOOKS, promotion_decision
+from streamlearn.retrain.promotion import (
+    MAX_CHALLENGERS,
+    MAX_EVIDENCE_WINDOWS,
+    MAX_LOOKS,
+    promotion_decision,
+)
 from streamlearn.retrain.store import RankerStore, read_ranker_state
 from streamlearn.service.metrics import Observer
 from streamlearn.service.retrain_worker import RetrainWorker
@@ -222,8 +227,8 @@ class Retraining:
                             "the next starts when it ends (retrain less often, or give the "
                             "worker more CPU: retrain.worker_nice)", running)
             return
-        if due:
-            self._start(now, watermark())
+        if due:  # nothing pending: every decision until now is in the log, none after it
+            self._start(now, min(watermark(), now))
 
     def _start(self, now: float, watermark: float) -> None:
         self.log.flush()
@@ -236,7 +241,7 @@ class Retraining:
             "rankers": list(s.retrain_ranker_names()), "artifact_dir": str(self.artifact_dir),
             "version": version, "clip": s.retrain_clip,
             "holdout_fraction": s.retrain_holdout_fraction, "level": s.retrain_level,
-            "current": None, "watermark": watermark if math.isfinite(watermark) else None}
+            "current": None, "watermark": watermark}
         if s.candidates_enabled:
             from streamlearn.retrain.candidates import run_candidate_retrain
 
@@ -250,6 +255,7 @@ class Retraining:
             live = self.rollout.live
             spec["current"] = live.artifact if live is not None and self.policy == "ranker" else None
             spec["challengers"] = list(self.state.get("challengers") or [])
+            spec["max_evidence"] = MAX_EVIDENCE_WINDOWS * s.retrain_window()
             spec["challenger_index"] = int(self.state.get("challenger_index") or 0)
             self.worker.submit(run_retrain, spec)
         self._last_start, self._since_last, self._overrun_reported = now, 0, False
@@ -304,6 +310,8 @@ class Retraining:
             if artifact is not None:
                 self.live = artifact  # the swap: one reference assignment
                 self.state["live"] = best["artifact"]
+                if self.serving is not None:
+                    self.observer.on_ranker_version(self.serving.version)
                 info = result["rankers"].get(best["name"], {})
                 for metric in ("auc", "ndcg"):
                     if info.get(metric) is not None:
@@ -318,23 +326,24 @@ class Retraining:
             "held_out": result.get("heldout_rows"), "ranker": decision.get("ranker"),
             "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),
             "advantage_lower": decision.get("advantage_lower"),
+            "max_evidence": result.get("max_evidence"),
             "challengers": [{k: c.get(k) for k in (
                 "name", "version", "artifact", "since", "first_segment", "last_segment", "index",
                 "alpha", "looks", "rows", "passed", "advantage_lower", "value", "ess",
-                "max_weight")} for c in judged]}
+                "max_weight", "exhausted")} for c in judged]}
         if decision.get("promote"):
             self._promote(decision, entry)
         else:
-            kept = [c for c in judged if not c.get("passed") and c["looks"] < MAX_LOOKS]
+            kept = [c for c in judged if not c.get("passed") and not c.get("exhausted")
+                    and c["looks"] < MAX_LOOKS]
             self.state["challengers"] = [
                 {k: c[k] for k in ("name", "artifact", "version", "since", "first_segment",
                                    "index", "alpha", "looks")} for c in kept[-MAX_CHALLENGERS:]]
             self.state["challenger_index"] = int(result.get("challenger_index") or 0)
         outcome = "promoted" if entry["promoted"] else "rejected"
         self.observer.on_promotion(outcome)
-        log.info("retrain %s: %s (%s)", result.get("version"),
-                 f"ranker {decision['ranker']} promoted" if entry["promoted"] else "none promoted",
-                 decision.get("reason"))
+        log.info("retrain %s: ranker %s %s (%s)", result.get("version"), decision.get("ranker"),
+                 outcome, decision.get("reason"))
         self.store.record(entry)
 
     def _promote(self, decision: dict[str, Any], entry: dict[str, Any]) -> None:
@@ -383,9 +392,6 @@ class Retraining:
             entry.update(rolled_back=arm.artifact, promoted_now=stack[-1] if stack else None)
             self.observer.on_rollback(event.reason)
             self.observer.on_promotion("rolled_back")
-            stats = {v: (s.mean, s.lower(), s.upper(), s.n) for v, s in self.rollout.stats.items()}
-            entry["compared"] = {str(v): {"mean": m, "low": lo, "high": hi, "events": n}
-                                 for v, (m, lo, hi, n) in stats.items()}
             log.warning("rolled back %s v%d (%s) after %d events served; now %s", arm.name,
                         arm.version, event.reason, arm.served,
                         ", ".join(f"{a.name} v{a.version}" for a in self.rollout.serving())

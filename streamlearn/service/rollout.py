@@ -2,8 +2,10 @@
 
 With ``retrain.policy = "ranker"`` a ranker that passes the promotion gate
 (:mod:`streamlearn.retrain.promotion`) does not take over at once. It becomes the
-**candidate** and serves a growing share of the events (``stages``, default 5 %,
-20 %, 50 %, then all but the holdback); the policy it would replace — the **live**
+**candidate** and serves a growing share of the events (``stages``, default 2 %,
+10 %, 30 %, 60 %, then all but the holdback: a first share small enough that even a
+ranker that earns nothing costs the live reward at most a few hundredths while the
+guardrail gathers its evidence); the policy it would replace — the **live**
 ranker, or the learner when none is live — serves the rest, and the **learner**
 always keeps a holdback share (``holdback``, default 5 %) once a ranker serves. Which
 policy serves an event is drawn from its key (:class:`~streamlearn.engine.Mixture`),
@@ -72,8 +74,8 @@ _GRID = np.linspace(0.0, 1.0, 101)  # values of a live mean, to 0.01
 class RolloutSettings:
     """How a promoted ranker takes traffic (``retrain.rollout_*`` and ``retrain.holdback``)."""
 
-    stages: tuple[float, ...] = (0.05, 0.2, 0.5)
-    stage_events: int = 1000
+    stages: tuple[float, ...] = (0.02, 0.1, 0.3, 0.6)
+    stage_events: int = 500
     holdback: float = 0.05
     tolerance: float = 0.02
     alpha: float = 0.05  # the guardrail's miss probability per comparison
@@ -231,9 +233,10 @@ class Rollout:
             return self._end_candidate("rolled_back", reason)
         if self.live is not None:
             arm, self.live = self.live, None
+            compared = self.compared()
             self._consistency(arm, final=True)
             self._restart_comparisons()
-            self.on_event(RolloutEvent("rolled_back", arm, reason))
+            self.on_event(RolloutEvent("rolled_back", arm, reason, {"compared": compared}))
             return arm
         return None
 
@@ -245,10 +248,17 @@ class Rollout:
     def _end_candidate(self, kind: str, reason: str) -> Arm:
         assert self.candidate is not None
         arm, self.candidate = self.candidate, None
+        compared = self.compared()
         self._consistency(arm, final=True)
         self._restart_comparisons()
-        self.on_event(RolloutEvent(kind, arm, reason))
+        self.on_event(RolloutEvent(kind, arm, reason, {"compared": compared}))
         return arm
+
+    def compared(self) -> dict[str, dict[str, float]]:
+        """What each policy earned since the comparisons last restarted (version → mean, its
+        confidence sequence, learned events)."""
+        return {str(v): {"mean": s.mean, "low": s.lower(), "high": s.upper(), "events": s.n}
+                for v, s in self.stats.items() if s.n}
 
     def _restart_comparisons(self) -> None:
         self.stats = {v: ArmStats(self.settings.alpha) for v in self.shares()}
@@ -333,7 +343,8 @@ class Rollout:
         meta = {"live": None if self.live is None else self.live.as_json(),
                 "candidate": None if self.candidate is None else self.candidate.as_json(),
                 "stage": self.stage, "stage_start": self.stage_start,
-                "stage_looks": self.stage_looks, "stats": stats_meta}
+                "stage_looks": self.stage_looks, "stats": stats_meta,
+                "shares": {str(v): p for v, p in self.shares().items()}}
         return arrays, meta
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:

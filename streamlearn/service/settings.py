@@ -70,12 +70,12 @@ class DaemonSettings:
     retrain_holdout_fraction: float = 0.2
     retrain_clip: float = 20.0
     retrain_worker: str = "process"
-    retrain_worker_nice: int = 10
+    retrain_worker_nice: int = 5
     retrain_timeout_seconds: float = 600.0
     retrain_policy: str = "learner"
     retrain_level: float = 0.95
-    retrain_rollout_stages: str = "0.05,0.2,0.5"
-    retrain_rollout_stage_events: int = 1000
+    retrain_rollout_stages: str = "0.02,0.1,0.3,0.6"
+    retrain_rollout_stage_events: int = 500
     retrain_holdback: float = 0.05
     candidates_enabled: bool = False
     candidates_learner: str = "linucb"
@@ -116,7 +116,7 @@ class DaemonSettings:
                                    self.retrain_holdback, alpha=1.0 - self.retrain_level)
         except ValueError as exc:
             raise ConfigError(f"retrain.rollout_stages must be increasing shares in (0, 1), "
-                              f"e.g. '0.05,0.2,0.5'. Got {self.retrain_rollout_stages!r} "
+                              f"e.g. '0.02,0.1,0.3,0.6'. Got {self.retrain_rollout_stages!r} "
                               f"({exc}).") from None
 
     def join_settings(self) -> JoinSettings:

@@ -195,9 +195,11 @@ def _read_segment(path: Path) -> ExperienceRows | None:
 
 
 def read_experience(log_dir: str | os.PathLike[str], first_segment: int | None = None,
-                    last_segment: int | None = None, max_rows: int | None = None) -> ExperienceRows:
+                    last_segment: int | None = None, max_rows: int | None = None,
+                    decided_before: float | None = None) -> ExperienceRows:
     """The rows of segments ``first_segment..last_segment`` (inclusive; default all),
-    the newest ``max_rows`` of them if given."""
+    the newest ``max_rows`` of them if given — counting, with ``decided_before``, only the
+    rows decided before that time (the others are read too; the caller filters them)."""
     seqs = [s for s in list_segments(log_dir)
             if (first_segment is None or s >= first_segment)
             and (last_segment is None or s <= last_segment)]
@@ -209,7 +211,8 @@ def read_experience(log_dir: str | os.PathLike[str], first_segment: int | None =
         part = _read_segment(_segment_path(Path(log_dir), seq))
         if part is not None:
             parts.append((seq, part))
-            total += len(part)
+            total += len(part) if decided_before is None else int(
+                (part.decided_at < decided_before).sum())
     parts.reverse()
     if not parts:
         return ExperienceRows([], np.zeros((0, 0), np.float32), np.zeros(0, np.int64),
@@ -219,7 +222,7 @@ def read_experience(log_dir: str | os.PathLike[str], first_segment: int | None =
     rows = _rows([i for _, p in parts for i in p.ids], np.concatenate([p.X for _, p in parts]),
                  {c: np.concatenate([getattr(p, c) for _, p in parts]) for c in _COLUMNS},
                  (parts[0][0], parts[-1][0]))
-    if max_rows is not None and len(rows) > max_rows:
+    if max_rows is not None and decided_before is None and len(rows) > max_rows:
         rows = rows.take(np.arange(len(rows) - max_rows, len(rows)))
     return rows
 
