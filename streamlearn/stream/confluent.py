@@ -18,10 +18,13 @@ How librdkafka's behaviour is mapped onto the contract:
   timeout), so librdkafka retries a message until the broker acknowledges it;
   a delivery that fails anyway (a non-retriable error) is produced again by the
   next ``flush``, and ``flush`` raises until every message is acknowledged.
-- ``commit(wait=True)`` is bounded by :data:`~streamlearn.stream.kafka.OFFSETS_TIMEOUT_S`
-  (librdkafka's synchronous commit waits for the coordinator however long it
-  is away); a commit not waited for is reported through the consumer's commit
-  callback, served by the next polls.
+- Commits are librdkafka's asynchronous ones; ``commit(wait=True)`` polls
+  until its commit callback arrives, for at most
+  :data:`~streamlearn.stream.kafka.OFFSETS_TIMEOUT_S`, and keeps what those polls
+  read for the next ``poll`` (librdkafka's synchronous commit waits for the
+  coordinator however long the broker is away). At most one commit not waited
+  for is in flight; closing the consumer, which waits for those, is bounded by
+  :data:`CLOSE_TIMEOUT_S`.
 - ``unread`` is the high watermark of the last fetch response (librdkafka's
   cached watermarks, no network call) minus the position.
 
@@ -42,9 +45,16 @@ from streamlearn.errors import TransportError
 from streamlearn.stream.kafka import OFFSETS_TIMEOUT_S, check_reachable
 from streamlearn.stream.transport import ClientTuning, Message, Offsets, check_offsets
 
-__all__ = ["ConfluentTransport", "SharedConfluentClients", "librdkafka_options"]
+__all__ = ["CLOSE_TIMEOUT_S", "ConfluentTransport", "SharedConfluentClients", "close_consumer",
+           "librdkafka_options", "open_confluent_clients"]
 
 log = logging.getLogger(__name__)
+_LIBRDKAFKA = logging.getLogger("streamlearn.librdkafka")  # librdkafka's own log lines
+
+#: How long closing the consumer may take: librdkafka's close waits for the commits in flight,
+#: which wait for the group coordinator as long as the broker is away (40 s measured); past
+#: this the consumer is left to the process exit.
+CLOSE_TIMEOUT_S = 5.0
 
 Partition = tuple[str, int]
 
@@ -62,7 +72,7 @@ _OPTION_NAMES = {
 #: librdkafka settings the transport fixes (manual commits, idempotent acks=all producer).
 _OWNED = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit",
                     "enable.auto.offset.store", "enable.idempotence", "acks",
-                    "message.timeout.ms", "transactional.id"})
+                    "message.timeout.ms", "transactional.id", "partitioner"})
 
 #: librdkafka's local queue of prefetched records per partition (its default, 64 MB, holds
 #: about 40,000 events of 1.6 KB per partition in memory before the loop asks for them).
@@ -94,7 +104,7 @@ def open_confluent_clients(bootstrap_servers: str, group_id: str,
                            client_options: Mapping[str, object] | None = None,
                            auto_offset_reset: str = "earliest",
                            tuning: ClientTuning | None = None,
-                           on_delivery: Any = None) -> tuple[Any, Any]:
+                           on_delivery: Any = None, on_commit: Any = None) -> tuple[Any, Any]:
     """(consumer, idempotent acks=all producer) on librdkafka, as the transport opens them."""
     from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -111,26 +121,45 @@ def open_confluent_clients(bootstrap_servers: str, group_id: str,
             **common,
             "group.id": group_id, "enable.auto.commit": False,
             "enable.auto.offset.store": False, "auto.offset.reset": auto_offset_reset,
-            "enable.partition.eof": False, "on_commit": _log_failed_commit,
-            "error_cb": _log_client_error,
+            "enable.partition.eof": False, "error_cb": _log_client_error, "logger": _LIBRDKAFKA,
+            **({} if on_commit is None else {"on_commit": on_commit}),
         })
         producer = Producer({
             "linger.ms": tuning.linger_s * 1000,
             **common,
             "enable.idempotence": True, "acks": "all", "message.timeout.ms": 0,
-            "on_delivery": on_delivery, "error_cb": _log_client_error,
+            "partitioner": "murmur2_random",  # a key's partition as the Java and kafka-python clients pick it
+            "error_cb": _log_client_error, "logger": _LIBRDKAFKA,
+            **({} if on_delivery is None else {"on_delivery": on_delivery}),
         })
     except KafkaException as exc:
         raise TransportError(f"cannot connect to Kafka at {bootstrap_servers}: {exc}") from exc
     return consumer, producer
 
 
-def _log_failed_commit(error: Any, partitions: Any) -> None:
-    """The consumer's commit callback: a failed commit not waited for is logged (the next
+class _Commits:
+    """The consumer's commits not waited for: how many are in flight (the consumer's commit
+    callback, served by its polls, counts them down; a failure is logged and the next
     checkpoint commits again)."""
-    if error is not None:
-        log.warning("committing offsets %s failed (the next checkpoint commits again): %s",
-                    [(p.topic, p.partition, p.offset) for p in partitions or []], error)
+
+    def __init__(self) -> None:
+        self.made = self.completed = 0  # commits made / completed (they complete in order)
+        self.errors: dict[int, Any] = {}  # the failures of commits waited for, by number
+        self.waited: set[int] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return self.made - self.completed
+
+    def on_commit(self, error: Any, partitions: Any) -> None:
+        self.completed += 1
+        if self.completed in self.waited:  # its caller reports it
+            self.waited.discard(self.completed)
+            if error is not None:
+                self.errors[self.completed] = error
+        elif error is not None:
+            log.warning("committing offsets %s failed (the next checkpoint commits again): %s",
+                        [(p.topic, p.partition, p.offset) for p in partitions or []], error)
 
 
 def _log_client_error(error: Any) -> None:
@@ -209,15 +238,15 @@ class ConfluentTransport:
         self._assigned: set[Partition] = set()
         self._tp: dict[Partition, Any] = {}
         self._sought: dict[Partition, int] = {}  # the last seek's offsets (start positions)
+        self._read: deque[Message] = deque()  # read while waiting for a commit, not polled yet
         if shared is None:
-            self._deliveries = _Deliveries()
+            self._deliveries, self._commits = _Deliveries(), _Commits()
             self._consumer, self._producer = open_confluent_clients(
                 bootstrap_servers, group_id, client_options, auto_offset_reset, tuning,
-                self._deliveries.on_delivery)
+                self._deliveries.on_delivery, self._commits.on_commit)
         else:
-            self._deliveries = shared.deliveries
+            self._deliveries, self._commits = shared.deliveries, shared.commits
             self._consumer, self._producer = shared.consumer, shared.producer
-        self._commit_lock = threading.Lock()  # one synchronous commit at a time
         counts = {t: self._partition_count(t) for t in (instances_topic, feedback_topic)}
         n_inst, n_feed = counts[instances_topic], counts[feedback_topic]
         if n_inst != n_feed:
@@ -280,6 +309,8 @@ class ConfluentTransport:
         self._check_open()
         if self._shared is not None:
             return self._shared.take(self._tp, max_records, timeout_s)
+        if self._read:  # read while a commit was waited for
+            return [self._read.popleft() for _ in range(min(max_records, len(self._read)))]
         records = _consume(self._consumer, max_records, timeout_s)
         self._producer.poll(0)  # delivery reports, without waiting
         return _records(records, self.bootstrap_servers)
@@ -333,37 +364,48 @@ class ConfluentTransport:
         or sent now and completed by librdkafka while the loop goes on (a failure logged).
 
         librdkafka sends the commits of one consumer on one connection to the coordinator,
-        in the order they were made, so the last commit made is the one that stands."""
+        in the order they were made, so the last commit made is the one that stands. At most
+        one commit not waited for is in flight (as with kafka-python): one made while another
+        is waits, so that commits do not pile up while the coordinator is away (closing the
+        consumer waits for every one of them)."""
         from confluent_kafka import KafkaException, TopicPartition
 
         self._check_open()
         check_offsets(offsets, self._assigned, "commit")
         payload = [TopicPartition(t, p, off) for (t, p), off in offsets.items()]
+        if not wait and self._commits.in_flight:
+            wait = True  # one in flight already: this one waits (see above)
+        try:
+            self._consumer.commit(offsets=payload, asynchronous=True)
+        except KafkaException as exc:
+            raise TransportError(f"commit of {dict(offsets)} failed: {exc}") from exc
+        self._commits.made += 1
         if not wait:
-            try:
-                self._consumer.commit(offsets=payload, asynchronous=True)
-            except KafkaException as exc:
-                raise TransportError(f"commit of {dict(offsets)} failed: {exc}") from exc
             return
-        outcome: list[BaseException | None] = []
+        number = self._commits.made
+        self._commits.waited.add(number)
+        # The commit callback is served by the consumer's polls: poll, keeping what they read
+        # for the next ``poll`` (librdkafka's synchronous commit waits for the coordinator
+        # however long it is away, and holds up polls from other threads meanwhile).
+        deadline = time.monotonic() + self._offsets_timeout_s
+        while self._commits.completed < number:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._commits.waited.discard(number)
+                raise TransportError(f"commit of {dict(offsets)} not acknowledged within "
+                                     f"{self._offsets_timeout_s:g} s")
+            self._read_ahead(min(left, 0.05))
+        error = self._commits.errors.pop(number, None)
+        if error is not None:
+            raise TransportError(f"commit of {dict(offsets)} failed: {error}")
 
-        def commit() -> None:
-            try:
-                self._consumer.commit(offsets=payload, asynchronous=False)
-                outcome.append(None)
-            except BaseException as exc:  # handed to the caller's thread
-                outcome.append(exc)
-
-        # librdkafka's synchronous commit waits for the coordinator however long it is away
-        with self._commit_lock:
-            worker = threading.Thread(target=commit, name="streamlearn-commit", daemon=True)
-            worker.start()
-            worker.join(self._offsets_timeout_s)
-        if not outcome:
-            raise TransportError(f"commit of {dict(offsets)} not acknowledged within "
-                                 f"{self._offsets_timeout_s:g} s")
-        if outcome[0] is not None:
-            raise TransportError(f"commit of {dict(offsets)} failed: {outcome[0]}") from outcome[0]
+    def _read_ahead(self, timeout_s: float) -> None:
+        """Poll the consumer (serving its callbacks); what it reads is returned by ``poll``."""
+        if self._shared is not None:
+            self._shared.fill(timeout_s)
+        else:
+            self._read.extend(_records(_consume(self._consumer, 500, timeout_s),
+                                       self.bootstrap_servers))
 
     def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
         """Set the positions the next ``poll`` reads from (records fetched from the old
@@ -380,6 +422,8 @@ class ConfluentTransport:
         self._consumer.incremental_unassign([TopicPartition(t, p) for (t, p) in offsets])
         self._consumer.incremental_assign(targets)
         self._sought.update(offsets)
+        if self._read:  # read from the old positions
+            self._read = deque(m for m in self._read if (m.topic, m.partition) not in offsets)
         if self._shared is not None:
             self._shared.forget_buffered(offsets)
 
@@ -438,6 +482,8 @@ class ConfluentTransport:
             lag = max(0, high - position)
             if self._shared is not None:
                 lag += self._shared.buffered(tp)
+            elif self._read:
+                lag += sum(1 for m in self._read if (m.topic, m.partition) == tp)
             out[tp] = lag
         return out
 
@@ -454,7 +500,19 @@ class ConfluentTransport:
         if self._shared is not None:  # the clients stay open for the other transports
             self._shared.detach(self._tp)
             return
-        self._consumer.close()
+        close_consumer(self._consumer)
+
+
+def close_consumer(consumer: Any, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """Close ``consumer`` (it commits nothing: auto-commit is off), waiting at most
+    ``timeout_s``; a close still waiting for the coordinator then goes on in the background."""
+    closer = threading.Thread(target=consumer.close, name="streamlearn-consumer-close",
+                              daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        log.warning("closing the Kafka consumer did not finish within %g s (commits in flight "
+                    "wait for the group coordinator): left to the process exit", timeout_s)
 
 
 class _Deliveries:
@@ -489,10 +547,10 @@ class SharedConfluentClients:
                  client_options: Mapping[str, object] | None = None,
                  auto_offset_reset: str = "earliest", fetch_max_records: int = 2000,
                  tuning: ClientTuning | None = None) -> None:
-        self.deliveries = _Deliveries()
+        self.deliveries, self.commits = _Deliveries(), _Commits()
         self.consumer, self.producer = open_confluent_clients(
             bootstrap_servers, group_id, client_options, auto_offset_reset, tuning,
-            self.deliveries.on_delivery)
+            self.deliveries.on_delivery, self.commits.on_commit)
         self.bootstrap_servers = bootstrap_servers
         self.fetch_max_records = fetch_max_records
         self._assigned: dict[Partition, Any] = {}
@@ -532,14 +590,15 @@ class SharedConfluentClients:
         ``timeout_s`` first when none is buffered)."""
         mine = [self._buffers[tp] for tp in partitions if tp in self._buffers]
         if not any(mine):
-            self._fill(timeout_s)
+            self.fill(timeout_s)
         out: list[Message] = []
         for buffer in mine:
             while buffer and len(out) < max_records:
                 out.append(buffer.popleft())
         return out
 
-    def _fill(self, timeout_s: float) -> None:
+    def fill(self, timeout_s: float) -> None:
+        """Buffer what one consume of at most ``timeout_s`` reads (serving the callbacks)."""
         records = _records(_consume(self.consumer, self.fetch_max_records, timeout_s),
                            self.bootstrap_servers)
         self.producer.poll(0)
@@ -554,4 +613,4 @@ class SharedConfluentClients:
             return
         self._closed = True
         self.producer.flush(timeout_s)
-        self.consumer.close()
+        close_consumer(self.consumer)
