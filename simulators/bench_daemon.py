@@ -79,6 +79,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU ticks of the whole machine so far: compare two readings for the share
+    of the cores in use by everything (other users of a shared machine included)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]
+    return float(sum(ticks) - idle), float(sum(ticks))
+
+
 def make_topics(bootstrap: str, partitions: int = 2) -> dict[str, str]:
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
@@ -228,8 +242,13 @@ def _throughput(bootstrap: str, load: Workload, work: Path, extra: tuple[str, ..
     # Only the end offsets are asked, five times a second; the timestamps are read afterwards.
     c = consumer_for(bootstrap, topics["decisions"])
     parts = sorted(c.assignment(), key=lambda tp: tp.partition)
-    while sum(c.end_offsets(parts).values()) < n:
+    cpu_from = None  # the daemon's CPU time from its first decision on (not its start-up)
+    while (decided := sum(c.end_offsets(parts).values())) < n:
+        if cpu_from is None and decided > 0:
+            cpu_from = (cpu_seconds(proc.pid), decided)
         time.sleep(0.2)
+    if cpu_from is not None:
+        rates[f"{label} cpu"] = (cpu_seconds(proc.pid) - cpu_from[0]) / (n - cpu_from[1])
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
     stamps: list[int] = []
@@ -247,6 +266,7 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     ckpt = work / f"ckpt-{topics['instances']}"
     proc = serve(bootstrap, topics, ckpt, load.serve_args, extra)
     time.sleep(5.0)  # let the daemon start before the clock runs
+    cpu_from, machine_from = cpu_seconds(proc.pid), machine_busy()
     sent_ms: dict[str, int] = {}
     decided_ms: dict[str, int] = {}
     received_ms: dict[str, float] = {}  # when the caller had the decision
@@ -306,6 +326,8 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     deadline = time.monotonic() + 120
     while len(decided_ms) < n and time.monotonic() < deadline:
         time.sleep(0.2)
+    cpu = (cpu_seconds(proc.pid) - cpu_from) / max(len(decided_ms), 1)
+    busy = [b - a for a, b in zip(machine_from, machine_busy(), strict=True)]
     done.set()
     caller.join(10)
     proc.send_signal(signal.SIGTERM)
@@ -319,7 +341,7 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     return {"offered": offered, "decided": len(decided_ms), "p50": float(np.percentile(lat, 50)),
             "p99": float(np.percentile(lat, 99)), "max": float(lat.max()), "n": len(lat),
             "seen_p50": float(np.percentile(seen, 50)), "seen_p99": float(np.percentile(seen, 99)),
-            "retrains": retrains,
+            "retrains": retrains, "cpu": cpu, "machine_busy": busy[0] / busy[1],
             "quarter_p99": [float(np.percentile(q, 99)) for q in quarters],
             "quarter_max": [float(q.max()) for q in quarters]}
 
@@ -383,7 +405,8 @@ def compare(bootstrap: str, load: Workload, args: argparse.Namespace, work: Path
             rates.setdefault(key, []).append(value)
         relay = got["relay"]
         print("throughput  " + "; ".join(
-            f"daemon [{label}] {got[label]:,.0f} {unit} ({got[label] / relay:.2f}x the relay)"
+            f"daemon [{label}] {got[label]:,.0f} {unit} ({got[label] / relay:.2f}x the relay, "
+            f"{got.get(label + ' cpu', float('nan')) * 1e6:.0f} µs CPU per event)"
             for label in configs) + f" (backlog of {args.events:,}); bare kafka-python "
             f"consume+decode {got['bare']:,.0f}; bare kafka-python relay (consume+decode+produce "
             f"one reply) {relay:,.0f}" + (f"; bare confluent relay {got['confluent relay']:,.0f}"
@@ -393,14 +416,15 @@ def compare(bootstrap: str, load: Workload, args: argparse.Namespace, work: Path
     for _ in range(args.repeats):
         for label, extra in configs.items():
             res = latency(bootstrap, load.head(n), args.rate, work, n // 10, extra)
-            for key in ("p50", "p99", "max", "seen_p50", "seen_p99"):
+            for key in ("p50", "p99", "max", "seen_p50", "seen_p99", "cpu", "machine_busy"):
                 lat[label].setdefault(key, []).append(res[key])
             print(f"latency     [{label}] offered {res['offered']:,.0f} {unit}, "
                   f"{res['decided']:,} decided; instance→decision p50 {res['p50'] * 1e3:.1f} ms, "
                   f"p99 {res['p99'] * 1e3:.1f} ms, max {res['max'] * 1e3:.1f} ms; as the caller "
-                  f"read it p50 {res['seen_p50'] * 1e3:.1f} ms, p99 {res['seen_p99'] * 1e3:.1f} ms "
-                  f"(after {n // 10:,} warm-up events, n={res['n']:,}; feedback for every "
-                  "decision)", flush=True)
+                  f"read it p50 {res['seen_p50'] * 1e3:.1f} ms, p99 {res['seen_p99'] * 1e3:.1f} ms; "
+                  f"daemon {res['cpu'] * 1e6:.0f} µs CPU per event, machine "
+                  f"{res['machine_busy']:.0%} busy (after {n // 10:,} warm-up events, "
+                  f"n={res['n']:,}; feedback for every decision)", flush=True)
             if args.latency_quarters:
                 print("latency     by quarter of the run: p99 "
                       + " / ".join(f"{x * 1e3:.0f}" for x in res["quarter_p99"]) + " ms, max "
@@ -415,13 +439,17 @@ def compare(bootstrap: str, load: Workload, args: argparse.Namespace, work: Path
         to_first = [d / f for d, f in zip(rates[label], rates[first], strict=True)]
         ms = {k: ", ".join(f"{x * 1e3:.1f}" for x in v) for k, v in lat[label].items()}
         med = {k: float(np.median(v)) * 1e3 for k, v in lat[label].items()}
+        cpu = (f"; CPU per event {np.median(rates[label + ' cpu']) * 1e6:.0f} µs under the "
+               f"backlog, {med['cpu'] * 1e3:.0f} µs at {args.rate:,.0f}/s; machine busy "
+               f"{', '.join(f'{x:.0%}' for x in lat[label]['machine_busy'])} in its latency runs"
+               if label + " cpu" in rates else "")
         print(f"  [{label}] daemon {np.median(rates[label]):,.0f} {unit}; daemon / kafka-python "
               f"relay {', '.join(f'{x:.2f}' for x in to_relay)} (median "
               f"{np.median(to_relay):.2f}); daemon / [{first}] daemon "
               f"{', '.join(f'{x:.2f}' for x in to_first)} (median {np.median(to_first):.2f}); "
               f"p50 {ms['p50']} ms (median {med['p50']:.1f}), p99 {ms['p99']} ms (median "
               f"{med['p99']:.1f}); as read by the caller p50 median {med['seen_p50']:.1f}, p99 "
-              f"median {med['seen_p99']:.1f} ms")
+              f"median {med['seen_p99']:.1f} ms" + cpu)
     print(f"  bare kafka-python relay {np.median(rates['relay']):,.0f} {unit}"
           + (f", bare confluent relay {np.median(rates['confluent relay']):,.0f} {unit}"
              if confluent else ""))
