@@ -297,3 +297,14 @@ def test_confluent_options_cannot_weaken_the_producer_or_commit_for_us(
     with pytest.raises(TransportError, match="unknown client option"):
         open_transport(kafka_bootstrap, topics, "g", client=client,
                        client_options={"fetch_max_wait_ms": 5})
+
+
+@pytest.mark.parametrize("client", ["kafka-python"])
+def test_the_latency_settings_reach_the_clients(make_transport: Factory) -> None:
+    """kafka.linger_seconds, fetch_wait_seconds and fetch_min_bytes (ClientTuning)."""
+    from streamlearn.stream.transport import ClientTuning
+
+    t = make_transport(tuning=ClientTuning(linger_s=0.002, fetch_wait_s=0.01, fetch_min_bytes=512))
+    assert t._consumer.config["fetch_max_wait_ms"] == 10
+    assert t._consumer.config["fetch_min_bytes"] == 512
+    assert t._producer.config["linger_ms"] == 2
