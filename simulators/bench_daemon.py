@@ -387,7 +387,8 @@ def retrain_latency(bootstrap: str, load: Workload, args: argparse.Namespace,
 
 def configurations(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
     """The daemons to compare, by label: one per ``--kafka-client``, then one per ``--variant``."""
-    configs = {client: ("--kafka-client", client) for client in args.kafka_client.split(",")}
+    configs: dict[str, tuple[str, ...]] = {
+        client: ("--kafka-client", client) for client in args.kafka_client.split(",")}
     for variant in args.variant:
         label, _, options = variant.partition("=")
         configs[label] = tuple(shlex.split(options))
