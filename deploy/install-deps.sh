@@ -9,7 +9,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 PY="${PYTHON:-python3}"
-"$PY" -m pip install -q -e '.[test,bench,plot]'
+"$PY" -m pip install -q -e '.[test,bench,plot,confluent]'
 
 if ! command -v java >/dev/null 2>&1 || ! command -v mvn >/dev/null 2>&1; then
     SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"

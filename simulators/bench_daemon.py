@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -76,6 +77,20 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU ticks of the whole machine so far: compare two readings for the share
+    of the cores in use by everything (other users of a shared machine included)."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]
+    return float(sum(ticks) - idle), float(sum(ticks))
 
 
 def make_topics(bootstrap: str, partitions: int = 2) -> dict[str, str]:
@@ -157,7 +172,55 @@ def bare_rate(bootstrap: str, topic: str, n: int, decode: Callable[[Any], object
     return n / elapsed
 
 
-def throughput(bootstrap: str, load: Workload, work: Path) -> tuple[float, float, float]:
+def bare_confluent_rate(bootstrap: str, topic: str, n: int, decode: Callable[[Any], object],
+                        relay_to: str) -> float:
+    """The bare relay on librdkafka: consume, decode, produce one small reply per event, with
+    the confluent transport's client settings (``kafka.client = confluent``)."""
+    from confluent_kafka import TopicPartition
+
+    from streamlearn.service.settings import DAEMON_GC_THRESHOLDS
+    from streamlearn.stream.confluent import open_confluent_clients
+
+    c, prod = open_confluent_clients(bootstrap, f"bench-relay-{uuid.uuid4().hex[:8]}")
+    parts = c.list_topics(topic, timeout=30).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)
+    try:
+        got, started = 0, None
+        while got < n:
+            records = c.consume(500, 0) or c.consume(1, 0.5)
+            if records and started is None:
+                started = time.perf_counter()
+            for r in records:
+                if r.error() is not None:
+                    continue
+                event = orjson.loads(r.value())
+                decode(event)
+                prod.produce(relay_to, orjson.dumps({"id": event["id"]}), r.key())
+                got += 1
+            prod.poll(0)
+        prod.flush(60)
+        elapsed = time.perf_counter() - (started or time.perf_counter())
+    finally:
+        gc.set_threshold(*thresholds)
+    c.close()
+    return n / elapsed
+
+
+def throughput(bootstrap: str, load: Workload, work: Path, configs: dict[str, tuple[str, ...]],
+               confluent_relay: bool = False) -> dict[str, float]:
+    """Events/s of the bare consumer, the bare relay(s) and the daemon in each configuration,
+    each on the same backlog (daemons in turn on fresh topics)."""
+    rates: dict[str, float] = {}
+    for label, extra in configs.items():
+        rates.update(_throughput(bootstrap, load, work, extra, label,
+                                 bare=not rates, confluent_relay=confluent_relay))
+    return rates
+
+
+def _throughput(bootstrap: str, load: Workload, work: Path, extra: tuple[str, ...], label: str,
+                bare: bool, confluent_relay: bool) -> dict[str, float]:
     topics = make_topics(bootstrap)
     prod = producer(bootstrap)
     for key, value in zip(load.keys, load.values, strict=True):
@@ -165,17 +228,27 @@ def throughput(bootstrap: str, load: Workload, work: Path) -> tuple[float, float
     prod.flush()
     prod.close()
     n = len(load.keys)
-    bare = bare_rate(bootstrap, topics["instances"], n, load.relay_decode)
-    relay = bare_rate(bootstrap, topics["instances"], n, load.relay_decode,
-                      relay_to=topics["dead_letter"])
-    proc = serve(bootstrap, topics, work / f"ckpt-{topics['instances']}", load.serve_args)
+    rates: dict[str, float] = {}
+    if bare:
+        rates["bare"] = bare_rate(bootstrap, topics["instances"], n, load.relay_decode)
+        rates["relay"] = bare_rate(bootstrap, topics["instances"], n, load.relay_decode,
+                                   relay_to=topics["dead_letter"])
+        if confluent_relay:
+            rates["confluent relay"] = bare_confluent_rate(
+                bootstrap, topics["instances"], n, load.relay_decode, topics["dead_letter"])
+    proc = serve(bootstrap, topics, work / f"ckpt-{topics['instances']}", load.serve_args, extra)
     # Nothing reads the decisions while the daemon works (the relay's replies are not read
     # either): a consumer beside it would take CPU from it and the broker on a small machine.
     # Only the end offsets are asked, five times a second; the timestamps are read afterwards.
     c = consumer_for(bootstrap, topics["decisions"])
     parts = sorted(c.assignment(), key=lambda tp: tp.partition)
-    while sum(c.end_offsets(parts).values()) < n:
+    cpu_from = None  # the daemon's CPU time from its first decision on (not its start-up)
+    while (decided := sum(c.end_offsets(parts).values())) < n:
+        if cpu_from is None and decided > 0:
+            cpu_from = (cpu_seconds(proc.pid), decided)
         time.sleep(0.2)
+    if cpu_from is not None:
+        rates[f"{label} cpu"] = (cpu_seconds(proc.pid) - cpu_from[0]) / (n - cpu_from[1])
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
     stamps: list[int] = []
@@ -183,8 +256,8 @@ def throughput(bootstrap: str, load: Workload, work: Path) -> tuple[float, float
         for records in c.poll(timeout_ms=500).values():
             stamps.extend(r.timestamp for r in records)
     c.close()
-    daemon = n / ((max(stamps) - min(stamps)) / 1000.0)
-    return daemon, bare, relay
+    rates[label] = n / ((max(stamps) - min(stamps)) / 1000.0)
+    return rates
 
 
 def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int,
@@ -193,8 +266,10 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     ckpt = work / f"ckpt-{topics['instances']}"
     proc = serve(bootstrap, topics, ckpt, load.serve_args, extra)
     time.sleep(5.0)  # let the daemon start before the clock runs
+    cpu_from, machine_from = cpu_seconds(proc.pid), machine_busy()
     sent_ms: dict[str, int] = {}
     decided_ms: dict[str, int] = {}
+    received_ms: dict[str, float] = {}  # when the caller had the decision
     done = threading.Event()
 
     def answer() -> None:  # the caller: read decisions, send feedback
@@ -202,9 +277,11 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
         fb = producer(bootstrap)
         while not done.is_set():
             for records in c.poll(timeout_ms=200).values():
+                now_ms = time.time() * 1000.0
                 for r in records:
                     d = orjson.loads(r.value)
                     decided_ms.setdefault(d["id"], r.timestamp)
+                    received_ms.setdefault(d["id"], now_ms)
                     fb.send(topics["feedback"], key=r.key,
                             value=orjson.dumps({"id": d["id"], "reward": load.reward(d)}))
         fb.close()
@@ -249,18 +326,22 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     deadline = time.monotonic() + 120
     while len(decided_ms) < n and time.monotonic() < deadline:
         time.sleep(0.2)
+    cpu = (cpu_seconds(proc.pid) - cpu_from) / max(len(decided_ms), 1)
+    busy = [b - a for a, b in zip(machine_from, machine_busy(), strict=True)]
     done.set()
     caller.join(10)
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
     ids = [key.decode() for key in load.keys[warmup:]]
     lat = np.array([decided_ms[i] - sent_ms[i] for i in ids if i in decided_ms]) / 1000.0
+    seen = np.array([received_ms[i] - sent_ms[i] for i in ids if i in received_ms]) / 1000.0
     history = ckpt / "rankers" / "state.json"
     retrains = len(orjson.loads(history.read_bytes()).get("history", [])) if history.exists() else 0
     quarters = np.array_split(lat, 4)  # in send order: does the tail grow with uptime?
     return {"offered": offered, "decided": len(decided_ms), "p50": float(np.percentile(lat, 50)),
             "p99": float(np.percentile(lat, 99)), "max": float(lat.max()), "n": len(lat),
-            "retrains": retrains,
+            "seen_p50": float(np.percentile(seen, 50)), "seen_p99": float(np.percentile(seen, 99)),
+            "retrains": retrains, "cpu": cpu, "machine_busy": busy[0] / busy[1],
             "quarter_p99": [float(np.percentile(q, 99)) for q in quarters],
             "quarter_max": [float(q.max()) for q in quarters]}
 
@@ -304,6 +385,77 @@ def retrain_latency(bootstrap: str, load: Workload, args: argparse.Namespace,
               f"(ratio to no retraining {np.median(values) / base:.2f})")
 
 
+def configurations(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
+    """The daemons to compare, by label: one per ``--kafka-client``, then one per ``--variant``."""
+    configs: dict[str, tuple[str, ...]] = {
+        client: ("--kafka-client", client) for client in args.kafka_client.split(",")}
+    for variant in args.variant:
+        label, _, options = variant.partition("=")
+        configs[label] = tuple(shlex.split(options))
+    return configs
+
+
+def compare(bootstrap: str, load: Workload, args: argparse.Namespace, work: Path,
+            configs: dict[str, tuple[str, ...]], unit: str) -> None:
+    """Throughput, then latency, of every configuration in turn (A B A B ...), with ratios."""
+    confluent = any("confluent" in " ".join(extra) for extra in configs.values())
+    rates: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        got = throughput(bootstrap, load.head(args.events), work, configs, confluent)
+        for key, value in got.items():
+            rates.setdefault(key, []).append(value)
+        relay = got["relay"]
+        print("throughput  " + "; ".join(
+            f"daemon [{label}] {got[label]:,.0f} {unit} ({got[label] / relay:.2f}x the relay, "
+            f"{got.get(label + ' cpu', float('nan')) * 1e6:.0f} µs CPU per event)"
+            for label in configs) + f" (backlog of {args.events:,}); bare kafka-python "
+            f"consume+decode {got['bare']:,.0f}; bare kafka-python relay (consume+decode+produce "
+            f"one reply) {relay:,.0f}" + (f"; bare confluent relay {got['confluent relay']:,.0f}"
+                                          if confluent else ""), flush=True)
+    n = args.latency_events
+    lat: dict[str, dict[str, list[float]]] = {label: {} for label in configs}
+    for _ in range(args.repeats):
+        for label, extra in configs.items():
+            res = latency(bootstrap, load.head(n), args.rate, work, n // 10, extra)
+            for key in ("p50", "p99", "max", "seen_p50", "seen_p99", "cpu", "machine_busy"):
+                lat[label].setdefault(key, []).append(res[key])
+            print(f"latency     [{label}] offered {res['offered']:,.0f} {unit}, "
+                  f"{res['decided']:,} decided; instance→decision p50 {res['p50'] * 1e3:.1f} ms, "
+                  f"p99 {res['p99'] * 1e3:.1f} ms, max {res['max'] * 1e3:.1f} ms; as the caller "
+                  f"read it p50 {res['seen_p50'] * 1e3:.1f} ms, p99 {res['seen_p99'] * 1e3:.1f} ms; "
+                  f"daemon {res['cpu'] * 1e6:.0f} µs CPU per event, machine "
+                  f"{res['machine_busy']:.0%} busy (after {n // 10:,} warm-up events, "
+                  f"n={res['n']:,}; feedback for every decision)", flush=True)
+            if args.latency_quarters:
+                print("latency     by quarter of the run: p99 "
+                      + " / ".join(f"{x * 1e3:.0f}" for x in res["quarter_p99"]) + " ms, max "
+                      + " / ".join(f"{x * 1e3:.0f}" for x in res["quarter_max"]) + " ms",
+                      flush=True)
+    if args.repeats < 2:
+        return
+    print(f"median of {args.repeats} (machine state as it was: compare within this run)")
+    first = next(iter(configs))
+    for label in configs:
+        to_relay = [d / r for d, r in zip(rates[label], rates["relay"], strict=True)]
+        to_first = [d / f for d, f in zip(rates[label], rates[first], strict=True)]
+        ms = {k: ", ".join(f"{x * 1e3:.1f}" for x in v) for k, v in lat[label].items()}
+        med = {k: float(np.median(v)) * 1e3 for k, v in lat[label].items()}
+        cpu = (f"; CPU per event {np.median(rates[label + ' cpu']) * 1e6:.0f} µs under the "
+               f"backlog, {med['cpu'] * 1e3:.0f} µs at {args.rate:,.0f}/s; machine busy "
+               f"{', '.join(f'{x:.0%}' for x in lat[label]['machine_busy'])} in its latency runs"
+               if label + " cpu" in rates else "")
+        print(f"  [{label}] daemon {np.median(rates[label]):,.0f} {unit}; daemon / kafka-python "
+              f"relay {', '.join(f'{x:.2f}' for x in to_relay)} (median "
+              f"{np.median(to_relay):.2f}); daemon / [{first}] daemon "
+              f"{', '.join(f'{x:.2f}' for x in to_first)} (median {np.median(to_first):.2f}); "
+              f"p50 {ms['p50']} ms (median {med['p50']:.1f}), p99 {ms['p99']} ms (median "
+              f"{med['p99']:.1f}); as read by the caller p50 median {med['seen_p50']:.1f}, p99 "
+              f"median {med['seen_p99']:.1f} ms" + cpu)
+    print(f"  bare kafka-python relay {np.median(rates['relay']):,.0f} {unit}"
+          + (f", bare confluent relay {np.median(rates['confluent relay']):,.0f} {unit}"
+             if confluent else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--bootstrap", help="HOST:PORT of a running broker (default: start one)")
@@ -324,6 +476,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retrain-every-events", type=int, metavar="N",
                         help="measure only latency: without retraining, then retraining every N "
                              "learned decisions in a process and in a thread (issue 10)")
+    parser.add_argument("--kafka-client", default="kafka-python",
+                        help="comma-separated kafka.client values: one daemon per client, run "
+                             "in turn on the same backlog and at the same load (e.g. "
+                             "kafka-python,confluent); with confluent the bare relay is run on "
+                             "librdkafka too")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=OPTIONS",
+                        help="one more daemon to compare, with these serve options (e.g. "
+                             "'linger0=--kafka-linger-seconds 0'); repeatable")
     parser.add_argument("--in-memory", action="store_true",
                         help="only time the loop on the in-memory transport (no broker), with "
                              "one BLAS thread and with the library's default")
@@ -353,37 +513,7 @@ def main(argv: list[str] | None = None) -> int:
 
         crc = "C (crc32c package)" if record_util.crc32c_c is not None else "pure Python"
         print(f"broker {bootstrap}; {load.description}, 2 partitions; kafka-python CRC32C: {crc}")
-        rates: dict[str, list[float]] = {"daemon": [], "bare": [], "relay": []}
-        for _ in range(args.repeats):
-            daemon, bare, relay = throughput(bootstrap, load.head(args.events), work)
-            for key, value in (("daemon", daemon), ("bare", bare), ("relay", relay)):
-                rates[key].append(value)
-            print(f"throughput  daemon {daemon:,.0f} {unit} (backlog of {args.events:,}); bare "
-                  f"kafka-python consume+decode {bare:,.0f} {unit} (ratio {daemon / bare:.2f}); "
-                  f"bare consume+decode+produce one reply {relay:,.0f} {unit} "
-                  f"(ratio {daemon / relay:.2f})", flush=True)
-        n = args.latency_events
-        p99s = []
-        for _ in range(args.repeats):
-            res = latency(bootstrap, load.head(n), args.rate, work, warmup=n // 10)
-            p99s.append(res["p99"])
-            print(f"latency     offered {res['offered']:,.0f} {unit}, {res['decided']:,} decided; "
-                  f"instance→decision p50 {res['p50'] * 1e3:.1f} ms, p99 {res['p99'] * 1e3:.1f} ms, "
-                  f"max {res['max'] * 1e3:.1f} ms (after {n // 10:,} warm-up events, "
-                  f"n={res['n']:,}; feedback for every decision)", flush=True)
-            if args.latency_quarters:
-                print("latency     by quarter of the run: p99 "
-                      + " / ".join(f"{x * 1e3:.0f}" for x in res["quarter_p99"]) + " ms, max "
-                      + " / ".join(f"{x * 1e3:.0f}" for x in res["quarter_max"]) + " ms",
-                      flush=True)
-        if args.repeats > 1:
-            med = {k: float(np.median(v)) for k, v in rates.items()}
-            ratios = [d / r for d, r in zip(rates["daemon"], rates["relay"], strict=True)]
-            print(f"median of {args.repeats}: daemon {med['daemon']:,.0f} {unit}, bare relay "
-                  f"{med['relay']:,.0f} {unit}, daemon / relay per run "
-                  f"{', '.join(f'{x:.2f}' for x in ratios)} (median {np.median(ratios):.2f}); "
-                  f"p99 {', '.join(f'{x * 1e3:.0f}' for x in p99s)} ms "
-                  f"(median {np.median(p99s) * 1e3:.1f} ms)")
+        compare(bootstrap, load, args, work, configurations(args), unit)
     return 0
 
 

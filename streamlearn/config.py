@@ -31,6 +31,7 @@ from typing import Any
 
 from streamlearn.config_fields import FieldSpec, convert, spec
 from streamlearn.errors import ConfigError
+from streamlearn.stream.transport import ClientTuning
 
 _log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ __all__ = [
 
 ENV_PREFIX = "STREAMLEARN_"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+KAFKA_CLIENTS = ("kafka-python", "confluent")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
 
 
@@ -77,6 +79,17 @@ class KafkaConfig:
                                 "lasts at least this long unless a poll filled a micro-batch "
                                 "(fuller batches: the CPU per event does not grow as replicas "
                                 "are added; adds at most this much latency)", ge=0)
+    client: str = spec("kafka-python", "client library of the data path: kafka-python (pure "
+                       "Python) or confluent (librdkafka: pip install 'streamlearn[confluent]'; "
+                       "docs/kafka.md)", choices=KAFKA_CLIENTS)
+    linger_seconds: float = spec(0.005, "the producer holds a batch of decisions this long "
+                                 "before sending it (fewer, larger produce requests; adds up to "
+                                 "this much before the caller can read a decision)", ge=0, le=1)
+    fetch_wait_seconds: float = spec(0.05, "longest the broker holds a fetch that has less than "
+                                     "fetch_min_bytes to return", ge=0, le=5)
+    fetch_min_bytes: int = spec(1, "bytes the broker waits for (at most fetch_wait_seconds) "
+                                "before it answers a fetch: 1 answers at once (lowest latency), "
+                                "more means fewer, larger fetches", ge=1)
     security_protocol: str = spec("PLAINTEXT", "security protocol", choices=SECURITY_PROTOCOLS)
     sasl_mechanism: str | None = spec(None, "SASL mechanism", choices=SASL_MECHANISMS)
     sasl_username: str | None = spec(None, "SASL username")
@@ -86,6 +99,10 @@ class KafkaConfig:
     ssl_cafile: Path | None = spec(None, "CA bundle (PEM) to verify the brokers", kind="file")  # noqa: RUF009
     ssl_certfile: Path | None = spec(None, "client certificate (PEM)", kind="file")  # noqa: RUF009
     ssl_keyfile: Path | None = spec(None, "client private key (PEM)", kind="file")  # noqa: RUF009
+
+    def tuning(self) -> ClientTuning:
+        """The latency / throughput settings of the transport's clients."""
+        return ClientTuning(self.linger_seconds, self.fetch_wait_seconds, self.fetch_min_bytes)
 
     def client_options(self) -> dict[str, Any]:
         """Security options as kafka-python keyword arguments (unset ones left out)."""

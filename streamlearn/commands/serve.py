@@ -258,15 +258,17 @@ def build_transport(config: Config, max_instances: int | None = None) -> Transpo
                                  delay_mean_s=e.delay_mean_seconds, drop=e.drop, seed=e.seed,
                                  max_instances=max_instances, drift_at=e.drift_at,
                                  slots=e.slots, fetch=e.fetch)
-    from streamlearn.stream.kafka import KafkaTransport, ensure_topics
+    from streamlearn.stream.kafka import ensure_topics
+    from streamlearn.stream.kafka_clients import transport_class
 
     k = config.kafka
     assert k.bootstrap is not None
     options = k.client_options()
     ensure_topics(k.bootstrap, [t.instances, t.feedback, t.decisions, t.dead_letter],
                   t.partitions, client_options=options)
-    return KafkaTransport(k.bootstrap, t.instances, t.feedback, t.decisions, t.dead_letter,
-                          k.group_id, client_options=options)
+    return transport_class(k.client)(
+        k.bootstrap, t.instances, t.feedback, t.decisions, t.dead_letter, k.group_id,
+        client_options=options, tuning=k.tuning())
 
 
 def _dimensions(config: Config, transport: Transport) -> tuple[int, int]:

@@ -29,8 +29,8 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     from streamlearn.commands.serve import build_daemon
     from streamlearn.service.daemon import Daemon
     from streamlearn.service.group import GroupMembership
-    from streamlearn.stream.kafka import KafkaTransport, ensure_topics
-    from streamlearn.stream.kafka_shared import SharedKafkaClients
+    from streamlearn.stream.kafka import ensure_topics
+    from streamlearn.stream.kafka_clients import shared_clients_class, transport_class
 
     k, t = config.kafka, config.topics
     assert k.bootstrap is not None and config.checkpoint.dir is not None  # checked by load_config
@@ -41,14 +41,16 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     # the partition daemons take what has arrived; the replica paces the rounds (round_seconds)
     poll_s = 0.0
 
-    # one consumer and one producer for every partition this replica serves (docs/operations.md)
-    clients = SharedKafkaClients(bootstrap, f"{k.group_id}.partitions", options,
-                                 fetch_max_records=4 * config.limits.poll_max_records)
+    # one consumer and one producer for every partition this replica serves (docs/operations.md);
+    # kafka.client picks their library (the group membership and the models link stay on
+    # kafka-python: control traffic, docs/kafka.md)
+    clients = shared_clients_class(k.client)(bootstrap, f"{k.group_id}.partitions", options,
+                     fetch_max_records=4 * config.limits.poll_max_records, tuning=k.tuning())
 
     def make_daemon(partition: int) -> Daemon:
-        transport = KafkaTransport(bootstrap, t.instances, t.feedback, t.decisions, t.dead_letter,
-                                   f"{k.group_id}.partitions", partitions=[partition],
-                                   shared=clients)
+        transport = transport_class(k.client)(
+            bootstrap, t.instances, t.feedback, t.decisions, t.dead_letter,
+            f"{k.group_id}.partitions", partitions=[partition], shared=clients)  # type: ignore[arg-type]
         own = dataclasses.replace(
             config, checkpoint=dataclasses.replace(
                 config.checkpoint, dir=state_dir / f"partition-{partition}"),

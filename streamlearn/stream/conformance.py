@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from streamlearn.service.http import LagTracker
+    from streamlearn.stream.confluent import ConfluentTransport
     from streamlearn.stream.embedded import EmbeddedTransport
     from streamlearn.stream.kafka import KafkaTransport
     from streamlearn.stream.memory import InMemoryTransport
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
         return t
 
     def _kafka(t: KafkaTransport) -> Transport:
+        return t
+
+    def _confluent(t: ConfluentTransport) -> Transport:
         return t
 
     def _lag_tracker(t: LagTracker) -> Transport:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from streamlearn.errors import TransportError
 from streamlearn.stream import kafka_logs
-from streamlearn.stream.transport import Message, Offsets, check_offsets
+from streamlearn.stream.transport import ClientTuning, Message, Offsets, check_offsets
 
 if TYPE_CHECKING:
     from streamlearn.stream.kafka_shared import SharedKafkaClients
@@ -23,14 +23,15 @@ __all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "OFFSETS_TIMEOUT_S", "Kafka
 #: How long :func:`check_reachable` waits for some bootstrap server to accept a connection.
 CONNECT_TIMEOUT_S = 5.0
 
-#: The consumer's ``fetch_max_wait_ms`` (kafka-python's default is 500). kafka-python keeps one
+#: The consumer's default ``fetch_max_wait_ms`` (``kafka.fetch_wait_seconds``; kafka-python's
+#: default is 500). kafka-python keeps one
 #: fetch in flight per broker and leaves out of it every partition whose records are still
 #: buffered; so while a poll's instances are being worked through, the fetch in flight holds
 #: only the other partitions — the feedback topic's, often empty — and the broker keeps it up
 #: to this long waiting for data. The next instances cannot be fetched until it returns: under
 #: a backlog at 500 ms the daemon spent 24 µs per event polling against 10.5 µs at 5–100 ms
 #: (docs/performance.md). An idle consumer sends about 1000 / this many fetches per second.
-FETCH_MAX_WAIT_MS = 50
+FETCH_MAX_WAIT_MS = round(ClientTuning().fetch_wait_s * 1000)
 
 #: Bound on the ``end_offsets`` and ``commit`` requests of the serving loop (at most
 #: ``request_timeout_s``). The loop asks for the end offsets to measure its lag
@@ -193,24 +194,30 @@ def to_message(record: Any) -> Message:
 
 def open_clients(bootstrap_servers: str, group_id: str | None,
                  client_options: Mapping[str, object] | None = None,
-                 auto_offset_reset: str = "earliest") -> tuple[Any, Any]:
-    """(consumer, idempotent acks=all producer) as every streamlearn transport opens them."""
+                 auto_offset_reset: str = "earliest",
+                 tuning: ClientTuning | None = None) -> tuple[Any, Any]:
+    """(consumer, idempotent acks=all producer) as every streamlearn transport opens them;
+    ``tuning`` sets the producer's linger and the consumer's fetch wait and size (client
+    options given for those win)."""
     from kafka import KafkaConsumer, KafkaProducer
     from kafka.errors import KafkaError
 
     consumer_opts, producer_opts = _split_options(client_options or {})
     check_reachable(bootstrap_servers)
+    tuning = tuning or ClientTuning()
     common: dict[str, object] = {"client_id": "streamlearn", "reconnect_backoff_max_ms": 2000}
+    fetch = {"fetch_max_wait_ms": round(tuning.fetch_wait_s * 1000),
+             "fetch_min_bytes": tuning.fetch_min_bytes}
     try:
         consumer = KafkaConsumer(
-            **{"fetch_max_wait_ms": FETCH_MAX_WAIT_MS, **common, **consumer_opts},
+            **{**fetch, **common, **consumer_opts},
             bootstrap_servers=bootstrap_servers,
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset=auto_offset_reset,
         )
         producer = KafkaProducer(
-            **{"linger_ms": 5, **common, **producer_opts},
+            **{"linger_ms": round(tuning.linger_s * 1000), **common, **producer_opts},
             bootstrap_servers=bootstrap_servers,
             enable_idempotence=True,
             acks="all",
@@ -263,8 +270,10 @@ class KafkaTransport:
     shared : SharedKafkaClients, optional
         Use these clients (one consumer and producer for several transports, e.g. the
         partition daemons of a replica) instead of opening a consumer and a producer;
-        ``bootstrap_servers``, ``group_id``, ``client_options`` and ``auto_offset_reset``
-        are then the shared clients'.
+        ``bootstrap_servers``, ``group_id``, ``client_options``, ``auto_offset_reset``
+        and ``tuning`` are then the shared clients'.
+    tuning : ClientTuning, optional
+        The producer's linger and the consumer's fetch settings (``kafka.*``).
     """
 
     def __init__(
@@ -280,6 +289,7 @@ class KafkaTransport:
         auto_offset_reset: str = "earliest",
         request_timeout_s: float = 30.0,
         shared: SharedKafkaClients | None = None,
+        tuning: ClientTuning | None = None,
     ) -> None:
         from kafka import TopicPartition
         from kafka.errors import KafkaError
@@ -296,7 +306,7 @@ class KafkaTransport:
         self._shared = shared
         if shared is None:
             self._consumer, self._producer = open_clients(
-                bootstrap_servers, group_id, client_options, auto_offset_reset)
+                bootstrap_servers, group_id, client_options, auto_offset_reset, tuning)
         else:
             self._consumer, self._producer = shared.consumer, shared.producer
         counts = {t: self._partition_count(t, request_timeout_s) for t in (instances_topic, feedback_topic)}

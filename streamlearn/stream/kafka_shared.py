@@ -27,7 +27,7 @@ from typing import Any
 
 from streamlearn.errors import TransportError
 from streamlearn.stream.kafka import open_clients, to_message
-from streamlearn.stream.transport import Message
+from streamlearn.stream.transport import ClientTuning, Message
 
 __all__ = ["SharedKafkaClients"]
 
@@ -39,7 +39,7 @@ class SharedKafkaClients:
 
     Parameters
     ----------
-    bootstrap_servers, group_id, client_options, auto_offset_reset
+    bootstrap_servers, group_id, client_options, auto_offset_reset, tuning
         As for :class:`~streamlearn.stream.kafka.KafkaTransport`.
     fetch_max_records : int
         Records one consumer poll may return, for all attached partitions together.
@@ -47,9 +47,10 @@ class SharedKafkaClients:
 
     def __init__(self, bootstrap_servers: str, group_id: str,
                  client_options: Mapping[str, object] | None = None,
-                 auto_offset_reset: str = "earliest", fetch_max_records: int = 2000) -> None:
+                 auto_offset_reset: str = "earliest", fetch_max_records: int = 2000,
+                 tuning: ClientTuning | None = None) -> None:
         self.consumer, self.producer = open_clients(bootstrap_servers, group_id, client_options,
-                                                    auto_offset_reset)
+                                                    auto_offset_reset, tuning)
         self.fetch_max_records = fetch_max_records
         self._assigned: dict[Partition, Any] = {}  # (topic, partition) → kafka TopicPartition
         self._buffers: dict[Partition, deque[Message]] = {}

@@ -31,8 +31,8 @@ from kafka.partitioner.default import murmur2
 
 from streamlearn.errors import TransportError
 
-__all__ = ["Message", "Offsets", "Transport", "check_offsets", "own_copy", "partition_for_key",
-           "produce_each"]
+__all__ = ["ClientTuning", "Message", "Offsets", "Transport", "check_offsets", "own_copy",
+           "partition_for_key", "produce_each"]
 
 Offsets = dict[tuple[str, int], int]
 """Next offset to read per ``(topic, partition)``."""
@@ -58,6 +58,26 @@ def own_copy(value: bytes) -> bytes:
     decisions) keeps copies. 0.3 µs per message.
     """
     return bytes(memoryview(value))
+
+
+@dataclass(frozen=True, slots=True)
+class ClientTuning:
+    """How a Kafka transport's clients trade latency for CPU per event (``kafka.*`` settings).
+
+    Attributes
+    ----------
+    linger_s : float
+        The producer holds a batch this long before sending it: one produce request per
+        batch and partition instead of one per message, at up to this much latency.
+    fetch_wait_s : float
+        Longest the broker holds a fetch with less than ``fetch_min_bytes`` to return.
+    fetch_min_bytes : int
+        Bytes the broker waits for before it answers a fetch (1: at once).
+    """
+
+    linger_s: float = 0.005
+    fetch_wait_s: float = 0.05
+    fetch_min_bytes: int = 1
 
 
 @runtime_checkable

@@ -8,6 +8,7 @@ it sees per id, so a test can check that re-emitted decisions are identical.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -20,11 +21,13 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from streamlearn.stream.caller import SimulatedCaller, StreamSource
-from streamlearn.stream.kafka import KafkaTransport
+from streamlearn.stream.kafka_clients import transport_class
+from streamlearn.stream.transport import Transport
 
 PARTITIONS = 2
 
@@ -51,10 +54,19 @@ def make_topics(bootstrap: str, partitions: int = PARTITIONS,
     return names
 
 
-def transport(bootstrap: str, topics: dict[str, str], group: str = "streamlearn") -> KafkaTransport:
-    return KafkaTransport(bootstrap, topics["instances_topic"], topics["feedback_topic"],
-                          topics["decisions_topic"], topics["dead_letter_topic"], group_id=group,
-                          request_timeout_s=30)
+#: ``kafka.client`` values; a test parametrized over them runs on both client libraries
+#: (confluent is skipped where confluent-kafka is not installed).
+CLIENTS = [pytest.param("kafka-python"),
+           pytest.param("confluent", marks=pytest.mark.skipif(
+               importlib.util.find_spec("confluent_kafka") is None,
+               reason="confluent-kafka is not installed (the 'confluent' extra)"))]
+
+
+def transport(bootstrap: str, topics: dict[str, str], group: str = "streamlearn",
+              client: str = "kafka-python") -> Transport:
+    return transport_class(client)(bootstrap, topics["instances_topic"], topics["feedback_topic"],
+                                   topics["decisions_topic"], topics["dead_letter_topic"],
+                                   group_id=group, request_timeout_s=30)
 
 
 def producer(bootstrap: str, **kw: Any) -> KafkaProducer:

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import pytest
 from daemon_harness import (
+    CLIENTS,
     Caller,
     make_topics,
     producer,
@@ -35,14 +36,15 @@ N = 20_000
 RATE = 1_000  # instances per second, so the outage falls in the middle of the stream
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 def test_daemon_survives_a_broker_outage(kafka_bootstrap: str, kafka_control: Any,
-                                         tmp_path: Path) -> None:
+                                         tmp_path: Path, client: str) -> None:
     X, y = synthetic_stream(N, noise=0.05, seed=4)
     topics = make_topics(kafka_bootstrap)
     settings = DaemonSettings(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_events=2_000,
                               checkpoint_every_seconds=2.0, join_window_seconds=600.0,
                               flush_timeout_seconds=2.0)
-    daemon = Daemon(settings, transport(kafka_bootstrap, topics),
+    daemon = Daemon(settings, transport(kafka_bootstrap, topics, client=client),
                     Banditron(9, 400, FixedGamma(0.05), seed=2))
     caller = Caller(kafka_bootstrap, topics, y)
     caller.start()
@@ -99,15 +101,17 @@ def test_daemon_survives_a_broker_outage(kafka_bootstrap: str, kafka_control: An
     assert offsets_from_json(read_snapshot(newest)[1]["offsets"]) == daemon.offsets.snapshot()
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 def test_serve_stops_soon_after_sigterm_while_the_broker_is_away(
-        kafka_bootstrap: str, kafka_control: Any, tmp_path: Path) -> None:
+        kafka_bootstrap: str, kafka_control: Any, tmp_path: Path, client: str) -> None:
     """The loop measures its lag from the broker's end offsets and commits after each
     snapshot; while the broker is away those requests must not hold it: a SIGTERM 8 s into
     an outage took 22-31 s to stop ``serve`` when each waited the 30 s request timeout
     (now 5-9 s on the development machine)."""
     X, y = synthetic_stream(200, noise=0.05, seed=6)
     topics = make_topics(kafka_bootstrap)
-    proc = serve_crashable(kafka_bootstrap, topics, tmp_path / "ckpt", tmp_path / "serve.log")
+    proc = serve_crashable(kafka_bootstrap, topics, tmp_path / "ckpt", tmp_path / "serve.log",
+                           "--kafka-client", client)
     try:
         prod = producer(kafka_bootstrap)
         publish_instances(prod, topics["instances_topic"], X, y, range(len(y)))

@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 import pytest
 from daemon_harness import (
+    CLIENTS,
     Caller,
     make_topics,
     read_all,
@@ -40,8 +41,9 @@ RATE = 4_000  # instances per second offered by the caller
 KILLS = 6
 
 
-def serve(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Path) -> subprocess.Popen[bytes]:
-    return serve_crashable(bootstrap, topics, ckpt, log)
+def serve(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Path,
+          client: str) -> subprocess.Popen[bytes]:
+    return serve_crashable(bootstrap, topics, ckpt, log, "--kafka-client", client)
 
 
 def committed_everything(bootstrap: str, topics: dict[str, str]) -> bool:
@@ -73,7 +75,9 @@ def drain_and_stop(proc: subprocess.Popen[bytes], caller: Caller, bootstrap: str
     return code
 
 
-def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("client", CLIENTS)
+def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path: Path,
+                                                 client: str) -> None:
     X, y = synthetic_stream(N, noise=0.05, seed=8)
     topics = make_topics(kafka_bootstrap)
     ckpt, log = tmp_path / "ckpt", tmp_path / "serve.log"
@@ -82,7 +86,7 @@ def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path:
 
     publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
     rng = np.random.default_rng(20261130)
-    proc = serve(kafka_bootstrap, topics, ckpt, log)
+    proc = serve(kafka_bootstrap, topics, ckpt, log, client)
     kill_log = []
     marks = np.sort(rng.uniform(0.05, 0.9, size=KILLS)) * N  # spread over the whole stream
     for mark in marks:
@@ -97,7 +101,7 @@ def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         kill_log.append(len(caller.first))
-        proc = serve(kafka_bootstrap, topics, ckpt, log)
+        proc = serve(kafka_bootstrap, topics, ckpt, log, client)
     publisher.join(120)
     code = drain_and_stop(proc, caller, kafka_bootstrap, topics, N, log)
     assert code == 0, log.read_text()[-3000:]

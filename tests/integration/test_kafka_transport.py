@@ -1,4 +1,6 @@
-"""KafkaTransport against a real Kafka 4.x broker (started by conftest.py)."""
+"""The Kafka transports against a real Kafka 4.x broker (started by conftest.py): every test
+taking ``make_transport`` runs on kafka-python's KafkaTransport and on librdkafka's
+ConfluentTransport (``kafka.client``)."""
 
 from __future__ import annotations
 
@@ -11,15 +13,24 @@ import pytest
 from transport_contract import CHECKS
 
 from streamlearn.errors import TransportError
+from streamlearn.stream.confluent import ConfluentTransport
 from streamlearn.stream.kafka import FETCH_MAX_WAIT_MS, KafkaTransport, ensure_topics
-from streamlearn.stream.kafka_shared import SharedKafkaClients
+from streamlearn.stream.kafka_clients import CLIENTS, shared_clients_class, transport_class
 from streamlearn.stream.transport import Message, Transport
 
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 3
 
-Factory = Callable[..., KafkaTransport]
+Factory = Callable[..., KafkaTransport | ConfluentTransport]
+
+
+@pytest.fixture(params=list(CLIENTS))
+def client(request: pytest.FixtureRequest) -> str:
+    """The client library under test (``kafka.client``)."""
+    if request.param == "confluent":
+        pytest.importorskip("confluent_kafka")
+    return str(request.param)
 
 
 @pytest.fixture
@@ -38,11 +49,11 @@ def topics(kafka_bootstrap: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def make_transport(kafka_bootstrap: str, topics: dict[str, str]) -> Iterator[Factory]:
-    opened: list[KafkaTransport] = []
+def make_transport(kafka_bootstrap: str, topics: dict[str, str], client: str) -> Iterator[Factory]:
+    opened: list[KafkaTransport | ConfluentTransport] = []
 
-    def make(group_id: str = "g", **kwargs: Any) -> KafkaTransport:
-        transport = open_transport(kafka_bootstrap, topics, group_id, **kwargs)
+    def make(group_id: str = "g", **kwargs: Any) -> KafkaTransport | ConfluentTransport:
+        transport = open_transport(kafka_bootstrap, topics, group_id, client=client, **kwargs)
         opened.append(transport)
         return transport
 
@@ -52,16 +63,17 @@ def make_transport(kafka_bootstrap: str, topics: dict[str, str]) -> Iterator[Fac
 
 
 @pytest.fixture
-def make_shared_transport(kafka_bootstrap: str, topics: dict[str, str]) -> Iterator[Factory]:
-    """Transports over one SharedKafkaClients per group (as a replica's partition daemons)."""
-    clients: dict[str, SharedKafkaClients] = {}
-    opened: list[KafkaTransport] = []
+def make_shared_transport(kafka_bootstrap: str, topics: dict[str, str],
+                          client: str) -> Iterator[Factory]:
+    """Transports over one set of shared clients per group (as a replica's partition daemons)."""
+    clients: dict[str, Any] = {}
+    opened: list[KafkaTransport | ConfluentTransport] = []
 
-    def make(group_id: str = "g", **kwargs: Any) -> KafkaTransport:
+    def make(group_id: str = "g", **kwargs: Any) -> KafkaTransport | ConfluentTransport:
         if group_id not in clients:
-            clients[group_id] = SharedKafkaClients(kafka_bootstrap, group_id)
-        transport = open_transport(kafka_bootstrap, topics, group_id, shared=clients[group_id],
-                                   **kwargs)
+            clients[group_id] = shared_clients_class(client)(kafka_bootstrap, group_id)
+        transport = open_transport(kafka_bootstrap, topics, group_id, client=client,
+                                   shared=clients[group_id], **kwargs)
         opened.append(transport)
         return transport
 
@@ -111,8 +123,9 @@ def test_transport_contract(check: Callable[[Any], None], clients: str, kafka_bo
         harness.producer.close()
 
 
-def open_transport(bootstrap: str, topics: dict[str, str], group_id: str, **kwargs: Any) -> KafkaTransport:
-    return KafkaTransport(
+def open_transport(bootstrap: str, topics: dict[str, str], group_id: str,
+                   client: str = "kafka-python", **kwargs: Any) -> Any:
+    return transport_class(client)(
         bootstrap,
         topics["instances_topic"],
         topics["feedback_topic"],
@@ -127,7 +140,7 @@ def values(messages: list[Message]) -> list[bytes]:
     return sorted(m.value for m in messages if m.value is not None)
 
 
-def poll_until(transport: KafkaTransport, count: int, timeout_s: float = 30.0) -> list[Message]:
+def poll_until(transport: Transport, count: int, timeout_s: float = 30.0) -> list[Message]:
     got: list[Message] = []
     deadline = time.monotonic() + timeout_s
     while len(got) < count and time.monotonic() < deadline:
@@ -135,12 +148,13 @@ def poll_until(transport: KafkaTransport, count: int, timeout_s: float = 30.0) -
     return got
 
 
-def produce_keyed(transport: KafkaTransport, topic: str, values: range, prefix: str) -> None:
+def produce_keyed(transport: Transport, topic: str, values: range, prefix: str) -> None:
     for i in values:
         transport.produce(topic, f"event-{i}".encode(), f"{prefix}{i}".encode())
     transport.flush(30.0)
 
 
+@pytest.mark.parametrize("client", ["kafka-python"])
 def test_producer_is_idempotent_and_options_cannot_weaken_it(
     kafka_bootstrap: str, topics: dict[str, str], make_transport: Factory
 ) -> None:
@@ -152,6 +166,7 @@ def test_producer_is_idempotent_and_options_cannot_weaken_it(
         open_transport(kafka_bootstrap, topics, "g", client_options={"enable_idempotence": False})
 
 
+@pytest.mark.parametrize("client", ["kafka-python"])
 def test_consumer_does_not_hold_a_fetch_for_the_idle_topic_long(make_transport: Factory) -> None:
     """kafka-python keeps one fetch in flight per broker, without the partitions whose records
     are still buffered: at its default 500 ms wait, an idle feedback topic's fetch held up the
@@ -160,16 +175,18 @@ def test_consumer_does_not_hold_a_fetch_for_the_idle_topic_long(make_transport: 
     assert t._consumer.config["fetch_max_wait_ms"] == FETCH_MAX_WAIT_MS <= 100
 
 
-def test_unknown_topic_is_a_clear_error(kafka_bootstrap: str) -> None:
+def test_unknown_topic_is_a_clear_error(kafka_bootstrap: str, client: str) -> None:
+    options = ({"allow_auto_create_topics": False} if client == "kafka-python"
+               else {"allow.auto.create.topics": False})
     with pytest.raises(TransportError, match="not found"):
-        KafkaTransport(
+        transport_class(client)(
             kafka_bootstrap,
             "no-such-instances",
             "no-such-feedback",
             "d",
             "dl",
             group_id="g",
-            client_options={"allow_auto_create_topics": False},
+            client_options=options,
             request_timeout_s=2.0,
         )
 
@@ -235,7 +252,7 @@ def test_transports_sharing_clients_read_only_their_partitions(
     with pytest.raises(TransportError, match="read by another transport"):
         make_shared_transport(group_id="replica", partitions=[1])
 
-    def read(transport: KafkaTransport, count: int) -> list[bytes]:
+    def read(transport: Transport, count: int) -> list[bytes]:
         got = [m.value or b"" for m in poll_until(transport, count, timeout_s=30.0)]
         assert {m.split(b":")[0] for m in got} <= {str(transport_partition(transport)).encode()}
         return got
@@ -250,6 +267,44 @@ def test_transports_sharing_clients_read_only_their_partitions(
     assert read(second, 40) == [f"1:{i}".encode() for i in range(40)]
 
 
-def transport_partition(transport: KafkaTransport) -> int:
+def transport_partition(transport: Transport) -> int:
     (p,) = {p for _, p in transport.assignment()}
     return p
+
+
+def test_poll_returns_as_soon_as_input_is_there(make_transport: Factory) -> None:
+    """A poll with a long timeout returns the first records when they arrive, not when
+    ``max_records`` are there or the timeout is over (librdkafka's ``consume`` alone would
+    wait for either)."""
+    t = make_transport(group_id="prompt")
+    assert poll_until(t, 0) == []  # assigned; nothing written yet
+    produce_keyed(t, t.instances_topic, range(3), "p")
+    started = time.monotonic()
+    got: list[Message] = []
+    while len(got) < 3 and time.monotonic() - started < 20.0:
+        got.extend(t.poll(500, 5.0))
+    assert len(got) == 3
+    assert time.monotonic() - started < 4.0
+
+
+@pytest.mark.parametrize("client", ["confluent"])
+def test_confluent_options_cannot_weaken_the_producer_or_commit_for_us(
+        kafka_bootstrap: str, topics: dict[str, str], client: str) -> None:
+    for option in ({"enable.idempotence": False}, {"enable.auto.commit": True},
+                   {"acks": "1"}, {"message.timeout.ms": 1000}):
+        with pytest.raises(TransportError, match="may not set"):
+            open_transport(kafka_bootstrap, topics, "g", client=client, client_options=option)
+    with pytest.raises(TransportError, match="unknown client option"):
+        open_transport(kafka_bootstrap, topics, "g", client=client,
+                       client_options={"fetch_max_wait_ms": 5})
+
+
+@pytest.mark.parametrize("client", ["kafka-python"])
+def test_the_latency_settings_reach_the_clients(make_transport: Factory) -> None:
+    """kafka.linger_seconds, fetch_wait_seconds and fetch_min_bytes (ClientTuning)."""
+    from streamlearn.stream.transport import ClientTuning
+
+    t = make_transport(tuning=ClientTuning(linger_s=0.002, fetch_wait_s=0.01, fetch_min_bytes=512))
+    assert t._consumer.config["fetch_max_wait_ms"] == 10
+    assert t._consumer.config["fetch_min_bytes"] == 512
+    assert t._producer.config["linger_ms"] == 2

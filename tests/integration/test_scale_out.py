@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
-from daemon_harness import REPO, Caller, make_topics, read_all, start_publisher, wait_until
+from daemon_harness import CLIENTS, REPO, Caller, make_topics, read_all, start_publisher, wait_until
 from kafka import KafkaConsumer, TopicPartition
 
 from streamlearn.datasets.synthetic import synthetic_stream
@@ -46,7 +46,7 @@ SYNC_S = 0.5
 
 
 def replica(bootstrap: str, topics: dict[str, str], group: str, name: str, state: Path,
-            log: Path) -> subprocess.Popen[bytes]:
+            log: Path, client: str = "kafka-python") -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
             "--topics-instances", topics["instances_topic"],
             "--topics-feedback", topics["feedback_topic"],
@@ -58,7 +58,8 @@ def replica(bootstrap: str, topics: dict[str, str], group: str, name: str, state
             "--checkpoint-every-seconds", "2", "--metrics-port", "-1",
             "--progress-seconds", "0", "--learner", "banditron", "--exploration", "fixed",
             "--gamma", "0.05", "--seed", "5", "--join-window-seconds", "3600",
-            "--topics-models", f"models-{group}", "--sync-every-seconds", str(SYNC_S)]
+            "--topics-models", f"models-{group}", "--sync-every-seconds", str(SYNC_S),
+            "--kafka-client", client]
     with open(log, "ab") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -76,8 +77,9 @@ def committed(bootstrap: str, topics: dict[str, str], group: str) -> bool:
         consumer.close()
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, tmp_path: Path, client: str) -> None:
     X, y = synthetic_stream(N, noise=0.05, seed=12)
     topics = make_topics(kafka_bootstrap, partitions=PARTITIONS)
     group, state = f"scale-{uuid.uuid4().hex[:6]}", tmp_path / "state"
@@ -85,7 +87,7 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
     logs = {name: tmp_path / f"{name}.log" for name in ("r1", "r2", "r3", "r4")}
     caller = Caller(kafka_bootstrap, topics, y, delay_mean_s=0.3)
     caller.start()
-    procs = {name: replica(kafka_bootstrap, topics, group, name, state, logs[name])
+    procs = {name: replica(kafka_bootstrap, topics, group, name, state, logs[name], client)
              for name in ("r1", "r2", "r3")}
 
     def tails() -> str:
@@ -101,7 +103,7 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
         procs["r2"].wait(30)
         killed_at = len(caller.first)
         wait_until(lambda: len(caller.first) >= 0.6 * N, 180, "the stream to go on", tails)
-        procs["r4"] = replica(kafka_bootstrap, topics, group, "r4", state, logs["r4"])
+        procs["r4"] = replica(kafka_bootstrap, topics, group, "r4", state, logs["r4"], client)
         added_at = len(caller.first)
         publisher.join(120)
         wait_until(lambda: len(caller.first) == N, 300, "a decision for every id",

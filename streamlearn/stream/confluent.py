@@ -1,0 +1,622 @@
+"""The Kafka transport on librdkafka (``confluent-kafka``): ``kafka.client = confluent``.
+
+The same :class:`~streamlearn.stream.transport.Transport` as
+:class:`~streamlearn.stream.kafka.KafkaTransport`, with the same guarantees:
+the consumer is *assigned* the input partitions (positions exist at once, a
+``seek`` right after construction is exact), offsets are committed only when
+the caller commits, and the producer is idempotent with ``acks=all``.
+librdkafka decodes the protocol, batches and retries in C threads of its own,
+so the serving loop's thread spends its time on the events, not on the client.
+
+How librdkafka's behaviour is mapped onto the contract:
+
+- ``poll``: librdkafka's ``consume(n, timeout)`` waits for *n* messages or the
+  whole timeout, so a poll takes what is queued without waiting, and only when
+  nothing is waits for the first message (``poll(timeout)``), then takes what
+  came with it. A poll therefore returns as soon as input is there.
+- Nothing produced is dropped: ``message.timeout.ms = 0`` (no delivery
+  timeout), so librdkafka retries a message until the broker acknowledges it;
+  a delivery that fails anyway (a non-retriable error) is produced again by the
+  next ``flush``, and ``flush`` raises until every message is acknowledged.
+- Commits are librdkafka's asynchronous ones; ``commit(wait=True)`` polls
+  until its commit callback arrives, for at most
+  :data:`~streamlearn.stream.kafka.OFFSETS_TIMEOUT_S`, and keeps what those polls
+  read for the next ``poll`` (librdkafka's synchronous commit waits for the
+  coordinator however long the broker is away). At most one commit not waited
+  for is in flight; closing the consumer, which waits for those, is bounded by
+  :data:`CLOSE_TIMEOUT_S`.
+- ``unread`` is the high watermark of the last fetch response (librdkafka's
+  cached watermarks, no network call) minus the position.
+
+``confluent_kafka`` is imported when a transport is built, so that the package
+is needed only by deployments that choose this client.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from streamlearn.errors import TransportError
+from streamlearn.stream.kafka import OFFSETS_TIMEOUT_S, check_reachable
+from streamlearn.stream.transport import ClientTuning, Message, Offsets, check_offsets
+
+__all__ = ["CLOSE_TIMEOUT_S", "ConfluentTransport", "SharedConfluentClients", "close_consumer",
+           "librdkafka_options", "open_confluent_clients"]
+
+log = logging.getLogger(__name__)
+_LIBRDKAFKA = logging.getLogger("streamlearn.librdkafka")  # librdkafka's own log lines
+
+#: How long closing the consumer may take: librdkafka's close waits for the commits in flight,
+#: which wait for the group coordinator as long as the broker is away (40 s measured); past
+#: this the consumer is left to the process exit.
+CLOSE_TIMEOUT_S = 5.0
+
+Partition = tuple[str, int]
+
+#: kafka-python option names (``KafkaConfig.client_options``) → librdkafka's.
+_OPTION_NAMES = {
+    "security_protocol": "security.protocol",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_plain_username": "sasl.username",
+    "sasl_plain_password": "sasl.password",
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+}
+
+#: librdkafka settings the transport fixes (manual commits, idempotent acks=all producer).
+_OWNED = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit",
+                    "enable.auto.offset.store", "enable.idempotence", "acks",
+                    "message.timeout.ms", "transactional.id", "partitioner"})
+
+#: librdkafka's local queue of prefetched records per partition (its default, 64 MB, holds
+#: about 40,000 events of 1.6 KB per partition in memory before the loop asks for them).
+QUEUED_MAX_KBYTES = 16384
+
+#: How long librdkafka postpones a partition's next fetch once its local queue is full. Its
+#: default (1000 ms) idles the consumer for a second each time the loop falls 16 MB behind:
+#: under a backlog the fetches then come in bursts a second apart.
+FETCH_QUEUE_BACKOFF_MS = 10
+
+
+def librdkafka_options(options: Mapping[str, object]) -> dict[str, str]:
+    """``client_options`` as librdkafka settings: the kafka-python names of
+    ``KafkaConfig.client_options`` are translated, librdkafka's own names pass as they are.
+
+    >>> librdkafka_options({"security_protocol": "SSL", "ssl_cafile": "/ca.pem"})
+    {'security.protocol': 'SSL', 'ssl.ca.location': '/ca.pem'}
+    """
+    out: dict[str, str] = {}
+    for key, value in options.items():
+        name = _OPTION_NAMES.get(key, key)
+        if name in _OWNED:
+            raise TransportError(f"client_options may not set {name!r}: the transport fixes it "
+                                 "(manual commits, idempotent acks=all producer)")
+        if "_" in name:  # a kafka-python name without a librdkafka counterpart here
+            raise TransportError(f"unknown client option {key!r} for the confluent client: "
+                                 f"expected one of {sorted(_OPTION_NAMES)} or a librdkafka "
+                                 "setting (e.g. 'socket.keepalive.enable')")
+        out[name] = str(value)
+    return out
+
+
+def open_confluent_clients(bootstrap_servers: str, group_id: str,
+                           client_options: Mapping[str, object] | None = None,
+                           auto_offset_reset: str = "earliest",
+                           tuning: ClientTuning | None = None,
+                           on_delivery: Any = None, on_commit: Any = None) -> tuple[Any, Any]:
+    """(consumer, idempotent acks=all producer) on librdkafka, as the transport opens them."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    options = librdkafka_options(client_options or {})
+    tuning = tuning or ClientTuning()
+    check_reachable(bootstrap_servers)
+    common = {"bootstrap.servers": bootstrap_servers, "client.id": "streamlearn",
+              "reconnect.backoff.max.ms": 2000, **options}
+    try:
+        consumer = Consumer({
+            "fetch.wait.max.ms": round(tuning.fetch_wait_s * 1000),
+            "fetch.min.bytes": tuning.fetch_min_bytes,
+            "queued.max.messages.kbytes": QUEUED_MAX_KBYTES,
+            "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
+            **common,
+            "group.id": group_id, "enable.auto.commit": False,
+            "enable.auto.offset.store": False, "auto.offset.reset": auto_offset_reset,
+            "enable.partition.eof": False, "error_cb": _log_client_error, "logger": _LIBRDKAFKA,
+            **({} if on_commit is None else {"on_commit": on_commit}),
+        })
+        producer = Producer({
+            "linger.ms": tuning.linger_s * 1000,
+            **common,
+            "enable.idempotence": True, "acks": "all", "message.timeout.ms": 0,
+            "partitioner": "murmur2_random",  # a key's partition as the Java and kafka-python clients pick it
+            "error_cb": _log_client_error, "logger": _LIBRDKAFKA,
+            **({} if on_delivery is None else {"on_delivery": on_delivery}),
+        })
+    except KafkaException as exc:
+        raise TransportError(f"cannot connect to Kafka at {bootstrap_servers}: {exc}") from exc
+    return consumer, producer
+
+
+class _Commits:
+    """The consumer's commits not waited for: how many are in flight (the consumer's commit
+    callback, served by its polls, counts them down; a failure is logged and the next
+    checkpoint commits again)."""
+
+    def __init__(self) -> None:
+        self.made = self.completed = 0  # commits made / completed (they complete in order)
+        self.errors: dict[int, Any] = {}  # the failures of commits waited for, by number
+        self.waited: set[int] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return self.made - self.completed
+
+    def on_commit(self, error: Any, partitions: Any) -> None:
+        self.completed += 1
+        if self.completed in self.waited:  # its caller reports it
+            self.waited.discard(self.completed)
+            if error is not None:
+                self.errors[self.completed] = error
+        elif error is not None:
+            log.warning("committing offsets %s failed (the next checkpoint commits again): %s",
+                        [(p.topic, p.partition, p.offset) for p in partitions or []], error)
+
+
+def _log_client_error(error: Any) -> None:
+    """librdkafka's client-level errors (a broker down, all brokers down): it reconnects by
+    itself; a fatal error (the idempotent producer's state lost) is logged as an error."""
+    (log.error if error.fatal() else log.info)("librdkafka: %s", error)
+
+
+def _message(record: Any) -> Message:
+    return Message(record.topic(), record.partition(), record.offset(), record.key(),
+                   record.value(), record.timestamp()[1])
+
+
+def _consume(consumer: Any, max_records: int, timeout_s: float) -> list[Any]:
+    """Up to ``max_records`` records: what is queued now, else what the first record to arrive
+    within ``timeout_s`` brings (``consume(n, t)`` alone would wait for n or all of t)."""
+    records: list[Any] = consumer.consume(max_records, 0)
+    if not records and timeout_s > 0:
+        first = consumer.poll(timeout_s)
+        if first is not None:
+            records = [first, *consumer.consume(max_records - 1, 0)] if max_records > 1 \
+                else [first]
+    return records
+
+
+def _records(records: list[Any], where: str) -> list[Message]:
+    """The records as messages; an error event is skipped when librdkafka recovers from it by
+    itself (a broker away: the next polls resume) and raised otherwise."""
+    out: list[Message] = []
+    for record in records:
+        error = record.error()
+        if error is None:
+            out.append(_message(record))
+        elif error.retriable() or not error.fatal():
+            log.debug("poll on %s: %s", where, error)
+        else:
+            raise TransportError(f"poll failed on {where}: {error}")
+    return out
+
+
+class ConfluentTransport:
+    """A :class:`Transport` on librdkafka: one assigned consumer, one idempotent producer.
+
+    Parameters are those of :class:`~streamlearn.stream.kafka.KafkaTransport`;
+    ``client_options`` take the names of ``KafkaConfig.client_options`` (translated,
+    see :func:`librdkafka_options`) or librdkafka's own dotted settings, and ``shared``
+    is a :class:`SharedConfluentClients`.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        instances_topic: str,
+        feedback_topic: str,
+        decisions_topic: str,
+        dead_letter_topic: str,
+        group_id: str,
+        client_options: Mapping[str, object] | None = None,
+        partitions: list[int] | None = None,
+        auto_offset_reset: str = "earliest",
+        request_timeout_s: float = 30.0,
+        shared: SharedConfluentClients | None = None,
+        tuning: ClientTuning | None = None,
+    ) -> None:
+        from confluent_kafka import TopicPartition
+
+        self.instances_topic = instances_topic
+        self.feedback_topic = feedback_topic
+        self.decisions_topic = decisions_topic
+        self.dead_letter_topic = dead_letter_topic
+        self.bootstrap_servers = bootstrap_servers
+        self._timeout_s = request_timeout_s
+        self._offsets_timeout_s = min(request_timeout_s, OFFSETS_TIMEOUT_S)
+        self._closed = False
+        self._shared = shared
+        self._assigned: set[Partition] = set()
+        self._tp: dict[Partition, Any] = {}
+        self._sought: dict[Partition, int] = {}  # the last seek's offsets (start positions)
+        self._read: deque[Message] = deque()  # read while waiting for a commit, not polled yet
+        if shared is None:
+            self._deliveries, self._commits = _Deliveries(), _Commits()
+            self._consumer, self._producer = open_confluent_clients(
+                bootstrap_servers, group_id, client_options, auto_offset_reset, tuning,
+                self._deliveries.on_delivery, self._commits.on_commit)
+        else:
+            self._deliveries, self._commits = shared.deliveries, shared.commits
+            self._consumer, self._producer = shared.consumer, shared.producer
+        counts = {t: self._partition_count(t) for t in (instances_topic, feedback_topic)}
+        n_inst, n_feed = counts[instances_topic], counts[feedback_topic]
+        if n_inst != n_feed:
+            self.close()
+            raise TransportError(
+                f"instances and feedback must be co-partitioned: {instances_topic!r} has "
+                f"{n_inst} partitions, {feedback_topic!r} has {n_feed}")
+        chosen = list(range(n_inst)) if partitions is None else sorted(set(partitions))
+        if not chosen or not all(0 <= p < n_inst for p in chosen):
+            self.close()
+            raise TransportError(f"expected partitions within 0..{n_inst - 1}, got {partitions}")
+        self._assigned = {(t, p) for t in (instances_topic, feedback_topic) for p in chosen}
+        self._tp = {tp: TopicPartition(*tp) for tp in sorted(self._assigned)}
+        if shared is None:
+            self._consumer.assign(list(self._tp.values()))
+        else:
+            shared.attach(self._tp)
+        for topic in (decisions_topic, dead_letter_topic):  # output metadata now, not at a send
+            try:
+                self._metadata(topic)
+            except TransportError as exc:
+                self.close()
+                raise TransportError(f"output topic {topic!r} is not available: {exc}") from exc
+
+    def _metadata(self, topic: str) -> int:
+        """The partition count of ``topic`` (0 when the broker does not know it)."""
+        from confluent_kafka import KafkaException
+
+        try:
+            found = self._producer.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
+        except KafkaException as exc:
+            raise TransportError(f"no metadata from {self.bootstrap_servers}: {exc}") from exc
+        if found is None or found.error is not None:
+            return 0
+        return len(found.partitions)
+
+    def _partition_count(self, topic: str) -> int:
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                count = self._metadata(topic)
+            except TransportError:
+                count = 0
+            if count:
+                return count
+            if time.monotonic() > deadline:
+                self.close()
+                raise TransportError(
+                    f"topic {topic!r} not found on {self.bootstrap_servers} within "
+                    f"{self._timeout_s} s; create it (streamlearn.stream.transport.ensure_topics)")
+            time.sleep(0.2)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TransportError("the transport is closed")
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Message]:
+        """Up to ``max_records`` as soon as there are any, waiting at most ``timeout_s``;
+        while the broker is away this returns ``[]``."""
+        self._check_open()
+        if self._shared is not None:
+            return self._shared.take(self._tp, max_records, timeout_s)
+        if self._read:  # read while a commit was waited for
+            return [self._read.popleft() for _ in range(min(max_records, len(self._read)))]
+        records = _consume(self._consumer, max_records, timeout_s)
+        self._producer.poll(0)  # delivery reports, without waiting
+        return _records(records, self.bootstrap_servers)
+
+    def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        """Queue one message; librdkafka retries it until the broker acknowledges it."""
+        self.produce_many(topic, [key], [value])
+
+    def produce_many(self, topic: str, keys: Sequence[bytes | None], values: Sequence[bytes]) -> None:
+        """Queue several messages in order (see ``Transport.produce_many``)."""
+        self._check_open()
+        produce = self._producer.produce
+        for n, (key, value) in enumerate(zip(keys, values, strict=True)):
+            try:
+                produce(topic, value, key)
+            except BufferError:  # the local queue is full: let deliveries drain it, once
+                self._producer.poll(0.5)
+                try:
+                    produce(topic, value, key)
+                except (BufferError, Exception) as exc:
+                    error = TransportError(f"could not queue a message for {topic}: {exc!r}")
+                    error.queued = n  # type: ignore[attr-defined]
+                    raise error from exc
+            except Exception as exc:  # KafkaException: e.g. an unknown topic
+                error = TransportError(f"could not queue a message for {topic}: {exc!r}")
+                error.queued = n  # type: ignore[attr-defined]
+                raise error from exc
+        self._deliveries.queued += len(values)
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait until every produced message is acknowledged, else raise TransportError.
+
+        A message whose delivery failed is produced again; nothing is dropped."""
+        self._check_open()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for topic, key, value in self._deliveries.take_failed():
+                self._producer.produce(topic, value, key)
+                self._deliveries.queued += 1
+            in_flight = self._producer.flush(max(deadline - time.monotonic(), 0.0))
+            if in_flight == 0 and not self._deliveries.failed:
+                return
+            if time.monotonic() >= deadline:
+                raise TransportError(
+                    f"{in_flight + len(self._deliveries.failed)} produced messages not "
+                    f"acknowledged by {self.bootstrap_servers} within {timeout_s} s; they are "
+                    "kept and retried by the next flush")
+
+    def commit(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = True) -> None:
+        """Commit the next offsets to read: synchronously (bounded by ``OFFSETS_TIMEOUT_S``),
+        or sent now and completed by librdkafka while the loop goes on (a failure logged).
+
+        librdkafka sends the commits of one consumer on one connection to the coordinator,
+        in the order they were made, so the last commit made is the one that stands. At most
+        one commit not waited for is in flight (as with kafka-python): one made while another
+        is waits, so that commits do not pile up while the coordinator is away (closing the
+        consumer waits for every one of them)."""
+        from confluent_kafka import KafkaException, TopicPartition
+
+        self._check_open()
+        check_offsets(offsets, self._assigned, "commit")
+        payload = [TopicPartition(t, p, off) for (t, p), off in offsets.items()]
+        if not wait and self._commits.in_flight:
+            wait = True  # one in flight already: this one waits (see above)
+        try:
+            self._consumer.commit(offsets=payload, asynchronous=True)
+        except KafkaException as exc:
+            raise TransportError(f"commit of {dict(offsets)} failed: {exc}") from exc
+        self._commits.made += 1
+        if not wait:
+            return
+        number = self._commits.made
+        self._commits.waited.add(number)
+        # The commit callback is served by the consumer's polls: poll, keeping what they read
+        # for the next ``poll`` (librdkafka's synchronous commit waits for the coordinator
+        # however long it is away, and holds up polls from other threads meanwhile).
+        deadline = time.monotonic() + self._offsets_timeout_s
+        while self._commits.completed < number:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._commits.waited.discard(number)
+                raise TransportError(f"commit of {dict(offsets)} not acknowledged within "
+                                     f"{self._offsets_timeout_s:g} s")
+            self._read_ahead(min(left, 0.05))
+        error = self._commits.errors.pop(number, None)
+        if error is not None:
+            raise TransportError(f"commit of {dict(offsets)} failed: {error}")
+
+    def _read_ahead(self, timeout_s: float) -> None:
+        """Poll the consumer (serving its callbacks); what it reads is returned by ``poll``."""
+        if self._shared is not None:
+            self._shared.fill(timeout_s)
+        else:
+            self._read.extend(_records(_consume(self._consumer, 500, timeout_s),
+                                       self.bootstrap_servers))
+
+    def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Set the positions the next ``poll`` reads from (records fetched from the old
+        positions are not returned)."""
+        from confluent_kafka import TopicPartition
+
+        self._check_open()
+        check_offsets(offsets, self._assigned, "seek")
+        targets = [TopicPartition(t, p, off) for (t, p), off in offsets.items()]
+        if not targets:
+            return
+        # Re-assigning a partition at an offset is exact in every fetch state; seek() refuses
+        # a partition whose fetcher has not started yet (right after assign).
+        self._consumer.incremental_unassign([TopicPartition(t, p) for (t, p) in offsets])
+        self._consumer.incremental_assign(targets)
+        self._sought.update(offsets)
+        if self._read:  # read from the old positions
+            self._read = deque(m for m in self._read if (m.topic, m.partition) not in offsets)
+        if self._shared is not None:
+            self._shared.forget_buffered(offsets)
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """The assigned input partitions."""
+        return set(self._assigned)
+
+    def committed(self) -> Offsets:
+        """Committed offsets of the group for the assigned partitions that have one."""
+        from confluent_kafka import KafkaException
+
+        self._check_open()
+        try:
+            found = self._consumer.committed(list(self._tp.values()), timeout=self._timeout_s)
+        except KafkaException as exc:
+            raise TransportError(f"could not read committed offsets: {exc}") from exc
+        return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
+
+    def end_offsets(self) -> Offsets:
+        """Log-end offsets of the assigned partitions (within ``OFFSETS_TIMEOUT_S`` in all)."""
+        from confluent_kafka import KafkaException
+
+        self._check_open()
+        deadline = time.monotonic() + self._offsets_timeout_s
+        ends: Offsets = {}
+        try:
+            for tp, confluent_tp in self._tp.items():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TransportError(f"end offsets not read within {self._offsets_timeout_s:g} s")
+                ends[tp] = int(self._consumer.get_watermark_offsets(
+                    confluent_tp, timeout=left, cached=False)[1])
+        except KafkaException as exc:
+            raise TransportError(f"could not read end offsets: {exc}") from exc
+        return ends
+
+    def unread(self) -> dict[tuple[str, int], int | None]:
+        """High watermark of the last fetch response minus the position, per partition
+        (librdkafka's cached values: no network call); ``None`` before they are known."""
+        from confluent_kafka import KafkaException
+
+        positions = {(tp.topic, tp.partition): tp.offset
+                     for tp in self._consumer.position(list(self._tp.values()))}
+        out: dict[tuple[str, int], int | None] = {}
+        for tp, confluent_tp in self._tp.items():
+            try:
+                low, high = self._consumer.get_watermark_offsets(confluent_tp, cached=True)
+            except KafkaException:  # not known yet (no fetch response): say so
+                low = high = -1
+            position = positions.get(tp, -1)
+            if position < 0:  # nothing read since the assignment: where reading starts
+                position = self._sought.get(tp, low if low == high else -1)
+            if high < 0 or position < 0:
+                out[tp] = None
+                continue
+            lag = max(0, high - position)
+            if self._shared is not None:
+                lag += self._shared.buffered(tp)
+            elif self._read:
+                lag += sum(1 for m in self._read if (m.topic, m.partition) == tp)
+            out[tp] = lag
+        return out
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Flush (best effort), then close the consumer without committing."""
+        if self._closed:
+            return
+        try:
+            if hasattr(self, "_producer"):
+                self.flush(timeout_s)
+        except TransportError:
+            pass  # the error says how many messages are not acknowledged; close anyway
+        self._closed = True
+        if self._shared is not None:  # the clients stay open for the other transports
+            self._shared.detach(self._tp)
+            return
+        close_consumer(self._consumer)
+
+
+def close_consumer(consumer: Any, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+    """Close ``consumer`` (it commits nothing: auto-commit is off), waiting at most
+    ``timeout_s``; a close still waiting for the coordinator then goes on in the background."""
+    closer = threading.Thread(target=consumer.close, name="streamlearn-consumer-close",
+                              daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        log.warning("closing the Kafka consumer did not finish within %g s (commits in flight "
+                    "wait for the group coordinator): left to the process exit", timeout_s)
+
+
+class _Deliveries:
+    """The producer's delivery reports: failed messages are kept to be produced again."""
+
+    def __init__(self) -> None:
+        self.failed: deque[tuple[str, bytes | None, bytes]] = deque()
+        self.queued = 0
+
+    def on_delivery(self, error: Any, record: Any) -> None:
+        if error is not None:
+            log.warning("delivery to %s failed, producing it again: %s", record.topic(), error)
+            self.failed.append((record.topic(), record.key(), record.value()))
+
+    def take_failed(self) -> list[tuple[str, bytes | None, bytes]]:
+        taken = list(self.failed)
+        self.failed.clear()
+        return taken
+
+
+class SharedConfluentClients:
+    """One librdkafka consumer and producer for the partition transports of a replica.
+
+    The counterpart of :class:`~streamlearn.stream.kafka_shared.SharedKafkaClients`, with
+    the same invariants (see that module): records of a partition are handed out in offset
+    order to the transport that attached it; a seek drops its buffered records; attaching or
+    detaching partitions leaves the others' positions where they are (librdkafka's
+    incremental assignment).
+    """
+
+    def __init__(self, bootstrap_servers: str, group_id: str,
+                 client_options: Mapping[str, object] | None = None,
+                 auto_offset_reset: str = "earliest", fetch_max_records: int = 2000,
+                 tuning: ClientTuning | None = None) -> None:
+        self.deliveries, self.commits = _Deliveries(), _Commits()
+        self.consumer, self.producer = open_confluent_clients(
+            bootstrap_servers, group_id, client_options, auto_offset_reset, tuning,
+            self.deliveries.on_delivery, self.commits.on_commit)
+        self.bootstrap_servers = bootstrap_servers
+        self.fetch_max_records = fetch_max_records
+        self._assigned: dict[Partition, Any] = {}
+        self._buffers: dict[Partition, deque[Message]] = {}
+        self._closed = False
+
+    def attach(self, partitions: Mapping[Partition, Any]) -> None:
+        """Add a transport's partitions to the consumer's assignment."""
+        taken = sorted(set(partitions) & set(self._assigned))
+        if taken:
+            raise TransportError(f"partitions {taken} are read by another transport already")
+        self._assigned.update(partitions)
+        self._buffers.update({tp: deque() for tp in partitions})
+        self.consumer.incremental_assign(list(partitions.values()))
+
+    def detach(self, partitions: Iterable[Partition]) -> None:
+        """Remove a (closing) transport's partitions and their buffered records."""
+        gone = [self._assigned.pop(tp) for tp in list(partitions) if tp in self._assigned]
+        for tp in gone:
+            self._buffers.pop((tp.topic, tp.partition), None)
+        if gone and not self._closed:
+            self.consumer.incremental_unassign(gone)
+
+    def forget_buffered(self, partitions: Iterable[Partition]) -> None:
+        for tp in partitions:
+            if tp in self._buffers:
+                self._buffers[tp].clear()
+
+    def buffered(self, partition: Partition) -> int:
+        """Records of ``partition`` fetched but not yet taken."""
+        buffer = self._buffers.get(partition)
+        return 0 if buffer is None else len(buffer)
+
+    def take(self, partitions: Iterable[Partition], max_records: int,
+             timeout_s: float) -> list[Message]:
+        """Up to ``max_records`` buffered records of ``partitions`` (a consume of at most
+        ``timeout_s`` first when none is buffered)."""
+        mine = [self._buffers[tp] for tp in partitions if tp in self._buffers]
+        if not any(mine):
+            self.fill(timeout_s)
+        out: list[Message] = []
+        for buffer in mine:
+            while buffer and len(out) < max_records:
+                out.append(buffer.popleft())
+        return out
+
+    def fill(self, timeout_s: float) -> None:
+        """Buffer what one consume of at most ``timeout_s`` reads (serving the callbacks)."""
+        records = _records(_consume(self.consumer, self.fetch_max_records, timeout_s),
+                           self.bootstrap_servers)
+        self.producer.poll(0)
+        for m in records:
+            buffer = self._buffers.get((m.topic, m.partition))
+            if buffer is not None:  # a partition detached meanwhile: not ours to keep
+                buffer.append(m)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Close both clients (after the transports: their ``close`` flushes)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.producer.flush(timeout_s)
+        close_consumer(self.consumer)

@@ -1,0 +1,78 @@
+"""Choosing the Kafka client library (``kafka.client``) and its latency settings."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+from streamlearn.config import load_config
+from streamlearn.errors import ConfigError, TransportError
+from streamlearn.stream import kafka_clients
+from streamlearn.stream.confluent import ConfluentTransport, SharedConfluentClients, librdkafka_options
+from streamlearn.stream.kafka import FETCH_MAX_WAIT_MS, KafkaTransport
+from streamlearn.stream.kafka_shared import SharedKafkaClients
+from streamlearn.stream.transport import ClientTuning
+
+
+def test_the_client_and_its_settings_come_from_file_env_and_flags() -> None:
+    cfg = load_config(environ={"STREAMLEARN_KAFKA_CLIENT": "confluent",
+                               "STREAMLEARN_KAFKA_LINGER_SECONDS": "0.002"},
+                      cli={"kafka.fetch_min_bytes": "4096"})
+    assert cfg.kafka.client == "confluent"
+    assert cfg.kafka.tuning() == ClientTuning(linger_s=0.002, fetch_wait_s=0.05,
+                                              fetch_min_bytes=4096)
+    assert load_config(environ={}).kafka.client == "kafka-python"  # the default
+    with pytest.raises(ConfigError, match=r"kafka\.client"):
+        load_config(environ={"STREAMLEARN_KAFKA_CLIENT": "librdkafka"})
+
+
+def test_default_tuning_is_the_one_kafka_python_had() -> None:
+    """The defaults keep kafka-python's clients exactly as they were configured before the
+    settings existed (5 ms linger, 50 ms fetch wait, answer fetches at once)."""
+    assert ClientTuning() == ClientTuning(0.005, 0.05, 1)
+    assert FETCH_MAX_WAIT_MS == 50
+
+
+def test_each_client_names_its_transport_and_shared_clients() -> None:
+    assert kafka_clients.transport_class("kafka-python") is KafkaTransport
+    assert kafka_clients.shared_clients_class("kafka-python") is SharedKafkaClients
+    if importlib.util.find_spec("confluent_kafka") is not None:
+        assert kafka_clients.transport_class("confluent") is ConfluentTransport
+        assert kafka_clients.shared_clients_class("confluent") is SharedConfluentClients
+
+
+def test_confluent_without_its_package_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "confluent_kafka" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(ConfigError, match=r"pip install 'streamlearn\[confluent\]'"):
+        kafka_clients.transport_class("confluent")
+
+
+def test_security_options_are_translated_for_librdkafka() -> None:
+    options = load_config(environ={"STREAMLEARN_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                                   "STREAMLEARN_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+                                   "STREAMLEARN_KAFKA_SASL_USERNAME": "u",
+                                   "STREAMLEARN_KAFKA_SASL_PASSWORD": "p"}).kafka.client_options()
+    assert librdkafka_options(options) == {"security.protocol": "SASL_SSL",
+                                           "sasl.mechanism": "SCRAM-SHA-512",
+                                           "sasl.username": "u", "sasl.password": "p"}
+    assert librdkafka_options({"socket.keepalive.enable": True}) == {
+        "socket.keepalive.enable": "True"}
+
+
+@pytest.mark.parametrize("option", ["enable.idempotence", "acks", "message.timeout.ms",
+                                    "enable.auto.commit", "group.id", "partitioner"])
+def test_librdkafka_options_cannot_weaken_the_guarantees(option: str) -> None:
+    with pytest.raises(TransportError, match="may not set"):
+        librdkafka_options({option: "x"})
+
+
+def test_an_unknown_kafka_python_name_is_refused_for_librdkafka() -> None:
+    with pytest.raises(TransportError, match="unknown client option 'fetch_max_wait_ms'"):
+        librdkafka_options({"fetch_max_wait_ms": 5})
