@@ -5,7 +5,7 @@
 
 Every system plays the same stream (same requests, same candidate order, same
 rewards). streamlearn learners run through
-:func:`streamlearn.candidates.replay.replay_candidates` at micro-batch
+:func:`streamlearn.replay.candidates.replay_candidates` at micro-batch
 ``--batch-size`` (their defaults; timed: the whole decide → learn loop, joint
 features included); VW runs as in :mod:`simulators.peers_adf` (timed: predict +
 learn only, text built outside the timer). Printed per system: requests/s, online
@@ -23,10 +23,9 @@ from typing import Any
 import orjson
 
 from simulators.peers_adf import adf_explorers, adf_lines, baselines, run_vw_adf
-from streamlearn.candidates.command import CANDIDATE_LEARNERS
-from streamlearn.candidates.learners import CandidateLearner
-from streamlearn.candidates.replay import replay_candidates
+from streamlearn.candidates.learners import CANDIDATE_LEARNERS, CandidateLearner
 from streamlearn.datasets.candidates import CandidateStream, load_candidate_stream
+from streamlearn.replay.candidates import replay_candidates
 
 LEARNERS = {f"streamlearn-cand-{name}": cls for name, cls in CANDIDATE_LEARNERS.items()}
 

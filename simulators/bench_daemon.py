@@ -8,7 +8,7 @@ Three measurements, each on fresh topics (2 partitions):
    consumer has here; and a **bare relay** that also produces one small reply
    per event (what the daemon must do at least: it publishes one decision per
    event). Both consume with the daemon's consumer settings
-   (``streamlearn.stream.kafka.FETCH_MAX_WAIT_MS``) and run with its
+   (``streamlearn.transport.kafka.FETCH_MAX_WAIT_MS``) and run with its
    collector thresholds (``streamlearn.service.settings.DAEMON_GC_THRESHOLDS``); with kafka-python's
    default 500 ms the relay ran at ~23k or ~37k events/s from one run to the
    next, depending on whether one partition ran dry before the other.
@@ -116,7 +116,7 @@ def producer(bootstrap: str) -> Any:
 def consumer_for(bootstrap: str, topic: str) -> Any:
     from kafka import KafkaConsumer, TopicPartition
 
-    from streamlearn.stream.kafka import FETCH_MAX_WAIT_MS
+    from streamlearn.transport.kafka import FETCH_MAX_WAIT_MS
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                       fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
@@ -179,7 +179,7 @@ def bare_confluent_rate(bootstrap: str, topic: str, n: int, decode: Callable[[An
     from confluent_kafka import TopicPartition
 
     from streamlearn.service.settings import DAEMON_GC_THRESHOLDS
-    from streamlearn.stream.confluent import open_confluent_clients
+    from streamlearn.transport.confluent import open_confluent_clients
 
     c, prod = open_confluent_clients(bootstrap, f"bench-relay-{uuid.uuid4().hex[:8]}")
     parts = c.list_topics(topic, timeout=30).topics[topic].partitions
@@ -351,7 +351,7 @@ def in_memory_rate(load: Workload, blas_threads: int) -> float:
     from streamlearn.learners.banditron import Banditron
     from streamlearn.learners.exploration import FixedGamma
     from streamlearn.service.daemon import Daemon, DaemonSettings
-    from streamlearn.stream.memory import InMemoryTransport
+    from streamlearn.transport.memory import InMemoryTransport
 
     transport = InMemoryTransport(partitions=2)
     for key, value in zip(load.keys, load.values, strict=True):

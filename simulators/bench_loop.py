@@ -23,7 +23,7 @@ With ``--candidates N`` the same three rates are measured in candidate mode:
 requests of N candidates with d_c = 45 dense features each (the shape of the
 OHSUMED candidate stream), one reward per request; the bare relay decodes each
 request's candidates into one (N, 45) array and encodes a decision naming one
-candidate; the loop is ``CandidateDaemon.step`` with LinUCB, one slot.
+candidate; the loop is the daemon's ``step`` in candidate mode with LinUCB, one slot.
 
 Usage::
 
@@ -111,21 +111,20 @@ def candidate_bare_relay(messages: list[tuple[str, bytes, bytes, int]]) -> float
 
 
 def candidate_loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
-    """Requests/s of ``CandidateDaemon.step`` over the whole stream."""
+    """Requests/s of the daemon's ``step`` in candidate mode over the whole stream."""
     from streamlearn.candidates.learners import CandidateLinUCB
-    from streamlearn.service.candidate_daemon import CandidateDaemon
-    from streamlearn.service.daemon import DaemonSettings
+    from streamlearn.service.daemon import Daemon, DaemonSettings
 
     settings = DaemonSettings(candidates_enabled=True, candidates_shared_features=0,
                               candidates_candidate_features=D_C, learner_n_actions=2,
                               learner_n_features=2 * D_C, limits_poll_timeout_seconds=0.0,
                               join_window_seconds=1e9)
-    return _drained_rate(CandidateDaemon(settings, _in_memory(messages),
+    return _drained_rate(Daemon(settings, _in_memory(messages),
                                          CandidateLinUCB(0, D_C, seed=1)), len(messages))
 
 
 def _in_memory(messages: list[tuple[str, bytes, bytes, int]]) -> Any:
-    from streamlearn.stream.memory import InMemoryTransport
+    from streamlearn.transport.memory import InMemoryTransport
 
     transport = InMemoryTransport(partitions=1)
     for topic, key, value, ts in messages:
@@ -171,7 +170,7 @@ def loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
 def caller_rate(n: int) -> float:
     """Events/s of the embedded default's simulated caller alone: SynNonSep instances
     generated and encoded, one decision per instance read back, its feedback written."""
-    from streamlearn.stream.caller import SimulatedCaller, StreamSource
+    from streamlearn.datasets.caller import SimulatedCaller, StreamSource
 
     caller = SimulatedCaller(StreamSource("synnonsep", seed=1), delay_mean_s=0.0)
     chunk, now = 256, 0.0

@@ -69,7 +69,7 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
               "--topics-decisions", f"d-{tag}", "--topics-dead-letter", f"x-{tag}",
               "--topics-models", f"m-{tag}", "--topics-partitions", str(partitions)]
     state = Path(tempfile.mkdtemp(prefix="sl-scale-"))
-    from streamlearn.stream.caller import StreamSource
+    from streamlearn.datasets.caller import StreamSource
 
     source = StreamSource(args.dataset)
     dims = ["--learner-n-actions", str(source.n_classes),

@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from streamlearn.durability.experience import ExperienceRows
 from streamlearn.retrain.promotion import challenger_alpha, paired_advantage, passes
-from streamlearn.stream.experience import ExperienceRows
 
 K = 10
 LOOKS = 10

@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from streamlearn.durability.experience import read_experience
 from streamlearn.retrain.store import read_ranker_state
-from streamlearn.stream.experience import read_experience
 
 STREAMS: dict[str, list[str]] = {
     "letter": ["--embedded-dataset", "letter"],

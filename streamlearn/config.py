@@ -31,7 +31,7 @@ from typing import Any
 
 from streamlearn.config_fields import FieldSpec, convert, spec
 from streamlearn.errors import ConfigError
-from streamlearn.stream.transport import ClientTuning
+from streamlearn.transport.protocol import ClientTuning
 
 _log = logging.getLogger(__name__)
 

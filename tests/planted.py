@@ -17,8 +17,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from streamlearn.durability.experience import read_experience
 from streamlearn.rankers.base import FitData, Ranker
-from streamlearn.stream.experience import read_experience
 
 
 class CentroidOracle(Ranker):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from streamlearn.durability.experience import ExperienceLog
 from streamlearn.rankers.base import FitData, Ranker
-from streamlearn.stream.experience import ExperienceLog
 
 K, D, EPS = 4, 5, 0.3
 THETA = np.random.default_rng(2024).normal(size=(K, D))

@@ -17,7 +17,7 @@ from typing import Protocol
 import pytest
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.transport import Message, Transport
+from streamlearn.transport.protocol import Message, Transport
 
 
 class Harness(Protocol):

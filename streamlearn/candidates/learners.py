@@ -45,8 +45,8 @@ from streamlearn.learners.base import check_float
 from streamlearn.learners.linear_posterior import woodbury_update
 from streamlearn.learners.oracle import RegressionOracle
 
-__all__ = ["CandidateBanditron", "CandidateEpsilonGreedy", "CandidateLearner", "CandidateLinUCB",
-           "CandidateSquareCB", "Decision", "SlateDecision"]
+__all__ = ["CANDIDATE_LEARNERS", "CandidateBanditron", "CandidateEpsilonGreedy", "CandidateLearner",
+           "CandidateLinUCB", "CandidateSquareCB", "Decision", "SlateDecision"]
 
 
 class Decision:
@@ -357,3 +357,10 @@ class CandidateLinUCB(CandidateLearner):
             self.A_inv_, self.b_ = A_inv, b
         else:
             self.n_skipped_updates_ += len(phi)
+
+
+#: The candidate-set learners by the name ``--learner`` / ``candidates.learner`` take.
+CANDIDATE_LEARNERS: dict[str, type[CandidateLearner]] = {
+    "linucb": CandidateLinUCB, "epsilon-greedy": CandidateEpsilonGreedy,
+    "squarecb": CandidateSquareCB, "banditron": CandidateBanditron,
+}

@@ -37,6 +37,7 @@ import numpy as np
 import orjson
 
 from streamlearn.commands.stream_options import int_at_least, number_in
+from streamlearn.durability.experience import ExperienceRows
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.evaluation.policies import (
     ESTIMATORS,
@@ -57,7 +58,6 @@ from streamlearn.retrain.job import (
     split_in_time,
 )
 from streamlearn.retrain.promotion import deployed_policy
-from streamlearn.stream.experience import ExperienceRows
 
 __all__ = ["add_parser", "parse_segments", "run"]
 

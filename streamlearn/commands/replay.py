@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_dataset_arg(args)
     if args.dataset in CANDIDATE_STREAMS:
-        from streamlearn.candidates.command import replay_candidate_stream
+        from streamlearn.commands.replay_candidates import replay_candidate_stream
 
         return replay_candidate_stream(args)
     if args.slots is not None:

@@ -36,10 +36,11 @@ from streamlearn.commands.progress import ProgressLine, number_or_dash
 from streamlearn.commands.stream_options import integer, number
 from streamlearn.config import Config, env_name, field_specs, flag_name, load_config
 from streamlearn.errors import ConfigError
-from streamlearn.service.http import LagTracker, MetricsServer
+from streamlearn.service.http import MetricsServer
 from streamlearn.service.metrics import PrometheusObserver
 from streamlearn.service.settings import DAEMON_GC_THRESHOLDS
-from streamlearn.stream.transport import Transport
+from streamlearn.transport.lag import LagTracker
+from streamlearn.transport.protocol import Transport
 
 if TYPE_CHECKING:
     from streamlearn.learners.base import Learner
@@ -249,7 +250,7 @@ def build_transport(config: Config, max_instances: int | None = None) -> Transpo
     """The embedded transport without a bootstrap, else Kafka (creating missing topics)."""
     t = config.topics
     if config.embedded_mode:
-        from streamlearn.stream.embedded import EmbeddedTransport
+        from streamlearn.transport.embedded import EmbeddedTransport
 
         e = config.embedded
         return EmbeddedTransport(t.instances, t.feedback, t.decisions, t.dead_letter,
@@ -258,8 +259,8 @@ def build_transport(config: Config, max_instances: int | None = None) -> Transpo
                                  delay_mean_s=e.delay_mean_seconds, drop=e.drop, seed=e.seed,
                                  max_instances=max_instances, drift_at=e.drift_at,
                                  slots=e.slots, fetch=e.fetch)
-    from streamlearn.stream.kafka import ensure_topics
-    from streamlearn.stream.kafka_clients import transport_class
+    from streamlearn.transport.kafka import ensure_topics
+    from streamlearn.transport.kafka_clients import transport_class
 
     k = config.kafka
     assert k.bootstrap is not None
@@ -273,7 +274,7 @@ def build_transport(config: Config, max_instances: int | None = None) -> Transpo
 
 def _dimensions(config: Config, transport: Transport) -> tuple[int, int]:
     """(K, d): the config's, or in embedded mode the dataset's when the config kept defaults."""
-    from streamlearn.stream.embedded import EmbeddedTransport
+    from streamlearn.transport.embedded import EmbeddedTransport
 
     k, d = config.learner.n_actions, config.learner.n_features
     if not isinstance(transport, EmbeddedTransport):
@@ -327,18 +328,14 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
         settings = dataclasses.replace(config.to_daemon_settings(), learner_n_actions=n_actions,
                                        learner_n_features=n_features)
         return Daemon(settings, wrapped, learner, observer)
-    from streamlearn.candidates.command import CANDIDATE_LEARNERS
-    from streamlearn.service.candidate_daemon import CandidateDaemon
+    from streamlearn.candidates.learners import CANDIDATE_LEARNERS
 
     d_x, d_c = dims
     learner_class = CANDIDATE_LEARNERS[config.candidates.learner]
     settings = dataclasses.replace(config.to_daemon_settings(), candidates_enabled=True,
                                    candidates_shared_features=d_x,
-                                   candidates_candidate_features=d_c,
-                                   learner_n_actions=config.candidates.max_slots,
-                                   learner_n_features=d_x + 2 * d_c)
-    return CandidateDaemon(settings, wrapped, learner_class(d_x, d_c, seed=config.learner.seed),
-                           observer)
+                                   candidates_candidate_features=d_c)
+    return Daemon(settings, wrapped, learner_class(d_x, d_c, seed=config.learner.seed), observer)
 
 
 def build_learner(config: Config, n_actions: int, n_features: int) -> Learner:

@@ -29,8 +29,8 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     from streamlearn.commands.serve import build_daemon
     from streamlearn.service.daemon import Daemon
     from streamlearn.service.group import GroupMembership
-    from streamlearn.stream.kafka import ensure_topics
-    from streamlearn.stream.kafka_clients import shared_clients_class, transport_class
+    from streamlearn.transport.kafka import ensure_topics
+    from streamlearn.transport.kafka_clients import shared_clients_class, transport_class
 
     k, t = config.kafka, config.topics
     assert k.bootstrap is not None and config.checkpoint.dir is not None  # checked by load_config

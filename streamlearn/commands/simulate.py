@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 def _clients(config: Any) -> tuple[Any, Any]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    from streamlearn.stream.kafka import ensure_topics
+    from streamlearn.transport.kafka import ensure_topics
 
     k, t = config.kafka, config.topics
     options = k.client_options()
@@ -180,16 +180,16 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
              ) -> SimulationSummary:
     """Run one simulation against ``config.kafka.bootstrap``; see the module docstring.
 
-    The caller is the shared :class:`~streamlearn.stream.caller.SimulatedCaller`
+    The caller is the shared :class:`~streamlearn.datasets.caller.SimulatedCaller`
     (the embedded default runs the same one in process), or for a candidate-set
-    dataset the :class:`~streamlearn.stream.candidate_caller.CandidateCaller`
+    dataset the :class:`~streamlearn.datasets.candidate_caller.CandidateCaller`
     (``slots`` per request). With ``progress_s > 0``
     a progress line goes to ``progress_out`` (default stdout) every
     ``progress_s`` seconds.
     """
     from kafka.errors import KafkaError
 
-    from streamlearn.stream.candidate_caller import make_caller
+    from streamlearn.datasets.candidate_caller import make_caller
 
     summary = SimulationSummary(run_id or uuid.uuid4().hex[:8])
     caller = make_caller(dataset, data_dir, f"{summary.run_id}-", delay_mean_s, drop, seed, slots,

@@ -33,7 +33,7 @@ from streamlearn.errors import ConfigError, DataError
 from streamlearn.evaluation.offpolicy import Estimate, doubly_robust, ips, snips
 from streamlearn.features import hash_strings
 from streamlearn.rankers.base import Ranker
-from streamlearn.retrain.joint import action_scores, greedy
+from streamlearn.rankers.joint import action_scores, greedy
 
 __all__ = ["ESTIMATORS", "LoggedRows", "LoggedSlice", "RewardModel", "best_constant",
            "constant_policy", "evaluate_policies", "fit_reward_model", "holdout_mask",

@@ -8,7 +8,7 @@ are numbers in [0, 1]; exactly one of ``reward`` and ``rewards`` is given, and
 ``rewards`` names at most :data:`MAX_NAMED` candidates. Anything else is a
 ``bad_reward`` rejection naming what is wrong.
 
->>> from streamlearn.stream.transport import Message
+>>> from streamlearn.transport.protocol import Message
 >>> values = [b'{"id": "r1", "rewards": {"a": 1.0}}', b'{"id": "r2", "reward": 0.5}',
 ...           b'{"id": "r3", "rewards": {"a": 2}}']
 >>> batch, bad = decode_candidate_feedback([Message("fb", 0, i, None, v, 0)

@@ -12,7 +12,7 @@ with its own reason: ``bad_candidates`` (not a non-empty list of objects),
 (``wrong_dimension``, ``bad_features``, ``non_finite``, ``value_out_of_range``)
 with a detail naming the candidate.
 
->>> from streamlearn.stream.transport import Message
+>>> from streamlearn.transport.protocol import Message
 >>> value = (b'{"id": "r1", "x": [1.0], "candidates": [{"id": "a", "x": [0.5, 1.0]}, '
 ...          b'{"id": "b", "x": {"idx": [1], "val": [2.0]}}]}')
 >>> batch, bad = decode_candidate_requests([Message("req", 0, 0, b"r1", value, 0)], d_x=1, d_c=2)
@@ -67,6 +67,16 @@ class CandidateRequests:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def take(self, rows: np.ndarray) -> CandidateRequests:
+        """The sub-batch of ``rows``, every field alike."""
+        offsets, items = self.sets.offsets, rows.tolist()
+        return CandidateRequests(
+            ids=[self.ids[i] for i in items], sets=self.sets.take(rows),
+            candidate_ids=[c for i in items
+                           for c in self.candidate_ids[offsets[i]:offsets[i + 1]]],
+            slots=self.slots[rows], ts=self.ts[rows], partitions=self.partitions[rows],
+            messages=[self.messages[i] for i in items])
 
     @classmethod
     def concatenate(cls, parts: list[CandidateRequests]) -> CandidateRequests:

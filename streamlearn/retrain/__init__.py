@@ -1,6 +1,6 @@
 """Retraining batch rankers on the experience log (DESIGN.md §8, issue 10).
 
-Pure building blocks, no daemon wiring: :mod:`~streamlearn.retrain.joint` (joint
+Pure building blocks, no daemon wiring: :mod:`~streamlearn.rankers.joint` (joint
 features and per-action scores), :mod:`~streamlearn.retrain.artifact` (rankers by
 name, immutable versioned artifacts) and :mod:`~streamlearn.retrain.job` (the
 retrain job run in a worker process, and the promotion rule).
@@ -8,6 +8,7 @@ retrain job run in a worker process, and the promotion rule).
 
 from __future__ import annotations
 
+from streamlearn.rankers.joint import action_scores, greedy, joint_features, rankings
 from streamlearn.retrain.artifact import (
     RANKERS,
     RankerArtifact,
@@ -16,7 +17,6 @@ from streamlearn.retrain.artifact import (
     make_ranker,
     save_artifact,
 )
-from streamlearn.retrain.joint import action_scores, greedy, joint_features, rankings
 
 __all__ = ["RANKERS", "RankerArtifact", "action_scores", "find_artifact", "greedy",
            "joint_features", "load_artifact", "make_ranker", "rankings", "save_artifact"]

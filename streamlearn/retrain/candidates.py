@@ -32,11 +32,11 @@ import numpy as np
 import orjson
 
 from streamlearn.candidates.joint import stored_joint_features
+from streamlearn.durability.experience import ExperienceRows, read_experience
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.evaluation.policies import holdout_mask
 from streamlearn.rankers.metrics import auc, ndcg
 from streamlearn.retrain.artifact import artifact_name, make_ranker, save_artifact
-from streamlearn.stream.experience import ExperienceRows, read_experience
 
 __all__ = ["candidate_queries", "run_candidate_retrain"]
 

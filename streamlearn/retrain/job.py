@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from streamlearn.durability.experience import ExperienceRows, read_experience
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.evaluation.bounds import interval_of_mean, value_interval
 from streamlearn.evaluation.offpolicy import Estimate
@@ -53,9 +54,9 @@ from streamlearn.evaluation.policies import (
     learner_policy,
     uniform_policy,
 )
+from streamlearn.rankers.joint import joint_features
 from streamlearn.rankers.metrics import auc, ndcg
 from streamlearn.retrain.artifact import artifact_name, load_artifact, make_ranker, save_artifact
-from streamlearn.retrain.joint import joint_features
 from streamlearn.retrain.promotion import (
     challenger_alpha,
     deployed_policy,
@@ -65,7 +66,6 @@ from streamlearn.retrain.promotion import (
     judge,
     key_of,
 )
-from streamlearn.stream.experience import ExperienceRows, read_experience
 
 __all__ = ["DEFAULT_CLIP", "bound_estimate", "estimate_dict", "estimate_policies",
            "judge_challengers", "read_window", "run_retrain", "split_in_time"]

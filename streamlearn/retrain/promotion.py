@@ -39,12 +39,12 @@ from typing import Any
 import numpy as np
 
 from streamlearn.actions import exploit_around
+from streamlearn.durability.experience import ExperienceRows
 from streamlearn.evaluation.bounds import HEAVY_GAMBLERS, first_crossing, lower_bound, value_interval
 from streamlearn.evaluation.offpolicy import effective_sample_size
 from streamlearn.features import hash_strings
 from streamlearn.rankers.base import Ranker
-from streamlearn.retrain.joint import action_scores
-from streamlearn.stream.experience import ExperienceRows
+from streamlearn.rankers.joint import action_scores
 
 __all__ = ["MAX_CHALLENGERS", "MAX_EVIDENCE_WINDOWS", "MAX_LOOKS", "challenger_alpha", "deployed_policy",
            "evidence_order", "from_key", "importance", "judge", "key_of", "paired_advantage",

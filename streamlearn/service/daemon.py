@@ -1,9 +1,11 @@
 """The serving loop: poll → decode → decide → publish → join → learn → checkpoint.
 
-The daemon is wiring around :class:`~streamlearn.engine.Engine` (the
-decide → join → learn core the replay runs too). Each :meth:`Daemon.step`
-works on one micro-batch — what the input aligner releases, in event-time
-order (:mod:`streamlearn.stream.align`):
+The daemon is wiring around a decision core (:class:`~streamlearn.engine.DecisionCore`:
+the decide → join → learn core the replays run too) and a serving mode
+(:mod:`streamlearn.service.modes`: fixed actions, or candidate sets) that supplies what
+differs between the two: decoding, deciding and the decision records, the extra state.
+Each :meth:`Daemon.step` works on one micro-batch — what the input aligner releases, in event-time
+order (:mod:`streamlearn.transport.align`):
 
 1. the instances before the batch's first feedback are decoded, decided
    (one ``learner.decide``), journaled and published;
@@ -45,27 +47,25 @@ from typing import Any
 import numpy as np
 import orjson
 
-from streamlearn.actions import exploration_rates
-from streamlearn.engine import Engine
-from streamlearn.errors import TransportError
-from streamlearn.evaluation.online import OnlineErrorTracker
-from streamlearn.events import Rejection, decode_feedback, decode_instances
-from streamlearn.learners.base import Learner
-from streamlearn.service.counters import Counters
-from streamlearn.service.metrics import Observer
-from streamlearn.service.outputs import Outputs, dead_letter_value
-from streamlearn.service.retraining import Retraining, ranking_lists
-from streamlearn.service.settings import DaemonSettings, blas_threads
-from streamlearn.service.state import freeze, learner_settings, thaw, warn_settings_kept
-from streamlearn.stream.align import InputAligner
-from streamlearn.stream.checkpoint import (
+from streamlearn.durability.checkpoint import (
     Checkpointer,
     ConsumedOffsets,
     JournaledDecision,
     Restored,
 )
-from streamlearn.stream.join import Closed, Outcome, PendingJoins
-from streamlearn.stream.transport import Message, Transport
+from streamlearn.engine import DecisionCore
+from streamlearn.errors import TransportError
+from streamlearn.evaluation.online import OnlineErrorTracker
+from streamlearn.events import Rejection
+from streamlearn.join.pending import Outcome, PendingJoins
+from streamlearn.service.counters import Counters
+from streamlearn.service.metrics import Observer
+from streamlearn.service.modes import ServingMode, mode_for
+from streamlearn.service.outputs import Outputs, dead_letter_value
+from streamlearn.service.retraining import Retraining
+from streamlearn.service.settings import DaemonSettings, blas_threads
+from streamlearn.transport.align import InputAligner
+from streamlearn.transport.protocol import Message, Transport
 
 __all__ = ["Daemon", "DaemonSettings", "dead_letter_value"]
 
@@ -82,7 +82,7 @@ class Daemon:
     settings
         :class:`DaemonSettings` (``Config.to_daemon_settings()``).
     transport
-        Any :class:`~streamlearn.stream.transport.Transport`.
+        Any :class:`~streamlearn.transport.protocol.Transport`.
     learner
         The learner to serve (replaced by the checkpointed one on restore).
     observer
@@ -93,7 +93,7 @@ class Daemon:
     Examples
     --------
     >>> from streamlearn.learners.banditron import Banditron
-    >>> from streamlearn.stream.memory import InMemoryTransport
+    >>> from streamlearn.transport.memory import InMemoryTransport
     >>> transport = InMemoryTransport()
     >>> _ = transport.append_instance(b"ev-1", b'{"id": "ev-1", "x": [1.0, 0.0, 2.0]}')
     >>> settings = DaemonSettings(learner_n_actions=2, learner_n_features=3)
@@ -104,15 +104,16 @@ class Daemon:
     (['action', 'explored', 'id', 'model', 'prob', 'ts'], 'ev-1', 1)
     """
 
-    def __init__(self, settings: DaemonSettings, transport: Transport, learner: Learner,
+    def __init__(self, settings: DaemonSettings, transport: Transport, learner: Any,
                  observer: Observer | None = None,
-                 wall_clock: Callable[[], float] = time.time) -> None:
+                 wall_clock: Callable[[], float] = time.time,
+                 mode: ServingMode | None = None) -> None:
         self.settings = settings
         self.transport = transport
         self.observer = observer if observer is not None else Observer()
         self.wall_clock = wall_clock
-        self.n_actions, self.n_features = settings.learner_n_actions, settings.learner_n_features
-        self.engine = self._make_engine(learner)
+        self.mode = mode if mode is not None else mode_for(settings)
+        self.engine: DecisionCore = self.mode.make_engine(learner)
         self.tracker = OnlineErrorTracker(settings.metrics_window)
         self.counters = Counters()
         self.model_name = settings.model_name or type(learner).__name__.lower()
@@ -138,9 +139,6 @@ class Daemon:
         self.retraining = (Retraining(settings, self.observer, wall_clock)
                            if settings.retrain_enabled or settings.experience_dir else None)
 
-    def _make_engine(self, learner: Learner) -> Engine:
-        return Engine(learner, self.settings.join_settings())
-
     @property
     def instance_messages(self) -> int:
         """Instance messages handled so far: decided, or dead-lettered (the counters span every
@@ -155,10 +153,12 @@ class Daemon:
         return self.instance_messages - self.started_at_instances
 
     @property
-    def learner(self) -> Learner:
+    def learner(self) -> Any:
+        """The engine's learner (a :class:`~streamlearn.learners.base.Learner`, or a candidate-set
+        learner in candidate mode)."""
         return self.engine.learner
 
-    def replace_learner(self, learner: Learner) -> None:
+    def replace_learner(self, learner: Any) -> None:
         """Serve ``learner`` from the next batch on (a merged model adopted, issue 12)."""
         self.engine.learner = learner
         self._drifts_seen = learner.drift_detections_
@@ -210,11 +210,11 @@ class Daemon:
         if self.checkpointer is None:
             return
         if restored is None:  # a crash before the first checkpoint still left its journal
-            self._journaled = self.checkpointer.journal.load(0, self.n_actions)
+            self._journaled = self.checkpointer.journal.load(0, self.mode.journal_width)
             return
         self._drifts_seen = self.learner.drift_detections_
         self.offsets = self.checkpointer.offsets
-        self._journaled = self.checkpointer.journal.load(restored.seq, self.n_actions)
+        self._journaled = self.checkpointer.journal.load(restored.seq, self.mode.journal_width)
         assigned = self.transport.assignment()
         self.transport.seek({k: v for k, v in self.offsets.snapshot().items() if k in assigned})
         log.info("restored checkpoint %d (%d pending joins, %d journaled decisions)",
@@ -222,12 +222,10 @@ class Daemon:
 
     def _thaw(self, restored: Restored) -> None:
         """Replace the engine and counters by the restored snapshot's."""
-        configured = learner_settings(self.learner)
-        self.engine, self.counters = thaw(restored, self.settings, type(self.learner), self.tracker)
-        warn_settings_kept(restored.seq, configured, learner_settings(self.learner))
+        self.engine, self.counters = self.mode.thaw(restored, self.engine, self.tracker)
 
     def _freeze(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        return freeze(self.engine, self.tracker, self.counters, self.settings)
+        return self.mode.freeze(self.engine, self.tracker, self.counters, self.settings)
 
     # --------------------------------------------------------------------- loop
     def step(self) -> None:
@@ -277,35 +275,21 @@ class Daemon:
         """Decode, decide (journaled decisions reused), journal, publish."""
         if not messages:
             return
-        batch, rejected = decode_instances(messages, self.n_features, self.n_actions, self.limits)
+        batch, rejected = self.mode.decode_instances(messages, self.limits)
         self.observer.on_batch(len(messages), "instances")
-        known = self.join.is_known(batch.ids)
+        known = self.engine.is_known(batch.ids)
         self._reject_with_known(rejected, known, batch.ids, batch.messages)
         if known.any():
             batch = batch.take(np.flatnonzero(~known))
-        B = len(batch)
-        if B == 0:
+        if len(batch) == 0:
             return
-        self.observer.on_instances(B)
+        self.observer.on_instances(len(batch))
         reused = ({i: j for i in batch.ids if (j := self._journaled.pop(i, None)) is not None}
                   if self._journaled else {})
-        scores = self.retraining.scores(batch.X) if self.retraining is not None else None
-        decided = self.engine.decide(
-            batch.ids, batch.X, batch.mask, labels=batch.labels, ts=np.full(B, wall),
-            event_ts=batch.ts, partitions=batch.partitions, wall=wall,
-            known={i: (j.action, np.asarray(j.probs), float(j.message["ts"]), j.columns)
-                   for i, j in reused.items()},
-            model_version=self.counters.model_version,
-            mixture=None if self.retraining is None else self.retraining.mixture(batch.X, scores))
-        values = self._decision_values(
-            batch.ids, decided.actions, decided.probs, decided.fresh, reused, wall,
-            None if scores is None else ranking_lists(
-                scores[decided.fresh], None if batch.mask is None else batch.mask[decided.fresh]),
-            decided.columns)
-        self.outputs.decisions([i.encode("utf-8") for i in batch.ids], values)
-        self._count_decided(batch.messages, decided.fresh, int(decided.explored.sum()),
-                            decided.actions,
-                            float(exploration_rates(decided.probs, batch.mask).mean()))
+        published = self.mode.decide(self, batch, wall, reused)
+        self.outputs.decisions([i.encode("utf-8") for i in batch.ids], published.values)
+        self._count_decided(batch.messages, published.fresh, published.n_explored,
+                            published.actions, published.gamma)
 
     def _count_decided(self, messages: list[Message], fresh: np.ndarray, n_explored: int,
                        actions: np.ndarray, gamma: float) -> None:
@@ -331,42 +315,12 @@ class Daemon:
                                       m.topic, m.partition, m.offset, m.key, m.value, ids[i]))
         self._reject(rejected)
 
-    def _decision_values(self, ids: list[str], actions: np.ndarray, probs: np.ndarray,
-                         fresh: np.ndarray, reused: dict[str, JournaledDecision],
-                         wall: float, rankings: list[list[int]] | None = None,
-                         columns: dict[str, np.ndarray] | None = None) -> list[bytes]:
-        """The decision messages: new ones journaled before they are published, journaled
-        ones as they were (byte-identical). ``rankings`` (one per fresh row): the live
-        ranker's order of the allowed actions. ``columns``: the engine's per-decision
-        columns (journaled with each decision; a decision a ranker served names it in
-        ``"policy"``)."""
-        values: list[bytes] = [b""] * len(ids)
-        if reused:
-            for j, event_id in enumerate(ids):
-                if event_id in reused:
-                    values[j] = orjson.dumps(reused[event_id].message)
-        if not len(fresh):
-            return values
-        model = f"{self.model_name}-v{self.counters.model_version}"
-        exploit = np.argmax(probs[fresh], axis=1)
-        records = [{"id": ids[j], "action": int(actions[j]), "prob": float(probs[j, actions[j]]),
-                    "explored": bool(actions[j] != exploit[n]), "model": model, "ts": wall}
-                   for n, j in enumerate(fresh.tolist())]
-        if rankings is not None:
-            for record, ranking in zip(records, rankings, strict=True):
-                record["ranking"] = ranking
-        kept = None if columns is None else {k: v[fresh] for k, v in columns.items()}
-        if kept is not None and self.retraining is not None and kept["served_by"].any():
-            names = self.retraining.policy_names()
-            for record, version in zip(records, kept["served_by"].tolist(), strict=True):
-                if version:
-                    record["policy"] = names.get(version, f"ranker-v{version}")
-        return self._journal_and_encode(values, fresh, records, probs[fresh], kept)
-
-    def _journal_and_encode(self, values: list[bytes], fresh: np.ndarray,
-                            records: list[dict[str, Any]], probs: np.ndarray,
-                            columns: dict[str, np.ndarray] | None = None) -> list[bytes]:
-        """Journal the new decisions (before they are produced), then encode them in place."""
+    def journal_and_encode(self, values: list[bytes], fresh: np.ndarray,
+                           records: list[dict[str, Any]], probs: np.ndarray,
+                           columns: dict[str, np.ndarray] | None = None) -> list[bytes]:
+        """Journal the new decisions (before they are produced), then encode them in place:
+        ``values[j]`` for each row ``j`` of ``fresh``; ``columns``: the engine's per-decision
+        columns, journaled with each decision."""
         if self.checkpointer is not None:
             self.checkpointer.journal.append([r["id"] for r in records], probs, records, columns)
         for j, record in zip(fresh.tolist(), records, strict=True):
@@ -377,16 +331,13 @@ class Daemon:
         """Decode and join the feedback; duplicates and unknown ids are dead-lettered."""
         if not messages:
             return
-        batch, rejected = self._decode_feedback(messages)
+        batch, rejected = self.mode.decode_feedback(messages, self.limits)
         self.observer.on_batch(len(messages), "feedback")
         self._reject(rejected)
         outcomes = self.engine.feedback(batch.ids, batch.rewards, batch.ts,
                                         np.array([m.partition for m in batch.messages], np.int64),
                                         wall, batch.messages)
         self._count_outcomes(outcomes, batch.ids, batch.messages)
-
-    def _decode_feedback(self, messages: list[Message]) -> tuple[Any, list[Rejection]]:
-        return decode_feedback(messages, self.limits)
 
     def _count_outcomes(self, outcomes: np.ndarray, ids: list[str],
                         messages: list[Message]) -> None:
@@ -445,12 +396,8 @@ class Daemon:
             if learned.skipped:
                 log.warning("%d updates skipped: they would have made the model non-finite",
                             learned.skipped)
-            self._track(closed, rows)
+            self.mode.track(self.tracker, closed, rows)
         self.observer.on_learned(learned, self.tracker, self.counters.model_version)
-
-    def _track(self, closed: Closed, rows: np.ndarray) -> None:
-        self.tracker.observe(closed.actions[rows], closed.rewards[rows], closed.labels[rows],
-                             closed.probs[rows])
 
     # -------------------------------------------------------------- dead letters
     def _reject(self, rejections: list[Rejection]) -> None:

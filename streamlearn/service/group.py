@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from streamlearn.errors import TransportError
-from streamlearn.stream import kafka_logs
+from streamlearn.transport import kafka_logs
 
 __all__ = ["GroupMembership"]
 

@@ -16,7 +16,7 @@ import orjson
 
 from streamlearn.errors import TransportError
 from streamlearn.events import Rejection
-from streamlearn.stream.transport import Transport
+from streamlearn.transport.protocol import Transport
 
 __all__ = ["Outputs", "dead_letter_value"]
 

@@ -2,7 +2,7 @@
 
 :class:`Retraining` is the daemon's part of it. It owns
 
-* the :class:`~streamlearn.stream.experience.ExperienceLog` — every learned decision
+* the :class:`~streamlearn.durability.experience.ExperienceLog` — every learned decision
   (:meth:`Retraining.record`), flushed with every checkpoint, whose metadata records
   the log position (:meth:`Retraining.position`);
 * the schedule: every ``retrain.every_events`` learned decisions or
@@ -41,11 +41,13 @@ from typing import Any
 import numpy as np
 
 from streamlearn.actions import best_first
+from streamlearn.durability.experience import ExperienceLog, dense_rows
 from streamlearn.engine import Mixture
 from streamlearn.errors import DataError
 from streamlearn.features import Batch, take_rows
+from streamlearn.join.pending import Closed
+from streamlearn.rankers.joint import action_scores
 from streamlearn.retrain.artifact import RankerArtifact
-from streamlearn.retrain.joint import action_scores
 from streamlearn.retrain.promotion import (
     MAX_CHALLENGERS,
     MAX_EVIDENCE_WINDOWS,
@@ -57,8 +59,6 @@ from streamlearn.service.metrics import Observer
 from streamlearn.service.retrain_worker import RetrainWorker
 from streamlearn.service.rollout import Arm, Rollout, RolloutEvent
 from streamlearn.service.settings import DaemonSettings
-from streamlearn.stream.experience import ExperienceLog, dense_rows
-from streamlearn.stream.join import Closed
 
 __all__ = ["Retraining", "ranking_lists", "read_ranker_state"]
 

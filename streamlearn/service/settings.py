@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from streamlearn.errors import ConfigError
 from streamlearn.events import DecodeLimits
+from streamlearn.join.pending import JoinSettings
 from streamlearn.service.rollout import RolloutSettings
-from streamlearn.stream.join import JoinSettings
 
 __all__ = ["DAEMON_GC_THRESHOLDS", "DaemonSettings", "blas_threads"]
 
@@ -99,14 +99,21 @@ class DaemonSettings:
             return names
         if self.candidates_enabled:  # requests are queries: the listwise rankers apply
             return ("rankboost", "adarank", "ndcg_boost")
-        wide = self.learner_n_features * self.learner_n_actions > 1000
+        wide = self.joint_width() > 1000
         return ("rankboost", "rocchio") if wide else ("rankboost", "logistic")
 
     def retrain_window(self) -> int:
         """Rows per retrain: ``retrain_window_rows``, capped so that the joint feature
         matrix (rows × d·K) stays below 20 M elements (160 MB in the worker)."""
-        width = max(1, self.learner_n_features * self.learner_n_actions)
-        return max(10, min(self.retrain_window_rows, 8_000_000 // width))
+        return max(10, min(self.retrain_window_rows, 8_000_000 // self.joint_width()))
+
+    def joint_width(self) -> int:
+        """Features of one ranker row: the joint (context, action) features d·K, or in
+        candidate mode the context and the candidate's and the exploit candidate's features
+        (d_x + 2·d_c)."""
+        if self.candidates_enabled:
+            return max(1, self.candidates_shared_features + 2 * self.candidates_candidate_features)
+        return max(1, self.learner_n_features * self.learner_n_actions)
 
     def rollout_settings(self) -> RolloutSettings:
         """How a promoted ranker takes traffic (``retrain.rollout_*``, ``retrain.holdback``)."""

@@ -14,17 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from streamlearn.candidates.engine import CandidateEngine
+from streamlearn.durability.checkpoint import CheckpointMismatch, Restored, is_count, short_repr
 from streamlearn.engine import Engine
+from streamlearn.engine.candidates import CandidateEngine
 from streamlearn.errors import StateError
 from streamlearn.evaluation.online import OnlineErrorTracker
+from streamlearn.join.clock import PartitionClocks
+from streamlearn.join.pending import PendingJoins
 from streamlearn.learners import LEARNERS
 from streamlearn.learners.base import Learner
 from streamlearn.service.counters import Counters, tracker_arrays, tracker_load
 from streamlearn.service.settings import DaemonSettings
-from streamlearn.stream.checkpoint import CheckpointMismatch, Restored, is_count, short_repr
-from streamlearn.stream.clock import PartitionClocks
-from streamlearn.stream.join import PendingJoins
 
 log = logging.getLogger("streamlearn.daemon")
 
@@ -48,7 +48,7 @@ def thaw(restored: Restored, settings: DaemonSettings, learner_class: type[Learn
          tracker: OnlineErrorTracker) -> tuple[Engine, Counters]:
     """The engine and counters of a restored snapshot (``tracker`` is loaded in place).
 
-    Raises :class:`~streamlearn.stream.checkpoint.CheckpointMismatch` when the checkpoint
+    Raises :class:`~streamlearn.durability.checkpoint.CheckpointMismatch` when the checkpoint
     holds another (known) learner class or shape than configured, and ``StateError`` when anything
     in it does not restore cleanly (a corrupt checkpoint: ``Checkpointer.restore`` then tries
     an older one). ``tracker`` is only changed when everything restored.

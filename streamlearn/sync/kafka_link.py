@@ -51,7 +51,7 @@ def ensure_models_topic(bootstrap: str, topic: str,
                         client_options: Mapping[str, object] | None = None) -> None:
     """Create the models topic (two partitions, compacted; see the module docstring) if it
     is missing."""
-    from streamlearn.stream.kafka import ensure_topics
+    from streamlearn.transport.kafka import ensure_topics
 
     ensure_topics(bootstrap, [topic], 2, client_options=client_options,
                   topic_configs=TOPIC_CONFIGS)

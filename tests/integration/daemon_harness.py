@@ -25,9 +25,9 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
-from streamlearn.stream.caller import SimulatedCaller, StreamSource
-from streamlearn.stream.kafka_clients import transport_class
-from streamlearn.stream.transport import Transport
+from streamlearn.datasets.caller import SimulatedCaller, StreamSource
+from streamlearn.transport.kafka_clients import transport_class
+from streamlearn.transport.protocol import Transport
 
 PARTITIONS = 2
 

@@ -28,7 +28,7 @@ from streamlearn.events import decode_feedback, decode_instances
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.daemon import Daemon, DaemonSettings
-from streamlearn.stream.transport import Message
+from streamlearn.transport.protocol import Message
 
 pytestmark = pytest.mark.integration
 

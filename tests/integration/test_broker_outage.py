@@ -23,12 +23,12 @@ from daemon_harness import (
 from daemon_harness import wait_until as wait
 
 from streamlearn.datasets.synthetic import synthetic_stream
+from streamlearn.durability.checkpoint import offsets_from_json
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.daemon import Daemon, DaemonSettings
 from streamlearn.snapshot import read_snapshot
-from streamlearn.stream.checkpoint import offsets_from_json
 
 pytestmark = pytest.mark.integration
 

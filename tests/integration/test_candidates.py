@@ -32,10 +32,10 @@ from daemon_harness import make_topics, producer, read_all, serve_crashable, wai
 from kafka import KafkaConsumer, TopicPartition
 from test_crash_safety import committed_everything
 
+from streamlearn.durability.experience import read_experience
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.retraining import read_ranker_state
 from streamlearn.snapshot import read_snapshot
-from streamlearn.stream.experience import read_experience
 
 pytestmark = pytest.mark.integration
 

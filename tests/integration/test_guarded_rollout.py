@@ -23,8 +23,8 @@ import pytest
 from daemon_harness import REPO, Caller, make_topics, start_publisher, wait_until
 
 from streamlearn.datasets.synthetic import synthetic_stream
+from streamlearn.durability.experience import read_experience
 from streamlearn.retrain.store import read_ranker_state
-from streamlearn.stream.experience import read_experience
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ import pytest
 from transport_contract import CHECKS
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.confluent import ConfluentTransport
-from streamlearn.stream.kafka import FETCH_MAX_WAIT_MS, KafkaTransport, ensure_topics
-from streamlearn.stream.kafka_clients import CLIENTS, shared_clients_class, transport_class
-from streamlearn.stream.transport import Message, Transport
+from streamlearn.transport.confluent import ConfluentTransport
+from streamlearn.transport.kafka import FETCH_MAX_WAIT_MS, KafkaTransport, ensure_topics
+from streamlearn.transport.kafka_clients import CLIENTS, shared_clients_class, transport_class
+from streamlearn.transport.protocol import Message, Transport
 
 pytestmark = pytest.mark.integration
 
@@ -302,7 +302,7 @@ def test_confluent_options_cannot_weaken_the_producer_or_commit_for_us(
 @pytest.mark.parametrize("client", ["kafka-python"])
 def test_the_latency_settings_reach_the_clients(make_transport: Factory) -> None:
     """kafka.linger_seconds, fetch_wait_seconds and fetch_min_bytes (ClientTuning)."""
-    from streamlearn.stream.transport import ClientTuning
+    from streamlearn.transport.protocol import ClientTuning
 
     t = make_transport(tuning=ClientTuning(linger_s=0.002, fetch_wait_s=0.01, fetch_min_bytes=512))
     assert t._consumer.config["fetch_max_wait_ms"] == 10

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from streamlearn.stream.kafka import ensure_topics
 from streamlearn.sync.codec import chunk, parse
 from streamlearn.sync.kafka_link import KafkaModelLink, ensure_models_topic
+from streamlearn.transport.kafka import ensure_topics
 
 pytestmark = pytest.mark.integration
 

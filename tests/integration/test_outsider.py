@@ -135,8 +135,8 @@ def test_hostile_client_with_retraining_and_a_sigkill(kafka_bootstrap: str,
     late = [run.first[f"o{i}"] for i in range(PROBLEM.n - 2000, PROBLEM.n)]
     assert ranked > 0 and all("ranking" in d for d in late)
 
+    from streamlearn.durability.experience import read_experience
     from streamlearn.service.retraining import read_ranker_state
-    from streamlearn.stream.experience import read_experience
 
     rows = read_experience(tmp_path / "ckpt" / "experience")
     assert len(rows.ids) == len(set(rows.ids)) == run.feedback_sent

@@ -28,8 +28,8 @@ import pytest
 from daemon_harness import wait_until
 from test_prometheus_scrape import _read_until, _value
 
+from streamlearn.durability.experience import read_experience
 from streamlearn.retrain.store import read_ranker_state
-from streamlearn.stream.experience import read_experience
 
 pytestmark = pytest.mark.integration
 

@@ -27,10 +27,10 @@ from daemon_harness import Caller, make_topics, serve_crashable, start_publisher
 from test_crash_safety import drain_and_stop
 
 from streamlearn.datasets.synthetic import synthetic_stream
+from streamlearn.durability.experience import read_experience
 from streamlearn.retrain.artifact import load_artifact
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.retraining import read_ranker_state
-from streamlearn.stream.experience import read_experience
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamlearn.stream.align import InputAligner
-from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.transport.align import InputAligner
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
 
 class Clock:

@@ -11,9 +11,8 @@ from simulators import bench_daemon
 from simulators.bench_workloads import D_C, Workload, candidate_sets, fixed_actions
 from streamlearn.candidates.learners import CandidateLinUCB
 from streamlearn.cli import main
-from streamlearn.service.candidate_daemon import CandidateDaemon
-from streamlearn.service.daemon import DaemonSettings
-from streamlearn.stream.memory import InMemoryTransport
+from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.transport.memory import InMemoryTransport
 
 
 @pytest.mark.parametrize("load", [fixed_actions(5, "dense", 0), fixed_actions(5, "sparse", 0),
@@ -43,7 +42,7 @@ def test_candidate_requests_are_all_decided_and_the_best_candidate_is_rewarded()
     settings = DaemonSettings(candidates_enabled=True, candidates_shared_features=0,
                               candidates_candidate_features=D_C, learner_n_actions=2,
                               learner_n_features=2 * D_C, limits_poll_timeout_seconds=0.0)
-    daemon = CandidateDaemon(settings, transport, CandidateLinUCB(0, D_C, seed=1))
+    daemon = Daemon(settings, transport, CandidateLinUCB(0, D_C, seed=1))
     while daemon.counters.messages < n:
         daemon.step()
     decisions = [orjson.loads(m.value or b"") for m in transport.broker.messages(transport.decisions_topic)]

@@ -14,14 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from loop_helpers import Clock, decisions_by_id, drain
 
-from streamlearn.candidates.engine import CandidateEngine, pair_id
 from streamlearn.candidates.learners import CandidateLinUCB
 from streamlearn.candidates.sets import CandidateSets
-from streamlearn.service.candidate_daemon import CandidateDaemon
+from streamlearn.engine.candidates import CandidateEngine, pair_id
+from streamlearn.join.pending import JoinSettings, Outcome
 from streamlearn.service.counters import id_checksum
-from streamlearn.service.daemon import DaemonSettings
-from streamlearn.stream.join import JoinSettings, Outcome
-from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
 D_X, D_C = 3, 4
 THETA = np.random.default_rng(5).normal(size=(D_X, D_C))
@@ -85,7 +84,7 @@ class Caller:
 
 
 def make_daemon(broker: InMemoryBroker, tmp: Path | None, clock: Clock,
-                **kw: Any) -> CandidateDaemon:
+                **kw: Any) -> Daemon:
     base: dict[str, Any] = {
         "checkpoint_dir": None if tmp is None else str(tmp), "checkpoint_every_events": 250,
         "checkpoint_every_seconds": 1e9, "join_window_seconds": 5.0,
@@ -93,7 +92,7 @@ def make_daemon(broker: InMemoryBroker, tmp: Path | None, clock: Clock,
         "candidates_shared_features": D_X, "candidates_candidate_features": D_C,
         "candidates_max_candidates": 20, "candidates_max_slots": 3,
         "learner_n_actions": 3, "learner_n_features": D_X + 2 * D_C}
-    daemon = CandidateDaemon(DaemonSettings(**{**base, **kw}),
+    daemon = Daemon(DaemonSettings(**{**base, **kw}),
                              InMemoryTransport(broker=broker, partitions=2),
                              CandidateLinUCB(D_X, D_C, seed=3), wall_clock=clock)
     daemon.restore()
@@ -102,9 +101,9 @@ def make_daemon(broker: InMemoryBroker, tmp: Path | None, clock: Clock,
 
 
 
-def run(broker: InMemoryBroker, daemon: CandidateDaemon, caller: Caller, clock: Clock,
+def run(broker: InMemoryBroker, daemon: Daemon, caller: Caller, clock: Clock,
         blocks: int, crash_at: int | None = None, restart: Any = None,
-        drop_every: int = 0) -> CandidateDaemon:
+        drop_every: int = 0) -> Daemon:
     for b in range(blocks):
         clock.t += 1.0
         caller.publish(b * 100, (b + 1) * 100, clock.t)
@@ -282,8 +281,8 @@ def test_engine_decisions_stay_inside_their_sets_and_the_model_finite(
 
 
 def test_the_loop_retrains_listwise_rankers_on_its_logged_slates(tmp_path: Path) -> None:
+    from streamlearn.durability.experience import read_experience
     from streamlearn.service.retraining import read_ranker_state
-    from streamlearn.stream.experience import read_experience
 
     broker, clock = InMemoryBroker(2), Clock()
     caller = Caller(broker)
@@ -309,7 +308,7 @@ def test_a_restore_names_the_configured_hyperparameters_the_checkpoint_overrides
     caller = Caller(broker)
     daemon = run(broker, make_daemon(broker, tmp_path, clock), caller, clock, 2)
     daemon.checkpoint(final=True)
-    other = CandidateDaemon(daemon.settings, InMemoryTransport(broker=broker, partitions=2),
+    other = Daemon(daemon.settings, InMemoryTransport(broker=broker, partitions=2),
                             CandidateLinUCB(D_X, D_C, alpha=0.9, seed=3), wall_clock=clock)
     with caplog.at_level("WARNING", logger="streamlearn.daemon"):
         other.restore()

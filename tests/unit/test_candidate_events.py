@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamlearn.events.candidates import decode_candidate_requests
-from streamlearn.stream.transport import Message
+from streamlearn.transport.protocol import Message
 
 D_X, D_C = 2, 3
 

@@ -15,8 +15,8 @@ from streamlearn.candidates.learners import (
     CandidateLinUCB,
     CandidateSquareCB,
 )
-from streamlearn.candidates.replay import replay_candidates
 from streamlearn.candidates.sets import CandidateSets, segment_argmax, segment_sample
+from streamlearn.replay.candidates import replay_candidates
 
 D_X, D_C = 2, 3
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamlearn.candidates.engine import pair_id
+from streamlearn.durability.experience import ExperienceLog, read_experience
+from streamlearn.engine.candidates import pair_id
 from streamlearn.errors import ConfigError
 from streamlearn.retrain.artifact import load_artifact, make_ranker
 from streamlearn.retrain.candidates import candidate_queries, run_candidate_retrain
-from streamlearn.stream.experience import ExperienceLog, read_experience
 
 D_X, D_C, SLOTS = 2, 3, 3
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from streamlearn.durability.checkpoint import Checkpointer
 from streamlearn.errors import StateError, TransportError
-from streamlearn.stream.checkpoint import Checkpointer
 
 TP = ("instances", 0)
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from streamlearn.stream import checkpoint as checkpoint_module
-from streamlearn.stream.checkpoint import Checkpointer
+from streamlearn.durability import checkpoint as checkpoint_module
+from streamlearn.durability.checkpoint import Checkpointer
 
 TP = ("instances", 0)
 

@@ -23,6 +23,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamlearn.cli import main
+from streamlearn.durability.checkpoint import (
+    Checkpointer,
+    CheckpointMismatch,
+    Restored,
+    journal_record_problem,
+)
 from streamlearn.engine import Engine
 from streamlearn.errors import StateError
 from streamlearn.evaluation.online import OnlineErrorTracker
@@ -31,12 +37,6 @@ from streamlearn.service.counters import Counters
 from streamlearn.service.settings import DaemonSettings
 from streamlearn.service.state import freeze, thaw
 from streamlearn.snapshot import META_FILE, meta_checksum, read_snapshot, write_snapshot
-from streamlearn.stream.checkpoint import (
-    Checkpointer,
-    CheckpointMismatch,
-    Restored,
-    journal_record_problem,
-)
 
 K, D = 3, 4
 TOPICS = ("instances", "feedback")

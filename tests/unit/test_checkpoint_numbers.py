@@ -10,7 +10,7 @@ from loop_helpers import Clock, drain
 
 from streamlearn.learners import make_learner
 from streamlearn.service.daemon import Daemon, DaemonSettings
-from streamlearn.stream.memory import InMemoryTransport
+from streamlearn.transport.memory import InMemoryTransport
 
 K, D = 3, 2
 

@@ -15,7 +15,7 @@ from loop_helpers import Clock, drain
 from streamlearn.cli import main
 from streamlearn.learners import make_learner
 from streamlearn.service.daemon import Daemon, DaemonSettings
-from streamlearn.stream.memory import InMemoryTransport
+from streamlearn.transport.memory import InMemoryTransport
 
 HUGE = "9" * 400
 

@@ -157,7 +157,7 @@ def _closed_port() -> int:
 def test_no_broker_at_bootstrap_fails_fast_with_one_line(
         command: list[str], monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    import streamlearn.stream.kafka as kafka_transport
+    import streamlearn.transport.kafka as kafka_transport
 
     monkeypatch.setattr(kafka_transport, "CONNECT_TIMEOUT_S", 0.5)
     port = _closed_port()
@@ -171,7 +171,7 @@ def test_no_broker_at_bootstrap_fails_fast_with_one_line(
 
 
 def test_check_reachable_returns_once_a_server_listens() -> None:
-    from streamlearn.stream.kafka import check_reachable
+    from streamlearn.transport.kafka import check_reachable
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))

@@ -15,7 +15,7 @@ import streamlearn.commands.simulate as simulate_module
 from streamlearn.cli import build_parser, main
 from streamlearn.commands.simulate import simulate
 from streamlearn.config import load_config
-from streamlearn.stream.caller import SimulatedCaller, StreamSource
+from streamlearn.datasets.caller import SimulatedCaller, StreamSource
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

@@ -16,9 +16,8 @@ from loop_helpers import Clock, drain
 
 from streamlearn.candidates.learners import CandidateLinUCB
 from streamlearn.learners import make_learner
-from streamlearn.service.candidate_daemon import CandidateDaemon
 from streamlearn.service.daemon import Daemon, DaemonSettings
-from streamlearn.stream.memory import InMemoryTransport
+from streamlearn.transport.memory import InMemoryTransport
 
 K, D = 5, 3
 
@@ -118,7 +117,7 @@ def test_every_feedback_of_an_old_candidate_backlog_joins(age_s: float) -> None:
                               candidates_enabled=True, candidates_shared_features=2,
                               candidates_candidate_features=2, learner_n_actions=2,
                               learner_n_features=6)
-    daemon = CandidateDaemon(settings, transport, CandidateLinUCB(2, 2, seed=3), wall_clock=clock)
+    daemon = Daemon(settings, transport, CandidateLinUCB(2, 2, seed=3), wall_clock=clock)
     drain(daemon)
     assert daemon.counters.decisions == n
     assert daemon.counters.feedback["unknown"] == 0 and transport.broker.messages("dead-letter") == []

@@ -19,7 +19,7 @@ from streamlearn.learners.base import Learner
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.daemon import Daemon, DaemonSettings
-from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
 N, BLOCK = 1500, 100
 X, Y = synthetic_stream(N, noise=0.0, seed=3)

@@ -15,7 +15,7 @@ from streamlearn.events import chunks as chunking
 from streamlearn.events.candidates import CandidateRequests, decode_candidate_requests
 from streamlearn.events.instances import InstanceBatch, decode_instances
 from streamlearn.features import SparseBatch, concat_rows
-from streamlearn.stream.transport import Message
+from streamlearn.transport.protocol import Message
 
 D, K, D_X, D_C = 4, 3, 2, 3
 

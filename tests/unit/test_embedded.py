@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from streamlearn.errors import ConfigError, TransportError
-from streamlearn.stream.embedded import RETAIN_BYTES, EmbeddedTransport, StreamSource
-from streamlearn.stream.transport import Transport
+from streamlearn.transport.embedded import RETAIN_BYTES, EmbeddedTransport, StreamSource
+from streamlearn.transport.protocol import Transport
 
 INST, FEED, DEC, DLQ = ("streamlearn.instances", "streamlearn.feedback",
                         "streamlearn.decisions", "streamlearn.dead-letter")
@@ -209,8 +209,8 @@ def test_kept_messages_allocate_only_their_length() -> None:
 def test_ohsumed_caller_holds_one_copy_and_plays_twenty_shuffled_passes() -> None:
     """The embedded OHSUMED requests are those of the 20-pass stream, in its order, from one
     copy of the queries."""
+    from streamlearn.datasets.candidate_caller import CandidateCaller, make_caller
     from streamlearn.datasets.candidates import load_candidate_stream
-    from streamlearn.stream.candidate_caller import CandidateCaller, make_caller
 
     twenty = CandidateCaller(load_candidate_stream("ohsumed-candidates", passes=20, seed=4),
                              slots=2)

@@ -17,7 +17,7 @@ from streamlearn.events import (
     decode_instances,
 )
 from streamlearn.features import SparseBatch, hash_names
-from streamlearn.stream.transport import Message
+from streamlearn.transport.protocol import Message
 
 D, K = 4, 3
 

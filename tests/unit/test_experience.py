@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamlearn.durability.experience import ExperienceLog, list_segments, read_experience
 from streamlearn.errors import ConfigError, StateError
 from streamlearn.features import SparseBatch
-from streamlearn.stream.experience import ExperienceLog, list_segments, read_experience
 
 
 class Clock:

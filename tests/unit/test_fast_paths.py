@@ -13,6 +13,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamlearn.datasets.caller import encode_instances
 from streamlearn.datasets.synthetic import (
     N_FEATURES,
     N_SWITCHED_OFF,
@@ -23,11 +24,10 @@ from streamlearn.datasets.synthetic import (
 )
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.features import SparseBatch
+from streamlearn.join import rows as rows_module
+from streamlearn.join.rows import RowStore
 from streamlearn.learners import randomness
 from streamlearn.learners.banditron import banditron_coefficients
-from streamlearn.stream import rows as rows_module
-from streamlearn.stream.caller import encode_instances
-from streamlearn.stream.rows import RowStore
 
 seeds = st.integers(0, 2**32 - 1)
 

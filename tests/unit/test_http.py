@@ -119,8 +119,8 @@ def test_stop_is_idempotent_and_frees_the_port() -> None:
 
 
 def test_lag_tracker_measures_lag_in_the_polling_thread() -> None:
-    from streamlearn.service.http import LagTracker
-    from streamlearn.stream.memory import InMemoryTransport
+    from streamlearn.transport.lag import LagTracker
+    from streamlearn.transport.memory import InMemoryTransport
 
     inner = InMemoryTransport(partitions=2)
     for i in range(30):
@@ -146,8 +146,8 @@ def test_lag_tracker_measures_lag_in_the_polling_thread() -> None:
 
 
 def test_lag_tracker_counts_unread_partitions_from_committed_offsets() -> None:
-    from streamlearn.service.http import LagTracker
-    from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
+    from streamlearn.transport.lag import LagTracker
+    from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
     broker = InMemoryBroker()
     first = InMemoryTransport(broker=broker)
@@ -165,8 +165,8 @@ def test_lag_tracker_backs_off_while_the_offsets_cannot_be_read(monkeypatch: Any
     broker is away the tracker tries again after 2, 4, 8, ... 30 s (polls come every 0.1 s
     here), and once a second again after it answers."""
     from streamlearn.errors import TransportError
-    from streamlearn.service import http
-    from streamlearn.stream.memory import InMemoryTransport
+    from streamlearn.transport import lag as http
+    from streamlearn.transport.memory import InMemoryTransport
 
     now = [1000.0]
     monkeypatch.setattr(http.time, "monotonic", lambda: now[0])

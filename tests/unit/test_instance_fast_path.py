@@ -16,7 +16,7 @@ from streamlearn.events import instances
 from streamlearn.events.payload import explain, feature_batch
 from streamlearn.events.raw import DecodeLimits, Reject, Rejection
 from streamlearn.features import SparseBatch
-from streamlearn.stream.transport import Message
+from streamlearn.transport.protocol import Message
 
 D, K = 4, 3
 

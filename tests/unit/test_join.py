@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from streamlearn.errors import ConfigError
 from streamlearn.features import SparseBatch
-from streamlearn.stream.clock import EventClock, PartitionClocks
-from streamlearn.stream.join import JoinSettings, Outcome, PendingJoins
-from streamlearn.stream.transport import Message
+from streamlearn.join.clock import EventClock, PartitionClocks
+from streamlearn.join.pending import JoinSettings, Outcome, PendingJoins
+from streamlearn.transport.protocol import Message
 
 JOINED, EXPIRED, SHED = Outcome.JOINED, Outcome.EXPIRED, Outcome.SHED
 
@@ -300,7 +300,7 @@ def test_pending_rows_past_the_dense_matrix_survive_a_checkpoint_exactly() -> No
     checkpoint and a restore give every row back with exactly its values."""
     from unittest.mock import patch
 
-    from streamlearn.stream import rows as rows_module
+    from streamlearn.join import rows as rows_module
 
     n, d = 1500, 6
     rng = np.random.default_rng(3)

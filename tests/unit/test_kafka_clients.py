@@ -9,11 +9,11 @@ import pytest
 
 from streamlearn.config import load_config
 from streamlearn.errors import ConfigError, TransportError
-from streamlearn.stream import kafka_clients
-from streamlearn.stream.confluent import ConfluentTransport, SharedConfluentClients, librdkafka_options
-from streamlearn.stream.kafka import FETCH_MAX_WAIT_MS, KafkaTransport
-from streamlearn.stream.kafka_shared import SharedKafkaClients
-from streamlearn.stream.transport import ClientTuning
+from streamlearn.transport import kafka_clients
+from streamlearn.transport.confluent import ConfluentTransport, SharedConfluentClients, librdkafka_options
+from streamlearn.transport.kafka import FETCH_MAX_WAIT_MS, KafkaTransport
+from streamlearn.transport.kafka_shared import SharedKafkaClients
+from streamlearn.transport.protocol import ClientTuning
 
 
 def test_the_client_and_its_settings_come_from_file_env_and_flags() -> None:

@@ -11,7 +11,7 @@ import logging
 import pytest
 from kafka.net.transport import KafkaTCPTransport
 
-from streamlearn.stream import kafka_logs
+from streamlearn.transport import kafka_logs
 
 
 class BrokenSocket:

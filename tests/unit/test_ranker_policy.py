@@ -9,9 +9,9 @@ from hypothesis.extra import numpy as hnp
 
 from streamlearn.actions import exploit_around
 from streamlearn.engine import Engine, Mixture
+from streamlearn.join.pending import JoinSettings
 from streamlearn.learners import Banditron, FixedGamma
 from streamlearn.service.retraining import ranking_lists
-from streamlearn.stream.join import JoinSettings
 
 K = 5
 

@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamlearn.join.recent import RecentlyClosed
 from streamlearn.snapshot import pack_strings, unpack_strings
-from streamlearn.stream.recent import RecentlyClosed
 
 ids = st.sampled_from(["a", "b", "c", "é", "😀", "x\x00", "", "[", "long-" * 5]) | st.text(max_size=3)
 steps = st.lists(st.one_of(

@@ -13,7 +13,7 @@ from streamlearn.datasets.stream import Drift, add_bias, apply_drift, prepare_st
 from streamlearn.datasets.synthetic import SyntheticRows, synthetic_stream
 from streamlearn.features import Batch, SparseBatch, take_rows
 from streamlearn.learners import Banditron, FixedGamma, Perceptron
-from streamlearn.replay import _FeedbackDraws, replay, replay_stream, run_with_comparator
+from streamlearn.replay.fixed import _FeedbackDraws, replay, replay_stream, run_with_comparator
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ import pytest
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.learners import Banditron, EpsilonGreedy, FixedGamma, Learner
-from streamlearn.replay import _FeedbackDraws, replay
+from streamlearn.replay.fixed import _FeedbackDraws, replay
 from streamlearn.service.daemon import Daemon, DaemonSettings
-from streamlearn.stream.memory import InMemoryTransport
+from streamlearn.transport.memory import InMemoryTransport
 
 N, B, K, D = 3000, 50, 9, 400
 X, Y = synthetic_stream(N, noise=0.05, seed=4)

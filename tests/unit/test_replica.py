@@ -26,7 +26,7 @@ from streamlearn.service.counters import id_checksum
 from streamlearn.service.daemon import Daemon, DaemonSettings
 from streamlearn.service.replica import Replica
 from streamlearn.snapshot import read_snapshot
-from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
 P, N = 4, 2000
 X, Y = synthetic_stream(N, noise=0.05, seed=4)

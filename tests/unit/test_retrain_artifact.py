@@ -9,6 +9,7 @@ import pytest
 
 from streamlearn.errors import ConfigError, StateError
 from streamlearn.rankers.base import FitData, Ranker
+from streamlearn.rankers.joint import action_scores, greedy, joint_features, rankings
 from streamlearn.retrain.artifact import (
     RANKERS,
     find_artifact,
@@ -17,7 +18,6 @@ from streamlearn.retrain.artifact import (
     make_ranker,
     save_artifact,
 )
-from streamlearn.retrain.joint import action_scores, greedy, joint_features, rankings
 
 
 def small_world(n: int = 600, d: int = 4, K: int = 3, seed: int = 0

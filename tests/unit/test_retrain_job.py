@@ -11,11 +11,11 @@ import orjson
 import pytest
 from retrain_world import EPS, D, K, mean_reward, write_log
 
+from streamlearn.durability.experience import read_experience
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.retrain.artifact import load_artifact
 from streamlearn.retrain.job import run_retrain
 from streamlearn.retrain.promotion import challenger_alpha, promotion_decision
-from streamlearn.stream.experience import read_experience
 
 BEST, WORST = "retrain_world:PlantedBest", "retrain_world:PlantedWorst"
 

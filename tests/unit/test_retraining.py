@@ -13,14 +13,14 @@ import pytest
 import test_daemon_fake as f
 from test_daemon_fake import Caller, Clock, learner, settings
 
+from streamlearn.durability.experience import read_experience
 from streamlearn.errors import ConfigError
 from streamlearn.learners import Banditron, FixedGamma
 from streamlearn.rankers.base import FitData, Ranker
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.metrics import Observer
 from streamlearn.service.retraining import read_ranker_state
-from streamlearn.stream.experience import read_experience
-from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
 
 class Exploding(Ranker):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from streamlearn.durability.experience import ExperienceRows
 from streamlearn.evaluation.offpolicy import snips
 from streamlearn.retrain.promotion import judge
 from streamlearn.service.rollout import Arm, Rollout, RolloutEvent, RolloutSettings
-from streamlearn.stream.experience import ExperienceRows
 
 LEARNER = 0
 

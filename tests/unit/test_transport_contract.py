@@ -7,9 +7,9 @@ from collections.abc import Callable
 import pytest
 from transport_contract import CHECKS, Harness
 
-from streamlearn.stream.embedded import EmbeddedTransport
-from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
-from streamlearn.stream.transport import Transport
+from streamlearn.transport.embedded import EmbeddedTransport
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.transport.protocol import Transport
 
 
 class MemoryHarness:

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.kafka import _split_options
-from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
-from streamlearn.stream.transport import Transport, partition_for_key
+from streamlearn.transport.kafka import _split_options
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.transport.protocol import Transport, partition_for_key
 
 
 def drain(transport: InMemoryTransport, max_records: int = 1000) -> list:

@@ -1,4 +1,4 @@
-"""Every transport implements :class:`~streamlearn.stream.transport.Transport` — checked by mypy.
+"""Every transport implements :class:`~streamlearn.transport.protocol.Transport` — checked by mypy.
 
 The functions below are never called: returning each implementation where a
 ``Transport`` is expected makes ``mypy --strict`` (run in CI) verify every
@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from streamlearn.service.http import LagTracker
-    from streamlearn.stream.confluent import ConfluentTransport
-    from streamlearn.stream.embedded import EmbeddedTransport
-    from streamlearn.stream.kafka import KafkaTransport
-    from streamlearn.stream.memory import InMemoryTransport
-    from streamlearn.stream.transport import Transport
+    from streamlearn.transport.confluent import ConfluentTransport
+    from streamlearn.transport.embedded import EmbeddedTransport
+    from streamlearn.transport.kafka import KafkaTransport
+    from streamlearn.transport.lag import LagTracker
+    from streamlearn.transport.memory import InMemoryTransport
+    from streamlearn.transport.protocol import Transport
 
     def _memory(t: InMemoryTransport) -> Transport:
         return t

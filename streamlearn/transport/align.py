@@ -20,7 +20,7 @@ is the running maximum of the partition's timestamps, so a timestamp that
 goes backwards never reorders a partition); every polled message is released
 exactly once; at most ``max_buffered`` messages wait.
 
->>> from streamlearn.stream.memory import InMemoryTransport
+>>> from streamlearn.transport.memory import InMemoryTransport
 >>> t = InMemoryTransport(partitions=1)
 >>> for ts, topic in ((1, "instances"), (3, "instances"), (2, "feedback"), (1, "instances")):
 ...     _ = t.broker.append(topic, b"k", b"v", timestamp_ms=ts)
@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from streamlearn.stream.transport import Message, Transport
+from streamlearn.transport.protocol import Message, Transport
 
 __all__ = ["InputAligner"]
 

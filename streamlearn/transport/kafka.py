@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from streamlearn.errors import TransportError
-from streamlearn.stream import kafka_logs
-from streamlearn.stream.transport import ClientTuning, Message, Offsets, check_offsets
+from streamlearn.transport import kafka_logs
+from streamlearn.transport.protocol import ClientTuning, Message, Offsets, check_offsets
 
 if TYPE_CHECKING:
-    from streamlearn.stream.kafka_shared import SharedKafkaClients
+    from streamlearn.transport.kafka_shared import SharedKafkaClients
 
 __all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "OFFSETS_TIMEOUT_S", "KafkaTransport",
            "check_reachable", "ensure_topics", "open_clients", "to_message"]
@@ -346,7 +346,7 @@ class KafkaTransport:
                 self.close()
                 raise TransportError(
                     f"topic {topic!r} not found on {self.bootstrap_servers} within {timeout_s} s; "
-                    "create it (streamlearn.stream.transport.ensure_topics)"
+                    "create it (streamlearn.transport.protocol.ensure_topics)"
                 )
             time.sleep(0.2)
 

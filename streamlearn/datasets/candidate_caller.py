@@ -1,6 +1,6 @@
 """The simulated caller for candidate-set streams (``ohsumed-candidates``, ``synthetic-candidates``).
 
-The same part :class:`~streamlearn.stream.caller.SimulatedCaller` plays for
+The same part :class:`~streamlearn.datasets.caller.SimulatedCaller` plays for
 fixed actions, with the same interface (``instances``, ``answer``, ``due``,
 ``skip_to``, ``stats``): request ``n`` (id ``<prefix><n>``) is request
 ``order[n mod len(order)]`` of a :class:`~streamlearn.datasets.candidates.CandidateStream`
@@ -26,10 +26,10 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
+from streamlearn.datasets.caller import CallerStats, SimulatedCaller, StreamSource
 from streamlearn.datasets.candidates import CANDIDATE_STREAMS, CandidateStream, request_cycle
 from streamlearn.datasets.catalogue import check_dataset_name
-from streamlearn.stream.caller import CallerStats, SimulatedCaller, StreamSource
-from streamlearn.stream.transport import own_copy
+from streamlearn.events.raw import own_copy
 
 __all__ = ["CandidateCaller", "make_caller"]
 
@@ -146,7 +146,7 @@ def make_caller(dataset: str, data_dir: str | None, prefix: str, delay_mean_s: f
                 fetch: bool = False) -> SimulatedCaller | CandidateCaller:
     """The simulated caller of a dataset: a :class:`CandidateCaller` for a candidate-set
     stream (:func:`~streamlearn.datasets.candidates.request_cycle`: OHSUMED in 20 shuffled
-    passes, then cycled), else a :class:`~streamlearn.stream.caller.SimulatedCaller`."""
+    passes, then cycled), else a :class:`~streamlearn.datasets.caller.SimulatedCaller`."""
     name = dataset.lower()
     check_dataset_name(dataset, ignore_case=True)
     if name in CANDIDATE_STREAMS:

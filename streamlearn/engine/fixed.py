@@ -1,6 +1,6 @@
 """The one decide → join → learn core, shared by the daemon and the replay.
 
-:class:`Engine` holds a learner and its :class:`~streamlearn.stream.join.PendingJoins`
+:class:`Engine` holds a learner and its :class:`~streamlearn.join.pending.PendingJoins`
 and works on arrays only — no transport, no JSON, no metrics. The daemon
 (:mod:`streamlearn.service.daemon`) feeds it decoded micro-batches from Kafka;
 the replay (:mod:`streamlearn.replay`) feeds it a dataset with simulated
@@ -15,14 +15,14 @@ delays, drops and expiry. Both therefore measure the same code.
   Every decision carries :data:`DECISION_COLUMNS`: the policy that served it
   and the exploration rate any policy deployed at that moment would use.
 * :meth:`Engine.feedback` joins a feedback batch: one
-  :class:`~streamlearn.stream.join.Outcome` per event.
+  :class:`~streamlearn.join.pending.Outcome` per event.
 * :meth:`Engine.advance` expires what is due by the join's clocks.
 * :meth:`Engine.learn` applies every decision that closed since the last call
   with one ``learner.update`` call. A full-information learner (the
   Perceptron comparator) learns the decision's label with reward 1 instead.
 
 >>> from streamlearn.learners import Banditron, FixedGamma
->>> from streamlearn.stream.join import JoinSettings, Outcome
+>>> from streamlearn.join.pending import JoinSettings, Outcome
 >>> engine = Engine(Banditron(2, 3, FixedGamma(0.1), seed=1), JoinSettings(window_s=10.0))
 >>> d = engine.decide(["a", "b"], np.eye(2, 3), None, labels=np.array([0, 1]),
 ...                   ts=np.zeros(2), partitions=np.zeros(2, int), wall=0.0)
@@ -41,9 +41,9 @@ import numpy as np
 
 from streamlearn.actions import exploit_around, exploration_rates
 from streamlearn.features import Batch, take_rows
+from streamlearn.join.pending import Closed, EarlyFeedback, JoinSettings, Outcome, PendingJoins
 from streamlearn.learners import randomness
 from streamlearn.learners.base import Learner
-from streamlearn.stream.join import Closed, EarlyFeedback, JoinSettings, Outcome, PendingJoins
 
 __all__ = ["DECISION_COLUMNS", "Decided", "Engine", "Learned", "Mixture", "Reused"]
 
@@ -237,6 +237,10 @@ class Engine:
                     ranker_draws = randomness.uniforms(seed + RANKER_SEED, keys)
                 actions[rows] = randomness.sample(dist[rows], ranker_draws[rows])
         return actions, mixed, {"served_by": served, "gamma": gamma}
+
+    def is_known(self, ids: Sequence[Any]) -> np.ndarray:
+        """Per id: already pending, recently closed, or repeated earlier in ``ids``."""
+        return self.joins.is_known(ids)
 
     def feedback(self, ids: Sequence[Any], rewards: np.ndarray, ts: np.ndarray,
                  partitions: np.ndarray, wall: float, sources: Sequence[Any] | None = None,

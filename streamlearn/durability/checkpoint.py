@@ -73,7 +73,7 @@ import orjson
 
 from streamlearn.errors import StateError, TransportError
 from streamlearn.snapshot import read_snapshot, write_snapshot
-from streamlearn.stream.transport import Transport
+from streamlearn.transport.protocol import Transport
 
 __all__ = ["CheckpointMismatch", "Checkpointer", "ConsumedOffsets", "DecisionJournal",
            "JournaledDecision", "Restored", "is_count", "journal_record_problem",

@@ -21,7 +21,7 @@ Every decision closes exactly once; closed decisions are collected by
 :meth:`PendingJoins.drain` as one :class:`Closed` batch (one learner update).
 
 Time is event time per ``(stream, partition)`` and the join owns its clocks
-(:mod:`streamlearn.stream.clock`): a decision expires by the clock of its
+(:mod:`streamlearn.join.clock`): a decision expires by the clock of its
 partition's feedback stream, early feedback by the clock of its partition's
 instance stream; partitions the caller reports idle follow the wall clock, so
 expiry never stalls; event times beyond ``max_clock_skew_s`` in the future
@@ -60,12 +60,12 @@ from typing import Any
 import numpy as np
 
 from streamlearn.errors import ConfigError, StateError
+from streamlearn.events.raw import Message
 from streamlearn.features import Batch
+from streamlearn.join.clock import PartitionClocks
+from streamlearn.join.recent import RecentlyClosed
+from streamlearn.join.rows import RowStore, concat_rows
 from streamlearn.snapshot import pack_strings, unpack_strings
-from streamlearn.stream.clock import PartitionClocks
-from streamlearn.stream.recent import RecentlyClosed
-from streamlearn.stream.rows import RowStore, concat_rows
-from streamlearn.stream.transport import Message
 
 __all__ = ["Closed", "EarlyFeedback", "JoinSettings", "Outcome", "PendingJoins"]
 

@@ -1,9 +1,9 @@
 """The embedded transport: an in-memory Kafka with the simulated caller on its other side.
 
 ``streamlearn serve`` without a Kafka bootstrap uses :class:`EmbeddedTransport`:
-an :class:`~streamlearn.stream.memory.InMemoryTransport` (one partition, Kafka's
+an :class:`~streamlearn.transport.memory.InMemoryTransport` (one partition, Kafka's
 offset semantics: commit, seek, end offsets) whose instances and feedback are
-written by a :class:`~streamlearn.stream.caller.SimulatedCaller`:
+written by a :class:`~streamlearn.datasets.caller.SimulatedCaller`:
 
 * at every poll the caller publishes the feedback that is due and instance
   events of its dataset (SynNonSep by default: 9 actions, 400 sparse binary
@@ -40,11 +40,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from streamlearn.datasets.caller import CallerStats, SimulatedCaller, StreamSource
+from streamlearn.datasets.candidate_caller import CandidateCaller, make_caller
 from streamlearn.errors import ConfigError, TransportError
-from streamlearn.stream.caller import CallerStats, SimulatedCaller, StreamSource
-from streamlearn.stream.candidate_caller import CandidateCaller, make_caller
-from streamlearn.stream.memory import InMemoryBroker, InMemoryTransport
-from streamlearn.stream.transport import Message, check_offsets
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.transport.protocol import Message, check_offsets
 
 __all__ = ["CallerStats", "EmbeddedTransport", "StreamSource"]
 

@@ -1,7 +1,7 @@
 """One Kafka consumer and one producer shared by the partition transports of a replica.
 
 A replica of a scaled-out group (``kafka.membership = group``) runs one daemon,
-with its own :class:`~streamlearn.stream.kafka.KafkaTransport`, per partition it
+with its own :class:`~streamlearn.transport.kafka.KafkaTransport`, per partition it
 owns. With a consumer and a producer per transport, a replica's Kafka clients —
 each with its IO thread, its fetch requests and its metadata — grew with its
 partitions, and every replica added to a group added its own. Built with
@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.kafka import open_clients, to_message
-from streamlearn.stream.transport import ClientTuning, Message
+from streamlearn.transport.kafka import open_clients, to_message
+from streamlearn.transport.protocol import ClientTuning, Message
 
 __all__ = ["SharedKafkaClients"]
 
@@ -40,7 +40,7 @@ class SharedKafkaClients:
     Parameters
     ----------
     bootstrap_servers, group_id, client_options, auto_offset_reset, tuning
-        As for :class:`~streamlearn.stream.kafka.KafkaTransport`.
+        As for :class:`~streamlearn.transport.kafka.KafkaTransport`.
     fetch_max_records : int
         Records one consumer poll may return, for all attached partitions together.
     """

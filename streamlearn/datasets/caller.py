@@ -1,6 +1,6 @@
 """The simulated caller: the application on the other side of the topics.
 
-One implementation for the embedded default (:mod:`streamlearn.stream.embedded`),
+One implementation for the embedded default (:mod:`streamlearn.transport.embedded`),
 ``streamlearn simulate`` against Kafka and the tests. It is transport-free:
 
 * :meth:`SimulatedCaller.instances` gives the next instance events of a
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from streamlearn.events.raw import own_copy
 from streamlearn.features import SparseBatch
-from streamlearn.stream.transport import own_copy
 
 __all__ = ["CallerStats", "SimulatedCaller", "StreamSource", "encode_instances"]
 

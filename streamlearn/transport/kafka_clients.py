@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib.util
 
 from streamlearn.errors import ConfigError
-from streamlearn.stream.confluent import ConfluentTransport, SharedConfluentClients
-from streamlearn.stream.kafka import KafkaTransport
-from streamlearn.stream.kafka_shared import SharedKafkaClients
+from streamlearn.transport.confluent import ConfluentTransport, SharedConfluentClients
+from streamlearn.transport.kafka import KafkaTransport
+from streamlearn.transport.kafka_shared import SharedKafkaClients
 
 __all__ = ["CLIENTS", "shared_clients_class", "transport_class"]
 

@@ -2,7 +2,7 @@
 
 Every learner runs inside an :class:`~streamlearn.engine.Engine`, the
 decide → join → learn core the daemon serves with: decisions wait in the same
-:class:`~streamlearn.stream.join.PendingJoins`, feedback joins by the same
+:class:`~streamlearn.join.pending.PendingJoins`, feedback joins by the same
 window rules, dropped feedback expires to the default reward by the same
 clock, and the learner is updated with what closed. So a replayed figure
 measures the serving code.
@@ -49,8 +49,8 @@ from streamlearn.engine import Engine
 from streamlearn.errors import ConfigError
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.features import Batch, SparseBatch, take_rows
+from streamlearn.join.pending import JoinSettings, Outcome
 from streamlearn.learners import Learner, Perceptron
-from streamlearn.stream.join import JoinSettings, Outcome
 
 __all__ = ["ReplayResult", "blocks_of", "default_window", "replay", "replay_stream",
            "run_with_comparator", "stderr_progress"]

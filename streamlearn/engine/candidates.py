@@ -1,7 +1,7 @@
 """The decide → join → learn core for candidate-set requests (the daemon's candidate mode).
 
 :class:`CandidateEngine` plays the part :class:`~streamlearn.engine.Engine` plays
-for fixed actions, on the same :class:`~streamlearn.stream.join.PendingJoins`:
+for fixed actions, on the same :class:`~streamlearn.join.pending.PendingJoins`:
 
 * every *placed candidate* (a slot of a request) is one pending join, with the
   id ``["<request id>", "<candidate id>"]`` (JSON, so no separator can be
@@ -22,7 +22,7 @@ loop in deciding or learning beyond building the id strings.
 
 >>> from streamlearn.candidates.learners import CandidateEpsilonGreedy
 >>> from streamlearn.candidates.sets import CandidateSets
->>> from streamlearn.stream.join import JoinSettings
+>>> from streamlearn.join.pending import JoinSettings
 >>> engine = CandidateEngine(CandidateEpsilonGreedy(0, 2, seed=1), JoinSettings(window_s=10.0),
 ...                          max_slots=2)
 >>> sets = CandidateSets(np.zeros((1, 0)), np.eye(3, 2), np.array([0, 3]))
@@ -49,7 +49,7 @@ from streamlearn.candidates.learners import CandidateLearner
 from streamlearn.candidates.sets import CandidateSets
 from streamlearn.engine import Learned
 from streamlearn.events.candidate_feedback import RewardSpec
-from streamlearn.stream.join import EarlyFeedback, JoinSettings, Outcome, PendingJoins
+from streamlearn.join.pending import EarlyFeedback, JoinSettings, Outcome, PendingJoins
 
 __all__ = ["CandidateDecided", "CandidateEngine", "Journaled", "pair_id", "request_key"]
 

@@ -17,11 +17,11 @@ import time
 from collections.abc import Mapping, Sequence
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.transport import (
+from streamlearn.events.raw import own_copy
+from streamlearn.transport.protocol import (
     Message,
     Offsets,
     check_offsets,
-    own_copy,
     partition_for_key,
     produce_each,
 )

@@ -1,7 +1,7 @@
 """The Kafka transport on librdkafka (``confluent-kafka``): ``kafka.client = confluent``.
 
-The same :class:`~streamlearn.stream.transport.Transport` as
-:class:`~streamlearn.stream.kafka.KafkaTransport`, with the same guarantees:
+The same :class:`~streamlearn.transport.protocol.Transport` as
+:class:`~streamlearn.transport.kafka.KafkaTransport`, with the same guarantees:
 the consumer is *assigned* the input partitions (positions exist at once, a
 ``seek`` right after construction is exact), offsets are committed only when
 the caller commits, and the producer is idempotent with ``acks=all``.
@@ -20,7 +20,7 @@ How librdkafka's behaviour is mapped onto the contract:
   next ``flush``, and ``flush`` raises until every message is acknowledged.
 - Commits are librdkafka's asynchronous ones; ``commit(wait=True)`` polls
   until its commit callback arrives, for at most
-  :data:`~streamlearn.stream.kafka.OFFSETS_TIMEOUT_S`, and keeps what those polls
+  :data:`~streamlearn.transport.kafka.OFFSETS_TIMEOUT_S`, and keeps what those polls
   read for the next ``poll`` (librdkafka's synchronous commit waits for the
   coordinator however long the broker is away). At most one commit not waited
   for is in flight; closing the consumer, which waits for those, is bounded by
@@ -42,8 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from streamlearn.errors import TransportError
-from streamlearn.stream.kafka import OFFSETS_TIMEOUT_S, check_reachable
-from streamlearn.stream.transport import ClientTuning, Message, Offsets, check_offsets
+from streamlearn.transport.kafka import OFFSETS_TIMEOUT_S, check_reachable
+from streamlearn.transport.protocol import ClientTuning, Message, Offsets, check_offsets
 
 __all__ = ["CLOSE_TIMEOUT_S", "ConfluentTransport", "SharedConfluentClients", "close_consumer",
            "librdkafka_options", "open_confluent_clients"]
@@ -209,7 +209,7 @@ def _records(records: list[Any], where: str) -> list[Message]:
 class ConfluentTransport:
     """A :class:`Transport` on librdkafka: one assigned consumer, one idempotent producer.
 
-    Parameters are those of :class:`~streamlearn.stream.kafka.KafkaTransport`;
+    Parameters are those of :class:`~streamlearn.transport.kafka.KafkaTransport`;
     ``client_options`` take the names of ``KafkaConfig.client_options`` (translated,
     see :func:`librdkafka_options`) or librdkafka's own dotted settings, and ``shared``
     is a :class:`SharedConfluentClients`.
@@ -302,7 +302,7 @@ class ConfluentTransport:
                 self.close()
                 raise TransportError(
                     f"topic {topic!r} not found on {self.bootstrap_servers} within "
-                    f"{self._timeout_s} s; create it (streamlearn.stream.transport.ensure_topics)")
+                    f"{self._timeout_s} s; create it (streamlearn.transport.protocol.ensure_topics)")
             time.sleep(0.2)
 
     def _check_open(self) -> None:
@@ -542,7 +542,7 @@ class _Deliveries:
 class SharedConfluentClients:
     """One librdkafka consumer and producer for the partition transports of a replica.
 
-    The counterpart of :class:`~streamlearn.stream.kafka_shared.SharedKafkaClients`, with
+    The counterpart of :class:`~streamlearn.transport.kafka_shared.SharedKafkaClients`, with
     the same invariants (see that module): records of a partition are handed out in offset
     order to the transport that attached it; a seek drops its buffered records; attaching or
     detaching partitions leaves the others' positions where they are (librdkafka's

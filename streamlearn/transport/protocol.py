@@ -1,7 +1,7 @@
 """The message transport Protocol and what every implementation shares.
 
-Implementations: :class:`streamlearn.stream.kafka.KafkaTransport` (kafka-python)
-and :class:`streamlearn.stream.memory.InMemoryTransport` (an in-process fake
+Implementations: :class:`streamlearn.transport.kafka.KafkaTransport` (kafka-python)
+and :class:`streamlearn.transport.memory.InMemoryTransport` (an in-process fake
 with Kafka's offset semantics, for unit tests and the embedded mode).
 
 A transport reads two co-partitioned input topics (instances and feedback)
@@ -30,34 +30,13 @@ from typing import Protocol, runtime_checkable
 from kafka.partitioner.default import murmur2
 
 from streamlearn.errors import TransportError
+from streamlearn.events.raw import Message
 
-__all__ = ["ClientTuning", "Message", "Offsets", "Transport", "check_offsets", "own_copy",
+__all__ = ["ClientTuning", "Message", "Offsets", "Transport", "check_offsets",
            "partition_for_key", "produce_each"]
 
 Offsets = dict[tuple[str, int], int]
 """Next offset to read per ``(topic, partition)``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One record read from a topic partition."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int
-
-
-def own_copy(value: bytes) -> bytes:
-    """A copy of ``value`` that allocates only its length.
-
-    orjson returns bytes objects that keep its whole write buffer (4 KB and more) allocated
-    however short the JSON is; whatever keeps thousands of messages (a log, the last
-    decisions) keeps copies. 0.3 µs per message.
-    """
-    return bytes(memoryview(value))
 
 
 @dataclass(frozen=True, slots=True)

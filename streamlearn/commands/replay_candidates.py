@@ -14,27 +14,15 @@ from typing import Any
 
 import orjson
 
-from streamlearn.candidates.learners import (
-    CandidateBanditron,
-    CandidateEpsilonGreedy,
-    CandidateLearner,
-    CandidateLinUCB,
-    CandidateSquareCB,
-)
-from streamlearn.candidates.replay import replay_candidates
+from streamlearn.candidates.learners import CANDIDATE_LEARNERS
+from streamlearn.datasets.candidates import load_candidate_stream
 from streamlearn.errors import ConfigError
+from streamlearn.replay.candidates import replay_candidates
 
-__all__ = ["CANDIDATE_LEARNERS", "replay_candidate_stream"]
-
-CANDIDATE_LEARNERS: dict[str, type[CandidateLearner]] = {
-    "linucb": CandidateLinUCB, "epsilon-greedy": CandidateEpsilonGreedy,
-    "squarecb": CandidateSquareCB, "banditron": CandidateBanditron,
-}
+__all__ = ["replay_candidate_stream"]
 
 
 def replay_candidate_stream(args: argparse.Namespace) -> int:
-    from streamlearn.datasets.candidates import load_candidate_stream
-
     if args.learner not in CANDIDATE_LEARNERS:
         raise ConfigError(f"--learner must be one of {sorted(CANDIDATE_LEARNERS)} on a "
                           f"candidate-set stream. Got {args.learner!r}.")

@@ -1,0 +1,290 @@
+"""What the serving loop decides over: a fixed set of actions, or candidate sets.
+
+The :class:`~streamlearn.service.daemon.Daemon` has one poll → decide → join → learn →
+checkpoint loop; a **mode** supplies what differs between the two shapes of request:
+
+* how instance messages decode (:meth:`ServingMode.decode_instances`) and feedback
+  messages (:meth:`ServingMode.decode_feedback`);
+* the decision core (:meth:`ServingMode.make_engine`: an
+  :class:`~streamlearn.engine.fixed.Engine` or a
+  :class:`~streamlearn.engine.candidates.CandidateEngine`, both a
+  :class:`~streamlearn.engine.DecisionCore`);
+* how a decoded batch is decided and what its decision records say
+  (:meth:`ServingMode.decide`: the daemon journals and publishes them);
+* the extra state of a checkpoint (:meth:`ServingMode.freeze` / :meth:`ServingMode.thaw`)
+  and the width of a journaled decision's distribution (:attr:`ServingMode.journal_width`).
+
+:class:`FixedActions` is the default; :class:`CandidateSets` serves requests that carry
+their own candidates and slots (docs/kafka.md):
+
+``{"id": "r1", "candidates": [{"id": "item-17", "prob": 0.93}, ...], "prob": 0.81,
+"ranking": ["item-17", "item-3", ...], "explored": false, "model": "...", "ts": ...}``
+
+In candidate mode the ``action`` label of the per-action metrics is the slot position,
+and a feedback outcome is counted per placed candidate once it closes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import numpy as np
+import orjson
+
+from streamlearn.actions import exploration_rates
+from streamlearn.candidates.learners import CANDIDATE_LEARNERS, CandidateLearner
+from streamlearn.durability.checkpoint import CheckpointMismatch, JournaledDecision, Restored
+from streamlearn.engine import DecisionCore, Engine
+from streamlearn.engine.candidates import CandidateEngine, Journaled
+from streamlearn.errors import ConfigError, StateError
+from streamlearn.evaluation.online import OnlineErrorTracker
+from streamlearn.events import Rejection, decode_feedback, decode_instances
+from streamlearn.events.candidate_feedback import decode_candidate_feedback
+from streamlearn.events.candidates import decode_candidate_requests
+from streamlearn.events.raw import DecodeLimits, Message
+from streamlearn.join.pending import Closed, PendingJoins
+from streamlearn.learners.base import Learner
+from streamlearn.service.counters import Counters, tracker_load
+from streamlearn.service.retraining import ranking_lists
+from streamlearn.service.settings import DaemonSettings
+from streamlearn.service.state import freeze, learner_settings, thaw, warn_settings_kept
+
+if TYPE_CHECKING:
+    from streamlearn.service.daemon import Daemon
+
+__all__ = ["CandidateSets", "FixedActions", "Published", "ServingMode", "mode_for"]
+
+
+@dataclass
+class Published:
+    """What :meth:`ServingMode.decide` made of a batch: the decision messages (journaled
+    ones byte-identical), the rows decided now (``fresh``), and what the metrics count."""
+
+    values: list[bytes]
+    fresh: np.ndarray
+    n_explored: int
+    actions: np.ndarray  # the per-action metrics' labels (empty: none)
+    gamma: float
+
+
+class DecodedBatch(Protocol):
+    """What the loop needs of a decoded instance batch (both modes' batches have it)."""
+
+    ids: list[str]
+    messages: list[Any]
+
+    def __len__(self) -> int: ...
+
+    def take(self, rows: np.ndarray) -> Any: ...
+
+
+class ServingMode(Protocol):
+    """The parts of the loop that differ between fixed actions and candidate sets."""
+
+    journal_width: int  # probabilities per journaled decision
+
+    def make_engine(self, learner: Any) -> DecisionCore: ...
+
+    def decode_instances(self, messages: list[Message], limits: DecodeLimits
+                         ) -> tuple[DecodedBatch, list[Rejection]]: ...
+
+    def decode_feedback(self, messages: list[Message], limits: DecodeLimits
+                        ) -> tuple[Any, list[Rejection]]: ...
+
+    def decide(self, daemon: Daemon, batch: Any, wall: float,
+               reused: dict[str, JournaledDecision]) -> Published: ...
+
+    def freeze(self, engine: Any, tracker: OnlineErrorTracker, counters: Counters,
+               settings: DaemonSettings) -> tuple[dict[str, np.ndarray], dict[str, Any]]: ...
+
+    def thaw(self, restored: Restored, engine: Any, tracker: OnlineErrorTracker
+             ) -> tuple[DecisionCore, Counters]: ...
+
+    def track(self, tracker: OnlineErrorTracker, closed: Closed, rows: np.ndarray) -> None: ...
+
+
+def mode_for(settings: DaemonSettings) -> ServingMode:
+    """The mode ``settings`` ask for (``candidates.enabled``)."""
+    return CandidateSets(settings) if settings.candidates_enabled else FixedActions(settings)
+
+
+def _reused_values(ids: list[str], reused: dict[str, JournaledDecision]) -> list[bytes]:
+    """Journaled decisions as they were published (byte-identical); b'' for the others."""
+    if not reused:
+        return [b""] * len(ids)
+    return [orjson.dumps(reused[i].message) if i in reused else b"" for i in ids]
+
+
+class FixedActions:
+    """Instances chosen among ``learner.n_actions`` actions (module doc)."""
+
+    def __init__(self, settings: DaemonSettings) -> None:
+        self.settings = settings
+        self.n_actions, self.n_features = settings.learner_n_actions, settings.learner_n_features
+        self.journal_width = self.n_actions
+
+    def make_engine(self, learner: Learner) -> Engine:
+        return Engine(learner, self.settings.join_settings())
+
+    def decode_instances(self, messages: list[Message], limits: DecodeLimits) -> tuple[Any, list[Rejection]]:
+        return decode_instances(messages, self.n_features, self.n_actions, limits)
+
+    def decode_feedback(self, messages: list[Message], limits: DecodeLimits
+                        ) -> tuple[Any, list[Rejection]]:
+        return decode_feedback(messages, limits)
+
+    def decide(self, daemon: Daemon, batch: Any, wall: float,
+               reused: dict[str, JournaledDecision]) -> Published:
+        """One ``learner.decide`` (the policies of a rollout sharing the batch), each fresh
+        decision with the live ranker's ranking and the policy that served it."""
+        B = len(batch)
+        retraining = daemon.retraining
+        scores = retraining.scores(batch.X) if retraining is not None else None
+        decided = cast(Engine, daemon.engine).decide(
+            batch.ids, batch.X, batch.mask, labels=batch.labels, ts=np.full(B, wall),
+            event_ts=batch.ts, partitions=batch.partitions, wall=wall,
+            known={i: (j.action, np.asarray(j.probs), float(j.message["ts"]), j.columns)
+                   for i, j in reused.items()},
+            model_version=daemon.counters.model_version,
+            mixture=None if retraining is None else retraining.mixture(batch.X, scores))
+        values = _reused_values(batch.ids, reused)
+        fresh, probs, actions = decided.fresh, decided.probs, decided.actions
+        if len(fresh):
+            model = f"{daemon.model_name}-v{daemon.counters.model_version}"
+            exploit = np.argmax(probs[fresh], axis=1)
+            records = [{"id": batch.ids[j], "action": int(actions[j]),
+                        "prob": float(probs[j, actions[j]]),
+                        "explored": bool(actions[j] != exploit[n]), "model": model, "ts": wall}
+                       for n, j in enumerate(fresh.tolist())]
+            if scores is not None:
+                rankings = ranking_lists(scores[fresh],
+                                         None if batch.mask is None else batch.mask[fresh])
+                for record, ranking in zip(records, rankings, strict=True):
+                    record["ranking"] = ranking
+            kept = {k: v[fresh] for k, v in decided.columns.items()}
+            if retraining is not None and kept["served_by"].any():
+                names = retraining.policy_names()
+                for record, version in zip(records, kept["served_by"].tolist(), strict=True):
+                    if version:
+                        record["policy"] = names.get(version, f"ranker-v{version}")
+            daemon.journal_and_encode(values, fresh, records, probs[fresh], kept)
+        return Published(values, fresh, int(decided.explored.sum()), actions,
+                         float(exploration_rates(probs, batch.mask).mean()))
+
+    def freeze(self, engine: Engine, tracker: OnlineErrorTracker, counters: Counters,
+               settings: DaemonSettings) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        return freeze(engine, tracker, counters, settings)
+
+    def thaw(self, restored: Restored, engine: Engine, tracker: OnlineErrorTracker
+             ) -> tuple[Engine, Counters]:
+        configured = learner_settings(engine.learner)
+        restored_engine, counters = thaw(restored, self.settings, type(engine.learner), tracker)
+        warn_settings_kept(restored.seq, configured, learner_settings(restored_engine.learner))
+        return restored_engine, counters
+
+    def track(self, tracker: OnlineErrorTracker, closed: Closed, rows: np.ndarray) -> None:
+        tracker.observe(closed.actions[rows], closed.rewards[rows], closed.labels[rows],
+                        closed.probs[rows])
+
+
+class CandidateSets:
+    """Requests that carry their own candidates and ask for ``slots`` of them (module doc)."""
+
+    def __init__(self, settings: DaemonSettings) -> None:
+        if settings.retrain_enabled and settings.retrain_policy == "ranker":
+            raise ConfigError("retrain.policy must be 'learner' in candidate mode (rankers are "
+                              "retrained and measured on the logged slates, not promoted to "
+                              "serve). Got 'ranker'.")
+        self.settings = settings
+        self.journal_width = settings.candidates_max_slots
+
+    def make_engine(self, learner: CandidateLearner) -> CandidateEngine:
+        if not isinstance(learner, CandidateLearner):
+            raise ConfigError(f"candidate mode needs a candidate-set learner. Got "
+                              f"{type(learner).__name__}.")
+        return CandidateEngine(learner, self.settings.join_settings(),
+                               self.settings.candidates_max_slots)
+
+    def decode_instances(self, messages: list[Message], limits: DecodeLimits) -> tuple[Any, list[Rejection]]:
+        s = self.settings
+        return decode_candidate_requests(messages, s.candidates_shared_features,
+                                         s.candidates_candidate_features, limits,
+                                         s.candidates_max_candidates, s.candidates_max_slots)
+
+    def decode_feedback(self, messages: list[Message], limits: DecodeLimits
+                        ) -> tuple[Any, list[Rejection]]:
+        return decode_candidate_feedback(messages, limits)
+
+    def decide(self, daemon: Daemon, batch: Any, wall: float,
+               reused: dict[str, JournaledDecision]) -> Published:
+        """Each request's slots filled; its decision ranks every candidate (the exploit one
+        first, then by the model's estimate)."""
+        known = {i: Journaled([c["id"] for c in j.message["candidates"]],
+                              [c["prob"] for c in j.message["candidates"]],
+                              j.message["ranking"][0], float(j.message["ts"]))
+                 for i, j in reused.items()}
+        engine = cast(CandidateEngine, daemon.engine)
+        decided = engine.decide(batch.ids, batch.sets, batch.candidate_ids, batch.slots,
+                                batch.partitions, wall, known, daemon.counters.model_version,
+                                event_ts=batch.ts)
+        values = _reused_values(batch.ids, reused)
+        fresh = decided.fresh
+        if len(fresh):
+            sets, cids = batch.sets, batch.candidate_ids
+            key = np.where(np.isnan(decided.scores), -np.inf, decided.scores)
+            key[decided.exploit] = np.inf
+            order = np.lexsort((-key, sets.request_of))
+            ranked_ids = np.asarray(cids, dtype=object)[order]  # each request's slice, in order
+            model = f"{daemon.model_name}-v{daemon.counters.model_version}"
+            records = []
+            for j in fresh.tolist():
+                start, stop = int(sets.offsets[j]), int(sets.offsets[j + 1])
+                placed = decided.chosen[j][decided.chosen[j] >= 0].tolist()
+                probs = decided.slot_probs[j, :len(placed)].tolist()
+                records.append({"id": batch.ids[j],
+                                "candidates": [{"id": cids[r], "prob": p}
+                                               for r, p in zip(placed, probs, strict=True)],
+                                "prob": float(np.prod(probs)),
+                                "ranking": ranked_ids[start:stop].tolist(),
+                                "explored": bool(placed[0] != decided.exploit[j]),
+                                "model": model, "ts": wall})
+            daemon.journal_and_encode(values, fresh, records, decided.slot_probs[fresh])
+        first = decided.slot_probs[fresh, 0]
+        return Published(values, fresh, int(decided.explored.sum()), np.zeros(0, np.int64),
+                         float(np.mean(1.0 - first)) if len(first) else 0.0)
+
+    def freeze(self, engine: CandidateEngine, tracker: OnlineErrorTracker, counters: Counters,
+               settings: DaemonSettings) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, meta = freeze(engine, tracker, counters, settings)
+        meta["candidates"] = {"early_rewards": engine.early_rewards}
+        return arrays, meta
+
+    def thaw(self, restored: Restored, engine: CandidateEngine, tracker: OnlineErrorTracker
+             ) -> tuple[CandidateEngine, Counters]:
+        arrays, meta, s = restored.arrays, restored.meta, self.settings
+        try:
+            learner = CANDIDATE_LEARNERS[s.candidates_learner].from_state(arrays, meta["learner"])
+            if (learner.d_x, learner.d_c) != (s.candidates_shared_features,
+                                              s.candidates_candidate_features):
+                raise CheckpointMismatch(
+                    f"checkpoint {restored.seq} in {s.checkpoint_dir} holds a candidate learner "
+                    f"with (d_x, d_c) = {learner.d_x, learner.d_c}; this daemon is configured "
+                    f"for {s.candidates_shared_features, s.candidates_candidate_features}")
+            joins = PendingJoins.restore(s.candidates_max_slots, learner.d_x + 2 * learner.d_c,
+                                         s.join_settings(), arrays, meta["join"])
+            tracker_load(tracker, arrays, meta["tracker"])
+            counters = Counters.from_json(meta["counters"])
+            early = meta["candidates"]["early_rewards"]
+        except CheckpointMismatch:
+            raise
+        except (KeyError, TypeError, ValueError, StateError) as exc:
+            raise StateError(f"checkpoint {restored.seq} in {s.checkpoint_dir} does not fit this "
+                             f"candidate-mode daemon: {exc!r}") from exc
+        warn_settings_kept(restored.seq, engine.learner.hyperparameters(),
+                           learner.hyperparameters())
+        return CandidateEngine(learner, s.join_settings(), s.candidates_max_slots, joins,
+                               early), counters
+
+    def track(self, tracker: OnlineErrorTracker, closed: Closed, rows: np.ndarray) -> None:
+        tracker.observe(closed.actions[rows], closed.rewards[rows])

@@ -1,0 +1,130 @@
+"""Consumer lag measured in the polling thread: a transport wrapper for ``/readyz``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from streamlearn.transport.protocol import Message, Transport
+
+__all__ = ["LagTracker"]
+
+_log = logging.getLogger(__name__)
+
+MAX_RETRY_S = 30.0
+
+
+class LagTracker:
+    """A transport wrapper that measures consumer lag in the polling thread, for ``/readyz``.
+
+    Kafka clients are not thread-safe, so the HTTP thread must not call the
+    transport. Every ``refresh_s`` seconds, inside ``poll`` (the daemon's
+    thread), this reads the end offsets and caches ``lag = Σ (end − next
+    offset to read)`` over the assigned partitions; :meth:`readiness` only
+    reads the cache. Positions come from the messages polled and from
+    ``seek``; a partition not read yet counts from its committed offset (0
+    when none).
+
+    Parameters
+    ----------
+    inner : Transport
+        The real transport; every call is delegated to it.
+    max_lag : int
+        ``/readyz`` fails while the lag exceeds this.
+    is_serving : callable
+        Whether the loop is up (e.g. ``lambda: daemon.ready``).
+    on_lag : callable, optional
+        Receives each measured lag (e.g. ``observer.on_lag``).
+    """
+
+    def __init__(self, inner: Transport, max_lag: int, is_serving: Callable[[], bool] = lambda: True,
+                 on_lag: Callable[[int], None] | None = None, refresh_s: float = 1.0) -> None:
+        self.inner, self.max_lag, self.is_serving = inner, max_lag, is_serving
+        self.on_lag, self.refresh_s = on_lag, refresh_s
+        self.instances_topic: str = inner.instances_topic
+        self.feedback_topic: str = inner.feedback_topic
+        self.decisions_topic: str = inner.decisions_topic
+        self.dead_letter_topic: str = inner.dead_letter_topic
+        self.positions: dict[tuple[str, int], int] = {}
+        self.lag: int | None = None
+        self.lag_error = ""
+        self._start: dict[tuple[str, int], int] | None = None
+        self._next_refresh = 0.0
+        self._retry_s = refresh_s  # grows while the offsets cannot be read (the broker is away)
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Message]:
+        messages = self.inner.poll(max_records, timeout_s)
+        for m in messages:
+            self.positions[(m.topic, m.partition)] = m.offset + 1
+        now = time.monotonic()
+        if now >= self._next_refresh:
+            if self.refresh():
+                self._retry_s = self.refresh_s
+                self._next_refresh = now + self.refresh_s
+            else:  # back off (2 s, doubling up to MAX_RETRY_S): a try may block
+                self._retry_s = min(max(2.0 * self._retry_s, 1.0), MAX_RETRY_S)
+                self._next_refresh = time.monotonic() + self._retry_s
+        return messages
+
+    def refresh(self) -> bool:
+        """Measure the lag now (call from the polling thread only); False if it could not."""
+        from streamlearn.errors import TransportError
+
+        try:
+            if self._start is None:
+                self._start = dict(self.inner.committed())
+            ends = self.inner.end_offsets()
+        except TransportError as exc:
+            self.lag, self.lag_error = None, f"cannot read offsets: {exc}"
+            return False
+        self.lag = int(sum(max(0, end - self.positions.get(tp, self._start.get(tp, 0)))
+                           for tp, end in ends.items()))
+        self.lag_error = ""
+        if self.on_lag is not None:
+            self.on_lag(self.lag)
+        return True
+
+    def readiness(self) -> tuple[bool, str]:
+        """``(ready, reason)``: serving, partitions assigned, lag measured and within bound."""
+        if not self.is_serving():
+            return False, "not serving (starting, restoring a checkpoint or stopping)"
+        if not self.inner.assignment():
+            return False, "no partitions assigned"
+        if self.lag is None:
+            return False, self.lag_error or "consumer lag not measured yet"
+        if self.lag > self.max_lag:
+            return False, f"consumer lag {self.lag} > bound {self.max_lag} (metrics.max_lag)"
+        return True, f"lag {self.lag} <= {self.max_lag}"
+
+    def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self.inner.produce(topic, key, value)
+
+    def flush(self, timeout_s: float) -> None:
+        self.inner.flush(timeout_s)
+
+    def commit(self, offsets: Mapping[tuple[str, int], int], *, wait: bool = True) -> None:
+        self.inner.commit(offsets, wait=wait)
+
+    def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        self.inner.seek(offsets)
+        self.positions.update(offsets)
+
+    def assignment(self) -> set[tuple[str, int]]:
+        return set(self.inner.assignment())
+
+    def committed(self) -> dict[tuple[str, int], int]:
+        return dict(self.inner.committed())
+
+    def end_offsets(self) -> dict[tuple[str, int], int]:
+        return dict(self.inner.end_offsets())
+
+    def unread(self) -> dict[tuple[str, int], int | None]:
+        return dict(self.inner.unread())
+
+    def produce_many(self, topic: str, keys: Sequence[bytes | None],
+                     values: Sequence[bytes]) -> None:
+        self.inner.produce_many(topic, keys, values)
+
+    def close(self) -> None:
+        self.inner.close()
