@@ -34,8 +34,9 @@ def run_streamlearn(stream: CandidateStream, name: str, batch_size: int, seed: i
     d_x, d_c = stream.sets.context.shape[1], stream.sets.items.shape[1]
     learner: CandidateLearner = LEARNERS[name](d_x, d_c, seed=seed)
     result = replay_candidates(learner, stream.sets, batch_size, expected=stream.expected)
-    return {"system": name, "batch": batch_size, "events_per_s": result.requests_per_second,
-            "error": stream.error(result.chosen),
+    return {"system": name, "batch_size": batch_size,
+            "events_per_second": result.requests_per_second,
+            "error_rate": stream.error(result.chosen),
             "regret_per_request": stream.regret(result.chosen) / len(stream)}
 
 
@@ -57,25 +58,29 @@ def main(argv: list[str] | None = None) -> int:
     lines = adf_lines(stream)
     for explorer in adf_explorers(stream.sets.context.shape[1]):
         vw = run_vw_adf(stream, explorer, args.seed, lines=lines)
-        rows.append({"system": f"vw-adf-{explorer}", "batch": 1, **vw})
-    best_vw = min((r for r in rows if r["system"].startswith("vw-")), key=lambda r: r["error"])
+        rows.append({"system": f"vw-adf-{explorer}", "batch_size": 1, **vw})
+    best_vw = min((r for r in rows if r["system"].startswith("vw-")), key=lambda r: r["error_rate"])
     for r in rows:
-        r["speed_vs_best_vw"] = r["events_per_s"] / best_vw["events_per_s"]
-        r["error_minus_best_vw"] = r["error"] - best_vw["error"]
+        r["speed_vs_reference"] = r["events_per_second"] / best_vw["events_per_second"]
+        r["error_vs_reference"] = r["error_rate"] - best_vw["error_rate"]
     if args.json:
-        print(orjson.dumps({"dataset": args.dataset, "requests": len(stream), "rows": rows,
-                            "baselines": baselines(stream)}, option=orjson.OPT_INDENT_2).decode())
+        print(orjson.dumps({"dataset": args.dataset, "requests": len(stream),
+                            "reference": {"system": best_vw["system"],
+                                          "why": "the VW explorer with the lowest error"},
+                            "results": rows, "baselines": baselines(stream)},
+                           option=orjson.OPT_INDENT_2).decode())
         return 0
     print(f"{args.dataset}: {len(stream):,} requests, {len(stream.sets.items):,} candidates; "
           f"best VW: {best_vw['system']}")
     print(f"{'system':<34}{'batch':>6}{'requests/s':>12}{'error':>8}{'regret/req':>11}"
           f"{'× VW speed':>11}{'Δ error':>9}")
     for r in rows:
-        print(f"{r['system']:<34}{r['batch']:>6}{r['events_per_s']:>12,.0f}{r['error']:>8.4f}"
-              f"{r['regret_per_request']:>11.4f}{r['speed_vs_best_vw']:>11.2f}"
-              f"{r['error_minus_best_vw']:>+9.4f}")
+        print(f"{r['system']:<34}{r['batch_size']:>6}{r['events_per_second']:>12,.0f}"
+              f"{r['error_rate']:>8.4f}{r['regret_per_request']:>11.4f}"
+              f"{r['speed_vs_reference']:>11.2f}{r['error_vs_reference']:>+9.4f}")
     for b in baselines(stream):
-        print(f"{b['system']:<34}{'':>6}{'':>12}{b['error']:>8.4f}{b['regret_per_request']:>11.4f}")
+        print(f"{b['system']:<34}{'':>6}{'':>12}{b['error_rate']:>8.4f}"
+              f"{b['regret_per_request']:>11.4f}")
     return 0
 
 

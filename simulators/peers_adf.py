@@ -89,8 +89,9 @@ def run_vw_adf(stream: CandidateStream, explorer: str, seed: int, pyvw: ModuleTy
     """Run ``--cb_explore_adf <explorer>`` over the stream once, in order; return its scores.
 
     Keys: ``system``, ``vw_args``, ``requests``, ``seconds`` (timed predict + learn),
-    ``events_per_s`` (requests per timed second), ``candidates_per_s``, ``error`` (mean 1 − reward of
-    the played candidate: for 0/1 rewards the fraction of misses),
+    ``events_per_second`` (requests per timed second), ``candidates_per_second``,
+    ``error_rate`` (mean 1 − reward of the played candidate: for 0/1 rewards the fraction of
+    misses),
     ``regret_per_request`` (against the stream's ``best_reward``), ``mean_prob``
     (mean propensity of the played candidate) and ``parse_seconds`` (untimed).
     ``lines`` (from :func:`adf_lines`) may be passed to share them across explorers.
@@ -135,9 +136,10 @@ def run_vw_adf(stream: CandidateStream, explorer: str, seed: int, pyvw: ModuleTy
         vw.finish()
     return {
         "system": explorer, "vw_args": args, "requests": B, "seconds": timed,
-        "events_per_s": B / timed if timed > 0 else float("nan"),
-        "candidates_per_s": len(stream.sets.items) / timed if timed > 0 else float("nan"),
-        "error": stream.error(chosen), "regret_per_request": stream.regret(chosen) / B if B else float("nan"),
+        "events_per_second": B / timed if timed > 0 else float("nan"),
+        "candidates_per_second": len(stream.sets.items) / timed if timed > 0 else float("nan"),
+        "error_rate": stream.error(chosen),
+        "regret_per_request": stream.regret(chosen) / B if B else float("nan"),
         "mean_prob": float(probs.mean()) if B else float("nan"), "parse_seconds": parse_s,
     }
 
@@ -150,9 +152,9 @@ def baselines(stream: CandidateStream) -> list[dict[str, Any]]:
     uniform_expected = np.add.reduceat(stream.expected, sets.offsets[:-1]) / sizes
     best = stream.best_rows()
     return [
-        {"system": "uniform-random", "error": float(np.mean(1.0 - uniform_reward)),
+        {"system": "uniform-random", "error_rate": float(np.mean(1.0 - uniform_reward)),
          "regret_per_request": float((stream.best_reward - uniform_expected).sum() / B)},
-        {"system": "optimal", "error": stream.error(best), "regret_per_request": 0.0},
+        {"system": "optimal", "error_rate": stream.error(best), "regret_per_request": 0.0},
     ]
 
 
@@ -166,9 +168,9 @@ def _table(stream: CandidateStream, rows: list[dict[str, Any]]) -> str:
     lines = [head, f"{'system':<20} {'events/s':>10} {'cands/s':>11} {'error':>7} {'regret/req':>10} "
                    f"{'seconds':>8}"]
     for row in rows:
-        lines.append(f"{row['system']:<20} {_fmt(row.get('events_per_s'), ',.0f'):>10} "
-                     f"{_fmt(row.get('candidates_per_s'), ',.0f'):>11} "
-                     f"{_fmt(row['error'], '.4f'):>7} {_fmt(row['regret_per_request'], '.4f'):>10} "
+        lines.append(f"{row['system']:<20} {_fmt(row.get('events_per_second'), ',.0f'):>10} "
+                     f"{_fmt(row.get('candidates_per_second'), ',.0f'):>11} "
+                     f"{_fmt(row['error_rate'], '.4f'):>7} {_fmt(row['regret_per_request'], '.4f'):>10} "
                      f"{_fmt(row.get('seconds'), '.2f'):>8}")
     return "\n".join(lines)
 

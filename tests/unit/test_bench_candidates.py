@@ -14,10 +14,12 @@ def test_bench_reports_every_system_on_the_same_stream(capsys: pytest.CaptureFix
     assert main(["bench", "--dataset", "synthetic-candidates", "--rounds", "1500", "--seed", "2",
                  "--json"]) == 0
     report = orjson.loads(capsys.readouterr().out)
-    systems = {r["system"]: r for r in report["rows"]}
+    systems = {r["system"]: r for r in report["results"]}
     assert {"streamlearn-cand-linucb", "streamlearn-cand-banditron", "vw-adf-bag-q"} <= set(systems)
     uniform = next(b for b in report["baselines"] if b["system"] == "uniform-random")
+    assert report["reference"]["system"].startswith("vw-adf-")
+    assert systems[report["reference"]["system"]]["speed_vs_reference"] == 1.0
     for name, row in systems.items():
-        assert row["events_per_s"] > 0 and 0 <= row["error"] <= 1, name
+        assert row["events_per_second"] > 0 and 0 <= row["error_rate"] <= 1, name
     # learning: the shared-model learners beat playing at random on the same 1,500 requests
     assert systems["streamlearn-cand-linucb"]["regret_per_request"] < 0.5 * uniform["regret_per_request"]

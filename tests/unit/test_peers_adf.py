@@ -24,10 +24,10 @@ def test_vw_adf_beats_uniform_random_on_the_synthetic_stream() -> None:
     stream = synthetic_candidates(1500, d_x=3, d_c=3, seed=0)
     uniform = baselines(stream)[0]
     result = run_vw_adf(stream, "vw-adf-squarecb-q", seed=0)
-    assert result["requests"] == 1500 and result["events_per_s"] > 0
-    assert result["error"] < uniform["error"] - 0.05
+    assert result["requests"] == 1500 and result["events_per_second"] > 0
+    assert result["error_rate"] < uniform["error_rate"] - 0.05
     assert result["regret_per_request"] < uniform["regret_per_request"]
-    assert run_vw_adf(stream, "vw-adf-squarecb-q", seed=0)["error"] == result["error"]  # seeded
+    assert run_vw_adf(stream, "vw-adf-squarecb-q", seed=0)["error_rate"] == result["error_rate"]  # seeded
 
 
 def test_unknown_or_inapplicable_explorer_is_a_config_error() -> None:
