@@ -280,6 +280,26 @@ class RetrainConfig:
 
 
 @dataclass(frozen=True)
+class RolloutConfig:
+    """Next to an existing system: who serves, the caller's baseline or the learner
+    (docs/operations.md, "Adopting streamlearn next to an existing system")."""
+
+    mode: str = spec("online", "apprentice: publish the baseline (the learner watches and "
+                     "learns); conservative: the learner takes the share that keeps the live "
+                     "reward >= (1 - alpha) x the baseline's; online: the learner decides",
+                     choices=("apprentice", "conservative", "online"))
+    baseline: str | None = spec(None, "the baseline of events that carry none: constant:A "
+                                "(an action)")
+    explore_budget: float = spec(0.0, "apprentice: the share of events the learner serves "
+                                 "(0: none; > 0 measures it and makes off-policy estimates "
+                                 "of it possible)", ge=0, le=1)
+    alpha: float = spec(0.05, "conservative: the floor is (1 - alpha) x what the baseline "
+                        "would have earned", gt=0, le=0.5)
+    auto: bool = spec(False, "move apprentice -> conservative -> online when the bounds say "
+                      "so (SIGUSR2 steps back)")
+
+
+@dataclass(frozen=True)
 class SyncConfig:
     """Model synchronisation of a scaled-out group (kafka.membership = group)."""
 
@@ -333,8 +353,8 @@ SECTIONS: dict[str, type] = {
     "kafka": KafkaConfig, "topics": TopicsConfig, "learner": LearnerConfig,
     "exploration": ExplorationConfig, "join": JoinConfig, "checkpoint": CheckpointConfig,
     "metrics": MetricsConfig, "limits": LimitsConfig, "experience": ExperienceConfig,
-    "retrain": RetrainConfig, "sync": SyncConfig, "candidates": CandidatesConfig,
-    "embedded": EmbeddedConfig,
+    "retrain": RetrainConfig, "rollout": RolloutConfig, "sync": SyncConfig,
+    "candidates": CandidatesConfig, "embedded": EmbeddedConfig,
 }
 
 
@@ -352,6 +372,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     experience: ExperienceConfig = field(default_factory=ExperienceConfig)
     retrain: RetrainConfig = field(default_factory=RetrainConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     candidates: CandidatesConfig = field(default_factory=CandidatesConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)

@@ -54,7 +54,8 @@ __all__ = ["add_config_arguments", "add_logging_arguments", "add_parser", "cli_o
 #: --data-dir is the spelling every command that reads a dataset shares.
 ALIASES = {"kafka.bootstrap": ["--bootstrap"], "learner.name": ["--learner"],
            "exploration.name": ["--exploration"], "exploration.gamma": ["--gamma"],
-           "learner.seed": ["--seed"], "embedded.data_dir": ["--data-dir"]}
+           "learner.seed": ["--seed"], "embedded.data_dir": ["--data-dir"],
+           "rollout.mode": ["--rollout"]}
 #: Flags without a value that set a boolean setting to true (as replay's and bench's --fetch).
 SWITCHES = {"embedded.fetch": "--fetch"}
 #: What ``serve --help`` shows: the options a first run needs (``--help-all``: every one).
@@ -464,18 +465,21 @@ def _rejected_note(daemon: Any) -> str:
 
 
 @contextmanager
-def _stop_on_signals(stop: Any, rollback: Any = None) -> Iterator[None]:
-    """SIGTERM/SIGINT only call ``stop`` (SIGUSR1 ``rollback``, when given); the previous
-    handlers come back afterwards."""
+def _stop_on_signals(stop: Any, rollback: Any = None, step_back: Any = None) -> Iterator[None]:
+    """SIGTERM/SIGINT only call ``stop`` (SIGUSR1 ``rollback``, SIGUSR2 ``step_back``, when
+    given); the previous handlers come back afterwards."""
     def handler(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGUSR1:
             rollback()
+        elif signum == signal.SIGUSR2:
+            step_back()
         else:
             stop()
 
     previous = {}
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT) + ((signal.SIGUSR1,) if rollback else ()):
+        for sig in (signal.SIGTERM, signal.SIGINT) + ((signal.SIGUSR1,) if rollback else ()) \
+                + ((signal.SIGUSR2,) if step_back else ()):
             previous[sig] = signal.signal(sig, handler)
     except ValueError:  # not the main thread (embedded in a test or an application)
         pass
@@ -530,13 +534,19 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
                             slots=settings.candidates_enabled)
         if progress_s > 0:
             stack.enter_context(progress.every(progress_s))
+        if settings.rollout_mode != "online":
+            print(f"streamlearn serve: rollout {settings.rollout_mode} next to the caller's "
+                  f"baseline (explore budget {settings.rollout_explore_budget:g}, alpha "
+                  f"{settings.rollout_alpha:g}{', automatic' if settings.rollout_auto else ''}); "
+                  f"SIGUSR2 steps back", file=out, flush=True)
         retraining = daemon.retraining
         if retraining is not None and retraining.enabled:
             print(f"streamlearn serve: retraining {', '.join(settings.retrain_ranker_names())} "
                   f"(experience log {retraining.log.directory}); SIGUSR1 rolls the promoted "
                   f"ranker back", file=out, flush=True)
         stack.enter_context(_stop_on_signals(
-            stop, retraining.request_rollback if retraining is not None else None))
+            stop, retraining.request_rollback if retraining is not None else None,
+            daemon.request_step_back))
         started = time.monotonic()
         daemon.run(max_instances=max_events)
         elapsed = time.monotonic() - started

@@ -44,7 +44,7 @@ import time
 import uuid
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +60,7 @@ log = logging.getLogger("streamlearn.experience")
 
 _SEGMENT = re.compile(r"^segment-(\d{8})\.npz$")
 _COLUMNS = ("actions", "probs", "rewards", "labels", "model_version", "decided_at", "served_by",
-            "gamma")
+            "gamma", "baseline")
 
 
 def _segment_path(directory: Path, seq: int) -> Path:
@@ -90,7 +90,13 @@ class ExperienceRows:
     decided_at: np.ndarray  # (n,) float64 seconds (event time)
     served_by: np.ndarray  # (n,) int64: 0 = the learner served it, v = the ranker of version v
     gamma: np.ndarray  # (n,) float64: the exploration rate at the decision
+    # (n,) int64: what the caller's own system would have done, -1: not given
+    baseline: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     segments: tuple[int, int] | None = None  # first and last segment read
+
+    def __post_init__(self) -> None:
+        if len(self.baseline) != len(self.ids):
+            self.baseline = np.full(len(self.ids), -1, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -112,7 +118,7 @@ def _rows(ids: list[str], X: np.ndarray, columns: dict[str, np.ndarray],
           segments: tuple[int, int] | None = None) -> ExperienceRows:
     return ExperienceRows(ids, X, columns["actions"], columns["probs"], columns["rewards"],
                           columns["labels"], columns["model_version"], columns["decided_at"],
-                          columns["served_by"], columns["gamma"], segments)
+                          columns["served_by"], columns["gamma"], columns["baseline"], segments)
 
 
 
@@ -189,6 +195,8 @@ def _read_segment(path: Path) -> ExperienceRows | None:
         if "served_by" not in arrays:  # written before the column existed: the learner served
             arrays["served_by"] = np.zeros(len(ids), np.int64)
             arrays["gamma"] = _learner_gamma(arrays["probs"])
+        if "baseline" not in arrays:  # written before baselines were logged: none given
+            arrays["baseline"] = np.full(len(ids), -1, np.int64)
         return _rows(ids, _stored_dense(arrays), {c: arrays[c] for c in _COLUMNS})
     except KeyError as exc:
         raise StateError(f"{path} lacks the array {exc}: not an experience segment.") from exc
@@ -218,7 +226,7 @@ def read_experience(log_dir: str | os.PathLike[str], first_segment: int | None =
         return ExperienceRows([], np.zeros((0, 0), np.float32), np.zeros(0, np.int64),
                               np.zeros((0, 0), np.float32), np.zeros(0), np.zeros(0, np.int64),
                               np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.int64),
-                              np.zeros(0))
+                              np.zeros(0), np.zeros(0, np.int64))
     rows = _rows([i for _, p in parts for i in p.ids], np.concatenate([p.X for _, p in parts]),
                  {c: np.concatenate([getattr(p, c) for _, p in parts]) for c in _COLUMNS},
                  (parts[0][0], parts[-1][0]))
@@ -288,7 +296,7 @@ class ExperienceLog:
     def append(self, ids: Sequence[str], X: Batch, actions: np.ndarray, probs: np.ndarray,
                rewards: np.ndarray, labels: np.ndarray, model_version: np.ndarray,
                decided_at: np.ndarray, served_by: np.ndarray | None = None,
-               gamma: np.ndarray | None = None) -> None:
+               gamma: np.ndarray | None = None, baseline: np.ndarray | None = None) -> None:
         """Buffer rows; a full or old buffer becomes a segment. Without ``served_by`` the
         learner served every row, and ``gamma`` is then that of the logged distributions."""
         if not len(ids):
@@ -302,7 +310,9 @@ class ExperienceLog:
             "served_by": (np.zeros(len(ids), np.int64) if served_by is None
                           else np.asarray(served_by, np.int64)),
             "gamma": (_learner_gamma(probs) if gamma is None
-                      else np.asarray(gamma, np.float64))})
+                      else np.asarray(gamma, np.float64)),
+            "baseline": (np.full(len(ids), -1, np.int64) if baseline is None
+                         else np.asarray(baseline, np.int64))})
         self._buffered_ids.extend(str(i) for i in ids)
         now = self.wall_clock()
         self._buffer_since = min(self._buffer_since, now)

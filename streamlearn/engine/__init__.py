@@ -14,10 +14,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from streamlearn.engine.fixed import DECISION_COLUMNS, Decided, Engine, Learned, Mixture, Reused
+from streamlearn.engine.fixed import (
+    BASELINE,
+    DECISION_COLUMNS,
+    Decided,
+    Engine,
+    Learned,
+    Mixture,
+    Reused,
+)
 from streamlearn.join.pending import EarlyFeedback, PendingJoins
 
-__all__ = ["DECISION_COLUMNS", "Decided", "DecisionCore", "Engine", "Learned", "Mixture", "Reused"]
+__all__ = ["BASELINE", "DECISION_COLUMNS", "Decided", "DecisionCore", "Engine", "Learned",
+           "Mixture", "Reused"]
 
 
 class DecisionCore(Protocol):

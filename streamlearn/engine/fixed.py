@@ -45,40 +45,55 @@ from streamlearn.join.pending import Closed, EarlyFeedback, JoinSettings, Outcom
 from streamlearn.learners import randomness
 from streamlearn.learners.base import Learner
 
-__all__ = ["DECISION_COLUMNS", "Decided", "Engine", "Learned", "Mixture", "Reused"]
+__all__ = ["BASELINE", "DECISION_COLUMNS", "Decided", "Engine", "Learned", "Mixture", "Reused"]
 
 
 RANKER_SEED = 0x52414E4B  # keeps the ranker policy's draws apart from the learner's
 ARM_SEED = 0x41524D53  # ... and the draw of the policy that serves an event apart from both
 
 #: Per-decision columns of the engine's pending joins (and of the experience log):
-#: ``served_by`` — 0 when the learner served the decision, else the version of the ranker
-#: that did; ``gamma`` — the learner's exploration rate at that decision, the rate a ranker
-#: deployed then explores with (:func:`exploit_around`), so a ranker can be evaluated later
-#: exactly as it would have been deployed.
-DECISION_COLUMNS: dict[str, type] = {"served_by": np.int64, "gamma": np.float64}
+#: ``served_by`` — 0 when the learner served the decision, :data:`BASELINE` when the caller's
+#: baseline did, else the version of the ranker that did; ``gamma`` — the learner's
+#: exploration rate at that decision, the rate a ranker deployed then explores with
+#: (:func:`exploit_around`), so a ranker can be evaluated later exactly as it would have
+#: been deployed; ``exploit`` — the learner's own best action; ``baseline`` — what the
+#: caller's own system would have done (-1: not given).
+DECISION_COLUMNS: dict[str, type] = {"served_by": np.int64, "gamma": np.float64,
+                                     "exploit": np.int64, "baseline": np.int64}
+BASELINE = -1  # ``served_by`` of a decision the caller's own baseline served
 
 
 @dataclass(frozen=True)
 class Mixture:
-    """Policies sharing the traffic: the learner (version 0, scores None) and rankers, each
-    with its share (the shares sum to 1) and its (B, K) scores for the batch."""
+    """Policies sharing the traffic: the learner (version 0, scores None), rankers and the
+    caller's baseline, each with its (B, K) scores for the batch and its share — one share per
+    policy (``(A,)``), or per row and policy (``(B, A)``: a row the baseline cannot serve
+    gives it none). The shares of a row sum to 1. A policy that ``explores`` plays its best
+    allowed action with the learner's γ spread over the others (:func:`exploit_around`);
+    one that does not (the baseline) plays its best action."""
 
     versions: tuple[int, ...]
-    shares: tuple[float, ...]
+    shares: np.ndarray
     scores: tuple[np.ndarray | None, ...]
+    explores: tuple[bool, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not (len(self.versions) == len(self.shares) == len(self.scores) >= 1):
-            raise ValueError(f"Expected one share and one score matrix per policy. Got "
-                             f"{len(self.versions)}, {len(self.shares)} and {len(self.scores)}.")
-        if min(self.shares) < 0 or abs(sum(self.shares) - 1.0) > 1e-9:
-            raise ValueError(f"Expected shares >= 0 summing to 1. Got {self.shares}.")
+        shares = np.asarray(self.shares, dtype=np.float64)
+        object.__setattr__(self, "shares", shares)
+        if self.explores is None:
+            object.__setattr__(self, "explores", (True,) * len(self.versions))
+        if not (len(self.versions) == shares.shape[-1] == len(self.scores)
+                == len(self.explores or ()) >= 1) or shares.ndim not in (1, 2):
+            raise ValueError(f"Expected one share, one score matrix and one explores flag per "
+                             f"policy. Got {len(self.versions)} policies, shares of shape "
+                             f"{shares.shape} and {len(self.scores)} score matrices.")
+        if shares.min() < 0 or np.abs(shares.sum(axis=-1) - 1.0).max() > 1e-9:
+            raise ValueError(f"Expected shares >= 0 summing to 1 on every row. Got {shares}.")
 
     def rows(self, rows: np.ndarray) -> Mixture:
         """The same policies for a subset of the batch's rows."""
-        return Mixture(self.versions, self.shares,
-                       tuple(None if s is None else s[rows] for s in self.scores))
+        return Mixture(self.versions, self.shares if self.shares.ndim == 1 else self.shares[rows],
+                       tuple(None if s is None else s[rows] for s in self.scores), self.explores)
 
 
 #: a journaled decision: (action, distribution, decision time, its DECISION_COLUMNS)
@@ -139,7 +154,8 @@ class Engine:
                known: Mapping[Any, Reused] | None = None,
                answer: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
                model_version: int = 0, mixture: Mixture | None = None,
-               event_ts: np.ndarray | None = None) -> Decided:
+               event_ts: np.ndarray | None = None,
+               baselines: np.ndarray | None = None) -> Decided:
         """Decide a batch of new ids and record the decisions as pending joins.
 
         ``keys`` seed the exploration randomness (default: the ids). ``known``
@@ -149,7 +165,8 @@ class Engine:
         ``(rewards, feedback times)``, NaN rewards for decisions that get none;
         the answered ones join on arrival (:meth:`PendingJoins.add_joined`).
         ``mixture``: the policies sharing the traffic (:meth:`_decide_fresh`);
-        without one the learner serves every event. ``event_ts``: the
+        without one the learner serves every event. ``baselines``: the caller's own
+        choice per event (-1: none), kept with each decision. ``event_ts``: the
         instances' own event times when they are not ``ts`` (a daemon decides at
         the wall clock's time; :meth:`PendingJoins.add_decisions`).
         """
@@ -175,13 +192,15 @@ class Engine:
                     [ids[j] for j in fresh] if sub_keys is None else sub_keys,
                     None if mixture is None else mixture.rows(fresh))
                 actions[fresh], probs[fresh] = a, p
-                for name, column in columns.items():
-                    column[fresh] = c[name]
+                for name, column in c.items():
+                    columns[name][fresh] = column
         else:
             fresh = np.arange(B)
             actions, probs, columns = self._decide_fresh(X, mask, ids if keys is None else keys,
                                                          mixture)
             decided_at = np.asarray(ts, dtype=np.float64)
+        columns["baseline"] = (np.full(B, -1, dtype=np.int64) if baselines is None
+                               else np.asarray(baselines, dtype=np.int64))
         decided = Decided(actions, probs, fresh, columns)
         if answer is None:
             self.joins.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
@@ -219,24 +238,32 @@ class Engine:
         actions, probs = self.learner.decide(X, mask, keys=keys)
         gamma = exploration_rates(probs, mask)
         served = np.zeros(len(actions), dtype=np.int64)
-        if mixture is None or mixture.versions == (0,):
-            return actions, probs, {"served_by": served, "gamma": gamma}
+        columns = {"served_by": served, "gamma": gamma,
+                   "exploit": np.asarray(np.argmax(probs, axis=1), dtype=np.int64)}
+        if mixture is None or (mixture.versions == (0,)):
+            return actions, probs, columns
         seed = self.learner.seed
-        bounds = np.cumsum(mixture.shares)[:-1]  # the last policy takes the rest (rounding)
-        arm = np.searchsorted(bounds, randomness.uniforms(seed + ARM_SEED, keys), side="right")
+        B = len(actions)
+        shares = np.broadcast_to(mixture.shares, (B, len(mixture.versions)))
+        # the policy of each row: the first whose cumulative share exceeds the row's draw
+        # (the last takes what rounding leaves)
+        cumulative = np.cumsum(shares, axis=1)[:, :-1]
+        draws = randomness.uniforms(seed + ARM_SEED, keys)
+        arm = (cumulative <= draws[:, None]).sum(axis=1)
         mixed = np.zeros_like(probs)
         ranker_draws: np.ndarray | None = None
-        for index, (version, share, scores) in enumerate(
-                zip(mixture.versions, mixture.shares, mixture.scores, strict=True)):
-            dist = probs if scores is None else exploit_around(scores, mask, gamma)
-            mixed += share * dist
+        for index, (version, scores, explores) in enumerate(
+                zip(mixture.versions, mixture.scores, mixture.explores or (), strict=True)):
+            dist = probs if scores is None else exploit_around(
+                scores, mask, gamma if explores else np.zeros(B))
+            mixed += shares[:, index, None] * dist
             rows = np.flatnonzero(arm == index)
             served[rows] = version
             if scores is not None and len(rows):
                 if ranker_draws is None:
                     ranker_draws = randomness.uniforms(seed + RANKER_SEED, keys)
                 actions[rows] = randomness.sample(dist[rows], ranker_draws[rows])
-        return actions, mixed, {"served_by": served, "gamma": gamma}
+        return actions, mixed, columns
 
     def is_known(self, ids: Sequence[Any]) -> np.ndarray:
         """Per id: already pending, recently closed, or repeated earlier in ``ids``."""

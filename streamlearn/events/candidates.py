@@ -64,6 +64,12 @@ class CandidateRequests:
     ts: np.ndarray  # float64 (B,)
     partitions: np.ndarray  # int64 (B,)
     messages: list[Any] = field(default_factory=list, repr=False)
+    # int64 (B,): the caller's own choice, as the candidate's index in its request; -1: none
+    baselines: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.baselines is None:
+            self.baselines = np.full(len(self.ids), -1, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -76,7 +82,8 @@ class CandidateRequests:
             candidate_ids=[c for i in items
                            for c in self.candidate_ids[offsets[i]:offsets[i + 1]]],
             slots=self.slots[rows], ts=self.ts[rows], partitions=self.partitions[rows],
-            messages=[self.messages[i] for i in items])
+            messages=[self.messages[i] for i in items],
+            baselines=None if self.baselines is None else self.baselines[rows])
 
     @classmethod
     def concatenate(cls, parts: list[CandidateRequests]) -> CandidateRequests:
@@ -92,7 +99,8 @@ class CandidateRequests:
             slots=np.concatenate([b.slots for b in parts]),
             ts=np.concatenate([b.ts for b in parts]),
             partitions=np.concatenate([b.partitions for b in parts]),
-            messages=[m for b in parts for m in b.messages])
+            messages=[m for b in parts for m in b.messages],
+            baselines=np.concatenate([np.asarray(b.baselines) for b in parts]))
 
 
 @dataclass
@@ -105,6 +113,7 @@ class _Request:
     candidate_ids: list[str]
     slots: int
     dense: list[Any] | None = None  # every candidate's dense 'x' list (the fast path)
+    baseline: int = -1  # the caller's own choice: its candidate's index, -1 when absent
 
     def forms(self) -> list[tuple[str, Any]]:
         return self.candidates if self.dense is None else [("dense", x) for x in self.dense]
@@ -165,7 +174,14 @@ def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
         raise Reject("bad_slots", f"expected 'slots' an integer in [1, {most}] (at most the "
                                   f"number of candidates, {len(ids)}, and the deployment's "
                                   f"{max_slots}), got {slots!r:.20}", event_id)
-    return _Request(msg, event_id, ts, shared, forms, ids, slots, dense)
+    baseline = obj.get("baseline")
+    index = -1
+    if baseline is not None:
+        if type(baseline) is not str or baseline not in ids:
+            raise Reject("bad_baseline", "expected 'baseline' as the id of one of the request's "
+                                         f"candidates, got {baseline!r:.40}", event_id)
+        index = ids.index(baseline)
+    return _Request(msg, event_id, ts, shared, forms, ids, slots, dense, index)
 
 
 def _dense_candidates(candidates: list[Any], d_c: int,
@@ -256,5 +272,6 @@ def _decode_chunk(
         slots=np.array([r.slots for r in requests], dtype=np.int64),
         ts=np.array([r.ts for r in requests], dtype=np.float64),
         partitions=np.array([r.msg.partition for r in requests], dtype=np.int64),
-        messages=[r.msg for r in requests])
+        messages=[r.msg for r in requests],
+        baselines=np.array([r.baseline for r in requests], dtype=np.int64))
     return batch, rejections

@@ -40,6 +40,11 @@ class InstanceBatch:
     partitions: np.ndarray  # int64 (B,)
     offsets: np.ndarray  # int64 (B,)
     messages: list[Any] = field(default_factory=list, repr=False)
+    baselines: np.ndarray | None = None  # int64 (B,): the caller's own choice, -1 when absent
+
+    def __post_init__(self) -> None:
+        if self.baselines is None:
+            self.baselines = np.full(len(self.ids), -1, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -50,7 +55,8 @@ class InstanceBatch:
             ids=[self.ids[i] for i in rows.tolist()], X=take_rows(self.X, rows),
             mask=None if self.mask is None else self.mask[rows], labels=self.labels[rows],
             ts=self.ts[rows], partitions=self.partitions[rows], offsets=self.offsets[rows],
-            messages=[self.messages[i] for i in rows.tolist()])
+            messages=[self.messages[i] for i in rows.tolist()],
+            baselines=None if self.baselines is None else self.baselines[rows])
 
     @classmethod
     def concatenate(cls, parts: list[InstanceBatch], n_features: int,
@@ -66,7 +72,8 @@ class InstanceBatch:
             ts=np.concatenate([b.ts for b in parts]),
             partitions=np.concatenate([b.partitions for b in parts]),
             offsets=np.concatenate([b.offsets for b in parts]),
-            messages=[m for b in parts for m in b.messages])
+            messages=[m for b in parts for m in b.messages],
+            baselines=np.concatenate([np.asarray(b.baselines) for b in parts]))
 
 
 @dataclass
@@ -78,6 +85,7 @@ class _Row:
     payload: Any
     actions: list[int] | None
     label: int
+    baseline: int = -1
 
 
 _PLAIN_KEYS = frozenset({"id", "ts", "x", "label"})
@@ -106,8 +114,10 @@ def _fast_row(msg: RawMessage, n_features: int, limits: DecodeLimits) -> _Row | 
     if type(obj) is not dict or "actions" in obj:
         return None
     event_id, x, ts, label = obj.get("id"), obj.get("x"), obj.get("ts"), obj.get("label", -1)
+    baseline = obj.get("baseline", -1)
     if type(event_id) is not str or not 0 < len(event_id) <= limits.max_id_length or \
-            type(label) is not int or not label >= -1:
+            type(label) is not int or not label >= -1 or type(baseline) is not int or \
+            not (baseline >= 0 or "baseline" not in obj):
         return None
     if ts is None:
         ts = msg.timestamp_ms / 1000.0
@@ -116,10 +126,11 @@ def _fast_row(msg: RawMessage, n_features: int, limits: DecodeLimits) -> _Row | 
     if type(x) is list:
         if len(x) != n_features:
             return None
-        row = _Row(msg, event_id, float(ts), "dense", x, None, label)
+        row = _Row(msg, event_id, float(ts), "dense", x, None, label, baseline)
     elif type(x) is dict and len(x) == 2 and type(x.get("idx")) is list and \
             type(x.get("val")) is list and len(x["idx"]) == len(x["val"]):
-        row = _Row(msg, event_id, float(ts), "sparse", (x["idx"], x["val"]), None, label)
+        row = _Row(msg, event_id, float(ts), "sparse", (x["idx"], x["val"]), None, label,
+                   baseline)
     else:
         return None
     uncounted = row.form == "dense" and limits.max_depth >= _PLAIN_DEPTH and \
@@ -146,7 +157,16 @@ def _row(msg: RawMessage, n_features: int, n_actions: int, limits: DecodeLimits)
                             and 0 <= label < n_actions):
         raise Reject("bad_label", f"expected 'label' in [0, {n_actions}), got {label!r:.40}",
                      event_id)
-    return _Row(msg, event_id, ts, form, payload, actions, int(label))
+    baseline = obj.get("baseline")
+    if baseline is not None:
+        if not (type(baseline) is int and 0 <= baseline < n_actions):
+            raise Reject("bad_baseline", f"expected 'baseline' as an integer action in "
+                                         f"[0, {n_actions}), got {baseline!r:.40}", event_id)
+        if actions is not None and baseline not in actions:
+            raise Reject("bad_baseline", f"expected 'baseline' among the event's actions "
+                                         f"{actions!r:.60}, got {baseline}", event_id)
+    return _Row(msg, event_id, ts, form, payload, actions, int(label),
+                -1 if baseline is None else int(baseline))
 
 
 def decode_instances(
@@ -168,7 +188,8 @@ def _decode_chunk(
     dense_rows = DenseRows(len(messages), n_features)  # a dense row's payload: its number there
     for msg in messages:
         row = _fast_row(msg, n_features, limits)
-        if row is None or row.label >= n_actions or not math.isfinite(row.ts):
+        if row is None or row.label >= n_actions or row.baseline >= n_actions or \
+                not math.isfinite(row.ts):
             try:
                 row = _row(msg, n_features, n_actions, limits)
             except Reject as err:
@@ -203,5 +224,6 @@ def _decode_chunk(
         partitions=np.array([r.msg.partition for r in rows], dtype=np.int64),
         offsets=np.array([r.msg.offset for r in rows], dtype=np.int64),
         messages=[r.msg for r in rows],
+        baselines=np.array([r.baseline for r in rows], dtype=np.int64),
     )
     return batch, rejections

@@ -58,6 +58,7 @@ from streamlearn.errors import TransportError
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.events import Rejection
 from streamlearn.join.pending import Outcome, PendingJoins
+from streamlearn.service.adoption import Adoption
 from streamlearn.service.counters import Counters
 from streamlearn.service.metrics import Observer
 from streamlearn.service.modes import ServingMode, mode_for
@@ -138,6 +139,8 @@ class Daemon:
         self.limits = settings.limits()
         self.retraining = (Retraining(settings, self.observer, wall_clock)
                            if settings.retrain_enabled or settings.experience_dir else None)
+        self.adoption = Adoption(settings.adoption_settings(), self._on_rollout_switch)
+        self._step_back_requested = False
 
     @property
     def instance_messages(self) -> int:
@@ -207,6 +210,10 @@ class Daemon:
         if self.retraining is not None:
             self.retraining.open(restored.meta.get("experience") if restored else None,
                                  restored is not None, _rollout_state(restored))
+        if restored is not None and restored.meta.get("adoption") is not None:
+            self.adoption.restore({k: v for k, v in restored.arrays.items()
+                                   if k.startswith("adoption.")}, restored.meta["adoption"])
+        self._report_rollout()
         if self.checkpointer is None:
             return
         if restored is None:  # a crash before the first checkpoint still left its journal
@@ -230,6 +237,9 @@ class Daemon:
     # --------------------------------------------------------------------- loop
     def step(self) -> None:
         """One iteration on one micro-batch (see the module docstring)."""
+        if self._step_back_requested:
+            self._step_back_requested = False
+            self.adoption.step_back()
         messages = self._poll()
         wall = self.wall_clock()
         before, feedback, after = self._split(messages)
@@ -383,6 +393,11 @@ class Daemon:
                                     learned.shed)
         if self.retraining is not None:
             self.retraining.record(closed)
+        if "served_by" in closed.columns and self.adoption.mode != "online":
+            kept = closed.learn
+            self.adoption.observe(closed.columns["served_by"][kept], closed.rewards[kept],
+                                  closed.columns["baseline"][kept], len(self.join))
+            self._report_rollout()
         rows = learned.applied
         if len(rows):
             drifts = self.learner.drift_detections_ - self._drifts_seen
@@ -398,6 +413,33 @@ class Daemon:
                             learned.skipped)
             self.mode.track(self.tracker, closed, rows)
         self.observer.on_learned(learned, self.tracker, self.counters.model_version)
+
+    # ------------------------------------------------------------------ rollout
+    def request_step_back(self) -> None:
+        """Ask the rollout to step back at the next step (SIGUSR2; safe from a signal handler):
+        online → conservative → apprentice."""
+        self._step_back_requested = True
+
+    def _on_rollout_switch(self, old: str, new: str, why: str) -> None:
+        self.observer.on_rollout_switch(new)
+        self._report_rollout()
+
+    def _report_rollout(self) -> None:
+        """Who serves which share (the baseline, the learner, rankers it rolls out), the mode,
+        the agreement and what each side earned."""
+        a = self.adoption
+        share = 1.0 if a.mode == "online" else a.share
+        roles = {"learner": share}
+        if self.retraining is not None and self.retraining.policy == "ranker":
+            roles = {role: value * share for role, value in self.retraining.roles().items()}
+        roles["baseline"] = 1.0 - share
+        self.observer.on_rollout(roles)
+        self.observer.on_rollout_mode(a.mode, a.agreement, a.slack if a.mode == "conservative"
+                                      else float("nan"))
+        for name, arm in a.stats.items():
+            if arm.n:
+                self.observer.on_policy_value(name, "live", arm.mean, arm.lower(), arm.upper())
+                self.observer.on_policy_live_value(name, arm.mean)
 
     # -------------------------------------------------------------- dead letters
     def _reject(self, rejections: list[Rejection]) -> None:
@@ -428,6 +470,8 @@ class Daemon:
             meta["experience"] = self.retraining.position()
             rollout_arrays, meta["rollout"] = self.retraining.rollout.export()
             arrays.update(rollout_arrays)
+        adoption_arrays, meta["adoption"] = self.adoption.export()
+        arrays.update(adoption_arrays)
         try:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,

@@ -204,13 +204,21 @@ class Observer:
         """A promoted ranker was rolled back; ``reason`` in :data:`ROLLBACK_REASONS`."""
 
     def on_rollout(self, shares: dict[str, float]) -> None:
-        """Who serves which share of the events (``learner``, ``live``, ``candidate``)."""
+        """Who serves which share of the events (``learner``, ``live``, ``candidate``,
+        ``baseline``)."""
 
     def on_policy_live_value(self, policy: str, value: float) -> None:
         """What ``policy`` earned on the events it served (mean reward), on-policy."""
 
     def on_ope_check(self, inside: bool) -> None:
         """A promoted policy's realised value fell inside (or outside) its off-policy interval."""
+
+    def on_rollout_mode(self, mode: str, agreement: float, slack: float) -> None:
+        """The rollout mode, how often the learner agrees with the baseline, the conservative
+        slack (NaN outside conservative mode)."""
+
+    def on_rollout_switch(self, mode: str) -> None:
+        """The rollout mode changed to ``mode`` (automatically or asked for)."""
 
 
 class PrometheusObserver(Observer):
@@ -321,7 +329,8 @@ class PrometheusObserver(Observer):
             self.rollbacks.labels(reason=reason)
         self.rollout_share = Gauge("streamlearn_rollout_share",
                                    "Share of the events each role serves (learner, live ranker, "
-                                   "candidate in rollout).", ["role"], registry=r)
+                                   "candidate in rollout, the caller's baseline).", ["role"],
+                                   registry=r)
         self.policy_live_value = Gauge(
             "streamlearn_policy_live_value",
             "Mean reward a policy earned on the events it served since it went live (on-policy).",
@@ -335,6 +344,22 @@ class PrometheusObserver(Observer):
             registry=r)
         for result in ("inside", "outside"):
             self.ope_checks.labels(result=result)
+        self.rollout_mode = Gauge("streamlearn_rollout_mode", "1 for the current rollout mode "
+                                  "(apprentice, conservative, online), 0 for the others.",
+                                  ["mode"], registry=r)
+        self.rollout_switches = Counter("streamlearn_rollout_switches",
+                                        "Changes of the rollout mode, by the mode switched to.",
+                                        ["mode"], registry=r)
+        for mode in ("apprentice", "conservative", "online"):
+            self.rollout_switches.labels(mode=mode)
+        self.baseline_agreement = Gauge(
+            "streamlearn_baseline_agreement", "How often the learner's own choice is the "
+            "baseline (exponential average over about 1,000 decisions with a baseline).",
+            registry=r)
+        self.conservative_slack = Gauge(
+            "streamlearn_conservative_slack", "Conservative mode: the live reward so far minus "
+            "(1 - alpha) x the events so far x the baseline's upper bound (NaN otherwise).",
+            registry=r)
         self.ranker_version = Gauge("streamlearn_ranker_version",
                                     "Version of the ranker decisions are ranked by (0: none).",
                                     registry=r)
@@ -485,7 +510,7 @@ class PrometheusObserver(Observer):
         self.rollbacks.labels(reason=reason).inc()
 
     def on_rollout(self, shares: dict[str, float]) -> None:
-        for role in ("learner", "live", "candidate"):
+        for role in ("learner", "live", "candidate", "baseline"):
             self.rollout_share.labels(role=role).set(shares.get(role, 0.0))
 
     def on_policy_live_value(self, policy: str, value: float) -> None:
@@ -499,3 +524,12 @@ class PrometheusObserver(Observer):
         self.ope_checks.labels(result="inside" if inside else "outside").inc()
         if not inside:
             self.ope_miscalibrated.inc()
+
+    def on_rollout_mode(self, mode: str, agreement: float, slack: float) -> None:
+        for name in ("apprentice", "conservative", "online"):
+            self.rollout_mode.labels(mode=name).set(1.0 if name == mode else 0.0)
+        self.baseline_agreement.set(agreement)
+        self.conservative_slack.set(slack)
+
+    def on_rollout_switch(self, mode: str) -> None:
+        self.rollout_switches.labels(mode=mode).inc()

@@ -35,7 +35,7 @@ import orjson
 from streamlearn.actions import exploration_rates
 from streamlearn.candidates.learners import CANDIDATE_LEARNERS, CandidateLearner
 from streamlearn.durability.checkpoint import CheckpointMismatch, JournaledDecision, Restored
-from streamlearn.engine import DecisionCore, Engine
+from streamlearn.engine import BASELINE, DecisionCore, Engine
 from streamlearn.engine.candidates import CandidateEngine, Journaled
 from streamlearn.errors import ConfigError, StateError
 from streamlearn.evaluation.online import OnlineErrorTracker
@@ -136,18 +136,21 @@ class FixedActions:
 
     def decide(self, daemon: Daemon, batch: Any, wall: float,
                reused: dict[str, JournaledDecision]) -> Published:
-        """One ``learner.decide`` (the policies of a rollout sharing the batch), each fresh
-        decision with the live ranker's ranking and the policy that served it."""
+        """One ``learner.decide`` (the policies of a rollout sharing the batch: the caller's
+        baseline, the learner, the rankers it rolls out), each fresh decision with the live
+        ranker's ranking, the baseline and the policy that served it."""
         B = len(batch)
-        retraining = daemon.retraining
+        retraining, adoption = daemon.retraining, daemon.adoption
         scores = retraining.scores(batch.X) if retraining is not None else None
+        system = None if retraining is None else retraining.mixture(batch.X, scores)
+        baselines = adoption.baselines(batch.baselines)
         decided = cast(Engine, daemon.engine).decide(
             batch.ids, batch.X, batch.mask, labels=batch.labels, ts=np.full(B, wall),
             event_ts=batch.ts, partitions=batch.partitions, wall=wall,
             known={i: (j.action, np.asarray(j.probs), float(j.message["ts"]), j.columns)
                    for i, j in reused.items()},
             model_version=daemon.counters.model_version,
-            mixture=None if retraining is None else retraining.mixture(batch.X, scores))
+            mixture=adoption.wrap(system, baselines, self.n_actions), baselines=baselines)
         values = _reused_values(batch.ids, reused)
         fresh, probs, actions = decided.fresh, decided.probs, decided.actions
         if len(fresh):
@@ -163,11 +166,17 @@ class FixedActions:
                 for record, ranking in zip(records, rankings, strict=True):
                     record["ranking"] = ranking
             kept = {k: v[fresh] for k, v in decided.columns.items()}
-            if retraining is not None and kept["served_by"].any():
-                names = retraining.policy_names()
+            if kept["served_by"].any():
+                names = {BASELINE: "baseline"} | (
+                    retraining.policy_names() if retraining is not None else {})
                 for record, version in zip(records, kept["served_by"].tolist(), strict=True):
                     if version:
                         record["policy"] = names.get(version, f"ranker-v{version}")
+            if (kept["baseline"] >= 0).any():
+                for record, baseline in zip(records, kept["baseline"].tolist(), strict=True):
+                    if baseline >= 0:
+                        record["baseline"] = baseline
+            adoption.note_decisions(kept["exploit"], kept["baseline"])
             daemon.journal_and_encode(values, fresh, records, probs[fresh], kept)
         return Published(values, fresh, int(decided.explored.sum()), actions,
                          float(exploration_rates(probs, batch.mask).mean()))
@@ -249,6 +258,9 @@ class CandidateSets:
                                 "ranking": ranked_ids[start:stop].tolist(),
                                 "explored": bool(placed[0] != decided.exploit[j]),
                                 "model": model, "ts": wall})
+                baseline = int(batch.baselines[j])
+                if baseline >= 0:  # recorded as the caller gave it (candidates are not served by it)
+                    records[-1]["baseline"] = cids[start + baseline]
             daemon.journal_and_encode(values, fresh, records, decided.slot_probs[fresh])
         first = decided.slot_probs[fresh, 0]
         return Published(values, fresh, int(decided.explored.sum()), np.zeros(0, np.int64),

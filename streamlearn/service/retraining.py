@@ -179,12 +179,14 @@ class Retraining:
 
         served = closed.columns.get("served_by")
         gamma = closed.columns.get("gamma")
+        baseline = closed.columns.get("baseline")
         self.log.append(closed.ids if whole else [closed.ids[i] for i in rows.tolist()],
                         closed.X if whole else take_rows(closed.X, rows), pick(closed.actions),
                         pick(closed.probs), pick(closed.rewards), pick(closed.labels),
                         pick(closed.model_version), pick(closed.decided_at),
                         None if served is None else pick(served),
-                        None if gamma is None else pick(gamma))
+                        None if gamma is None else pick(gamma),
+                        None if baseline is None else pick(baseline))
         self._since_last += len(rows)
         if served is not None and self.rollout.serving():
             self.rollout.observe(pick(served), pick(closed.rewards))
@@ -409,16 +411,20 @@ class Retraining:
         self._report_shares()
         self.store.record(entry)
 
-    def _report_shares(self) -> None:
-        if self.policy != "ranker":
-            return
+    def roles(self) -> dict[str, float]:
+        """The share of the learner's traffic each role serves: the learner, the live ranker,
+        the candidate in rollout."""
         shares = self.rollout.shares()
         roles: dict[str, float] = {"learner": shares.get(0, 0.0)}
         if self.rollout.live is not None:
             roles["live"] = shares.get(self.rollout.live.version, 0.0)
         if self.rollout.candidate is not None:
             roles["candidate"] = shares.get(self.rollout.candidate.version, 0.0)
-        self.observer.on_rollout(roles)
+        return roles
+
+    def _report_shares(self) -> None:
+        if self.policy == "ranker":
+            self.observer.on_rollout(self.roles())
 
     def _apply_candidates(self, result: dict[str, Any]) -> None:
         """Candidate mode: the rankers are measured on the held-out logged slates (NDCG, AUC)

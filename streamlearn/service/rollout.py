@@ -212,7 +212,7 @@ class Rollout:
         if list(shares) == [LEARNER]:
             return None
         versions = tuple(shares)
-        return Mixture(versions, tuple(shares[v] for v in versions),
+        return Mixture(versions, np.array([shares[v] for v in versions]),
                        tuple(None if v == LEARNER else scores[v] for v in versions))
 
     # ------------------------------------------------------------- changes

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from streamlearn.errors import ConfigError
 from streamlearn.events import DecodeLimits
 from streamlearn.join.pending import JoinSettings
+from streamlearn.service.adoption import AdoptionSettings, parse_baseline
 from streamlearn.service.rollout import RolloutSettings
 
 __all__ = ["DAEMON_GC_THRESHOLDS", "DaemonSettings", "blas_threads"]
@@ -77,6 +78,11 @@ class DaemonSettings:
     retrain_rollout_stages: str = "0.02,0.1,0.3,0.6"
     retrain_rollout_stage_events: int = 500
     retrain_holdback: float = 0.05
+    rollout_mode: str = "online"
+    rollout_baseline: str | None = None
+    rollout_explore_budget: float = 0.0
+    rollout_alpha: float = 0.05
+    rollout_auto: bool = False
     candidates_enabled: bool = False
     candidates_learner: str = "linucb"
     candidates_shared_features: int = 0
@@ -125,6 +131,17 @@ class DaemonSettings:
             raise ConfigError(f"retrain.rollout_stages must be increasing shares in (0, 1), "
                               f"e.g. '0.02,0.1,0.3,0.6'. Got {self.retrain_rollout_stages!r} "
                               f"({exc}).") from None
+
+    def adoption_settings(self) -> AdoptionSettings:
+        """Who serves next to an existing system (``rollout.*``)."""
+        if self.candidates_enabled and self.rollout_mode != "online":
+            raise ConfigError(f"rollout.mode must be 'online' in candidate mode (a baseline "
+                              f"candidate is validated and recorded, not served). Got "
+                              f"{self.rollout_mode!r}.")
+        return AdoptionSettings(self.rollout_mode,
+                                parse_baseline(self.rollout_baseline, self.learner_n_actions),
+                                self.rollout_explore_budget, self.rollout_alpha, self.rollout_auto,
+                                1.0 - self.retrain_level)
 
     def join_settings(self) -> JoinSettings:
         return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,
