@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
                              "backlog each time) and the latency run; medians are printed")
     parser.add_argument("--retrain-every-events", type=int, metavar="N",
                         help="measure only latency: without retraining, then retraining every N "
-                             "learned decisions in a process and in a thread (issue 10)")
+                             "learned decisions in a process and in a thread (docs/performance.md)")
     parser.add_argument("--kafka-client", default="kafka-python",
                         help="comma-separated kafka.client values: one daemon per client, run "
                              "in turn on the same backlog and at the same load (e.g. "

@@ -78,7 +78,7 @@ def python_loop_banditron(
     X: Batch, y: np.ndarray, n_actions: int, gamma: float, seed: int,
     progress: Progress | None = None,
 ) -> PeerRun:
-    """The Banditron, one event at a time (ALGORITHMS.md §2); event ``t`` is keyed by ``t``.
+    """The Banditron, one event at a time (docs/algorithms.md §2); event ``t`` is keyed by ``t``.
 
     Timed: everything from the keyed uniforms to the last update.
     """

@@ -1,4 +1,4 @@
-"""Vowpal Wabbit ``--cb_explore_adf`` on a candidate-set stream: the peer for issue 11.
+"""Vowpal Wabbit ``--cb_explore_adf`` on a candidate-set stream: the candidate-set peer (docs/bench.md).
 
 Each request becomes one VW multi-line example: a ``shared |s ...`` line with
 the request's context (omitted when ``d_x = 0``) and one ``|c ...`` line per

@@ -168,7 +168,7 @@ class ExplorationConfig:
 
 @dataclass(frozen=True)
 class JoinConfig:
-    """Joining delayed feedback to decisions (DESIGN.md §5)."""
+    """Joining delayed feedback to decisions (docs/daemon.md §3)."""
 
     window_seconds: float = spec(600.0, "how long a decision waits for feedback", gt=0)
     backward_window_seconds: float = spec(
@@ -186,7 +186,7 @@ class JoinConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Snapshots of learner + pending joins + offsets (DESIGN.md §6)."""
+    """Snapshots of learner + pending joins + offsets (docs/daemon.md §4)."""
 
     dir: Path | None = spec(None, "checkpoint directory; unset = no checkpoints (state is lost "  # noqa: RUF009
                             "on exit)", kind="dir")
@@ -244,7 +244,7 @@ class ExperienceConfig:
 
 @dataclass(frozen=True)
 class RetrainConfig:
-    """Periodic IPS-weighted retraining of batch rankers (DESIGN.md §8); off by default."""
+    """Periodic IPS-weighted retraining of batch rankers (docs/daemon.md §8); off by default."""
 
     rankers: str | None = spec(None, "comma-separated rankers to retrain (rankboost, logistic, "
                                "rocchio, lda, roger, nroger, network or package.module:Class); "

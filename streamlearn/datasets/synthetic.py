@@ -1,4 +1,4 @@
-"""The Banditron paper's SynSep / SynNonSep generator (ALGORITHMS.md §2), vectorised.
+"""The Banditron paper's SynSep / SynNonSep generator (docs/algorithms.md §2), vectorised.
 
 Fix 9 random bit vectors v_1..v_9 ∈ {0,1}^400, each with 20–40 ones inside the
 first 120 coordinates. An example: pick a topic i uniformly, copy v_i, switch

@@ -1,4 +1,4 @@
-"""Checkpoints and the decision journal: what makes ``kill -9`` lose nothing (DESIGN.md §6).
+"""Checkpoints and the decision journal: what makes ``kill -9`` lose nothing (docs/daemon.md §4).
 
 A checkpoint directory holds ``ckpt-<seq>`` snapshots (written with
 :func:`streamlearn.snapshot.write_snapshot`: atomic rename, sha256 of the

@@ -1,4 +1,4 @@
-"""Off-policy estimators of a target policy's value from logged bandit feedback (ALGORITHMS.md §7).
+"""Off-policy estimators of a target policy's value from logged bandit feedback (docs/algorithms.md §7).
 
 A logged event is (x, a, p, r): context, chosen action, its propensity, reward.
 The target policy π is given either as deterministic ``target_actions`` (n,) or

@@ -1,4 +1,4 @@
-"""Event contracts (DESIGN.md §3): decode raw Kafka values into typed batches or rejections.
+"""Event contracts (docs/daemon.md §2): decode raw Kafka values into typed batches or rejections.
 
 Every raw value is either accepted into a batch or turned into a
 :class:`Rejection` with a stable snake_case ``reason`` and a detail that says

@@ -1,6 +1,6 @@
 """Feedback for candidate-set requests → a :class:`CandidateFeedback` batch, plus rejections.
 
-A request's feedback (DESIGN.md §3, docs/kafka.md) is either one reward for the
+A request's feedback (docs/kafka.md, "Event shapes") is either one reward for the
 request, ``{"id": "r1", "reward": 1.0}`` — every slot of the request gets it —
 or a reward per placed candidate, ``{"id": "r1", "rewards": {"item-17": 1.0}}``
 — slots whose candidate is not named get the join's default reward (0). Rewards

@@ -1,6 +1,6 @@
 """Candidate-set request values → a :class:`CandidateRequests` batch, plus rejections.
 
-A request (DESIGN.md §3) is
+A request (docs/kafka.md, "Event shapes") is
 ``{"id": str, "ts"?, "x"?: <shared context>, "candidates": [{"id": str, "x": <features>}, ...],
 "slots"?: k}``: the shared context in any of the three feature forms (absent when
 the deployment has no shared features, ``d_x = 0``), each candidate with its own id

@@ -124,7 +124,7 @@ class DenseRows:
     A parsed 400-number list is ~13 KB of Python objects; converted at once and dropped,
     the next message's parse reuses the same warm memory, where converting a whole chunk's
     lists at the end walks objects that have left the caches and keeps them alive for the
-    collector to scan (docs/performance.md, "Dense rows converted as they are parsed").
+    collector to scan (docs/performance.md, "Dense instances converted as they are parsed").
     Row ``i`` converts exactly as ``np.array(row, dtype=np.float64)`` would (booleans 0/1,
     numeric strings parsed, ``None`` as NaN); a row that does not convert is zero and
     flagged not numeric. The lists are not kept: to explain a refused row, read it again

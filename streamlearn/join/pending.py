@@ -1,4 +1,4 @@
-"""Joining delayed feedback to pending decisions (DESIGN.md §5).
+"""Joining delayed feedback to pending decisions (docs/daemon.md §3).
 
 A decision waits for feedback for an *experimental-unit window* (``window_s``).
 

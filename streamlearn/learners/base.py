@@ -1,4 +1,4 @@
-"""The one learner interface (DESIGN.md §4) and the shared template methods.
+"""The one learner interface (docs/learners.md) and the shared template methods.
 
 A learner holds K linear scorers over d features. ``decide`` scores a whole
 micro-batch with one product, asks its :class:`~streamlearn.learners.exploration.Exploration`
@@ -17,7 +17,7 @@ Invariants every learner keeps:
   moved while the feedback was delayed.
 * A batch is decided with the weights as they were at the start of the batch
   and its updates are summed, so batch size 1 is exactly the per-event
-  algorithm of ALGORITHMS.md.
+  algorithm (docs/algorithms.md, docs/learners.md).
 * ``decide`` never changes learned weights; it only advances the round counter
   the exploration schedules use.
 * Learned state stays finite: an update that would make it NaN or infinite is

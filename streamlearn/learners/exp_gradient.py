@@ -1,4 +1,4 @@
-"""Exponential-gradient bandit learner EG± (potential-based family, ALGORITHMS.md §3).
+"""Exponential-gradient bandit learner EG± (potential-based family, docs/algorithms.md §3).
 
 The exponential potential gives W_ij ∝ exp(η·Θ_ij) with Θ updated by the
 Banditron's unbiased U. EG weights are positive, so features are mapped to

@@ -1,4 +1,4 @@
-"""Exploration strategies shared by every learner (ALGORITHMS.md §4).
+"""Exploration strategies shared by every learner (docs/algorithms.md §4).
 
 A strategy returns one γ per event of a batch, computed from the round
 numbers, the current scores and what feedback it has *already* observed —

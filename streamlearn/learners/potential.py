@@ -9,7 +9,7 @@ and the Banditron's unbiased update is applied to the dual: Θ += η·U. The lin
 is positively homogeneous of degree 1, so η rescales Θ and W alike and never
 changes a decision; it is kept for the family's uniform interface. q = 2 gives
 W = Θ: the Banditron exactly. q ≈ 2·ln(K·d) behaves like exponential gradient.
-The general form is our reconstruction (ALGORITHMS.md §3 [recon]).
+The general form is our reconstruction (docs/algorithms.md §3 [recon]).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Conventions (documented in ``docs/rankers.md`` §Metrics):
   ``Eval-Score-3.0.pl`` does (it sorts by line number, then stably by score).
   AUC instead counts a tied positive/negative pair as ½ (rank-sum, midranks).
 * **Gain and discount.** NDCG uses gain ``2**rel - 1``. ``discount="burges"``
-  (default, ALGORITHMS.md §6, ranx's ``ndcg_burges``) is ``1/log2(1 + rank)``;
+  (default, docs/algorithms.md §6, ranx's ``ndcg_burges``) is ``1/log2(1 + rank)``;
   ``discount="letor"`` is the discount of ``Eval-Score-3.0.pl``: ranks 1 and 2
   get 1, rank r >= 3 gets ``1/log2(r)``. The LETOR protocol reports the latter
   so that figures compare with the published baselines.

@@ -1,6 +1,6 @@
 """NDCG_Boost: boosting the expected NDCG of a ranking distribution — a RECONSTRUCTION.
 
-ALGORITHMS.md §6 marks this [recon]: the thesis chapter's exact formulas were
+docs/algorithms.md §6 marks this [recon]: the thesis chapter's exact formulas were
 not available, so this is our reconstruction following its structure
 (expected NDCG, Jensen bound, expected ranks from pairwise probabilities,
 per-document weights, a binary weak learner per round). Within a query with

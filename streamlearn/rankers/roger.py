@@ -1,4 +1,4 @@
-"""Roger and n'Roger: ROC-based evolutionary learning of ranking functions (ALGORITHMS.md §6).
+"""Roger and n'Roger: ROC-based evolutionary learning of ranking functions (docs/algorithms.md §6).
 
 Roger evolves a ranking hypothesis with a (μ+λ) evolution strategy whose fitness is
 the (weighted) training AUC:

@@ -1,4 +1,4 @@
-"""Classifiers for the routing problem (ALGORITHMS.md §6): rank documents by relevance to a topic.
+"""Classifiers for the routing problem (docs/algorithms.md §6): rank documents by relevance to a topic.
 
 * :class:`Rocchio` — ``w = β·mean(relevant) − γ·mean(non-relevant)``, score ``⟨w, x⟩``.
 * :class:`LDA` — Fisher's linear discriminant with the pooled within-class

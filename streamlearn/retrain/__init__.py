@@ -1,4 +1,4 @@
-"""Retraining batch rankers on the experience log (DESIGN.md §8, issue 10).
+"""Retraining batch rankers on the experience log (docs/daemon.md §8).
 
 Pure building blocks, no daemon wiring: :mod:`~streamlearn.rankers.joint` (joint
 features and per-action scores), :mod:`~streamlearn.retrain.artifact` (rankers by

@@ -162,7 +162,8 @@ class Daemon:
         return self.engine.learner
 
     def replace_learner(self, learner: Any) -> None:
-        """Serve ``learner`` from the next batch on (a merged model adopted, issue 12)."""
+        """Serve ``learner`` from the next batch on (a replica adopting the model its group
+        merged, :mod:`streamlearn.sync`)."""
         self.engine.learner = learner
         self._drifts_seen = learner.drift_detections_
 

@@ -2,7 +2,7 @@
 
 The core never imports prometheus_client: it calls an :class:`Observer`, whose
 methods are all no-ops. :class:`PrometheusObserver` owns every metric of
-DESIGN.md §7, registered on an injected ``CollectorRegistry`` (tests use a fresh
+docs/metrics.md, registered on an injected ``CollectorRegistry`` (tests use a fresh
 one; ``serve`` uses its own, never the process-global default).
 
 Conventions: seconds for durations, ``_total`` counters, low-cardinality labels.

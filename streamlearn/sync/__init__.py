@@ -1,1 +1,1 @@
-"""Model synchronisation across the replicas of a consumer group (issue 12)."""
+"""Model synchronisation across the replicas of a consumer group (docs/operations.md)."""

@@ -5,7 +5,8 @@ with a backlog (after a restart, or when the daemon falls behind) one poll
 can return thousands of instances before any of the feedback that was
 written *before* them. Deciding those instances before learning from that
 feedback makes the restored model decide with stale weights — measured as a
-higher error for thousands of events after a ``kill -9`` (issue 7).
+higher error for thousands of events after a ``kill -9`` (docs/daemon.md §1,
+"Align": 0.5935 on the 4,000 events after the restart against 0.3887 uninterrupted).
 
 :class:`InputAligner` buffers what the transport returns and releases
 messages in timestamp order: a buffered message is released only when no

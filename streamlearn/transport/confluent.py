@@ -302,7 +302,7 @@ class ConfluentTransport:
                 self.close()
                 raise TransportError(
                     f"topic {topic!r} not found on {self.bootstrap_servers} within "
-                    f"{self._timeout_s} s; create it (streamlearn.transport.protocol.ensure_topics)")
+                    f"{self._timeout_s} s; create it (streamlearn.transport.kafka.ensure_topics)")
             time.sleep(0.2)
 
     def _check_open(self) -> None:

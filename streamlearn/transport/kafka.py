@@ -346,7 +346,7 @@ class KafkaTransport:
                 self.close()
                 raise TransportError(
                     f"topic {topic!r} not found on {self.bootstrap_servers} within {timeout_s} s; "
-                    "create it (streamlearn.transport.protocol.ensure_topics)"
+                    "create it (streamlearn.transport.kafka.ensure_topics)"
                 )
             time.sleep(0.2)
 

@@ -1,4 +1,4 @@
-"""Acceptance (issue 11): candidate-set requests end to end through the real broker.
+"""Acceptance of candidate mode: candidate-set requests end to end through the real broker.
 
 An outside client, written from docs/kafka.md only (no streamlearn code on its
 side), publishes 20,000 requests — 1 to 50 candidates each, 1 to 3 slots, the

@@ -1,4 +1,4 @@
-"""Acceptance (issue 7): an outside client, hostile input and a SIGKILL through a real broker.
+"""Acceptance of robustness: an outside client, hostile input and a SIGKILL through a real broker.
 
 The client (``outsider.py``) knows only the documented event format. Three
 runs of the same seeded 20,000-event stream, in lockstep blocks:
@@ -118,7 +118,7 @@ def test_hostile_client_with_a_sigkill(kafka_bootstrap: str, tmp_path: Path,
 def test_hostile_client_with_retraining_and_a_sigkill(kafka_bootstrap: str,
                                                        tmp_path: Path) -> None:
     """The same outside client, hostile messages and SIGKILL, with the rankers retraining
-    (issue 10): rankings stay inside the masks, the experience log holds every answered
+    (docs/daemon.md §8): rankings stay inside the masks, the experience log holds every answered
     decision once with finite contexts, and no retrain fails."""
     names = topics(kafka_bootstrap, "hostile-retrain")
     run = play(kafka_bootstrap, names, tmp_path, free_port(), PROBLEM, backlog_at=KILL_AT,

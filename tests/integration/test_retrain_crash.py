@@ -1,5 +1,5 @@
-"""Acceptance (issue 10): SIGKILL during retraining and during log rotation loses and
-duplicates no experience-log row, and the restart serves the last good ranker.
+"""Acceptance of retraining's durability: SIGKILL during retraining and during log rotation
+loses and duplicates no experience-log row, and the restart serves the last good ranker.
 
 A real ``serve`` process against the real broker retrains RankBoost every 3,000
 learned decisions in its worker process and rotates a log segment every 1,000

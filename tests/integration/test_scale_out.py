@@ -1,5 +1,5 @@
-"""Acceptance (issue 12, first part): replicas in one consumer group, state that moves with
-its partitions.
+"""Acceptance of scale-out: replicas in one consumer group, state that moves with its
+partitions (docs/operations.md).
 
 Three ``streamlearn serve --kafka-membership group`` processes share a group on
 6-partition topics while 60,000 instances stream in, with feedback delayed by

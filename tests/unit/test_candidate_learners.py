@@ -154,7 +154,7 @@ def linear_stream(n: int, seed: int) -> tuple[CandidateSets, np.ndarray]:
 
 
 def test_banditron_batch_of_one_is_the_per_event_update() -> None:
-    """Batch of one: w += φ(x, c̃)·r/P(c̃) − φ(x, ĉ), exactly (ALGORITHMS.md §2 on φ)."""
+    """Batch of one: w += φ(x, c̃)·r/P(c̃) − φ(x, ĉ), exactly (docs/algorithms.md §2 on φ)."""
     rng = np.random.default_rng(3)
     learner = CandidateBanditron(D_X, D_C, gamma=0.2, seed=2)
     w = np.zeros(learner.dim)

@@ -112,7 +112,7 @@ def test_banditron_coefficients_match_the_per_event_definition(seed: int, B: int
     probs /= probs.sum(axis=1, keepdims=True)
     actions, rewards = rng.integers(0, K, B), rng.random(B)
     expected = np.zeros((B, K))
-    for i in range(B):  # ALGORITHMS.md §2: chosen row + r/P, exploit row − 1
+    for i in range(B):  # docs/algorithms.md §2: chosen row + r/P, exploit row − 1
         expected[i, actions[i]] += rewards[i] / probs[i, actions[i]]
         expected[i, int(np.argmax(probs[i]))] -= 1.0
     assert np.array_equal(banditron_coefficients(actions, rewards, probs), expected)

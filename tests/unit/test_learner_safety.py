@@ -1,6 +1,6 @@
 """Every registered learner, whatever the input and the weights: finite state, decisions in the mask.
 
-Issue 7: one instance of ``[1e308] * d`` used to turn a weight row into
+Until the hardening of 2026-11-30, one instance of ``[1e308] * d`` turned a weight row into
 −1e308, later rows into ±inf/NaN, and decisions then ignored their mask. The
 decoder now rejects such values, but the learners must stay safe on their own:
 these are property tests over extreme floats (±1e308, subnormals, −0.0, mixed

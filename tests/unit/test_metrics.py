@@ -1,4 +1,4 @@
-"""PrometheusObserver: every metric of DESIGN.md §7 on a fresh registry."""
+"""PrometheusObserver: every metric of docs/metrics.md on a fresh registry."""
 
 from __future__ import annotations
 
