@@ -189,6 +189,9 @@ def _exported_names() -> set[str]:
     obs.on_ranker_metric("auc", 0.5)
     obs.on_policy_value("p", "ips", 0.5, 0.4, 0.6)
     obs.on_start("L", "E", "T")
+    obs.on_rollout({"learner": 1.0})
+    obs.on_rollout_mode("online", 0.5, 0.0)
+    obs.on_policy_live_value("learner", 0.5)
     return {s.name for family in registry.collect() for s in family.samples}
 
 
