@@ -31,6 +31,7 @@ from typing import Any
 
 from streamlearn.config_fields import FieldSpec, convert, spec
 from streamlearn.errors import ConfigError
+from streamlearn.join.aggregate import POLICIES, weights_problem
 from streamlearn.transport.protocol import ClientTuning
 
 _log = logging.getLogger(__name__)
@@ -176,12 +177,18 @@ class JoinConfig:
     expiry_policy: str = spec("default_reward", "what an expired decision becomes",
                               choices=("default_reward", "drop"))
     default_reward: float = spec(0.0, "reward given to expired decisions", ge=0, le=1)
-    duplicate_policy: str = spec("earliest", "several feedbacks for one id: the first closes "
-                                 "the decision (earliest), or the last / the maximum in the "
-                                 "window counts", choices=("earliest", "latest", "max"))
+    duplicate_policy: str = spec("earliest", "several feedback events for one id: the first "
+                                 "closes the decision (earliest), or the decision closes at the "
+                                 "window's end with the last / max / sum / average / min / "
+                                 "median of the values in the window, capped at 1 "
+                                 "(docs/daemon.md)", choices=POLICIES)
+    reward_weights: str | None = spec(None, "feedback type -> weight its rewards are multiplied "
+                                      "by before aggregation, e.g. click=1,conversion=10 (a "
+                                      "type not listed, or none: 1)", kind="weights",
+                                      check=weights_problem)
     max_pending: int = spec(200_000, "bound on pending decisions (oldest shed beyond it)", ge=1)
-    max_early: int = spec(100_000, "bound on early feedback held for the backward window",
-                          ge=0)
+    max_early: int = spec(100_000, "bound on early feedback held for the backward window (each "
+                          "held event counts, also a second one for the same id)", ge=0)
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,15 @@ import os
 import re
 import types
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from streamlearn.errors import ConfigError
 
-__all__ = ["FieldSpec", "convert", "decimal_float", "decimal_int", "spec"]
+__all__ = ["FieldSpec", "convert", "decimal_float", "decimal_int", "format_weights",
+           "parse_weights", "spec"]
 
 _NONE_WORDS = ("", "none", "null")
 _INT64 = 2**63
@@ -66,15 +68,45 @@ def decimal_float(text: str) -> float:
 
 def spec(default: Any, help: str, *, gt: float | None = None, ge: float | None = None,
          le: float | None = None, choices: tuple[str, ...] | None = None,
-         kind: str | None = None, repr: bool = True) -> Any:
+         kind: str | None = None, repr: bool = True,
+         check: Callable[[Any], str] | None = None) -> Any:
     """Declare a config field: default, one-line help, and what values are valid.
 
     ``kind`` refines a string/path field: ``"hostports"`` (HOST:PORT list),
     ``"file"`` (an existing file), ``"dir"`` (a directory, or a path where one
-    can be created), ``"path"`` (any path).
+    can be created), ``"path"`` (any path), ``"weights"`` (names with a weight
+    >= 0 each: a TOML table ``{click = 1, conversion = 10}``, or in any source the
+    text ``click=1,conversion=10``; kept as that text, :func:`parse_weights` reads
+    it). ``check`` says why a converted value is invalid ('' when it is valid; for
+    ``"weights"`` it is given the mapping).
     """
-    meta = {"help": help, "gt": gt, "ge": ge, "le": le, "choices": choices, "kind": kind}
+    meta = {"help": help, "gt": gt, "ge": ge, "le": le, "choices": choices, "kind": kind,
+            "check": check}
     return dataclasses.field(default=default, repr=repr, metadata=meta)
+
+
+def parse_weights(text: str | None) -> dict[str, float]:
+    """The mapping of a ``"weights"`` field's text (``'a=1,b=2.5'``; None or '': empty).
+
+    >>> parse_weights("click=1, conversion=10")
+    {'click': 1.0, 'conversion': 10.0}
+    """
+    out: dict[str, float] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        name, sep, number = part.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"expected name=weight, got {part.strip()!r:.60}")
+        if name.strip() in out:
+            raise ValueError(f"{name.strip()!r:.60} is given twice")
+        out[name.strip()] = decimal_float(number)
+    return out
+
+
+def format_weights(weights: Mapping[str, float]) -> str:
+    """The text of a ``"weights"`` field (what :func:`parse_weights` reads back exactly)."""
+    return ",".join(f"{name}={float(weight)!r}" for name, weight in weights.items())
 
 
 @dataclass(frozen=True)
@@ -92,6 +124,7 @@ class FieldSpec:
     le: float | None
     choices: tuple[str, ...] | None
     kind: str | None
+    check: Callable[[Any], str] | None = None
 
     @property
     def key(self) -> str:
@@ -105,7 +138,7 @@ class FieldSpec:
         base = next(a for a in args if a is not type(None)) if optional else hint
         m = f.metadata
         return cls(section, f.name, base, optional, f.default, m.get("help", ""), m.get("gt"),
-                   m.get("ge"), m.get("le"), m.get("choices"), m.get("kind"))
+                   m.get("ge"), m.get("le"), m.get("choices"), m.get("kind"), m.get("check"))
 
     def expectation(self) -> str:
         """What a valid value looks like, e.g. 'a number > 0'."""
@@ -117,6 +150,9 @@ class FieldSpec:
             text = "the path of an existing file"
         elif self.kind == "dir":
             text = "a directory (existing, or one that can be created)"
+        elif self.kind == "weights":
+            text = ("names with a weight >= 0 each: a table {name = weight, ...} in the file, "
+                    "'name=weight,...' anywhere")
         elif self.base is bool:
             text = "true or false"
         elif self.base is Path:
@@ -227,6 +263,33 @@ def _check_hostports(fs: FieldSpec, raw: Any, origin: str, text: str) -> str:
     return ",".join(p.strip() for p in text.split(","))
 
 
+def _weights(fs: FieldSpec, raw: Any, origin: str) -> str | None:
+    """A ``"weights"`` field's value as its canonical text (None for an empty table)."""
+    try:
+        if isinstance(raw, dict):
+            weights = {}
+            for name, weight in raw.items():
+                if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+                    raise ValueError(f"the weight of {name!r:.60} is not a number")
+                if "," in name or "=" in name or name != name.strip() or not name:
+                    raise ValueError(f"{name!r:.60} is not a name (no ',', '=' or "
+                                     f"surrounding blanks)")
+                weights[name] = float(weight)
+        elif isinstance(raw, str):
+            weights = parse_weights(raw)
+        else:
+            raise ValueError(f"a {type(raw).__name__} is neither")
+    except (ValueError, OverflowError) as exc:
+        raise _fail(fs, raw, origin, str(exc)) from None
+    for name, weight in weights.items():
+        if not math.isfinite(weight) or weight < 0:
+            raise _fail(fs, raw, origin, f"the weight of {name!r:.60} must be finite and >= 0")
+    why = fs.check(weights) if fs.check is not None else ""
+    if why:
+        raise _fail(fs, raw, origin, why)
+    return format_weights(weights) or None
+
+
 def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
     """``raw`` as the field's type, validated.
 
@@ -241,6 +304,8 @@ def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
         return _parse_bool(fs, raw, origin, text)
     if fs.base in (int, float):
         return _parse_number(fs, raw, origin, text)
+    if fs.kind == "weights":
+        return _weights(fs, raw, origin)
     if not isinstance(raw, (str, Path)):
         raise _fail(fs, raw, origin)
     value = str(raw).strip()

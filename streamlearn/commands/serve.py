@@ -78,6 +78,8 @@ def _metavar(fs: Any) -> str:
         return "FILE"
     if fs.kind in ("path", "dir"):
         return "DIR"
+    if fs.kind == "weights":
+        return "TYPE=WEIGHT,..."
     return {int: "N", float: "X", bool: "{true,false}"}.get(fs.base, "TEXT")
 
 

@@ -40,8 +40,10 @@ class DecisionCore(Protocol):
         ...
 
     def feedback(self, ids: Sequence[Any], rewards: Any, ts: np.ndarray, partitions: np.ndarray,
-                 wall: float, sources: Sequence[Any] | None = None) -> np.ndarray:
-        """Join a feedback batch; one :class:`~streamlearn.join.pending.Outcome` code per event."""
+                 wall: float, sources: Sequence[Any] | None = None,
+                 types: Sequence[str | None] | None = None) -> np.ndarray:
+        """Join a feedback batch; one :class:`~streamlearn.join.pending.Outcome` code per event;
+        ``types`` (each event's ``type`` or None) weigh the rewards."""
         ...
 
     def advance(self, wall: float, idle: Iterable[tuple[str, int]] = ()) -> list[EarlyFeedback]:

@@ -10,12 +10,15 @@ for fixed actions, on the same :class:`~streamlearn.join.pending.PendingJoins`:
   of the request's exploit candidate (what the learners' updates need);
 * a request's feedback is spread over its pending slots: one ``reward`` goes
   to every slot, ``rewards`` by candidate id (unnamed slots: the default
-  reward). With the ``earliest`` policy the request's slots therefore close
-  together; the request id itself (``["<id>", null]``) is then remembered
-  as closed, so a second feedback for it is a duplicate (or late);
-* feedback that comes before its request is held under the request id and
-  applied when the request is decided; held feedback whose request never
-  comes becomes unknown, as for fixed actions.
+  reward); each slot's reward is then weighted by the event's ``type``
+  (``reward_weights``) and aggregated per slot by the join's policy. With the
+  ``earliest`` policy the request's slots therefore close together; the
+  request id itself (``["<id>", null]``) is then remembered as closed, so a
+  second feedback for it is a duplicate (or late);
+* feedback that comes before its request is held under the request id (every
+  event: its rewards, weight and time, in :attr:`CandidateEngine.early_rewards`)
+  and spread over the slots, event after event, when the request is decided;
+  held feedback whose request never comes becomes unknown, as for fixed actions.
 
 Everything is arrays except one dict operation per id — no per-request Python
 loop in deciding or learning beyond building the id strings.
@@ -49,9 +52,15 @@ from streamlearn.candidates.learners import CandidateLearner
 from streamlearn.candidates.sets import CandidateSets
 from streamlearn.engine import Learned
 from streamlearn.events.candidate_feedback import RewardSpec
+from streamlearn.join.aggregate import type_weights
 from streamlearn.join.pending import EarlyFeedback, JoinSettings, Outcome, PendingJoins
 
-__all__ = ["CandidateDecided", "CandidateEngine", "Journaled", "pair_id", "request_key"]
+__all__ = ["CandidateDecided", "CandidateEngine", "HeldReward", "Journaled", "pair_id",
+           "request_key"]
+
+#: one held feedback event of a request not decided yet: its rewards, its type's weight and
+#: its event time (None in checkpoints that did not keep it: the held feedback's time)
+HeldReward = tuple[RewardSpec, float, float | None]
 
 
 def pair_id(request: str, candidate: str) -> str:
@@ -98,7 +107,7 @@ class CandidateEngine:
 
     def __init__(self, learner: CandidateLearner, settings: JoinSettings | None = None,
                  max_slots: int = 10, joins: PendingJoins | None = None,
-                 early_rewards: Mapping[str, RewardSpec] | None = None) -> None:
+                 early_rewards: Mapping[str, Any] | None = None) -> None:
         self.learner, self.max_slots = learner, int(max_slots)
         self.width = learner.d_x + 2 * learner.d_c  # context, candidate, exploit candidate
         self.joins = joins if joins is not None else PendingJoins(self.max_slots, self.width,
@@ -108,7 +117,8 @@ class CandidateEngine:
         for pid in list(self.joins.slot_of):  # after a restore: rebuilt from the pair ids
             request, candidate = orjson.loads(pid)
             self._remember(pid, request, candidate)
-        self.early_rewards: dict[str, RewardSpec] = dict(early_rewards or {})
+        self.early_rewards: dict[str, list[HeldReward]] = {
+            key: _held_rewards(value) for key, value in (early_rewards or {}).items()}
 
     def _remember(self, pid: str, request: str, candidate: str) -> None:
         self._request_of[pid] = (request, candidate)
@@ -199,51 +209,73 @@ class CandidateEngine:
                                  None if event_ts is None else np.asarray(event_ts)[request])
         for pid, r, c in zip(pids, request.tolist(), rows.tolist(), strict=True):
             self._remember(pid, ids[r], candidate_ids[c])
-        if self.joins.early:  # feedback that came before its request
-            held = [(r, fb) for r in ids if (fb := self.joins.early.pop(request_key(r), None))]
-            if held:
-                self.feedback([r for r, _ in held],
-                           [self.early_rewards.pop(request_key(r), fb.reward) for r, fb in held],
-                           np.array([fb.ts for _, fb in held]),
-                           np.array([fb.partition for _, fb in held], dtype=np.int64), wall)
+        if self.joins.early:  # feedback that came before its request: event after event
+            requests: list[str] = []
+            events: list[HeldReward] = []
+            parts: list[int] = []
+            for rid in ids:
+                key = request_key(rid)
+                if key not in self.joins.early:
+                    continue
+                fb = self.joins.pop_early(key)
+                held = self.early_rewards.pop(key, None) or [(r, 1.0, fb.ts) for r in fb.rewards]
+                requests += [rid] * len(held)
+                events += [(spec, weight, fb.ts if ts is None else ts) for spec, weight, ts in held]
+                parts += [fb.partition] * len(held)
+            if requests:
+                self._spread(requests, [e[0] for e in events], np.array([e[1] for e in events]),
+                             np.array([e[2] for e in events]), np.array(parts, dtype=np.int64),
+                             wall)
 
     # --------------------------------------------------------------- feedback
     def feedback(self, ids: Sequence[str], rewards: Sequence[RewardSpec], ts: np.ndarray,
                  partitions: np.ndarray, wall: float, sources: Sequence[Any] | None = None,
-                 ) -> np.ndarray:
+                 types: Sequence[str | None] | None = None) -> np.ndarray:
         """Join a feedback batch; one :class:`Outcome` code per feedback event (that of the
-        first slot it reached)."""
+        first slot it reached). ``types`` weigh each event's rewards (``reward_weights``)."""
+        weights = self.joins.settings.reward_weights
+        return self._spread(ids, rewards, type_weights(types, weights) if types is not None
+                            and weights else np.ones(len(ids)), ts, partitions, wall, sources)
+
+    def _spread(self, ids: Sequence[str], rewards: Sequence[RewardSpec], weights: np.ndarray,
+                ts: np.ndarray, partitions: np.ndarray, wall: float,
+                sources: Sequence[Any] | None = None) -> np.ndarray:
+        """Each event's rewards times its weight, one per pending slot of its request (or the
+        event held under the request id: :meth:`_add_pending` spreads it later)."""
         default = self.joins.settings.default_reward
         event_ids: list[str] = []
         values: list[float] = []
         first = np.zeros(len(ids), dtype=np.int64)
         owner: list[int] = []
-        offered: list[str] = []  # request keys whose per-candidate rewards may be held
-        for i, (request, spec) in enumerate(zip(ids, rewards, strict=True)):
+        offered: list[int] = []  # events the join may hold: their rewards are kept here
+        for i, (request, spec, weight) in enumerate(zip(ids, rewards, weights.tolist(),
+                                                        strict=True)):
             first[i] = len(event_ids)
+            owner.append(i)
             pids = [p for p in self.slates.get(request, ()) if p in self.joins.slot_of]
             if not pids:  # closed, not decided yet, or unknown: the join says which
-                key = request_key(request)
-                event_ids.append(key)
-                values.append(spec if isinstance(spec, float) else 0.0)  # rewards: held aside
-                if isinstance(spec, dict) and key not in self.joins.early:
-                    self.early_rewards[key] = spec  # kept only if the join holds it
-                    offered.append(key)
-                owner.append(i)
+                event_ids.append(request_key(request))
+                # the join holds a value; the event itself (its rewards) is kept here
+                values.append(0.0 if isinstance(spec, dict) else weight * spec)
+                offered.append(i)
                 continue
             for pid in pids:
                 event_ids.append(pid)
-                values.append(spec if isinstance(spec, float)
-                              else spec.get(self._request_of[pid][1], default))
-                owner.append(i)
+                values.append(weight * (spec.get(self._request_of[pid][1], default)
+                                        if isinstance(spec, dict) else spec))
+            owner += [i] * (len(pids) - 1)
         own = np.array(owner, dtype=np.int64)
         outcomes = self.joins.add_feedback(
             event_ids, np.array(values, dtype=np.float64), np.asarray(ts)[own],
             np.asarray(partitions)[own], wall,
             None if sources is None else [sources[i] for i in owner])
-        for key in offered:
-            if key not in self.joins.early:  # not held after all (duplicate, late, no room)
-                self.early_rewards.pop(key, None)
+        for i in offered:
+            how = outcomes[first[i]]
+            if how == Outcome.HELD.value or how == Outcome.AGGREGATED.value:
+                held = self.early_rewards.setdefault(request_key(ids[i]), [])
+                if how == Outcome.HELD.value:
+                    held.clear()
+                held.append((rewards[i], float(weights[i]), float(np.asarray(ts)[i])))
         return outcomes[first] if len(ids) else np.zeros(0, dtype=np.int8)
 
     def advance(self, wall: float, idle: Iterable[tuple[str, int]] = ()) -> list[EarlyFeedback]:
@@ -294,3 +326,11 @@ class CandidateEngine:
             hows.append(how)
         if keys:
             self.joins.recent.add(keys, hows, self.joins.now(-np.inf))
+
+
+def _held_rewards(value: Any) -> list[HeldReward]:
+    """Held events of one request as checkpointed: ``[[rewards, weight, ts], ...]``, or
+    (older checkpoints) one ``rewards`` object."""
+    if not isinstance(value, list):
+        return [(value, 1.0, None)]
+    return [(spec, float(weight), None if ts is None else float(ts)) for spec, weight, ts in value]

@@ -271,9 +271,10 @@ class Engine:
 
     def feedback(self, ids: Sequence[Any], rewards: np.ndarray, ts: np.ndarray,
                  partitions: np.ndarray, wall: float, sources: Sequence[Any] | None = None,
-                 ) -> np.ndarray:
-        """Join a feedback batch; one :class:`Outcome` code per event."""
-        return self.joins.add_feedback(ids, rewards, ts, partitions, wall, sources)
+                 types: Sequence[str | None] | None = None) -> np.ndarray:
+        """Join a feedback batch; one :class:`Outcome` code per event (``types`` weigh the
+        rewards: ``JoinSettings.reward_weights``)."""
+        return self.joins.add_feedback(ids, rewards, ts, partitions, wall, sources, types)
 
     def advance(self, wall: float, idle: Iterable[tuple[str, int]] = (),
                 event_time: float | None = None) -> list[EarlyFeedback]:

@@ -6,7 +6,9 @@ or a reward per placed candidate, ``{"id": "r1", "rewards": {"item-17": 1.0}}``
 — slots whose candidate is not named get the join's default reward (0). Rewards
 are numbers in [0, 1]; exactly one of ``reward`` and ``rewards`` is given, and
 ``rewards`` names at most :data:`MAX_NAMED` candidates. Anything else is a
-``bad_reward`` rejection naming what is wrong.
+``bad_reward`` rejection naming what is wrong. An event may carry a ``type``, as
+fixed-action feedback does (:mod:`streamlearn.events.feedback`): the join weighs
+each placed candidate's reward by it.
 
 >>> from streamlearn.transport.protocol import Message
 >>> values = [b'{"id": "r1", "rewards": {"a": 1.0}}', b'{"id": "r2", "reward": 0.5}',
@@ -32,6 +34,7 @@ from streamlearn.events.raw import (
     Reject,
     Rejection,
     event_id_of,
+    feedback_type_of,
     is_number,
     parse_object,
     timestamp_of,
@@ -54,6 +57,7 @@ class CandidateFeedback:
     rewards: list[RewardSpec]
     ts: np.ndarray  # float64 (B,)
     messages: list[Any] = field(default_factory=list, repr=False)
+    types: list[str | None] = field(default_factory=list)  # each event's type (None: none)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -103,10 +107,12 @@ def decode_candidate_feedback(
             event_id = event_id_of(obj, limits)
             ts = timestamp_of(obj, msg, event_id)
             spec = reward_spec(obj, event_id, limits)
+            event_type = feedback_type_of(obj, event_id)
         except Reject as err:
             rejections.append(err.of(msg))
             continue
         batch.ids.append(event_id)
+        batch.types.append(event_type)
         batch.rewards.append(spec)
         batch.messages.append(msg)
         stamps.append(ts)

@@ -1,4 +1,17 @@
-"""Feedback values ``{"id", "reward" in [0, 1], "ts"?}`` → a :class:`FeedbackBatch` plus rejections."""
+"""Feedback values ``{"id", "reward" in [0, 1], "ts"?, "type"?}`` → a :class:`FeedbackBatch`
+plus rejections.
+
+``type`` names what the feedback is (``"click"``, ``"conversion"``): a string of 1 to
+:data:`~streamlearn.events.raw.MAX_TYPE_LENGTH` characters, or absent (``null`` counts as
+absent); the join weighs each reward by its type (``join.reward_weights``).
+
+>>> from streamlearn.events.raw import Message
+>>> values = [b'{"id": "a", "reward": 1, "type": "click"}', b'{"id": "a", "reward": 0.5}',
+...           b'{"id": "a", "reward": 1, "type": 7}']
+>>> batch, bad = decode_feedback([Message("fb", 0, i, None, v, 0) for i, v in enumerate(values)])
+>>> batch.types, [(r.reason, r.detail) for r in bad]
+(['click', None], [('bad_feedback_type', "expected 'type' as a string of 1 to 64 characters, got int 7")])
+"""
 
 from __future__ import annotations
 
@@ -12,11 +25,13 @@ import orjson
 
 from streamlearn.events.raw import (
     DEFAULT_LIMITS,
+    MAX_TYPE_LENGTH,
     DecodeLimits,
     RawMessage,
     Reject,
     Rejection,
     event_id_of,
+    feedback_type_of,
     is_number,
     parse_object,
     timestamp_of,
@@ -33,6 +48,7 @@ class FeedbackBatch:
     rewards: np.ndarray  # float64 (B,) in [0, 1]
     ts: np.ndarray  # float64 (B,)
     messages: list[Any] = field(default_factory=list, repr=False)
+    types: list[str | None] = field(default_factory=list)  # each event's type (None: none)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -42,11 +58,12 @@ def decode_feedback(
     messages: Sequence[RawMessage],
     limits: DecodeLimits = DEFAULT_LIMITS,
 ) -> tuple[FeedbackBatch, list[Rejection]]:
-    """Decode feedback values ``{"id", "reward" in [0, 1], "ts"?}``."""
+    """Decode feedback values ``{"id", "reward" in [0, 1], "ts"?, "type"?}``."""
     rejections: list[Rejection] = []
     ids: list[str] = []
     rewards: list[float] = []
     stamps: list[float] = []
+    types: list[str | None] = []
     kept: list[RawMessage] = []
     for msg in messages:
         value = msg.value
@@ -59,12 +76,16 @@ def decode_feedback(
                 fid: Any = parsed.get("id")
                 frw: Any = parsed.get("reward")
                 fts: Any = parsed.get("ts")
+                ftype: Any = parsed.get("type")
                 if (type(fid) is str and 0 < len(fid) <= limits.max_id_length
                         and type(frw) in (int, float) and 0.0 <= frw <= 1.0
-                        and (fts is None or (type(fts) in (int, float) and math.isfinite(fts)))):
+                        and (fts is None or (type(fts) in (int, float) and math.isfinite(fts)))
+                        and (ftype is None or (type(ftype) is str
+                                               and 0 < len(ftype) <= MAX_TYPE_LENGTH))):
                     ids.append(fid)
                     rewards.append(float(frw))
                     stamps.append(msg.timestamp_ms / 1000.0 if fts is None else float(fts))
+                    types.append(ftype)
                     kept.append(msg)
                     continue
         try:  # anything else: the full checks name what is wrong
@@ -75,11 +96,13 @@ def decode_feedback(
             if not (is_number(reward) and 0.0 <= reward <= 1.0):  # type: ignore[operator]
                 raise Reject("bad_reward", f"expected 'reward' as a number in [0, 1], "
                                            f"got {reward!r:.40}", event_id)
+            event_type = feedback_type_of(obj, event_id)
             ids.append(event_id)
             rewards.append(float(reward))  # type: ignore[arg-type]
             stamps.append(ts)
+            types.append(event_type)
             kept.append(msg)
         except Reject as err:
             rejections.append(err.of(msg))
     return FeedbackBatch(ids, np.array(rewards, dtype=np.float64),
-                         np.array(stamps, dtype=np.float64), kept), rejections
+                         np.array(stamps, dtype=np.float64), kept, types), rejections

@@ -13,8 +13,12 @@ from typing import Any, Protocol
 import numpy as np
 import orjson
 
-__all__ = ["DEFAULT_LIMITS", "DecodeLimits", "Message", "RawMessage", "Reject", "Rejection", "check_depth",
-           "event_id_of", "is_number", "own_copy", "parse_object", "timestamp_of"]
+__all__ = ["DEFAULT_LIMITS", "MAX_TYPE_LENGTH", "DecodeLimits", "Message", "RawMessage", "Reject",
+           "Rejection", "check_depth", "event_id_of", "feedback_type_of", "is_number", "own_copy",
+           "parse_object", "timestamp_of"]
+
+#: the longest feedback ``type`` accepted (a short name: click, conversion, dwell)
+MAX_TYPE_LENGTH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +191,18 @@ def timestamp_of(obj: dict[str, Any], msg: RawMessage, event_id: str) -> float:
         raise Reject("bad_timestamp", f"expected 'ts' to be a finite number, got {ts!r:.40}",
                      event_id)
     return float(ts)
+
+
+def feedback_type_of(obj: dict[str, Any], event_id: str) -> str | None:
+    """A feedback event's ``type``: None when absent (or ``null``), else a string of 1 to
+    :data:`MAX_TYPE_LENGTH` characters (``bad_feedback_type`` otherwise)."""
+    kind = obj.get("type")
+    if kind is None or (type(kind) is str and 0 < len(kind) <= MAX_TYPE_LENGTH):
+        return kind
+    got = (f"a string of {len(kind)} characters" if isinstance(kind, str)
+           else f"{type(kind).__name__} {kind!r:.40}")
+    raise Reject("bad_feedback_type", f"expected 'type' as a string of 1 to {MAX_TYPE_LENGTH} "
+                                      f"characters, got {got}", event_id)
 
 
 def own_copy(value: bytes) -> bytes:

@@ -2,15 +2,21 @@
 
 A decision waits for feedback for an *experimental-unit window* (``window_s``).
 
+* A feedback event's value is its reward times the weight of its ``type``
+  (``reward_weights``; 1 without a type or for a type not listed).
 * ``duplicate_policy="earliest"`` (default): the first feedback in the window
   closes the decision at once, so learning is never delayed by the window; any
   later feedback for the id is a ``DUPLICATE`` with no effect.
-* ``"latest"`` / ``"max"``: feedback in the window is aggregated (last value /
-  maximum) and the decision closes at the window's end with the aggregate.
+* Any other policy (``latest``, ``max``, ``min``, ``sum``, ``average``, ``median``:
+  :mod:`streamlearn.join.aggregate`) aggregates the values that arrive within the
+  window; the decision closes at the window's end with the aggregate, capped at 1.
 * Feedback whose event time is at or past ``decided_at + window_s``, or that arrives
-  after its decision closed by expiry or shedding, is ``LATE``: counted, no effect.
-* Feedback that arrives before its decision is ``HELD`` for ``early_window_s``; if
-  the decision does not appear by then the feedback is ``UNKNOWN``.
+  after its decision closed by expiry or shedding — or, with an aggregating policy,
+  after it closed at all — is ``LATE``: counted, no effect.
+* Feedback that arrives before its decision is ``HELD`` for ``early_window_s`` (every
+  value of the id is kept: an aggregating policy aggregates them as if they had come
+  just after the decision, in their order); if the decision does not appear by then
+  the feedback is ``UNKNOWN``.
 * A decision that closes without feedback is ``EXPIRED``: with
   ``expiry="default_reward"`` it is learned with ``default_reward``, with ``"drop"``
   it is not learned from.
@@ -52,6 +58,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,14 +69,21 @@ import numpy as np
 from streamlearn.errors import ConfigError, StateError
 from streamlearn.events.raw import Message
 from streamlearn.features import Batch
+from streamlearn.join.aggregate import (
+    POLICIES,
+    MedianValues,
+    aggregate,
+    capped,
+    fold,
+    type_weights,
+    weights_problem,
+)
 from streamlearn.join.clock import PartitionClocks
 from streamlearn.join.recent import RecentlyClosed
 from streamlearn.join.rows import RowStore, concat_rows
 from streamlearn.snapshot import pack_strings, unpack_strings
 
-__all__ = ["Closed", "EarlyFeedback", "JoinSettings", "Outcome", "PendingJoins"]
-
-POLICIES = ("earliest", "latest", "max")
+__all__ = ["POLICIES", "Closed", "EarlyFeedback", "JoinSettings", "Outcome", "PendingJoins"]
 
 
 class Outcome(enum.IntEnum):
@@ -83,7 +97,7 @@ class Outcome(enum.IntEnum):
     EXPIRED = 1  # a decision closed without feedback at its window's end
     SHED = 2  # a decision closed because the pending store was full
     HELD = 3  # feedback waiting for its decision (early)
-    AGGREGATED = 4  # another feedback folded into its decision's aggregate (latest / max)
+    AGGREGATED = 4  # another feedback folded into its decision's aggregate (not earliest)
     DUPLICATE = 5  # feedback for a decision already answered: no effect
     LATE = 6  # feedback after its window or after its decision closed: no effect
     UNKNOWN = 7  # feedback whose decision never appeared: no effect
@@ -96,7 +110,8 @@ class Outcome(enum.IntEnum):
 
 @dataclass(frozen=True)
 class JoinSettings:
-    """Join configuration (seconds of event time)."""
+    """Join configuration (seconds of event time); ``reward_weights``: feedback type → the
+    weight its rewards are multiplied by (a type not listed: 1)."""
 
     window_s: float = 600.0
     early_window_s: float = 10.0
@@ -106,6 +121,7 @@ class JoinSettings:
     max_pending: int = 200_000
     max_early: int = 100_000
     max_clock_skew_s: float = 60.0
+    reward_weights: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.duplicate_policy not in POLICIES:
@@ -121,17 +137,23 @@ class JoinSettings:
         if self.max_pending < 1 or self.max_early < 0:
             raise ConfigError(f"max_pending must be >= 1 and max_early >= 0. "
                               f"Got {self.max_pending} and {self.max_early}.")
+        problem = weights_problem(self.reward_weights)
+        if problem:
+            raise ConfigError(f"reward_weights must map feedback types to weights >= 0. "
+                              f"Got {dict(self.reward_weights)!r:.200}: {problem}.")
 
 
 @dataclass
 class EarlyFeedback:
-    """Feedback held because its decision has not been seen yet."""
+    """Feedback held because its decision has not been seen yet: every value of the id
+    (weighted rewards, in arrival order; one with the ``earliest`` policy), held for
+    ``early_window_s`` from the first one's event time ``ts``."""
 
     event_id: Hashable
-    reward: float
+    rewards: list[float]
     ts: float
     partition: int
-    source: Message | None = None  # the message, for a dead letter if it becomes unknown
+    source: Message | None = None  # the first message, for a dead letter if it becomes unknown
 
 
 @dataclass
@@ -166,7 +188,7 @@ class PendingJoins:
     decided_at: np.ndarray
     model: np.ndarray
     partition: np.ndarray
-    reward: np.ndarray
+    reward: np.ndarray  # the accumulator of the values so far (aggregate.fold)
     n_feedback: np.ndarray
     feedback_ts: np.ndarray
     active: np.ndarray
@@ -185,6 +207,9 @@ class PendingJoins:
         self.slot_of: dict[Any, int] = {}
         self._free: list[int] = []
         self.early: OrderedDict[Any, EarlyFeedback] = OrderedDict()
+        self._held_values = 0  # values in self.early (bounded by max_early)
+        # every value of each pending decision, only where the aggregate needs them all
+        self.values = MedianValues() if self.settings.duplicate_policy == "median" else None
         self.recent = RecentlyClosed(self.settings.window_s, self.settings.max_pending)
         self._closing: list[tuple[np.ndarray, np.ndarray]] = []  # (slots, outcome codes)
         self._joined_on_arrival: list[Closed] = []  # decisions that came with their feedback
@@ -290,9 +315,22 @@ class PendingJoins:
         if self.early:
             matched = [i for i, event_id in enumerate(ids) if event_id in self.early]
             if matched:
-                held = [self.early.pop(ids[i]) for i in matched]
-                self._apply(slots[matched], np.array([fb.reward for fb in held]),
-                            np.array([fb.ts for fb in held]))
+                self._apply_held(slots[matched], [self.pop_early(ids[i]) for i in matched],
+                                 self.now(wall))
+
+    def pop_early(self, event_id: Any) -> EarlyFeedback:
+        """Stop holding the feedback of ``event_id`` (KeyError when none is held)."""
+        held = self.early.pop(event_id)
+        self._held_values -= len(held.rewards)
+        return held
+
+    def _apply_held(self, slots: np.ndarray, held: list[EarlyFeedback], now: float) -> None:
+        """Held feedback for the new decisions ``slots``: each one's values in their order,
+        the k-th values of every decision in one batch."""
+        for k in range(max(len(fb.rewards) for fb in held)):
+            rows = [i for i, fb in enumerate(held) if len(fb.rewards) > k]
+            self._apply(slots[rows], np.array([held[i].rewards[k] for i in rows]),
+                        np.array([held[i].ts for i in rows]), now)
 
     def add_joined(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                    labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
@@ -341,13 +379,18 @@ class PendingJoins:
     # ---------------------------------------------------------------- feedback
     def add_feedback(self, ids: Sequence[Any], rewards: np.ndarray, ts: np.ndarray,
                      partitions: np.ndarray, wall: float,
-                     sources: Sequence[Message | None] | None = None) -> np.ndarray:
+                     sources: Sequence[Message | None] | None = None,
+                     types: Sequence[str | None] | None = None) -> np.ndarray:
         """Join a feedback batch; return one :class:`Outcome` code per feedback event.
 
         ``sources`` (the messages) are kept with held feedback, for a dead letter
-        should it become unknown.
+        should it become unknown. ``types`` (None: none) weigh the rewards by
+        ``settings.reward_weights``.
         """
         n = len(ids)
+        if types is not None and self.settings.reward_weights:
+            rewards = np.asarray(rewards, dtype=np.float64) * type_weights(
+                types, self.settings.reward_weights)
         ts = self._skew_capped(ts, wall)
         self.clocks.observe("feedback", partitions, ts)
         self.clocks.observe("instances", partitions, ts, floor_only=True)
@@ -374,7 +417,7 @@ class PendingJoins:
             joining, s = pending[~late], s[~late]
             first = self.n_feedback[s] == 0
             out[joining] = np.where(first, Outcome.JOINED, Outcome.AGGREGATED)
-            self._apply(s, rewards[joining], ts[joining])
+            self._apply(s, rewards[joining], ts[joining], now)
         for i in np.flatnonzero(slots < 0).tolist():  # not pending: recent, early or unknown
             out[i] = self._not_pending(ids[i], float(rewards[i]), float(ts[i]),
                                        int(partitions[i]), None if sources is None else sources[i])
@@ -383,35 +426,41 @@ class PendingJoins:
     def _not_pending(self, event_id: Any, reward: float, ts: float, partition: int,
                      source: Message | None) -> Outcome:
         how = self.recent.get(event_id)
-        if how is not None:
-            return Outcome.DUPLICATE if how == Outcome.JOINED else Outcome.LATE
+        if how is not None:  # closed; an aggregating policy closes at (or past) the window's end
+            aggregating = self.settings.duplicate_policy != "earliest"
+            return Outcome.LATE if how != Outcome.JOINED or aggregating else Outcome.DUPLICATE
         held = self.early.get(event_id)
+        room = self._held_values < self.settings.max_early
         if held is not None:
             if self.settings.duplicate_policy == "earliest":
                 return Outcome.DUPLICATE
-            held.reward = _aggregate(self.settings.duplicate_policy, held.reward, reward)
+            if not room:
+                return Outcome.UNKNOWN
+            held.rewards.append(reward)
+            self._held_values += 1
             return Outcome.AGGREGATED
-        if self.settings.early_window_s > 0 and len(self.early) < self.settings.max_early:
-            self.early[event_id] = EarlyFeedback(event_id, reward, ts, partition, source)
+        if self.settings.early_window_s > 0 and room:
+            self.early[event_id] = EarlyFeedback(event_id, [reward], ts, partition, source)
+            self._held_values += 1
             self._early_oldest = min(self._early_oldest, ts)
             return Outcome.HELD
         return Outcome.UNKNOWN
 
-    def _apply(self, slots: np.ndarray, rewards: np.ndarray, ts: np.ndarray) -> None:
-        """Feedback for pending decisions ``slots`` (distinct), inside their windows."""
+    def _apply(self, slots: np.ndarray, rewards: np.ndarray, ts: np.ndarray, now: float) -> None:
+        """Feedback for pending decisions ``slots`` (distinct), inside their windows (``now``:
+        when the earliest policy closes them: recently closed ids are remembered from then)."""
         if not len(slots):
             return
         policy = self.settings.duplicate_policy
         first = self.n_feedback[slots] == 0
-        old = self.reward[slots]
-        combined = np.maximum(old, rewards) if policy == "max" else (
-            rewards if policy == "latest" else old)
-        self.reward[slots] = np.where(first, rewards, combined)
+        self.reward[slots] = fold(policy, self.reward[slots], first, rewards)
+        if self.values is not None:
+            self.values.add(slots, rewards)
         self.feedback_ts[slots] = np.where(first, ts, self.feedback_ts[slots])
         self.n_feedback[slots] += 1
         if policy == "earliest":
             self._close(slots, np.full(len(slots), Outcome.JOINED, dtype=np.int8),
-                        float(ts.max()))
+                        now)
 
     # ------------------------------------------------------------------ expiry
     def advance(self, wall: float, idle: Iterable[tuple[str, int]] = ()) -> list[EarlyFeedback]:
@@ -449,7 +498,7 @@ class PendingJoins:
                              count=len(self.early))
             gone = ts + self.settings.early_window_s <= _per_partition(instance_now, parts)
             for event_id in [k for k, g in zip(self.early, gone.tolist(), strict=True) if g]:
-                unknown.append(self.early.pop(event_id))
+                unknown.append(self.pop_early(event_id))
             self._early_oldest = float(ts[~gone].min()) if (~gone).any() else np.inf
         self.recent.age(self.now(wall))
         return unknown
@@ -483,7 +532,7 @@ class PendingJoins:
             slots, outcome = np.zeros(0, np.int64), np.zeros(0, np.int8)
         self._closing = []
         joined = outcome == Outcome.JOINED.value
-        rewards = np.where(joined, self.reward[slots], self.settings.default_reward)
+        rewards = np.where(joined, self._aggregates(slots), self.settings.default_reward)
         learn = joined | ((outcome == Outcome.EXPIRED.value)
                           & (self.settings.expiry == "default_reward"))
         closed = Closed(
@@ -497,6 +546,14 @@ class PendingJoins:
         self.rows.clear(slots)
         self._free.extend(slots.tolist())
         return closed
+
+    def _aggregates(self, slots: np.ndarray) -> np.ndarray:
+        """The capped aggregate of each closing decision's values (NaN for one without);
+        the values a median kept are freed."""
+        if self.values is not None:
+            return capped(self.values.pop_medians(slots.tolist()))
+        return capped(aggregate(self.settings.duplicate_policy, self.reward[slots],
+                                self.n_feedback[slots]))
 
     # ------------------------------------------------------------------- state
     def export(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -520,7 +577,10 @@ class PendingJoins:
         arrays.update({f"pending.x.{k}": v for k, v in self.rows.export(live).items()})
         arrays.update({f"pending.column.{name}": column[live]
                        for name, column in self.columns.items()})
-        meta = {"early": [_early_json(fb) for fb in self.early.values()],
+        if self.values is not None:
+            arrays["pending.values"] = self.values.export(live.tolist())
+        meta = {"policy": self.settings.duplicate_policy,
+                "early": [_early_json(fb) for fb in self.early.values()],
                 "shed_total": self.shed_total, "clocks": self.clocks.to_json(),
                 "recent_young_since": young_since if np.isfinite(young_since) else None}
         return arrays, meta
@@ -552,8 +612,7 @@ class PendingJoins:
                                          if f"pending.column.{name}" in arrays})
             store.clocks = saved_clocks
             slots = np.array([store.slot_of[i] for i in ids], dtype=np.int64)
-            store.reward[slots] = arrays["pending.reward"]
-            store.n_feedback[slots] = arrays["pending.n_feedback"]
+            store._restore_values(slots, arrays, meta.get("policy"))
             store.feedback_ts[slots] = arrays["pending.feedback_ts"]
             recent_ids = _stored_ids(arrays, "recent.ids")
             since = meta.get("recent_young_since")
@@ -562,11 +621,45 @@ class PendingJoins:
                 arrays.get("recent.young", np.ones(len(recent_ids), bool)),  # older checkpoints
                 -np.inf if since is None else float(since))
             store.early = OrderedDict((fb["event_id"], _early_from_json(fb)) for fb in meta["early"])
+            store._held_values = sum(len(fb.rewards) for fb in store.early.values())
             store._early_oldest = min((fb.ts for fb in store.early.values()), default=np.inf)
             store.shed_total = int(meta["shed_total"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"Pending joins in the checkpoint are invalid: {exc!r}") from exc
         return store
+
+    def _restore_values(self, slots: np.ndarray, arrays: dict[str, np.ndarray],
+                        saved_policy: str | None) -> None:
+        """The accumulators, counts and kept values of the restored decisions ``slots``.
+
+        A checkpoint written under another policy (or before the policy was recorded:
+        ``earliest``, ``latest`` or ``max``, whose accumulator is the aggregate) gives each
+        decision with feedback its aggregate so far as one value.
+        """
+        acc = np.asarray(arrays["pending.reward"], dtype=np.float64)
+        counts = np.asarray(arrays["pending.n_feedback"], dtype=np.int64)
+        if len(acc) != len(slots) or len(counts) != len(slots) or (counts < 0).any():
+            raise ValueError(f"expected {len(slots)} accumulators and counts >= 0, got "
+                             f"{len(acc)} and {len(counts)}")
+        kept = "pending.values" in arrays
+        policy = self.settings.duplicate_policy
+        if saved_policy == policy and (policy != "median" or kept):
+            self.reward[slots], self.n_feedback[slots] = acc, counts
+            if self.values is not None:
+                self.values.load(slots.tolist(), np.asarray(arrays["pending.values"],
+                                                            dtype=np.float64), counts)
+            return
+        if saved_policy == "median" and kept:
+            held = MedianValues()
+            held.load(slots.tolist(), np.asarray(arrays["pending.values"], np.float64), counts)
+            acc = held.pop_medians(slots.tolist())
+        elif saved_policy is not None:
+            acc = aggregate(saved_policy, acc, counts)
+        counts = np.minimum(counts, 1)
+        self.reward[slots], self.n_feedback[slots] = acc, counts
+        if self.values is not None:
+            with_value = counts > 0
+            self.values.add(slots[with_value], acc[with_value])
 
 
 def _concat_closed(parts: list[Closed]) -> Closed:
@@ -590,8 +683,8 @@ def _early_json(fb: EarlyFeedback) -> dict[str, Any]:
     source = None if src is None else {
         "topic": src.topic, "partition": src.partition, "offset": src.offset,
         "key_b64": _b64(src.key), "value_b64": _b64(src.value), "timestamp_ms": src.timestamp_ms}
-    return {"event_id": fb.event_id, "reward": fb.reward, "ts": fb.ts, "partition": fb.partition,
-            "source": source}
+    return {"event_id": fb.event_id, "rewards": fb.rewards, "ts": fb.ts,
+            "partition": fb.partition, "source": source}
 
 
 def _early_from_json(data: dict[str, Any]) -> EarlyFeedback:
@@ -603,8 +696,12 @@ def _early_from_json(data: dict[str, Any]) -> EarlyFeedback:
                       for k in ("key_b64", "value_b64"))
         message = Message(src["topic"], int(src["partition"]), int(src["offset"]), key, value,
                           int(src.get("timestamp_ms", 0)))
-    return EarlyFeedback(data["event_id"], float(data["reward"]), float(data["ts"]),
-                         int(partition), message)
+    rewards = [float(r) for r in data["rewards"]] if "rewards" in data else [
+        float(data["reward"])]  # older checkpoints held one folded value
+    if not rewards or not all(math.isfinite(r) and r >= 0 for r in rewards):
+        raise ValueError(f"held feedback of {data['event_id']!r:.80} must have finite values "
+                         f">= 0, got {rewards!r:.80}")
+    return EarlyFeedback(data["event_id"], rewards, float(data["ts"]), int(partition), message)
 
 
 def _stored_ids(arrays: dict[str, np.ndarray], name: str) -> list[str]:
@@ -621,6 +718,3 @@ def _per_partition(now: float | Mapping[int, float], partitions: np.ndarray) -> 
     uniq, inverse = np.unique(partitions, return_inverse=True)
     return np.array([now.get(int(p), -np.inf) for p in uniq], dtype=np.float64)[inverse]
 
-
-def _aggregate(policy: str, old: float, new: float) -> float:
-    return max(old, new) if policy == "max" else new if policy == "latest" else old

@@ -44,6 +44,7 @@ class Counters:
     model_version: int = 0  # learner updates applied
     applied_checksum: int = 0
     feedback: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    feedback_types: dict[str, int] = field(default_factory=dict)  # type label → events accepted
     invalid: dict[str, dict[str, int]] = field(default_factory=dict)  # topic → reason → n
     reemitted: int = 0  # journaled decisions published again after a restart
     skipped_updates: int = 0  # feedback the learner refused (it would make the model non-finite)

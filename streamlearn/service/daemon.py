@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,7 @@ from streamlearn.engine import DecisionCore
 from streamlearn.errors import TransportError
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.events import Rejection
+from streamlearn.join.aggregate import TYPE_LABELS, type_label
 from streamlearn.join.pending import Outcome, PendingJoins
 from streamlearn.service.adoption import Adoption
 from streamlearn.service.counters import Counters
@@ -141,6 +143,9 @@ class Daemon:
                            if settings.retrain_enabled or settings.experience_dir else None)
         self.adoption = Adoption(settings.adoption_settings(), self._on_rollout_switch)
         self._step_back_requested = False
+        self._reward_weights = self.engine.joins.settings.reward_weights
+        # every type label visible from the start (at 0)
+        self.observer.on_feedback_types(dict.fromkeys((*self._reward_weights, *TYPE_LABELS), 0))
 
     @property
     def instance_messages(self) -> int:
@@ -347,8 +352,21 @@ class Daemon:
         self._reject(rejected)
         outcomes = self.engine.feedback(batch.ids, batch.rewards, batch.ts,
                                         np.array([m.partition for m in batch.messages], np.int64),
-                                        wall, batch.messages)
+                                        wall, batch.messages, batch.types)
+        self._count_types(batch.types)
         self._count_outcomes(outcomes, batch.ids, batch.messages)
+
+    def _count_types(self, types: list[str | None]) -> None:
+        """Count the accepted feedback events by type: a configured one, ``other`` or ``none``."""
+        if not types:
+            return
+        counted: dict[str, int] = {}
+        for event_type, n in Counter(types).items():
+            label = type_label(event_type, self._reward_weights)
+            counted[label] = counted.get(label, 0) + n
+        for label, n in counted.items():
+            self.counters.feedback_types[label] = self.counters.feedback_types.get(label, 0) + n
+        self.observer.on_feedback_types(counted)
 
     def _count_outcomes(self, outcomes: np.ndarray, ids: list[str],
                         messages: list[Message]) -> None:

@@ -28,13 +28,14 @@ thread scrapes; the custom collectors hold a lock for that.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from streamlearn import __version__
+from streamlearn.join.aggregate import TYPE_LABELS
 from streamlearn.service.collectors import ActionCollector, ArrayHistogram, CheckpointAge
 
 if TYPE_CHECKING:
@@ -126,6 +127,10 @@ class Observer:
 
         ``delays_s`` (joined only) is the time from decision to feedback.
         """
+
+    def on_feedback_types(self, counts: Mapping[str, int]) -> None:
+        """Accepted feedback events by ``type`` label: a configured type (``join.reward_weights``),
+        ``other`` (a type not configured) or ``none`` (no type) — a bounded label set."""
 
     def on_action_rewards(self, actions: np.ndarray, rewards: np.ndarray) -> None:
         """Joined rewards per chosen action (per-action detail, bounded)."""
@@ -251,6 +256,10 @@ class PrometheusObserver(Observer):
                                  registry=r)
         self.feedback = Counter("streamlearn_feedback", "Feedback events by join outcome.",
                                 ["outcome"], registry=r)
+        self.feedback_events = Counter(
+            "streamlearn_feedback_events", "Accepted feedback events by type: a configured one "
+            "(join.reward_weights), other (not configured) or none (no type).", ["type"],
+            registry=r)
         self.invalid = Counter("streamlearn_invalid_events",
                                "Events rejected (and sent to the dead-letter topic).",
                                ["topic", "reason"], registry=r)
@@ -388,6 +397,8 @@ class PrometheusObserver(Observer):
             self.decisions.labels(explored=explored)
         for outcome in FEEDBACK_OUTCOMES:  # every outcome visible at 0 from the start
             self.feedback.labels(outcome=outcome)
+        for label in TYPE_LABELS:  # the configured types appear as the daemon starts
+            self.feedback_events.labels(type=label)
 
     def on_start(self, learner: str, exploration: str, transport: str) -> None:
         self.info.labels(version=__version__, learner=learner, exploration=exploration,
@@ -422,6 +433,10 @@ class PrometheusObserver(Observer):
         self.feedback.labels(outcome=outcome).inc(n)
         if delays_s is not None:
             self.feedback_delay.observe(delays_s)
+
+    def on_feedback_types(self, counts: Mapping[str, int]) -> None:
+        for label, n in counts.items():
+            self.feedback_events.labels(type=label).inc(n)
 
     def on_action_rewards(self, actions: np.ndarray, rewards: np.ndarray) -> None:
         self.actions.add_rewards(actions, rewards)

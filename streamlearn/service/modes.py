@@ -287,7 +287,8 @@ class CandidateSets:
                                          s.join_settings(), arrays, meta["join"])
             tracker_load(tracker, arrays, meta["tracker"])
             counters = Counters.from_json(meta["counters"])
-            early = meta["candidates"]["early_rewards"]
+            restored_engine = CandidateEngine(learner, s.join_settings(), s.candidates_max_slots,
+                                              joins, meta["candidates"]["early_rewards"])
         except CheckpointMismatch:
             raise
         except (KeyError, TypeError, ValueError, StateError) as exc:
@@ -295,8 +296,7 @@ class CandidateSets:
                              f"candidate-mode daemon: {exc!r}") from exc
         warn_settings_kept(restored.seq, engine.learner.hyperparameters(),
                            learner.hyperparameters())
-        return CandidateEngine(learner, s.join_settings(), s.candidates_max_slots, joins,
-                               early), counters
+        return restored_engine, counters
 
     def track(self, tracker: OnlineErrorTracker, closed: Closed, rows: np.ndarray) -> None:
         tracker.observe(closed.actions[rows], closed.rewards[rows])

@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from streamlearn.config_fields import parse_weights
 from streamlearn.errors import ConfigError
 from streamlearn.events import DecodeLimits
 from streamlearn.join.pending import JoinSettings
@@ -38,6 +39,7 @@ class DaemonSettings:
     join_expiry_policy: str = "default_reward"
     join_default_reward: float = 0.0
     join_duplicate_policy: str = "earliest"
+    join_reward_weights: str | None = None  # "type=weight,..." (config_fields.parse_weights)
     join_max_pending: int = 200_000
     join_max_early: int = 100_000
     join_max_clock_skew_seconds: float = 60.0
@@ -144,10 +146,16 @@ class DaemonSettings:
                                 1.0 - self.retrain_level)
 
     def join_settings(self) -> JoinSettings:
+        try:
+            weights = parse_weights(self.join_reward_weights)
+        except ValueError as exc:
+            raise ConfigError(f"join.reward_weights must be 'type=weight,...' with weights >= 0, "
+                              f"e.g. 'click=1,conversion=10'. Got {self.join_reward_weights!r} "
+                              f"({exc}).") from None
         return JoinSettings(self.join_window_seconds, self.join_backward_window_seconds,
                             self.join_duplicate_policy, self.join_expiry_policy,
                             self.join_default_reward, self.join_max_pending, self.join_max_early,
-                            self.join_max_clock_skew_seconds)
+                            self.join_max_clock_skew_seconds, weights)
 
     def limits(self) -> DecodeLimits:
         return DecodeLimits(self.limits_max_message_bytes, self.limits_max_id_length,

@@ -123,6 +123,8 @@ def restored_counters(data: dict[str, Any]) -> Counters:
             out[name] = str(int(text))
         elif name == "feedback":
             out[name] = {**default, **_counts(value, f"counters.{name}", set(default))}
+        elif name == "feedback_types":
+            out[name] = _counts(value, f"counters.{name}")
         elif name == "invalid":
             if not isinstance(value, dict):
                 raise StateError(f"counters.invalid must be an object. Got {short_repr(value)}.")

@@ -17,7 +17,8 @@ from loop_helpers import Clock, decisions_by_id, drain
 from streamlearn.candidates.learners import CandidateLinUCB
 from streamlearn.candidates.sets import CandidateSets
 from streamlearn.engine.candidates import CandidateEngine, pair_id
-from streamlearn.join.pending import JoinSettings, Outcome
+from streamlearn.join.aggregate import capped, median
+from streamlearn.join.pending import JoinSettings, Outcome, PendingJoins
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.daemon import Daemon, DaemonSettings
 from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
@@ -316,3 +317,42 @@ def test_a_restore_names_the_configured_hyperparameters_the_checkpoint_overrides
     warned = [r.getMessage() for r in caplog.records
               if "keeps its learner's own settings" in r.getMessage()]
     assert len(warned) == 1 and "alpha: 0.5 (configured: 0.9)" in warned[0], warned
+
+
+@pytest.mark.parametrize("policy", ["sum", "average", "median", "max", "latest"])
+def test_typed_events_are_weighted_and_aggregated_per_placed_candidate_across_a_restart(
+        policy: str) -> None:
+    """Two events before the request (held across a checkpoint), one in its window and one
+    late: each placed candidate's reward is the policy's aggregate of its weighted values."""
+    weights = {"click": 1.0, "conversion": 2.0}
+    join = JoinSettings(window_s=10.0, duplicate_policy=policy, reward_weights=weights)
+    engine = CandidateEngine(CandidateLinUCB(0, 2, seed=1), join, max_slots=2)
+    events: list[tuple[Any, str | None]] = [({"a": 0.2, "c": 0.4}, "click"), (0.1, "conversion"),
+                                            ({"b": 0.3}, "dwell")]
+    outcomes = [engine.feedback(["r1"], [spec], np.array([t]), np.zeros(1, int), wall=t,
+                                types=[kind])[0] for t, (spec, kind) in enumerate(events[:2])]
+    assert outcomes == [Outcome.HELD, Outcome.AGGREGATED]
+    arrays, meta = engine.joins.export()
+    early = orjson.loads(orjson.dumps(engine.early_rewards))
+    engine = CandidateEngine(engine.learner, join, 2, PendingJoins.restore(
+        2, engine.width, join, arrays, orjson.loads(orjson.dumps(meta))), early)
+    sets = CandidateSets(np.zeros((1, 0)), np.eye(3, 2), np.array([0, 3]))
+    d = engine.decide(["r1"], sets, ["a", "b", "c"], np.array([2]), np.zeros(1, int), wall=2.0)
+    placed = ["abc"[j] for j in d.chosen[0].tolist()]
+    spec, kind = events[2]
+    engine.feedback(["r1"], [spec], np.array([3.0]), np.zeros(1, int), wall=3.0, types=[kind])
+    late = engine.feedback(["r1"], [1.0], np.array([12.0]), np.zeros(1, int), wall=12.0,
+                           types=["click"])
+    assert late.tolist() == [Outcome.LATE]
+    engine.advance(wall=20.0, idle=[("feedback", 0), ("instances", 0)])
+    engine.advance(wall=30.0)
+    closed = engine.learn().closed
+    got = {orjson.loads(i)[1]: r for i, r in zip(closed.ids, closed.rewards.tolist(), strict=True)}
+    fold = {"sum": sum, "average": lambda v: sum(v) / len(v), "median": median, "max": max,
+            "latest": lambda v: v[-1]}[policy]
+    expected = {}
+    for candidate in placed:  # a slot not named by a rewards object gets the default, 0
+        values = [weights.get(kind or "", 1.0) * (spec.get(candidate, 0.0) if isinstance(spec, dict)
+                                                  else spec) for spec, kind in events]
+        expected[candidate] = float(capped(np.array([fold(values)]))[0])
+    assert got == expected and len(got) == 2

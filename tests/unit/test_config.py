@@ -271,3 +271,54 @@ def test_a_near_miss_in_the_environment_is_said(caplog: pytest.LogCaptureFixture
     said = [r.getMessage() for r in caplog.records]
     assert said == ["ignoring the environment variable STREAMLEARN_JOIN_WINDW_SECONDS: no such "
                     "setting (did you mean STREAMLEARN_JOIN_WINDOW_SECONDS?)"]
+
+
+def test_reward_weights_from_a_table_the_environment_or_a_flag(tmp_path: Path) -> None:
+    path = write(tmp_path, "[join]\nduplicate_policy = 'median'\n"
+                           "reward_weights = {click = 1, conversion = 10, \"add to cart\" = 0.5}\n")
+    cfg = load_config(path, environ={})
+    assert cfg.join.duplicate_policy == "median"
+    settings = cfg.to_daemon_settings().join_settings()
+    assert settings.duplicate_policy == "median"
+    assert settings.reward_weights == {"click": 1.0, "conversion": 10.0, "add to cart": 0.5}
+    env = {"STREAMLEARN_JOIN_REWARD_WEIGHTS": "click=2, dwell=0.25",
+           "STREAMLEARN_JOIN_DUPLICATE_POLICY": "sum"}
+    cfg = load_config(path, environ=env)
+    assert cfg.join.duplicate_policy == "sum"
+    assert cfg.to_daemon_settings().join_settings().reward_weights == {"click": 2.0, "dwell": 0.25}
+    cfg = load_config(path, environ=env, cli={"join.reward_weights": "view=0",
+                                                "join.duplicate_policy": "average"})
+    assert cfg.to_daemon_settings().join_settings().reward_weights == {"view": 0.0}
+    assert load_config(environ={}).to_daemon_settings().join_settings().reward_weights == {}
+    for policy in ("latest", "max", "sum", "average", "min", "median"):
+        assert load_config(environ={}, cli={"join.duplicate_policy": policy}).join.duplicate_policy == policy
+    # what --print-config writes (the compact text) reads back in a file
+    again = write(tmp_path, f"[join]\nreward_weights = {cfg.join.reward_weights!r}\n".replace("'", '"'))
+    assert load_config(again, environ={}).join.reward_weights == cfg.join.reward_weights
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    ("click", "expected name=weight, got 'click'"),
+    ("click=-1", "the weight of 'click' must be finite and >= 0"),
+    ("click=inf", "the weight of 'click' must be finite and >= 0"),
+    ("click=ten", "not a decimal number"),
+    ("click=1,click=2", "'click' is given twice"),
+    ("none=1", "'none' is the label of feedback without a type and cannot be configured"),
+    ("other=1", "'other' is the label of feedback with a type not listed"),
+    ("x" * 65 + "=1", "a type must be a string of 1 to 64 characters"),
+])
+def test_bad_reward_weights_say_what_was_expected_and_got(raw: str, why: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(environ={"STREAMLEARN_JOIN_REWARD_WEIGHTS": raw})
+    text = str(exc.value)
+    assert text.startswith("join.reward_weights must be names with a weight >= 0 each")
+    assert f"(from STREAMLEARN_JOIN_REWARD_WEIGHTS): {why}" in text
+
+
+def test_bad_reward_weights_in_a_table_name_the_file(tmp_path: Path) -> None:
+    for table, why in (("{click = 'x'}", "the weight of 'click' is not a number"),
+                       ("{click = -2}", "must be finite and >= 0"),
+                       ("{'a,b' = 1}", "is not a name")):
+        path = write(tmp_path, f"[join]\nreward_weights = {table}\n")
+        with pytest.raises(ConfigError, match=f"from {path}.*{why}"):
+            load_config(path, environ={})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import statistics
 import threading
 from pathlib import Path
 from typing import Any
@@ -503,3 +504,150 @@ def test_max_instances_counts_dead_lettered_instance_messages_too(tmp_path: Path
     runner.join(timeout=20)
     assert not runner.is_alive(), "run(max_instances=10) did not stop"
     assert daemon.counters.instances == 6 and daemon.instance_messages == 10
+
+
+WEIGHTS = {"click": 1.0, "conversion": 2.0}  # dwell is not listed: weight 1
+
+
+class TypedCaller(Caller):
+    """Answers each decision with several typed events over the next blocks (the window is
+    5 blocks): a click at once (1 when the action is the label), a conversion one block later,
+    a dwell time and the click again two blocks later, and a click six blocks later (late:
+    no effect). ``sent`` is every event, as it was published."""
+
+    def __init__(self, broker: InMemoryBroker) -> None:
+        super().__init__(broker)
+        self.due: list[tuple[float, str, dict[str, Any]]] = []
+        self.sent: list[dict[str, Any]] = []
+        self.decided_at: dict[str, float] = {}
+
+    def answer(self, ts: float) -> None:
+        for m in self.broker.messages("decisions"):
+            d = orjson.loads(m.value or b"")
+            if d["id"] in self.answered:
+                continue
+            self.answered.add(d["id"])
+            self.decided_at[d["id"]] = d["ts"]
+            i = int(d["id"][1:])
+            click = {"id": d["id"], "reward": float(d["action"] == Y[i]), "type": "click"}
+            for after, event in ((0.0, click), (1.0, {"id": d["id"], "reward": (i % 7) / 10,
+                                                      "type": "conversion"}),
+                                 (2.0, {"id": d["id"], "reward": (i % 5) / 8, "type": "dwell"}),
+                                 (2.0, click), (6.0, {**click, "reward": 1.0})):
+                self.due.append((ts + after, d["id"], event))
+        for when, event_id, event in [e for e in self.due if e[0] <= ts]:
+            value = {**event, "ts": when}
+            self.writer.append_feedback(event_id.encode(), orjson.dumps(value))
+            self.sent.append(value)
+        self.due = [e for e in self.due if e[0] > ts]
+
+    def expected(self, policy: str) -> dict[str, float]:
+        """The naive reference: each id's weighted values inside its window, aggregated."""
+        values: dict[str, list[float]] = {}
+        for event in self.sent:
+            if event["ts"] < self.decided_at[event["id"]] + 5.0:
+                values.setdefault(event["id"], []).append(
+                    event["reward"] * WEIGHTS.get(event["type"], 1.0))
+        fold = {"sum": sum, "median": statistics.median}[policy]
+        return {i: min(fold(v), 1.0) for i, v in values.items()}
+
+
+def typed_run(tmp: Path, policy: str, crash_at: int | None) -> tuple[Daemon, TypedCaller, Any]:
+    """The typed caller's stream through a daemon that is killed (no final checkpoint) after
+    block ``crash_at`` and restarted; the final daemon, the caller, the restarted one."""
+    broker, clock = InMemoryBroker(2), Clock()
+    clock.t = 1.7e9  # both runs on the same times
+    caller = TypedCaller(broker)
+    kw = {"join_duplicate_policy": policy, "join_reward_weights": "click=1.0,conversion=2.0",
+          "experience_dir": str(tmp / "experience"), "checkpoint_every_events": 700}
+    daemon = make_daemon(broker, tmp / "ckpt", clock, **kw)
+    restarted = None
+    for b in range(N // BLOCK + 7):  # then blocks without instances: the last events come
+        clock.t += 1.0
+        if b < N // BLOCK:
+            caller.publish(b * BLOCK, (b + 1) * BLOCK, ts=clock.t)
+        drain(daemon)
+        caller.answer(ts=clock.t)
+        drain(daemon)
+        if b == crash_at:
+            read = daemon.offsets.snapshot()
+            daemon = restarted = make_daemon(broker, tmp / "ckpt", clock, **kw)
+            assert daemon.offsets.snapshot() != read  # some input is read again
+            pending = daemon.join.n_feedback[daemon.join.active]
+            assert ((pending > 0) & (pending < 4)).any()  # partial aggregates were restored
+            drain(daemon)
+    daemon.step()
+    clock.t += 10.0
+    daemon.step()
+    daemon.checkpoint(final=True)
+    assert daemon.counters.feedback["joined"] == N and len(daemon.join) == 0
+    assert broker.messages("dead-letter") == []
+    return daemon, caller, restarted
+
+
+@pytest.mark.parametrize("policy", ["sum", "median"])
+def test_aggregated_rewards_survive_a_crash_exactly_once(tmp_path: Path, policy: str) -> None:
+    """Killed between checkpoints and restarted, the daemon re-reads the feedback after the
+    snapshot's offsets and learns every decision once, with exactly the aggregate a run that
+    never crashed learns (and the reference computes from the events sent)."""
+    from streamlearn.durability.experience import read_experience
+
+    crashed, caller, restarted = typed_run(tmp_path / "crashed", policy, crash_at=8)
+    smooth, smooth_caller, _ = typed_run(tmp_path / "smooth", policy, crash_at=None)
+    assert restarted is not None
+    logged = read_experience(tmp_path / "crashed" / "experience")
+    rewards = dict(zip(logged.ids, logged.rewards.tolist(), strict=True))
+    assert len(logged.ids) == len(rewards) == N  # every decision learned once
+    assert rewards == caller.expected(policy)
+    smooth_log = read_experience(tmp_path / "smooth" / "experience")
+    assert rewards == dict(zip(smooth_log.ids, smooth_log.rewards.tolist(), strict=True))
+    assert caller.sent == smooth_caller.sent  # the same decisions, answered the same way
+    assert 0 < sum(r == 1.0 for r in rewards.values()) < N  # some aggregates were capped
+    np.testing.assert_allclose(weights_of(crashed.learner), weights_of(smooth.learner),
+                               rtol=0, atol=1e-9)
+    c, s = crashed.counters, smooth.counters
+    assert (c.learned, c.applied_checksum, c.feedback) == (s.learned, s.applied_checksum,
+                                                           s.feedback)
+    assert c.feedback_types == s.feedback_types == {"click": 3 * N, "conversion": N, "other": N}
+
+
+def test_feedback_events_are_counted_by_type_in_a_bounded_label_set(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from streamlearn.service.metrics import PrometheusObserver
+
+    broker, clock = InMemoryBroker(1), Clock()
+    writer = InMemoryTransport(broker=broker, partitions=1, group_id="caller")
+    registry = CollectorRegistry()
+    daemon = Daemon(settings(tmp_path, join_reward_weights="click=1,conversion=10,view=0",
+                             join_duplicate_policy="sum"),
+                    InMemoryTransport(broker=broker, partitions=1), learner(),
+                    observer=PrometheusObserver(registry), wall_clock=clock)
+
+    def count(label: str) -> float | None:
+        return registry.get_sample_value("streamlearn_feedback_events_total", {"type": label})
+
+    assert [count(t) for t in ("click", "conversion", "view", "other", "none")] == [0.0] * 5
+    writer.append_instance(b"e0", orjson.dumps({"id": "e0", "x": X[0].tolist(), "ts": clock.t}))
+    drain(daemon)
+    for kind in ("click", "click", "conversion", "purchase", "like", None, None, None):
+        writer.append_feedback(b"e0", orjson.dumps({"id": "e0", "reward": 0.05, "ts": clock.t,
+                                                   **({} if kind is None else {"type": kind})}))
+    writer.append_feedback(b"e0", orjson.dumps({"id": "e0", "reward": 0.05, "type": 12}))
+    drain(daemon)
+    assert [count(t) for t in ("click", "conversion", "view", "other", "none")] == [
+        2.0, 1.0, 0.0, 2.0, 3.0]
+    assert count("purchase") is None and count("like") is None  # folded into "other"
+    assert daemon.counters.feedback_types == {"click": 2, "conversion": 1, "other": 2, "none": 3}
+    dead = [orjson.loads(m.value or b"") for m in broker.messages("dead-letter")]
+    assert [(d["reason"], d["detail"]) for d in dead] == [
+        ("bad_feedback_type", "expected 'type' as a string of 1 to 64 characters, got int 12")]
+    daemon.step()  # idle from now on: the window ends by the wall clock
+    clock.t += 10.0
+    daemon.step()
+    assert daemon.counters.learned == 1  # one decision, its weighted values summed:
+    assert registry.get_sample_value("streamlearn_rewards_total") == pytest.approx(
+        0.05 * (2 + 10 + 2 + 3))
+    daemon.checkpoint(final=True)
+    again = make_daemon(broker, tmp_path, clock, join_reward_weights="click=1,conversion=10,view=0")
+    assert again.counters.feedback_types == daemon.counters.feedback_types  # checkpointed

@@ -178,6 +178,10 @@ def test_brackets_inside_strings_are_no_nesting() -> None:
     (orjson.dumps({"id": "a"}), "bad_reward"),
     (orjson.dumps({"reward": 1.0}), "missing_id"),
     (b"not json", "invalid_json"),
+    (orjson.dumps({"id": "a", "reward": 1.0, "type": 3}), "bad_feedback_type"),
+    (orjson.dumps({"id": "a", "reward": 1.0, "type": ["click"]}), "bad_feedback_type"),
+    (orjson.dumps({"id": "a", "reward": 1.0, "type": ""}), "bad_feedback_type"),
+    (orjson.dumps({"id": "a", "reward": 1.0, "type": "c" * 65}), "bad_feedback_type"),
 ])
 def test_bad_feedback(value: bytes, reason: str) -> None:
     good = orjson.dumps({"id": "b", "reward": 1, "ts": 3.0})
@@ -351,3 +355,27 @@ def test_a_null_ts_is_the_message_timestamp_as_documented() -> None:
     feedback, bad = decode_feedback(msgs(orjson.dumps({"id": "a", "reward": 1.0, "ts": None}),
                                          topic="feedback"))
     assert bad == [] and feedback.ts.tolist() == [5.0]
+
+
+def test_a_feedback_type_is_kept_and_a_bad_one_says_what_was_expected() -> None:
+    from streamlearn.events.candidate_feedback import decode_candidate_feedback
+
+    values = [orjson.dumps({"id": "a", "reward": 1, "type": "click"}),
+              orjson.dumps({"id": "b", "reward": 0.5, "type": None}),
+              orjson.dumps({"id": "c", "reward": 0.5}),
+              orjson.dumps({"id": "d", "reward": 0.5, "type": "c" * 64, "pad": [[1]]}),  # slow path
+              orjson.dumps({"id": "e", "reward": 0.5, "type": "c" * 65}),
+              orjson.dumps({"id": "f", "reward": 0.5, "type": 7.5})]
+    batch, rejected = decode_feedback(msgs(*values, topic="feedback"))
+    assert batch.ids == ["a", "b", "c", "d"]
+    assert batch.types == ["click", None, None, "c" * 64]
+    expected = "expected 'type' as a string of 1 to 64 characters, got "
+    assert [(r.reason, r.detail, r.event_id) for r in rejected] == [
+        ("bad_feedback_type", expected + "a string of 65 characters", "e"),
+        ("bad_feedback_type", expected + "float 7.5", "f")]
+    requests, bad = decode_candidate_feedback(msgs(
+        orjson.dumps({"id": "r", "rewards": {"x": 1.0}, "type": "conversion"}),
+        orjson.dumps({"id": "s", "reward": 1.0}),
+        orjson.dumps({"id": "t", "reward": 1.0, "type": {"a": 1}}), topic="feedback"))
+    assert requests.ids == ["r", "s"] and requests.types == ["conversion", None]
+    assert [(r.reason, r.detail) for r in bad] == [("bad_feedback_type", expected + "dict {'a': 1}")]
