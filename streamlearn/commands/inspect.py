@@ -94,8 +94,11 @@ def describe(path: Path) -> dict[str, Any]:
     rollout = meta.get("rollout")
     if isinstance(rollout, dict) and (rollout.get("live") or rollout.get("candidate")):
         info["rollout"] = _rollout_summary(rollout)
+    adoption = meta.get("adoption")
+    if isinstance(adoption, dict) and "mode" in adoption:
+        info["adoption"] = _adoption_summary(adoption)
     skip = {"format_version", "package_version", "arrays_sha256", "kind", "seq", "offsets",
-            "learner", "rollout"} | ({"class", "params", "counters", "exploration_state"}
+            "learner", "rollout", "adoption"} | ({"class", "params", "counters", "exploration_state"}
                                      if learner is meta else set())
     extra = {k: v for k, v in meta.items() if k not in skip}
     if extra:
@@ -119,6 +122,23 @@ def _rollout_summary(rollout: dict[str, Any]) -> dict[str, Any]:
     if rollout.get("candidate"):
         out["stage"] = int(rollout.get("stage", 0)) + 1
     return out
+
+
+def _adoption_summary(adoption: dict[str, Any]) -> dict[str, Any]:
+    """Who serves next to an existing system (``rollout.mode``): the mode, the learner's share,
+    the agreement with the baseline, each side's live value and the switches so far."""
+    stats = adoption.get("stats") or {}
+    values = {}
+    for side in ("baseline", "learner"):
+        low = (stats.get(side) or {}).get("low") or {}
+        n = int(low.get("n") or 0)
+        values[side] = {"events": n, "mean": float(low.get("total") or 0.0) / n if n else None}
+    mode = adoption.get("mode")
+    return {"mode": mode, "configured": adoption.get("configured", mode),
+            "learner_share": 1.0 if mode == "online" else adoption.get("share"),
+            "agreement": adoption.get("agreement"), "events": adoption.get("events"),
+            "earned": adoption.get("earned"), "live_value": values,
+            "history": list(adoption.get("history") or [])}
 
 
 def _short(value: Any, limit: int = 160) -> str:
@@ -171,6 +191,8 @@ def _print_text(info: dict[str, Any]) -> None:
         print(f"pending joins   {info['pending_joins']:,}")
     if "rollout" in info:
         _print_rollout(info["rollout"])
+    if "adoption" in info:
+        _print_adoption(info["adoption"])
     other = info.get("other") or {}
     width = _column(list(other), 16)
     for key, value in other.items():
@@ -210,6 +232,24 @@ def _print_rollout(rollout: dict[str, Any]) -> None:
                          f"{stage} ({arm['served'] or 0:,} learned events served)")
     parts.append(f"learner {100 * (rollout.get('learner_share') or 0):.0f} %")
     print(f"serving         {'; '.join(parts)}")
+
+
+def _print_adoption(adoption: dict[str, Any]) -> None:
+    configured = adoption["configured"]
+    since = "" if configured == adoption["mode"] else f" (configured {configured})"
+    share = adoption.get("learner_share")
+    agreement = adoption.get("agreement")
+    print(f"rollout mode    {adoption['mode']}{since}; the learner serves "
+          f"{'-' if share is None else f'{100 * float(share):.0f} %'}; agreement with the "
+          f"baseline {'-' if agreement is None else f'{float(agreement):.3f}'}")
+    if adoption["mode"] != "online":
+        sides = [f"{side} {v['mean']:.4f} on {v['events']:,}"
+                 for side, v in adoption["live_value"].items() if v["events"]]
+        print(f"  earned        {'; '.join(sides) or '- (nothing learned in this mode yet)'}")
+    history = adoption["history"]
+    print(f"  switches      {len(history)}{', newest last' if history else ''}")
+    for entry in history:
+        print(f"    {entry.get('from')} -> {entry.get('to')}: {entry.get('why')}")
 
 
 def _print_rankers(rankers: dict[str, Any]) -> None:

@@ -42,7 +42,7 @@ REASONS = (
     "invalid_utf8", "invalid_json", "not_object", "too_large", "nesting_too_deep",
     "missing_id", "id_too_long", "bad_id_type", "bad_timestamp", "bad_features",
     "wrong_dimension", "non_finite", "value_out_of_range", "bad_actions", "bad_label",
-    "bad_reward", "bad_feedback_type", "unknown_id", "duplicate_id",
+    "bad_baseline", "bad_reward", "bad_feedback_type", "unknown_id", "duplicate_id",
     # candidate-set requests (events/candidates.py)
     "bad_candidates", "too_many_candidates", "bad_candidate_id", "duplicate_candidate_id",
     "bad_slots",

@@ -48,7 +48,7 @@ __all__ = ["CANDIDATE_REASONS", "MAX_CANDIDATES", "MAX_SLOTS", "CandidateRequest
            "decode_candidate_requests"]
 
 CANDIDATE_REASONS = ("bad_candidates", "too_many_candidates", "bad_candidate_id",
-                     "duplicate_candidate_id", "bad_slots")
+                     "duplicate_candidate_id", "bad_slots", "bad_baseline")
 MAX_CANDIDATES = 1000
 MAX_SLOTS = 10
 

@@ -115,11 +115,15 @@ class Adoption:
                 "online": 1.0}[self.mode]
 
     # ------------------------------------------------------------ deciding
-    def baselines(self, given: np.ndarray) -> np.ndarray:
-        """Each event's baseline: its own, else the configured fallback (-1: none)."""
+    def baselines(self, given: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        """Each event's baseline: its own, else the configured fallback (-1: none) where the
+        event's ``actions`` (``mask``, (B, K) bool) allow it — an event that rules the
+        fallback out is the learner's, as one without a baseline."""
         b = np.asarray(given, dtype=np.int64)
-        if self.settings.baseline >= 0:
-            b = np.where(b >= 0, b, self.settings.baseline)
+        fallback = self.settings.baseline
+        if fallback >= 0:
+            allowed = True if mask is None else np.asarray(mask)[:, fallback]
+            b = np.where(b >= 0, b, np.where(allowed, fallback, -1))
         return b
 
     def wrap(self, system: Mixture | None, baselines: np.ndarray, n_actions: int) -> Mixture | None:

@@ -143,7 +143,7 @@ class FixedActions:
         retraining, adoption = daemon.retraining, daemon.adoption
         scores = retraining.scores(batch.X) if retraining is not None else None
         system = None if retraining is None else retraining.mixture(batch.X, scores)
-        baselines = adoption.baselines(batch.baselines)
+        baselines = adoption.baselines(batch.baselines, batch.mask)
         decided = cast(Engine, daemon.engine).decide(
             batch.ids, batch.X, batch.mask, labels=batch.labels, ts=np.full(B, wall),
             event_ts=batch.ts, partitions=batch.partitions, wall=wall,

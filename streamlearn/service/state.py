@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from streamlearn.durability.checkpoint import CheckpointMismatch, Restored, is_count, short_repr
-from streamlearn.engine import Engine
+from streamlearn.engine import DECISION_COLUMNS, Engine
 from streamlearn.engine.candidates import CandidateEngine
 from streamlearn.errors import StateError
 from streamlearn.evaluation.online import OnlineErrorTracker
@@ -73,9 +73,12 @@ def thaw(restored: Restored, settings: DaemonSettings, learner_class: type[Learn
                                      f"(K, d) = {got}; {want} are configured (a fresh state "
                                      f"needs an empty checkpoint.dir).")
         old_clocks = counters_meta.get("clocks")  # where checkpoints before 0.2 kept them
+        # the decision columns too (who served, gamma, the learner's own choice, the
+        # baseline): without them a restored daemon's rollouts and log lost track of them
         joins = PendingJoins.restore(*want, settings.join_settings(), arrays, join_meta,
                                      None if old_clocks is None
-                                     else PartitionClocks.from_json(old_clocks))
+                                     else PartitionClocks.from_json(old_clocks),
+                                     columns=DECISION_COLUMNS)
         loaded = restored_tracker(arrays, tracker_meta, settings.metrics_window)
         counters = restored_counters(counters_meta)
     except CheckpointMismatch:

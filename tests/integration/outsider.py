@@ -54,13 +54,20 @@ class Problem:
         self.X[:, -1] = 1.0
         self.y = np.argmax(self.X @ hidden.T + self.noise * rng.gumbel(size=(self.n, self.k)), axis=1)
 
-    def instance(self, i: int) -> bytes:
-        """Event ``i`` in the dense form, or every third one in the sparse idx/val form."""
+    def instance(self, i: int, baseline: int | None = None) -> bytes:
+        """Event ``i`` in the dense form, or every third one in the sparse idx/val form; with
+        ``baseline``, what the client's own system would do for it."""
         x = self.X[i]
+        extra = {} if baseline is None else {"baseline": baseline}
         if i % 3:
-            return orjson.dumps({"id": f"o{i}", "x": x.tolist()})
+            return orjson.dumps({"id": f"o{i}", "x": x.tolist(), **extra})
         nz = np.flatnonzero(x)
-        return orjson.dumps({"id": f"o{i}", "x": {"idx": nz.tolist(), "val": x[nz].tolist()}})
+        return orjson.dumps({"id": f"o{i}", "x": {"idx": nz.tolist(), "val": x[nz].tolist()},
+                             **extra})
+
+    def baseline(self, i: int) -> int:
+        """The client's own system: right on three events in four, one action off otherwise."""
+        return int(self.y[i]) if i % 4 else int((self.y[i] + 1) % self.k)
 
 
 def hostile_instances(d: int, k: int, count: int, seed: int) -> list[tuple[str | None, bytes, bool]]:
@@ -92,6 +99,36 @@ def hostile_instances(d: int, k: int, count: int, seed: int) -> list[tuple[str |
         lambda j: (f"h{j}", orjson.dumps({"id": f"h{j}", "x": [1.0] * d, "actions": [k]}), False),
     ]
     return [makers[int(rng.integers(len(makers)))](j) for j in range(count)]
+
+
+def hostile_baselines(d: int, k: int, count: int, seed: int) -> list[tuple[str | None, bytes, bool]]:
+    """``count`` instances valid but for their ``baseline`` (docs/kafka.md: an integer action
+    in [0, K), among the event's ``actions`` when it has some), as ``(id, value, valid)``:
+    each invalid one must be a ``bad_baseline`` dead letter; a ``null`` baseline is none, and
+    a baseline among the event's actions is fine."""
+    rng = np.random.default_rng(seed)
+    bad: list[Any] = [-1, -(2**63), k, k + 1, 2**63 - 1, 2**64 - 1, "1", "", "NaN", "Infinity",
+                      1.0, 0.5, 1e308, -0.0, True, False, [1], [], {"action": 1}, {"": {"a": [1]}},
+                      [[0]]]
+
+    def make(j: int) -> tuple[str | None, bytes, bool]:
+        event_id = f"b{j}"
+        x = [0.25] * d
+        kind = int(rng.integers(len(bad) + 4))
+        if kind < len(bad):
+            return event_id, orjson.dumps({"id": event_id, "x": x, "baseline": bad[kind]}), False
+        if kind == len(bad):  # a 30-digit integer literal (orjson cannot write one)
+            return event_id, b'{"id": "%s", "x": %s, "baseline": 1%s}' % (
+                event_id.encode(), orjson.dumps(x), b"0" * 29), False
+        if kind == len(bad) + 1:  # not among the event's actions
+            return event_id, orjson.dumps({"id": event_id, "x": x, "actions": [1, 2],
+                                           "baseline": 0}), False
+        if kind == len(bad) + 2:  # null: no baseline
+            return event_id, orjson.dumps({"id": event_id, "x": x, "baseline": None}), True
+        return event_id, orjson.dumps({"id": event_id, "x": x, "actions": [0, k - 1],
+                                       "baseline": k - 1}), True
+
+    return [make(j) for j in range(count)]
 
 
 class Daemon:
@@ -177,9 +214,12 @@ class Client:
         self.producer.send(self.topics["instances"], key=None if event_id is None else
                            event_id.encode("utf-8"), value=value)
 
-    def send_feedback(self, event_id: str, reward: float) -> None:
+    def send_feedback(self, event_id: str, reward: float, kind: str | None = None) -> None:
+        value: dict[str, Any] = {"id": event_id, "reward": reward}
+        if kind is not None:
+            value["type"] = kind
         self.producer.send(self.topics["feedback"], key=event_id.encode("utf-8"),
-                           value=orjson.dumps({"id": event_id, "reward": reward}))
+                           value=orjson.dumps(value))
         self.feedback_sent += 1
 
     def flush(self) -> None:
@@ -233,19 +273,27 @@ class RunResult:
 
 def play(bootstrap: str, topics: dict[str, str], workdir: Path, metrics_port: int, problem: Problem,
          *, block: int = 500, window: int = 2000, backlog_at: int = 14_000, backlog: int = 4000,
-         kill: bool = False, hostile: int = 0, extra: tuple[str, ...] = ()) -> RunResult:
+         kill: bool = False, hostile: int = 0, extra: tuple[str, ...] = (),
+         baselines: bool = False, hostile_baseline: int = 0,
+         feedback_types: tuple[tuple[str, float], ...] = ()) -> RunResult:
     """Run the whole stream in lockstep blocks; optionally SIGKILL the daemon once.
 
     At event ``backlog_at`` (a block boundary, every earlier feedback joined)
     the next ``backlog`` instances are published as one block — with ``kill``,
     while the daemon is down (killed just before, started just after) — so a
     run with and a run without the kill can be compared event by event.
+
+    ``baselines``: every event carries the client's own choice (:meth:`Problem.baseline`);
+    ``hostile_baseline``: that many instances valid but for their baseline are mixed in
+    (:func:`hostile_baselines`); ``feedback_types``: each decision is answered with one
+    feedback event per ``(type, factor)``, reward ``factor × 1[action == label]``.
     """
     kill_at = backlog_at if kill else None
     daemon = Daemon(bootstrap, topics, workdir / "ckpt", workdir / "serve.log", metrics_port,
                     problem, extra)
     client = Client(bootstrap, topics)
     odd = hostile_instances(problem.d, problem.k, hostile, seed=problem.seed) if hostile else []
+    odd += hostile_baselines(problem.d, problem.k, hostile_baseline, seed=problem.seed + 2)
     positions = np.sort(np.random.default_rng(problem.seed + 1).choice(problem.n, len(odd),
                                                                        replace=False))
     bounds = sorted({*range(0, backlog_at, block), backlog_at,
@@ -263,7 +311,8 @@ def play(bootstrap: str, topics: dict[str, str], workdir: Path, metrics_port: in
                     client.send_instance(event_id, value)
                     if valid and event_id is not None:
                         valid_odd.append(event_id)
-                client.send_instance(ids[i - lo], problem.instance(i))
+                client.send_instance(ids[i - lo], problem.instance(
+                    i, problem.baseline(i) if baselines else None))
             client.flush()
             if kill_at == lo:
                 daemon.start()
@@ -271,9 +320,12 @@ def play(bootstrap: str, topics: dict[str, str], workdir: Path, metrics_port: in
             client.wait(lambda expect=expect: all(e in client.first for e in expect), 180,
                         f"decisions for events {lo}..{hi}", daemon.tail)
             for i, event_id in zip(range(lo, hi), ids, strict=True):
-                client.send_feedback(event_id, float(client.first[event_id]["action"] == problem.y[i]))
+                reward = float(client.first[event_id]["action"] == problem.y[i])
+                for kind, factor in feedback_types or ((None, 1.0),):
+                    client.send_feedback(event_id, factor * reward, kind)
             for event_id in valid_odd:
-                client.send_feedback(event_id, 0.0)
+                for kind, _ in feedback_types or ((None, 1.0),):
+                    client.send_feedback(event_id, 0.0, kind)
             client.flush()
             # joined when nothing waits any more (counters restart with the process; the gauge
             # of pending joins does not depend on it)

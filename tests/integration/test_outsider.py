@@ -144,3 +144,70 @@ def test_hostile_client_with_retraining_and_a_sigkill(kafka_bootstrap: str,
     history = read_ranker_state(tmp_path / "ckpt" / "rankers")["history"]
     assert len(history) >= 3
     assert "retrain failed" not in run.log and "Traceback" not in run.log
+
+
+def test_outside_client_with_baselines_typed_feedback_and_hostile_baselines(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The outside client next to its own system (docs/kafka.md "Event shapes"): every
+    instance carries its baseline, ``serve --rollout apprentice`` with an exploration budget
+    lets the learner serve 30 % of the events; each decision is answered with a click, a
+    conversion and a dwell (``type``, summed with weights); 150 instances valid but for their
+    baseline (negative, too large, strings, floats, booleans, lists, nested objects, a
+    30-digit integer, "NaN", not among the event's actions) are mixed in, and the daemon is
+    SIGKILLed once. Nothing crashes; every bad baseline is a ``bad_baseline`` dead letter
+    that says what came; every decision repeats the baseline it saw, and the baseline's
+    share is served by it."""
+    problem = Problem(n=4000, noise=0.1, seed=12)
+    names = topics(kafka_bootstrap, "baselines")
+    run = play(kafka_bootstrap, names, tmp_path, free_port(), problem, block=500,
+               backlog_at=2000, backlog=1000, kill=True, hostile=30, hostile_baseline=150,
+               baselines=True,
+               feedback_types=(("click", 1.0), ("conversion", 0.5), ("dwell", 0.25)),
+               extra=("--rollout", "apprentice", "--rollout-explore-budget", "0.3",
+                      "--join-duplicate-policy", "sum", "--join-reward-weights",
+                      "click=1,conversion=2", "--join-window-seconds", "3"))
+    assert "Traceback" not in run.log
+
+    by_learner = 0
+    for i in range(problem.n):
+        d = run.first[f"o{i}"]
+        assert d["baseline"] == problem.baseline(i), d
+        if d.get("policy") == "baseline":
+            assert d["action"] == d["baseline"] and 0.7 - 1e-9 <= d["prob"] <= 1.0, d
+        else:
+            assert "policy" not in d and 0 < d["prob"] <= 1.0, d
+            by_learner += 1
+    assert 0.2 < by_learner / problem.n < 0.4  # the budget, drawn by key
+
+    bad_baseline_ids = {str(h[0]) for h in run.hostile if h[0] and h[0].startswith("b")
+                        and not h[2]}
+    assert len(bad_baseline_ids) > 100
+    letters = list({(d["partition"], d["offset"]): d for d in run.dead_letters
+                    if d["topic"] == names["instances"]}.values())
+    assert len(letters) == sum(1 for h in run.hostile if not h[2])
+    reasons = {str(d["id"]): d for d in letters if d["id"] in bad_baseline_ids}
+    assert set(reasons) == bad_baseline_ids
+    for letter in reasons.values():
+        assert letter["reason"] == "bad_baseline", letter
+        assert letter["detail"].startswith("expected 'baseline' "), letter
+        assert ", got " in letter["detail"]
+    assert not [d for d in letters if d["reason"] == "bad_baseline" and d["id"] not in
+                bad_baseline_ids]
+    for event_id, value, valid in run.hostile:
+        if valid and str(event_id).startswith("b"):
+            sent = orjson.loads(value)
+            decision = run.first[str(event_id)]
+            assert decision.get("baseline") == sent["baseline"], decision
+            assert decision["action"] in sent.get("actions", range(problem.k))
+    # typed feedback, several events per decision: none refused
+    assert not [d for d in run.dead_letters if d["topic"] == names["feedback"]]
+
+    done = subprocess.run([sys.executable, "-m", "streamlearn", "inspect", "--json",
+                           str(tmp_path / "ckpt")], capture_output=True, text=True, cwd=REPO,
+                          check=True)
+    adoption = json.loads(done.stdout)["adoption"]
+    assert adoption["mode"] == "apprentice" and adoption["history"] == []
+    assert adoption["live_value"]["learner"]["events"] > 0
+    assert adoption["live_value"]["baseline"]["events"] > adoption["live_value"]["learner"][
+        "events"]
+    assert 0.0 <= adoption["agreement"] <= 1.0

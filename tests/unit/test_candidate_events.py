@@ -162,3 +162,66 @@ def test_the_dense_fast_path_decodes_as_the_candidate_by_candidate_walk(
 def test_a_bad_candidate_list_says_what_it_holds(candidates: Any, got: str) -> None:
     _, bad = decode_candidate_requests([message({"id": "r", "candidates": candidates})], 0, D_C)
     assert [b.reason for b in bad] == ["bad_candidates"] and bad[0].detail.endswith(got)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.lists(dense_candidate, min_size=1, max_size=4),
+                          st.one_of(st.none(), st.integers(0, 3), st.text(max_size=3),
+                                    st.booleans(), st.floats(allow_nan=False),
+                                    st.lists(st.text(max_size=2), max_size=2),
+                                    st.dictionaries(st.just("id"), st.text(max_size=2)))),
+                min_size=1, max_size=4))
+def test_baselines_decode_alike_on_the_dense_fast_path_and_the_walk(
+        requests: list[tuple[list[dict[str, Any]], Any]]) -> None:
+    """Requests with a ``baseline`` of any kind (often one of their candidates' ids): the
+    fast path and the walk keep the same requests with the same baseline index and reject
+    the others alike; a baseline that is not one of the request's candidate ids is a
+    ``bad_baseline`` that names what came."""
+    import streamlearn.events.candidates as decoder
+
+    values = []
+    for i, (candidates, baseline) in enumerate(requests):
+        value: dict[str, Any] = {"id": f"r{i}", "x": [0.0, 1.0], "candidates": candidates}
+        if isinstance(baseline, int) and not isinstance(baseline, bool) and baseline < len(
+                candidates):
+            baseline = candidates[baseline]["id"]  # a candidate's id (when it is a string)
+        if baseline is not None:
+            value["baseline"] = baseline
+        values.append(value)
+    messages = [message(v, i) for i, v in enumerate(values)]
+    fast, fast_bad = decode_candidate_requests(messages, D_X, D_C)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decoder, "_dense_candidates", lambda *_: ([], None))
+        walk, walk_bad = decode_candidate_requests(messages, D_X, D_C)
+    assert fast.ids == walk.ids
+    assert np.asarray(fast.baselines).tolist() == np.asarray(walk.baselines).tolist()
+    assert [(r.event_id, r.reason, r.detail) for r in fast_bad] == \
+        [(r.event_id, r.reason, r.detail) for r in walk_bad]
+    for event_id, index in zip(fast.ids, np.asarray(fast.baselines).tolist(), strict=True):
+        value = values[int(event_id[1:])]
+        ids = [c["id"] for c in value["candidates"]]
+        assert index == (ids.index(value["baseline"]) if "baseline" in value else -1)
+    for r in fast_bad:
+        if r.reason == "bad_baseline":
+            value = values[int(str(r.event_id)[1:])]
+            assert value["baseline"] not in [c["id"] for c in value["candidates"]] or \
+                not isinstance(value["baseline"], str)
+            assert r.detail == ("expected 'baseline' as the id of one of the request's "
+                                f"candidates, got {value['baseline']!r:.40}")
+            assert r.value == orjson.dumps(value)
+
+
+@pytest.mark.parametrize("baseline", ["item-9", "", 0, 1.5, True, None, ["item-0"],
+                                      {"id": "item-0"}])
+def test_a_candidate_baseline_must_be_one_of_the_requests_candidate_ids(baseline: Any) -> None:
+    value = {**good(9), "baseline": baseline}
+    batch, bad = decode_candidate_requests([message(good(1)), message(value, 1)], D_X, D_C)
+    if baseline is None:  # as no baseline
+        assert bad == [] and np.asarray(batch.baselines).tolist() == [-1, -1]
+        return
+    assert batch.ids == ["r1"] and [b.reason for b in bad] == ["bad_baseline"]
+    assert bad[0].detail == ("expected 'baseline' as the id of one of the request's candidates, "
+                             f"got {baseline!r:.40}")
+    assert bad[0].event_id == "r9" and bad[0].value == orjson.dumps(value)
+    ok, _ = decode_candidate_requests([message({**good(9), "baseline": "item-2"})], D_X, D_C)
+    assert np.asarray(ok.baselines).tolist() == [2]

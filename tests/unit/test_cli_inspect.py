@@ -126,3 +126,50 @@ def test_ranker_history_rounds_ndcg(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert ("held-out NDCG rankboost 0.7234, rocchio 0.7000, the learner's slot order 0.6123"
             in out)
     assert "0.72342" not in out
+
+
+def test_the_rollout_mode_and_its_switches_from_the_checkpoint(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``inspect`` shows the rollout mode next to an existing system (``rollout.mode``), the
+    learner's share, the agreement, each side's live value and every switch with its reason."""
+    from streamlearn.service.adoption import Adoption, AdoptionSettings
+
+    adoption = Adoption(AdoptionSettings("apprentice", explore_budget=0.2))
+    adoption.note_decisions(np.array([1, 2, 3, 0]), np.array([1, 2, 0, 0]))
+    adoption.observe(np.array([-1, -1, 0, -1]), np.array([1.0, 0.0, 1.0, 1.0]),
+                     np.array([1, 2, 0, 0]), 0)
+    adoption.step_back()  # already apprentice: no switch
+    learner = make_learner("banditron", 3, 5)
+    arrays, meta = learner.state()
+    a_arrays, meta_adoption = adoption.export()
+    write_snapshot(tmp_path / "ckpt-00000001", {**arrays, **a_arrays},
+                   {"learner": meta, "seq": 1, "adoption": meta_adoption})
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("rollout mode    apprentice; the learner serves 20 %; agreement with the baseline "
+            "0.750") in out
+    assert "  earned        baseline 0.6667 on 3; learner 1.0000 on 1" in out
+    assert "  switches      0\n" in out
+    assert "adoption" not in out.split("arrays")[0]  # not dumped as raw JSON
+
+    adoption._switch("conservative", "the learner's lower bound 0.6 >= ...")
+    adoption._switch("online", "the learner's lower bound 0.7 > ...")
+    adoption.step_back()
+    a_arrays, meta_adoption = adoption.export()
+    write_snapshot(tmp_path / "ckpt-00000002", {**arrays, **a_arrays},
+                   {"learner": meta, "seq": 2, "adoption": meta_adoption})
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "rollout mode    conservative (configured apprentice); the learner serves 0 %" in out
+    assert "  earned        - (nothing learned in this mode yet)" in out
+    assert "  switches      3, newest last" in out
+    assert re.search(r"apprentice -> conservative: the learner's lower bound 0\.6 >= \.\.\.\n"
+                     r" +conservative -> online: .*\n +online -> conservative: asked for "
+                     r"\(SIGUSR2\)", out), out
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    info = orjson.loads(capsys.readouterr().out)
+    assert info["adoption"]["mode"] == "conservative"
+    assert info["adoption"]["configured"] == "apprentice"
+    assert [h["to"] for h in info["adoption"]["history"]] == ["conservative", "online",
+                                                               "conservative"]
+    assert "adoption" not in info.get("other", {})

@@ -1,7 +1,7 @@
 """The instance decoder's fast path (parse, convert each dense row as it is parsed, count
 brackets only when needed) decides every message exactly as the full checks do: a plain
 reference decodes each message through ``_row`` (size, depth, JSON, id, ts, form, actions,
-label), converts the kept rows' lists in one batch and explains each refused row."""
+label, baseline), converts the kept rows' lists in one batch and explains each refused row."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ D, K = 4, 3
 
 
 def reference_decode(messages: list[Message], limits: DecodeLimits
-                     ) -> tuple[list[str], Any, list[int], list[tuple[int, str, str]]]:
-    """(ids, features, labels, rejections) of the full checks alone, rows converted from lists."""
+                     ) -> tuple[list[str], Any, list[int], list[tuple[int, str, str]], list[int]]:
+    """(ids, features, labels, rejections, baselines) of the full checks alone, rows converted
+    from lists."""
     kept, refused = [], []
     for msg in messages:
         try:
@@ -36,7 +37,8 @@ def reference_decode(messages: list[Message], limits: DecodeLimits
             reason, detail = explain(r.form, r.payload, D, limits)
             refused.append(Reject(reason, detail, r.event_id).of(r.msg))
     rows = [r for r, good in zip(kept, ok.tolist(), strict=True) if good]
-    return [r.event_id for r in rows], X, [r.label for r in rows], _origins(refused)
+    return ([r.event_id for r in rows], X, [r.label for r in rows], _origins(refused),
+            [r.baseline for r in rows])
 
 
 def _origins(rejections: list[Rejection]) -> list[tuple[int, str, str]]:
@@ -67,6 +69,11 @@ objects = st.fixed_dictionaries(
     optional={"ts": st.one_of(st.floats(0, 2e9), st.text(max_size=2), st.none()),
               "label": st.one_of(st.integers(-2, K), st.booleans(), st.just("1")),
               "actions": st.lists(st.integers(-1, K), max_size=2),
+              "baseline": st.one_of(st.integers(-2, K + 1), st.integers(-1, K + 1),
+                                    st.integers(-2**63, 2**64 - 1), st.booleans(), st.none(),
+                                    st.floats(-2, K + 1), st.sampled_from(["1", "", "NaN"]),
+                                    st.lists(st.integers(0, K), max_size=2),
+                                    st.dictionaries(st.sampled_from(["a"]), scalars, max_size=1)),
               "meta": st.one_of(scalars, st.lists(st.lists(scalars, max_size=2), max_size=2))})
 
 
@@ -94,9 +101,10 @@ def test_the_fast_path_decides_every_message_as_the_full_checks_do(
     limits = DecodeLimits(max_depth=max_depth)
     messages = [Message("instances", 0, i, b"k", v, 1_700_000_000_000 + i) for i, v in enumerate(raw)]
     batch, refused = instances.decode_instances(messages, D, K, limits)
-    ids, X, labels, reference_refused = reference_decode(messages, limits)
+    ids, X, labels, reference_refused, baselines = reference_decode(messages, limits)
     assert batch.ids == ids
     assert batch.labels.tolist() == labels
+    assert np.asarray(batch.baselines).tolist() == baselines
     assert _origins(refused) == reference_refused
     assert isinstance(batch.X, SparseBatch) == isinstance(X, SparseBatch)
     if isinstance(X, SparseBatch) and isinstance(batch.X, SparseBatch):
@@ -130,3 +138,76 @@ def test_the_installed_orjson_refuses_deep_nesting_instead_of_crashing() -> None
             "try:\n    orjson.loads(deep)\nexcept orjson.JSONDecodeError:\n    print('refused')\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "refused", (done.returncode, done.stderr)
+
+
+class Huge(str):
+    """An integer literal too long for orjson to write (``orjson.dumps`` refuses > 64 bits)."""
+
+
+#: baselines that are no action of a K-action deployment, and what the detail must show of each
+bad_baselines = st.one_of(
+    st.integers(K, 2**64 - 1), st.integers(-2**63, -1), st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+    st.lists(st.integers(0, K - 1), min_size=0, max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(0, K - 1), max_size=2),
+    st.integers(2**64, 10**30).map(str).map(Huge))  # beyond 64 bits: read as a float
+
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(baseline=bad_baselines, sparse=st.booleans(), with_actions=st.booleans(),
+       neighbours=st.integers(0, 3))
+def test_every_bad_baseline_is_a_bad_baseline_rejection_that_keeps_the_whole_event(
+        baseline: Any, sparse: bool, with_actions: bool, neighbours: int) -> None:
+    """An otherwise valid instance with a baseline that is no action: a ``bad_baseline`` dead
+    letter whose detail says what was expected and what came, carrying the event's id, key,
+    place and bytes unchanged; the valid instances around it are decided as usual."""
+    x: Any = {"idx": [0, 2], "val": [1.0, -2.0]} if sparse else [0.5, 1.0, -1.0, 2.0]
+    obj = {"id": "bad", "x": x, "baseline": baseline, "label": 1}
+    if with_actions:
+        obj["actions"] = [0, 2]
+    value = orjson.dumps(obj)
+    if isinstance(baseline, Huge):  # the literal itself, not a string
+        value = value.replace(orjson.dumps(str(baseline)), str(baseline).encode())
+    good = [orjson.dumps({"id": f"g{i}", "x": [0.0, 1.0, 2.0, 3.0], "baseline": i % K})
+            for i in range(neighbours)]
+    messages = [Message("instances", 1, 10 + i, f"k{i}".encode(), v, 1_700_000_000_000)
+                for i, v in enumerate([*good, value])]
+    batch, refused = instances.decode_instances(messages, D, K)
+    assert batch.ids == [f"g{i}" for i in range(neighbours)]
+    assert np.asarray(batch.baselines).tolist() == [i % K for i in range(neighbours)]
+    assert len(refused) == 1
+    r = refused[0]
+    assert r.reason == "bad_baseline", r
+    assert r.detail.startswith(f"expected 'baseline' as an integer action in [0, {K}), got ")
+    got = orjson.loads(value)["baseline"]  # as the daemon read it
+    assert r.detail.endswith(f"got {got!r:.40}"), (r.detail, got)
+    assert (r.event_id, r.value, r.key, r.topic, r.partition, r.offset) == (
+        "bad", value, f"k{neighbours}".encode(), "instances", 1, 10 + neighbours)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(baseline=st.integers(0, K - 1), actions=st.lists(st.integers(0, K - 1), min_size=1,
+                                                        max_size=3, unique=True))
+def test_a_baseline_outside_the_events_actions_is_a_bad_baseline(baseline: int,
+                                                                 actions: list[int]) -> None:
+    value = orjson.dumps({"id": "a", "x": [1.0, 2.0, 3.0, 4.0], "actions": actions,
+                          "baseline": baseline})
+    batch, refused = instances.decode_instances(
+        [Message("instances", 0, 0, b"a", value, 1_700_000_000_000)], D, K)
+    if baseline in actions:
+        assert refused == [] and np.asarray(batch.baselines).tolist() == [baseline]
+        return
+    assert [r.reason for r in refused] == ["bad_baseline"] and batch.ids == []
+    assert refused[0].detail == (f"expected 'baseline' among the event's actions {actions!r}, "
+                                 f"got {baseline}")
+    assert refused[0].event_id == "a" and refused[0].value == value
+
+
+def test_a_baseline_of_null_is_no_baseline() -> None:
+    values = [orjson.dumps({"id": "n", "x": [1.0, 2.0, 3.0, 4.0], "baseline": None}),
+              orjson.dumps({"id": "m", "x": [1.0, 2.0, 3.0, 4.0]})]
+    batch, refused = instances.decode_instances(
+        [Message("instances", 0, i, None, v, 1_700_000_000_000) for i, v in enumerate(values)],
+        D, K)
+    assert refused == [] and np.asarray(batch.baselines).tolist() == [-1, -1]
