@@ -14,4 +14,26 @@ echo "== ruff"; "$PY" -m ruff check streamlearn simulators tests
 echo "== mypy"; "$PY" -m mypy --strict streamlearn && "$PY" -m mypy simulators
 echo "== pytest"
 export STREAMLEARN_REQUIRE_KAFKA="${STREAMLEARN_REQUIRE_KAFKA:-1}"
-exec "$PY" -m pytest "$@"
+if [[ $# -gt 0 ]]; then
+    exec "$PY" -m pytest "$@"
+fi
+# The whole suite as two pytest processes side by side: the integration tests (a real
+# broker, Prometheus and daemons; they spend most of their time waiting on streams, about
+# half of two cores busy) and everything else (CPU-bound, one core). Together they take
+# about the integration tests' time instead of the sum. The integration tests' output is
+# printed when both are done; each process's exit status counts.
+INTEGRATION_LOG="$(mktemp -t streamlearn-integration.XXXXXX)"
+"$PY" -m pytest tests/integration --durations=15 >"$INTEGRATION_LOG" 2>&1 &
+INTEGRATION_PID=$!
+trap 'kill "$INTEGRATION_PID" 2>/dev/null || true' INT TERM
+echo "(integration tests running alongside; their report follows this one: $INTEGRATION_LOG)"
+set +e
+"$PY" -m pytest --ignore=tests/integration --durations=10
+OTHERS=$?
+wait "$INTEGRATION_PID"
+INTEGRATION=$?
+set -e
+echo "== pytest tests/integration"
+cat "$INTEGRATION_LOG"
+echo "== pytest: others exit $OTHERS, integration exit $INTEGRATION"
+[[ $OTHERS -eq 0 && $INTEGRATION -eq 0 ]]
