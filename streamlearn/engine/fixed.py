@@ -182,8 +182,10 @@ class Engine:
             for j, r in enumerate(reused):
                 if r is not None:
                     actions[j], probs[j], decided_at[j], kept = r
-                    for name, column in columns.items():
-                        column[j] = kept.get(name, 0)
+                    for name, column in columns.items():  # a journal written before a
+                        # column lacks it: then every decision was the learner's own
+                        column[j] = kept.get(name, int(probs[j].argmax()) if name == "exploit"
+                                             else 0)
             self.learner.count_decided(B - len(fresh))
             if len(fresh):
                 sub_keys = None if keys is None else np.asarray(keys)[fresh]
@@ -296,12 +298,15 @@ class Engine:
             rows = rows[(closed.labels[rows] >= 0) & (closed.outcome[rows] == Outcome.JOINED.value)]
         if len(rows):
             X, actions, rewards, probs = closed.X, closed.actions, closed.rewards, closed.probs
+            # the learner's own choice: under a mixture (a baseline, a ranker in rollout) the
+            # logged distribution's maximum may be another policy's
+            exploit = closed.columns["exploit"]
             if self.learner.full_information:
                 actions, rewards = closed.labels, np.ones(len(closed))
             if len(rows) < len(closed):  # the usual case (every row) needs no gathers
-                X, actions, rewards, probs = (take_rows(X, rows), actions[rows], rewards[rows],
-                                              probs[rows])
+                X, actions, rewards, probs, exploit = (
+                    take_rows(X, rows), actions[rows], rewards[rows], probs[rows], exploit[rows])
             before = self.learner.n_skipped_updates_
-            self.learner.update(X, actions, rewards, probs)
+            self.learner.update(X, actions, rewards, probs, exploit)
             skipped = self.learner.n_skipped_updates_ - before
         return Learned(closed, rows, skipped)

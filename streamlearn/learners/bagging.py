@@ -148,7 +148,8 @@ class Bagging(Learner):
         keys = _BAG_KEY_TAG | (np.uint64(first) + np.arange(n_events * self.n_bags, dtype=np.uint64))
         return poisson_one(randomness.uniforms(self.seed, keys)).reshape(n_events, self.n_bags)
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
         if new_change(self):
             self.oracle_.forget(self.drift_memory)
         B = len(actions)

@@ -11,9 +11,13 @@ __all__ = ["Banditron", "banditron_coefficients"]
 
 
 def banditron_coefficients(
-    actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray
+    actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+    exploit: np.ndarray | None = None,
 ) -> np.ndarray:
     """The (B, K) update coefficients: U = coef.T @ X.
+
+    ``exploit`` is the learner's own best action ŷ at decision time; by default the
+    logged distribution's maximum, which it is whenever the learner alone decided.
 
     Row ŷ loses x; the chosen row ỹ gains r·x / P(ỹ). Its expectation over ỹ is
     the Perceptron update (for r = 1[ỹ = y]).
@@ -23,7 +27,7 @@ def banditron_coefficients(
     chosen = starts + actions
     coef = np.zeros(B * K)
     coef[chosen] = rewards / probs.take(chosen)
-    coef[starts + probs.argmax(axis=1)] -= 1.0  # the exploit entries
+    coef[starts + (probs.argmax(axis=1) if exploit is None else exploit)] -= 1.0  # ŷ's entries
     return coef.reshape(B, K)
 
 
@@ -50,5 +54,6 @@ class Banditron(LinearLearner):
     0.04
     """
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
-        add_outer(self.weights_, banditron_coefficients(actions, rewards, probs), X)
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
+        add_outer(self.weights_, banditron_coefficients(actions, rewards, probs, exploit), X)

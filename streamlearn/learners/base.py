@@ -307,12 +307,18 @@ class Learner(abc.ABC):
         return probs
 
     # ---------------------------------------------------------------- update
-    def update(self, X: object, actions: object, rewards: object, probs: object) -> None:
+    def update(self, X: object, actions: object, rewards: object, probs: object,
+               exploit: object | None = None) -> None:
         """Learn from bandit feedback.
 
         ``actions`` are the chosen actions, ``rewards`` in [0, 1], ``probs`` the full
-        (B, K) distributions logged by ``decide`` (the chosen propensity is
-        ``probs[i, actions[i]]``; the exploit action of decision time is ``argmax``).
+        (B, K) distributions logged at decision time (the chosen propensity is
+        ``probs[i, actions[i]]``). ``exploit`` is the learner's own best action of
+        decision time; by default ``argmax(probs)``, which it is whenever the learner
+        alone decided. When another policy shared the decision (a baseline, a ranker in
+        rollout), the logged distribution is the mixture and its maximum may be the
+        other policy's: pass the learner's own choice, or the learners that correct
+        their own prediction (the Banditron family) learn the other policy's mistakes.
         Inputs are never mutated.
         """
         batch = as_batch(X, self.n_features)
@@ -336,13 +342,19 @@ class Learner(abc.ABC):
             raise ConfigError("The logged probability of every chosen action must be > 0.")
         if not all_finite(batch):
             raise ConfigError("Features must be finite (no NaN or inf).")
-        self.exploration.observe(a, r, p)
-        applied = self._guarded_update(batch, a, r, p)
+        ex = exploit_actions(p) if exploit is None else np.asarray(exploit).reshape(-1)
+        if ex.shape != (B,) or ex.dtype.kind not in "iu" or ex.min() < 0 \
+                or ex.max() >= self.n_actions:
+            raise ConfigError(f"update expects exploit as ({B},) actions in [0, {self.n_actions}). "
+                              f"Got {ex.shape} {ex.dtype}.")
+        ex = ex.astype(np.int64, copy=False)
+        self.exploration.observe(a, r, p, ex)
+        applied = self._guarded_update(batch, a, r, p, ex)
         self.n_updated_ += applied
         self.n_skipped_updates_ += B - applied
 
     def _guarded_update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray,
-                        probs: np.ndarray) -> int:
+                        probs: np.ndarray, exploit: np.ndarray) -> int:
         """Apply the batch unless it makes the state non-finite (or the numerics fail, e.g. a
         singular matrix); return the rows applied.
 
@@ -351,34 +363,36 @@ class Learner(abc.ABC):
         at a time in order, skipping only a row that fails where it comes.
         """
         saved = self._snapshot()
-        if self._applied(X, actions, rewards, probs):
+        if self._applied(X, actions, rewards, probs, exploit):
             return len(actions)
         self._restore(saved)
         good = np.ones(len(actions), dtype=bool)
         for i in range(len(actions)):
             one = np.array([i])
-            good[i] = self._applied(take_rows(X, one), actions[one], rewards[one], probs[one])
+            good[i] = self._applied(take_rows(X, one), actions[one], rewards[one], probs[one],
+                                    exploit[one])
             self._restore(saved)
         rows = np.flatnonzero(good)
         if not len(rows) or self._applied(take_rows(X, rows), actions[rows], rewards[rows],
-                                          probs[rows]):
+                                          probs[rows], exploit[rows]):
             return len(rows)
         self._restore(saved)
         applied = 0
         for i in rows.tolist():
             one, before = np.array([i]), self._snapshot()
-            if self._applied(take_rows(X, one), actions[one], rewards[one], probs[one]):
+            if self._applied(take_rows(X, one), actions[one], rewards[one], probs[one],
+                             exploit[one]):
                 applied += 1
             else:
                 self._restore(before)
         return applied
 
     def _applied(self, X: Batch, actions: np.ndarray, rewards: np.ndarray,
-                 probs: np.ndarray) -> bool:
+                 probs: np.ndarray, exploit: np.ndarray) -> bool:
         """Run ``_update``; whether it left the state finite (False also when it failed)."""
         try:
             with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-                self._update(X, actions, rewards, probs)
+                self._update(X, actions, rewards, probs, exploit)
         except (np.linalg.LinAlgError, FloatingPointError, ZeroDivisionError, OverflowError):
             return False
         return self._state_finite()
@@ -403,7 +417,8 @@ class Learner(abc.ABC):
         """The (K, d) scoring matrix (for the potential family: the link of the dual)."""
 
     @abc.abstractmethod
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
         """Apply one validated batch of feedback."""
 
     @property

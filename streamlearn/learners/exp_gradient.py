@@ -65,8 +65,9 @@ class ExpGradientBandit(Learner):
     def _weights(self) -> np.ndarray:
         return self._w
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
-        coef = banditron_coefficients(actions, rewards, probs)
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
+        coef = banditron_coefficients(actions, rewards, probs, exploit)
         d = self.n_features
         positive, negative = self.theta_[:, :d], self.theta_[:, d:]
         add_outer(positive, coef, X)  # views: updates land in theta_

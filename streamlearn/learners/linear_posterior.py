@@ -197,7 +197,8 @@ class _RidgeLearner(Learner):
             return self.posterior_.oracle_.weights_
         return self.posterior_.mean_[:, :-1]
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
         if new_change(self):
             self.posterior_.forget(self.drift_memory, self.ridge)
         self.posterior_.update(X, actions, rewards)

@@ -102,7 +102,8 @@ class OracleLearner(Learner):
         """Importance weight of each update; 1 by default (plain regression on what was seen)."""
         return np.ones(len(actions))
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
         if new_change(self):
             self.oracle_.forget(self.drift_memory)
         importance = self._importance(actions, probs)

@@ -37,9 +37,9 @@ class Perceptron(LinearLearner):
     def _default_exploration(cls) -> Exploration:
         return FixedGamma(0.05)  # only its serving would explore; replays score its exploit
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
         rows = np.arange(len(actions))
-        exploit = np.argmax(probs, axis=1)
         step = np.where(actions != exploit, rewards, 0.0)
         coef = np.zeros_like(probs)
         coef[rows, actions] += step

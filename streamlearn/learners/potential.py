@@ -85,8 +85,9 @@ class PNormBandit(Learner):
     def _weights(self) -> np.ndarray:
         return self._w
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
-        add_outer(self.theta_, self.eta * banditron_coefficients(actions, rewards, probs), X)
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
+        add_outer(self.theta_, self.eta * banditron_coefficients(actions, rewards, probs, exploit), X)
         self._w = self.theta_.copy() if self.q_ == 2.0 else pnorm_link(self.theta_, self.q_)
 
     def _arrays(self) -> dict[str, np.ndarray]:

@@ -216,7 +216,8 @@ class Newtron(_SecondOrderLearner):
             return self._distribution(exploit, gammas, mask)
         return mix_uniform(self.softmax(score_matrix, mask), gammas, mask)
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
         B, K = len(actions), self.n_actions
         rows = np.arange(B)
         s = scores(self.weights_, X)
@@ -294,7 +295,8 @@ class SOBA(_SecondOrderLearner):
         self.margin_ = np.zeros(1)  # the cumulative margin M ≥ 0
         self.theta_ = np.zeros((self.n_actions, self.n_features))  # θ = −Σ accepted g
 
-    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+    def _update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
+                exploit: np.ndarray) -> None:
         # only rewarded events can move SOBA: the blocks are cut from those, so a batch
         # of mostly wrong guesses costs few steps
         rewarded = np.flatnonzero(rewards > 0.0)

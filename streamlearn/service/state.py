@@ -79,6 +79,9 @@ def thaw(restored: Restored, settings: DaemonSettings, learner_class: type[Learn
                                      None if old_clocks is None
                                      else PartitionClocks.from_json(old_clocks),
                                      columns=DECISION_COLUMNS)
+        if "pending.column.exploit" not in arrays:  # written before the column: every
+            live = np.flatnonzero(joins.active)    # decision then was the learner's own
+            joins.columns["exploit"][live] = joins.probs[live].argmax(axis=1)
         loaded = restored_tracker(arrays, tracker_meta, settings.metrics_window)
         counters = restored_counters(counters_meta)
     except CheckpointMismatch:

@@ -574,7 +574,8 @@ def test_newtron_gradient_estimate_is_unbiased() -> None:
     for a in range(K):  # exact expectation: each action's estimate weighted by its probability
         twin = copy.deepcopy(learner)
         twin.curvature_.inverse_[:] = 1.0  # A⁻¹ = I and β ≈ 0: the step is the estimate itself
-        twin._update(x[None, :], np.array([a]), np.array([float(a == label)]), P)
+        twin._update(x[None, :], np.array([a]), np.array([float(a == label)]), P,
+                     P.argmax(axis=1))
         expected += P[0, a] * (learner.weights_ - twin.weights_) @ x / (x @ x)
     gradient = 1.5 * (p - np.eye(K)[label])
     np.testing.assert_allclose(expected, gradient - gradient.mean(), atol=1e-9)

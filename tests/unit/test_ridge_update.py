@@ -89,10 +89,10 @@ class _FailsJointly(Banditron):
     """A learner whose update of more than one row fails, as a singular joint system would."""
 
     def _update(self, X: np.ndarray, actions: np.ndarray, rewards: np.ndarray,  # type: ignore[override]
-                probs: np.ndarray) -> None:
+                probs: np.ndarray, exploit: np.ndarray) -> None:
         if len(actions) > 1:
             raise np.linalg.LinAlgError("singular")
-        super()._update(X, actions, rewards, probs)
+        super()._update(X, actions, rewards, probs, exploit)
 
 
 def test_rows_that_apply_alone_are_applied_one_at_a_time_when_the_joint_step_fails() -> None:
