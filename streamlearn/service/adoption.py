@@ -10,16 +10,35 @@ callers that cannot). The **rollout mode** (``rollout.mode``) decides who serves
   of it possible. The learner learns from everything logged either way, and how often its
   own choice agrees with the baseline is exported;
 * ``conservative`` — the learner gets the share of traffic that keeps a lower bound on the
-  cumulative live reward at or above (1 − α) × what the baseline would have earned
-  (``rollout.alpha``, default 0.05; Wu, Shariff, Lattimore & Szepesvári, "Conservative
-  bandits", ICML 2016; Kazerouni et al., "Conservative contextual linear bandits", NeurIPS
-  2017). The *slack* is the live reward so far minus (1 − α) × the events so far × an upper
-  bound on the baseline's value. Over the next ``N`` decisions (those in flight: made and
-  not yet learned, plus a batch), giving the learner a share s costs at most
-  ``N·s·Δ`` where Δ is the baseline's upper bound minus the learner's lower bound, and
-  earns at least ``N·α·`` the baseline's lower bound of margin, so the share is the largest
-  s with ``slack + N·(α·LCB_baseline − s·Δ) ≥ 0``: it grows as the learner proves itself
-  (its lower bound rises) and falls back when it does not;
+  cumulative live reward at or above (1 − α) × what the baseline would have earned on the
+  same events (``rollout.alpha``, default 0.05; Wu, Shariff, Lattimore & Szepesvári,
+  "Conservative bandits", ICML 2016; Kazerouni et al., "Conservative contextual linear
+  bandits", NeurIPS 2017). What the baseline would have earned is *known* on the events it
+  served (it earned it) and unknown only on the learner's, so the *slack* is
+
+      α × (the baseline's reward on its events) + (the learner's reward on its events)
+        − (1 − α) × n_learner × UCB_baseline − spread(n_learner),
+
+  where ``spread(n) = sqrt(2·ln(1/δ)·UCB_baseline·(1 − LCB_baseline)·n)`` covers how far
+  the baseline's n unseen rewards can sum above n × their mean (δ =
+  ``confidence_miss``; not scaled by 1 − α, which also leaves a little room for the noise
+  of the learner's own rewards still in flight): a lower bound on live − (1 − α) ×
+  baseline, the *realised* sums, which is what a caller compares. Over the next ``N``
+  decisions (those in flight: made and not yet learned, plus a batch) a share s earns at
+  least ``N·(1 − s)·α·LCB_baseline`` on the baseline's events and
+  ``N·s·(LCB_learner − (1 − α)·UCB_baseline)`` on the learner's, so the share is the largest s (to 0.01) with
+
+      slack + N·(α·LCB_baseline − s·Δ) − (spread(n_learner + s·N) − spread(n_learner)) ≥ 0,
+
+  ``Δ = α·LCB_baseline + (1 − α)·UCB_baseline − LCB_learner``: it grows as the learner
+  proves itself (its lower bound rises; with Δ < 0 it is credibly above the floor and
+  takes everything) and falls back to 0 when the slack runs out. (Two earlier forms
+  failed the acceptance of docs/results.md, "Conservative rollout: the floor holds":
+  charging every event, the baseline's own included, (1 − α) × the baseline's upper
+  bound kept the slack negative on a baseline with a low value — its upper bound stays
+  more than α × its mean above it for tens of thousands of events — so the learner never
+  got any traffic; and without the spread the rule spends the slack down to the expected
+  floor, which the realised sums then cross on most seeds);
 * ``online`` — the learner (and the rankers it rolls out) serve everything: the daemon's
   behaviour without a baseline.
 
@@ -58,6 +77,7 @@ log = logging.getLogger("streamlearn.rollout")
 MODES = ("apprentice", "conservative", "online")
 AGREEMENT_WINDOW = 1000  # decisions the agreement gauge averages over (exponentially)
 HISTORY_KEPT = 20
+_SHARES = np.linspace(0.0, 1.0, 101)  # the conservative shares tried
 
 
 def parse_baseline(spec: str | None, n_actions: int) -> int:
@@ -179,23 +199,36 @@ class Adoption:
 
     @property
     def slack(self) -> float:
-        """Live reward so far minus (1 − α) × events × the baseline's upper bound."""
-        base = self.stats["baseline"]
-        upper = base.upper() if base.n else 1.0
-        return self.earned - (1.0 - self.settings.alpha) * self.events * upper
+        """A lower bound on the live reward minus (1 − α) × what the baseline would have
+        earned on the same events, so far (module doc)."""
+        return float(self._margin(np.zeros(1), 0)[0])
+
+    def _margin(self, shares: np.ndarray, horizon: int) -> np.ndarray:
+        """Per share s: the lower bound on live − (1 − α) × baseline after ``horizon`` more
+        decisions at share s — α × the baseline's reward on its events + the learner's on
+        its events − (1 − α) × its events × the baseline's upper bound, plus the expected
+        ``horizon·(α·LCB_baseline − s·Δ)``, less the spread of the baseline's unseen rewards
+        (those of the learner's events, done and to come) around their mean."""
+        base, learner = self.stats["baseline"], self.stats["learner"]
+        alpha = self.settings.alpha
+        upper_base = base.upper() if base.n else 1.0
+        lower_base = base.lower() if base.n else 0.0
+        lower_learner = learner.lower() if learner.n else 0.0
+        so_far = alpha * base.total + learner.total - (1.0 - alpha) * learner.n * upper_base
+        gap = alpha * lower_base + (1.0 - alpha) * upper_base - lower_learner
+        unseen = learner.n + shares * horizon
+        variance = upper_base * (1.0 - lower_base)  # of a reward with mean in [lower, upper]
+        spread = np.sqrt(2.0 * math.log(1.0 / self.settings.confidence_miss) * variance * unseen)
+        return np.asarray(so_far + horizon * (alpha * lower_base - shares * gap) - spread)
 
     def conservative_share(self, horizon: int) -> float:
-        """The largest share s with slack + N·(α·LCB_baseline − s·Δ) ≥ 0 (module doc)."""
-        base, learner = self.stats["baseline"], self.stats["learner"]
-        if not base.n:
+        """The largest share (to 0.01) whose lower bound on live − (1 − α) × baseline stays
+        ≥ 0 over the next ``horizon`` decisions (module doc); 0 before the baseline has
+        been measured."""
+        if not self.stats["baseline"].n:
             return 0.0
-        lower_base, upper_base = base.lower(), base.upper()
-        lower_learner = learner.lower() if learner.n else 0.0
-        margin = self.slack / horizon + self.settings.alpha * lower_base
-        if margin <= 0:
-            return 0.0
-        gap = upper_base - lower_learner
-        return 1.0 if gap <= margin else float(margin / gap)
+        ok = np.flatnonzero(self._margin(_SHARES, horizon) >= 0)
+        return float(_SHARES[ok[-1]]) if len(ok) else 0.0
 
     def _maybe_advance(self) -> None:
         base, learner = self.stats["baseline"], self.stats["learner"]

@@ -107,6 +107,11 @@ class ArmStats:
         return self.low.n
 
     @property
+    def total(self) -> float:
+        """The sum of the rewards observed (clipped to [0, 1])."""
+        return self.low.total
+
+    @property
     def mean(self) -> float:
         return self.low.total / self.low.n if self.low.n else float("nan")
 
