@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from streamlearn.actions import exploit_around, exploration_rates
-from streamlearn.features import Batch, take_rows
+from streamlearn.features import Batch, row_starts, take_rows
 from streamlearn.join.pending import Closed, EarlyFeedback, JoinSettings, Outcome, PendingJoins
 from streamlearn.learners import randomness
 from streamlearn.learners.base import Learner
@@ -138,6 +138,25 @@ class Learned:
     @property
     def shed(self) -> int:
         return int((self.closed.outcome == Outcome.SHED.value).sum())
+
+
+def own_choices(probs: np.ndarray, exploit: np.ndarray) -> np.ndarray:
+    """What the learner learns as its own choice of each logged decision.
+
+    Under a mixture (a baseline, a ranker in rollout) the logged distribution's maximum
+    may be another policy's: the learner's own best action (the decision's ``exploit``
+    column) is its choice wherever the logged distribution gave it a chance. Where it had
+    none (apprentice mode without an exploration budget: the baseline's action with
+    probability 1), the decision was not the learner's at all, and it learns from the
+    logged action as from a deterministic log (the maximum, as the learners read a
+    distribution they did not get). Measured with the Banditron next to a baseline right
+    2/3 of the time: with a 10 % budget the learner's accuracy reached 0.97 this way and
+    0.44 taking the maximum everywhere; without a budget 0.996 this way and 0.73 taking
+    the learner's choice everywhere.
+    """
+    logged_max = probs.argmax(axis=1)
+    had_a_chance = probs.take(row_starts(*probs.shape) + exploit) > 0.0
+    return np.where(had_a_chance, exploit, logged_max)
 
 
 class Engine:
@@ -298,9 +317,7 @@ class Engine:
             rows = rows[(closed.labels[rows] >= 0) & (closed.outcome[rows] == Outcome.JOINED.value)]
         if len(rows):
             X, actions, rewards, probs = closed.X, closed.actions, closed.rewards, closed.probs
-            # the learner's own choice: under a mixture (a baseline, a ranker in rollout) the
-            # logged distribution's maximum may be another policy's
-            exploit = closed.columns["exploit"]
+            exploit = own_choices(closed.probs, closed.columns["exploit"])
             if self.learner.full_information:
                 actions, rewards = closed.labels, np.ones(len(closed))
             if len(rows) < len(closed):  # the usual case (every row) needs no gathers
