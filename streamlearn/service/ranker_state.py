@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from streamlearn.retrain.artifact import RankerArtifact
-from streamlearn.retrain.promotion import MAX_CHALLENGERS, MAX_LOOKS, promotion_decision
-from streamlearn.retrain.store import RankerStore
+from streamlearn.retrain.promotion import promotion_decision, still_judged
+from streamlearn.retrain.store import RankerStore, candidate_entry, retrain_entry
 from streamlearn.service.metrics import Observer
 from streamlearn.service.rollout import Arm, Rollout, RolloutEvent
 from streamlearn.service.settings import DaemonSettings
@@ -144,29 +144,11 @@ class RankerState:
                 for metric in ("auc", "ndcg"):
                     if info.get(metric) is not None:
                         self.observer.on_ranker_metric(metric, float(info[metric]))
-        entry: dict[str, Any] = {
-            "version": result.get("version"), "started": started, "at": self.wall_clock(),
-            "duration_seconds": result.get("duration_seconds"), "segments": result.get("segments"),
-            "rows": result.get("rows"), "max_rows": result.get("max_rows"),
-            "watermark": result.get("watermark"), "evidence_since": result.get("evidence_since"),
-            "holdout_fraction": result.get("holdout_fraction"), "clip": result.get("clip"),
-            "level": result.get("level"), "estimates": result.get("estimates"),
-            "held_out": result.get("heldout_rows"), "ranker": decision.get("ranker"),
-            "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),
-            "advantage_lower": decision.get("advantage_lower"),
-            "max_evidence": result.get("max_evidence"),
-            "challengers": [{k: c.get(k) for k in (
-                "name", "version", "artifact", "since", "first_segment", "last_segment", "index",
-                "alpha", "looks", "rows", "passed", "advantage_lower", "value", "ess",
-                "max_weight", "exhausted")} for c in judged]}
+        entry = retrain_entry(result, decision, started, self.wall_clock())
         if decision.get("promote"):
             self._promote(decision, entry)
         else:
-            kept = [c for c in judged if not c.get("passed") and not c.get("exhausted")
-                    and c["looks"] < MAX_LOOKS]
-            self.state["challengers"] = [
-                {k: c[k] for k in ("name", "artifact", "version", "since", "first_segment",
-                                   "index", "alpha", "looks")} for c in kept[-MAX_CHALLENGERS:]]
+            self.state["challengers"] = still_judged(judged)
             self.state["challenger_index"] = int(result.get("challenger_index") or 0)
         outcome = "promoted" if entry["promoted"] else "rejected"
         self.observer.on_promotion(outcome)
@@ -260,16 +242,7 @@ class RankerState:
         scored = [(info["ndcg"], name) for name, info in rankers.items()
                   if info.get("ndcg") is not None]
         best = max(scored)[1] if scored else next(iter(rankers), None)
-        entry = {"version": result.get("version"), "started": started,
-                 "at": self.wall_clock(), "duration_seconds": result.get("duration_seconds"),
-                 "segments": result.get("segments"), "rows": result.get("rows"),
-                 "queries": result.get("train_queries"),
-                 "documents_per_query": result.get("documents_per_query"),
-                 "held_out": result.get("heldout_rows"), "ranker": best, "promoted": False,
-                 "reason": "candidate mode: measured on the logged slates, not promoted",
-                 "learner": result.get("learner"),
-                 "rankers": {n: {k: i.get(k) for k in ("ndcg", "auc", "fit_seconds")}
-                             for n, i in rankers.items()}}
+        entry = candidate_entry(result, best, started, self.wall_clock())
         if best is not None:
             info = rankers[best]
             for metric in ("auc", "ndcg"):
