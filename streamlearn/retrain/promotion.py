@@ -48,7 +48,7 @@ from streamlearn.rankers.joint import action_scores
 
 __all__ = ["MAX_CHALLENGERS", "MAX_EVIDENCE_WINDOWS", "MAX_LOOKS", "challenger_alpha", "deployed_policy",
            "evidence_order", "from_key", "importance", "judge", "key_of", "paired_advantage",
-           "passes", "promotion_decision"]
+           "passes", "promotion_decision", "still_judged"]
 
 MAX_LOOKS = 10  # a challenger judged this many times without passing is dropped
 MAX_CHALLENGERS = 6  # challengers kept between retrains (the newest)
@@ -156,6 +156,16 @@ def promotion_decision(result: dict[str, Any]) -> dict[str, Any]:
             "reason": (f"{best['name']} v{best['version']}: advantage over what was live >= "
                        f"{_fmt(best['advantage_lower'])} on {best['rows']:,} rows (ESS "
                        f"{best['ess']:.0f}, alpha {best['alpha']:.2g})")}
+
+
+def still_judged(judged: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The challengers of a retrain's report judged again at the next one (none promoted):
+    those that neither passed nor ran out of evidence or looks, the newest
+    :data:`MAX_CHALLENGERS`, as ``state.json`` keeps them."""
+    kept = [c for c in judged if not c.get("passed") and not c.get("exhausted")
+            and c["looks"] < MAX_LOOKS]
+    return [{k: c[k] for k in ("name", "artifact", "version", "since", "first_segment",
+                               "index", "alpha", "looks")} for c in kept[-MAX_CHALLENGERS:]]
 
 
 def _fmt(value: float | None) -> str:

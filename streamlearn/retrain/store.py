@@ -12,7 +12,8 @@ rename) holds
   were judged since the live policy last changed (the promotion gate spends its miss
   probability over them, :mod:`streamlearn.retrain.promotion`);
 * ``history`` — the last :data:`HISTORY_KEPT` retrains, promotions, rollout steps and
-  rollbacks, each with its figures (``streamlearn inspect`` shows them);
+  rollbacks, each with its figures (``streamlearn inspect`` shows them; a retrain's
+  entry is :func:`retrain_entry`, in candidate mode :func:`candidate_entry`);
 * ``next_version``.
 """
 
@@ -29,7 +30,8 @@ import orjson
 from streamlearn.errors import StateError
 from streamlearn.retrain.artifact import RankerArtifact, list_artifacts, load_artifact
 
-__all__ = ["HISTORY_KEPT", "STATE_FILE", "RankerStore", "read_ranker_state"]
+__all__ = ["HISTORY_KEPT", "STATE_FILE", "RankerStore", "candidate_entry", "read_ranker_state",
+           "retrain_entry"]
 
 log = logging.getLogger("streamlearn.retrain")
 
@@ -103,3 +105,42 @@ class RankerStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+
+
+def retrain_entry(result: dict[str, Any], decision: dict[str, Any], started: float,
+                  at: float) -> dict[str, Any]:
+    """The history entry of a retrain: its report ``result`` (:func:`streamlearn.retrain.job.run_retrain`),
+    the promotion ``decision`` on it, when its job started and when it was applied."""
+    judged = result.get("challengers") or []
+    return {
+        "version": result.get("version"), "started": started, "at": at,
+        "duration_seconds": result.get("duration_seconds"), "segments": result.get("segments"),
+        "rows": result.get("rows"), "max_rows": result.get("max_rows"),
+        "watermark": result.get("watermark"), "evidence_since": result.get("evidence_since"),
+        "holdout_fraction": result.get("holdout_fraction"), "clip": result.get("clip"),
+        "level": result.get("level"), "estimates": result.get("estimates"),
+        "held_out": result.get("heldout_rows"), "ranker": decision.get("ranker"),
+        "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),
+        "advantage_lower": decision.get("advantage_lower"),
+        "max_evidence": result.get("max_evidence"),
+        "challengers": [{k: c.get(k) for k in (
+            "name", "version", "artifact", "since", "first_segment", "last_segment", "index",
+            "alpha", "looks", "rows", "passed", "advantage_lower", "value", "ess",
+            "max_weight", "exhausted")} for c in judged]}
+
+
+def candidate_entry(result: dict[str, Any], best: str | None, started: float,
+                    at: float) -> dict[str, Any]:
+    """The history entry of a candidate-mode retrain (its report ``result``,
+    :func:`streamlearn.retrain.candidates.run_candidate_retrain`; ``best``: its best ranker)."""
+    rankers = result.get("rankers", {})
+    return {"version": result.get("version"), "started": started,
+            "at": at, "duration_seconds": result.get("duration_seconds"),
+            "segments": result.get("segments"), "rows": result.get("rows"),
+            "queries": result.get("train_queries"),
+            "documents_per_query": result.get("documents_per_query"),
+            "held_out": result.get("heldout_rows"), "ranker": best, "promoted": False,
+            "reason": "candidate mode: measured on the logged slates, not promoted",
+            "learner": result.get("learner"),
+            "rankers": {n: {k: i.get(k) for k in ("ndcg", "auc", "fit_seconds")}
+                        for n, i in rankers.items()}}

@@ -46,7 +46,7 @@ from streamlearn.events.raw import DecodeLimits, Message
 from streamlearn.join.pending import Closed, PendingJoins
 from streamlearn.learners.base import Learner
 from streamlearn.service.counters import Counters, tracker_load
-from streamlearn.service.retraining import ranking_lists
+from streamlearn.service.scoring import ranking_lists
 from streamlearn.service.settings import DaemonSettings
 from streamlearn.service.state import freeze, learner_settings, thaw, warn_settings_kept
 
@@ -140,9 +140,10 @@ class FixedActions:
         baseline, the learner, the rankers it rolls out), each fresh decision with the live
         ranker's ranking, the baseline and the policy that served it."""
         B = len(batch)
-        retraining, adoption = daemon.retraining, daemon.adoption
-        scores = retraining.scores(batch.X) if retraining is not None else None
-        system = None if retraining is None else retraining.mixture(batch.X, scores)
+        adoption = daemon.adoption
+        scorer = daemon.retraining.scorer if daemon.retraining is not None else None
+        scores = scorer.scores(batch.X) if scorer is not None else None
+        system = None if scorer is None else scorer.mixture(batch.X, scores)
         baselines = adoption.baselines(batch.baselines, batch.mask)
         decided = cast(Engine, daemon.engine).decide(
             batch.ids, batch.X, batch.mask, labels=batch.labels, ts=np.full(B, wall),
@@ -168,7 +169,7 @@ class FixedActions:
             kept = {k: v[fresh] for k, v in decided.columns.items()}
             if kept["served_by"].any():
                 names = {BASELINE: "baseline"} | (
-                    retraining.policy_names() if retraining is not None else {})
+                    scorer.policy_names() if scorer is not None else {})
                 for record, version in zip(records, kept["served_by"].tolist(), strict=True):
                     if version:
                         record["policy"] = names.get(version, f"ranker-v{version}")

@@ -1,0 +1,307 @@
+"""What the retrained rankers may change, kept across restarts: promotion, rollout, rollback.
+
+:class:`RankerState` owns
+
+* the :class:`~streamlearn.retrain.store.RankerStore` (artifacts, ``state.json`` and its
+  history) and which ranker is the newest (``live``), the last promoted one and the
+  artifacts the rollout's arms serve;
+* the promotion: a finished retrain's result (:meth:`RankerState.apply`) — a challenger
+  credibly better than what was live (:mod:`streamlearn.retrain.promotion`) is promoted.
+  With ``retrain.policy = "ranker"`` it then takes traffic through a guarded
+  :class:`~streamlearn.service.rollout.Rollout`, which watches the learned rewards
+  (:meth:`RankerState.observe`); with ``"learner"`` its ranking is what decisions carry.
+  In candidate mode the best ranker by NDCG becomes the live one
+  (:meth:`RankerState.apply_candidates`);
+* the rollback: :meth:`RankerState.rollback` (SIGUSR1 on ``serve``, through
+  :meth:`RankerState.request_rollback`) reverts the newest change.
+
+The hot path reads it through :class:`~streamlearn.service.scoring.Scorer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from streamlearn.retrain.artifact import RankerArtifact
+from streamlearn.retrain.promotion import promotion_decision, still_judged
+from streamlearn.retrain.store import RankerStore, candidate_entry, retrain_entry
+from streamlearn.service.metrics import Observer
+from streamlearn.service.rollout import Arm, Rollout, RolloutEvent
+from streamlearn.service.settings import DaemonSettings
+
+__all__ = ["RankerState"]
+
+log = logging.getLogger("streamlearn.retrain")
+
+
+class RankerState:
+    """The ranker store, the promotion, the rollout and the rollback (module doc)."""
+
+    def __init__(self, settings: DaemonSettings, observer: Observer, artifact_dir: Path,
+                 wall_clock: Callable[[], float]) -> None:
+        self.settings, self.observer, self.wall_clock = settings, observer, wall_clock
+        self.policy = settings.retrain_policy
+        self.store = RankerStore(artifact_dir)
+        self.rollout = Rollout(settings.rollout_settings(), self._on_rollout_event)
+        self.live: RankerArtifact | None = None  # the newest ranker
+        self.promoted: RankerArtifact | None = None  # the last one that passed the gate
+        self.arms: dict[int, RankerArtifact] = {}  # the rollout's arms' artifacts by version
+        self._rollback_requested = False
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.store.state
+
+    # ----------------------------------------------------------------- restore
+    def open(self, rollout: tuple[dict[str, np.ndarray], dict[str, Any]] | None = None) -> None:
+        """Reload the rankers and the rollout (``rollout``: the checkpoint's rollout state,
+        if it has one)."""
+        self.store.open()
+        self.live = self.store.load(self.state.get("live"))
+        stack = self.store.promoted
+        self.promoted = self.store.load(stack[-1]) if stack else None
+        if rollout is not None:
+            self.rollout.restore(*rollout)
+        elif self.policy == "ranker" and self.promoted is not None:  # no rollout recorded
+            self.rollout.restore_live(self._arm_of(self.promoted))
+        self._load_serving()
+        served = self.rollout.serving()
+        self.observer.on_ranker_version(self.serving.version if self.serving else 0)
+        self._report_shares()
+        if served:
+            log.info("serving %s", ", ".join(f"{a.name} v{a.version}" for a in served))
+
+    def _arm_of(self, artifact: RankerArtifact, interval: dict[str, Any] | None = None) -> Arm:
+        return Arm(artifact.version, artifact.name, str(artifact.path), interval)
+
+    def _load_serving(self) -> None:
+        """The artifacts of the rollout's arms (an arm whose artifact does not load is dropped)."""
+        self.arms = {}
+        for arm in self.rollout.serving():
+            artifact = self.store.load(arm.artifact)
+            if artifact is None:
+                self.rollout.roll_back("manual")
+                continue
+            self.arms[arm.version] = artifact
+
+    # ------------------------------------------------------------------- loop
+    def observe(self, served: np.ndarray, rewards: np.ndarray) -> None:
+        """The rollout (while a ranker serves) watches the learned rewards of the policies
+        that served them."""
+        self.rollout.observe(served, rewards)
+        for arm in self.rollout.serving():
+            if arm.served:
+                self.observer.on_policy_live_value(arm.label, arm.earned / arm.served)
+        learner = self.rollout.stats.get(0)
+        if learner is not None and learner.n:
+            self.observer.on_policy_live_value("learner", learner.mean)
+
+    # ------------------------------------------------------- the retrain jobs
+    def take_version(self) -> int:
+        """The version of the next retrain's rankers."""
+        return self.store.take_version()
+
+    def current_artifact(self, candidates: bool) -> str | None:
+        """The artifact a retrain compares its rankers with: in candidate mode the promoted
+        one, else the rollout's live ranker (``retrain.policy = "ranker"``)."""
+        if candidates:
+            return str(self.promoted.path) if self.promoted is not None else None
+        live = self.rollout.live
+        return live.artifact if live is not None and self.policy == "ranker" else None
+
+    def challengers(self) -> tuple[list[dict[str, Any]], int]:
+        """The challengers still being judged, and how many were judged this epoch."""
+        return (list(self.state.get("challengers") or []),
+                int(self.state.get("challenger_index") or 0))
+
+    # ------------------------------------------------------------ promotion
+    def apply(self, result: dict[str, Any], started: float) -> None:
+        """A finished retrain's result (``started``: when its job was handed to the worker)."""
+        for policy, by_estimator in result.get("estimates", {}).items():
+            for estimator, e in by_estimator.items():
+                # an estimate with no matched held-out row is null in the JSON: NaN on the gauge
+                self.observer.on_policy_value(policy, estimator, *(
+                    math.nan if e.get(k) is None else float(e[k]) for k in ("value", "low", "high")))
+        decision = promotion_decision(result)
+        judged = result.get("challengers") or []
+        new = [c for c in judged if c.get("version") == result.get("version")]
+        if new:  # the newest ranker decisions are ranked by: this retrain's best challenger
+            best = max(new, key=lambda c: -math.inf if c.get("advantage_lower") is None
+                       else c["advantage_lower"])
+            artifact = self.store.load(best["artifact"])
+            if artifact is not None:
+                self.live = artifact  # the swap: one reference assignment
+                self.state["live"] = best["artifact"]
+                if self.serving is not None:
+                    self.observer.on_ranker_version(self.serving.version)
+                info = result["rankers"].get(best["name"], {})
+                for metric in ("auc", "ndcg"):
+                    if info.get(metric) is not None:
+                        self.observer.on_ranker_metric(metric, float(info[metric]))
+        entry = retrain_entry(result, decision, started, self.wall_clock())
+        if decision.get("promote"):
+            self._promote(decision, entry)
+        else:
+            self.state["challengers"] = still_judged(judged)
+            self.state["challenger_index"] = int(result.get("challenger_index") or 0)
+        outcome = "promoted" if entry["promoted"] else "rejected"
+        self.observer.on_promotion(outcome)
+        log.info("retrain %s: ranker %s %s (%s)", result.get("version"), decision.get("ranker"),
+                 outcome, decision.get("reason"))
+        self.store.record(entry)
+
+    def _promote(self, decision: dict[str, Any], entry: dict[str, Any]) -> None:
+        artifact = self.store.load(decision["artifact"])
+        if artifact is None:
+            entry["promoted"] = False
+            entry["reason"] = f"{decision['reason']}; its artifact does not load"
+            return
+        entry["artifact"] = decision["artifact"]
+        self.promoted = artifact
+        self.state["promoted"] = [*self.store.promoted, decision["artifact"]]
+        self._new_epoch()
+        if self.policy == "ranker":
+            self.arms[artifact.version] = artifact
+            self.rollout.promote(self._arm_of(artifact, decision.get("value")))
+            self._report_shares()
+        self.observer.on_ranker_version(artifact.version)
+
+    def _new_epoch(self) -> None:
+        """What is live changed: the challengers judged against the old one are dropped and
+        the miss probability is spent afresh."""
+        self.state["challengers"] = []
+        self.state["challenger_index"] = 0
+
+    def _on_rollout_event(self, event: RolloutEvent) -> None:
+        arm = event.arm
+        entry: dict[str, Any] = {"at": self.wall_clock(), "rollout": event.kind,
+                                 "ranker": arm.name, "ranker_version": arm.version,
+                                 "artifact": arm.artifact, "reason": event.reason or None,
+                                 **event.detail}
+        if event.kind == "advanced":
+            log.info("rollout of %s v%d: now %.0f %% of the events", arm.name, arm.version,
+                     100 * event.detail["share"])
+        elif event.kind == "completed":
+            log.info("rollout of %s v%d complete: it serves %.0f %% (the learner keeps %.0f %%)",
+                     arm.name, arm.version, 100 * (1 - self.settings.retrain_holdback),
+                     100 * self.settings.retrain_holdback)
+            self._new_epoch()
+        elif event.kind == "rolled_back":
+            self.arms.pop(arm.version, None)
+            stack = self.store.promoted
+            if arm.artifact in stack:
+                stack.remove(arm.artifact)
+                self.state["promoted"] = stack
+            self.promoted = self.store.load(stack[-1]) if stack else None
+            entry.update(rolled_back=arm.artifact, promoted_now=stack[-1] if stack else None)
+            self.observer.on_rollback(event.reason)
+            self.observer.on_promotion("rolled_back")
+            log.warning("rolled back %s v%d (%s) after %d events served; now %s", arm.name,
+                        arm.version, event.reason, arm.served,
+                        ", ".join(f"{a.name} v{a.version}" for a in self.rollout.serving())
+                        or "the online learner")
+            self._new_epoch()
+        elif event.kind == "consistency":
+            inside = event.reason == "inside"
+            self.observer.on_ope_check(inside)
+            (log.info if inside else log.warning)(
+                "%s v%d earned %.4f on %d events; its off-policy interval at promotion was "
+                "[%.4f, %.4f]: %s", arm.name, arm.version, event.detail["realised"],
+                event.detail["events"], arm.interval["low"] if arm.interval else math.nan,
+                arm.interval["high"] if arm.interval else math.nan,
+                "inside" if inside else "OUTSIDE (miscalibrated)")
+        self._report_shares()
+        self.store.record(entry)
+
+    def roles(self) -> dict[str, float]:
+        """The share of the learner's traffic each role serves: the learner, the live ranker,
+        the candidate in rollout."""
+        shares = self.rollout.shares()
+        roles: dict[str, float] = {"learner": shares.get(0, 0.0)}
+        if self.rollout.live is not None:
+            roles["live"] = shares.get(self.rollout.live.version, 0.0)
+        if self.rollout.candidate is not None:
+            roles["candidate"] = shares.get(self.rollout.candidate.version, 0.0)
+        return roles
+
+    def _report_shares(self) -> None:
+        if self.policy == "ranker":
+            self.observer.on_rollout(self.roles())
+
+    def apply_candidates(self, result: dict[str, Any], started: float) -> None:
+        """Candidate mode: the rankers are measured on the held-out logged slates (NDCG, AUC)
+        and the best by NDCG becomes the live one; none is promoted to serve
+        (:mod:`streamlearn.retrain.candidates` says why)."""
+        rankers = result.get("rankers", {})
+        scored = [(info["ndcg"], name) for name, info in rankers.items()
+                  if info.get("ndcg") is not None]
+        best = max(scored)[1] if scored else next(iter(rankers), None)
+        entry = candidate_entry(result, best, started, self.wall_clock())
+        if best is not None:
+            info = rankers[best]
+            for metric in ("auc", "ndcg"):
+                if info.get(metric) is not None:
+                    self.observer.on_ranker_metric(metric, float(info[metric]))
+            self.state["live"] = entry["artifact"] = info["artifact"]
+            self.observer.on_ranker_version(int(result.get("version", 0)))
+        log.info("retrain %s on %s logged slates: best ranker %s (held-out NDCG %s; the "
+                 "learner's slot order %s)", result.get("version"), result.get("train_queries"),
+                 best, None if best is None else rankers[best].get("ndcg"),
+                 (result.get("learner") or {}).get("ndcg"))
+        self.store.record(entry)
+
+    # ---------------------------------------------------------------- rollback
+    def request_rollback(self) -> None:
+        """Ask for :meth:`rollback` at the next :meth:`rollback_if_requested` (safe from a
+        signal handler)."""
+        self._rollback_requested = True
+
+    def rollback_if_requested(self) -> None:
+        if self._rollback_requested:
+            self._rollback_requested = False
+            self.rollback()
+
+    def rollback(self) -> None:
+        """Revert the newest promotion: a candidate in rollout, else the serving ranker (an
+        earlier promoted one serves again, else the learner)."""
+        stack = self.store.promoted
+        if self.policy == "ranker" and self.rollout.serving():
+            self.rollout.roll_back("manual")  # the event updates the stack and the history
+            stack = self.store.promoted
+            if self.rollout.live is None and self.rollout.candidate is None and stack:
+                earlier = self.store.load(stack[-1])
+                if earlier is not None:
+                    self.arms[earlier.version] = earlier
+                    self.rollout.restore_live(self._arm_of(earlier))
+                    self._report_shares()
+            log.info("rolled back; now %s", stack[-1] if stack else "the online learner")
+            return
+        if not stack:
+            log.warning("rollback requested but no ranker is promoted")
+            return
+        dropped = stack.pop()
+        self.state["promoted"] = stack
+        self.promoted = self.store.load(stack[-1]) if stack else None
+        self.observer.on_promotion("rolled_back")
+        self.observer.on_rollback("manual")
+        log.info("rolled back ranker %s; now %s", dropped,
+                 stack[-1] if stack else "the online learner")
+        self._new_epoch()
+        self.store.record({"at": self.wall_clock(), "rolled_back": dropped,
+                           "promoted_now": stack[-1] if stack else None})
+
+    # ----------------------------------------------------------------- serving
+    @property
+    def serving(self) -> RankerArtifact | None:
+        """The ranker whose ranking decisions carry: the live one of the rollout, else the
+        promoted one, else the newest."""
+        live = self.rollout.live
+        if live is not None and live.version in self.arms:
+            return self.arms[live.version]
+        return self.promoted if self.promoted is not None else self.live

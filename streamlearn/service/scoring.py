@@ -1,0 +1,77 @@
+"""The retrained rankers in the hot path: their scores, and who serves a batch.
+
+:class:`Scorer` reads the :class:`~streamlearn.service.ranker_state.RankerState` for the
+decide step (:mod:`streamlearn.service.modes`): the scores of the ranker whose ranking
+decisions carry (:meth:`Scorer.scores`), the policies that share a batch with
+``retrain.policy = "ranker"`` (:meth:`Scorer.mixture`) and the name a decision served by
+a ranker carries (:meth:`Scorer.policy_names`). It changes nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streamlearn.actions import best_first
+from streamlearn.durability.experience import dense_rows
+from streamlearn.engine import Mixture
+from streamlearn.features import Batch
+from streamlearn.rankers.joint import action_scores
+from streamlearn.service.ranker_state import RankerState
+
+__all__ = ["Scorer", "ranking_lists"]
+
+
+def ranking_lists(scores: np.ndarray, mask: np.ndarray | None) -> list[list[int]]:
+    """Per row, the allowed actions best first.
+
+    >>> ranking_lists(np.array([[0.1, 0.9, 0.5]]), np.array([[True, False, True]]))
+    [[2, 0]]
+    """
+    order: list[list[int]] = best_first(scores, mask).tolist()
+    if mask is None:
+        return order
+    n_allowed = np.asarray(mask, dtype=bool).sum(axis=1).tolist()
+    return [row[:n] for row, n in zip(order, n_allowed, strict=True)]
+
+
+class Scorer:
+    """The rankers' scores and the rollout's mixture for a batch (module doc)."""
+
+    def __init__(self, rankers: RankerState, n_actions: int) -> None:
+        self.rankers, self.n_actions = rankers, n_actions
+
+    def scores(self, X: Batch) -> np.ndarray | None:
+        """(B, K) scores of the ranker decisions are ranked by, or None when none is."""
+        ranker = self.rankers.serving
+        if ranker is None:
+            return None
+        return action_scores(ranker.ranker, dense_rows(X), self.n_actions)
+
+    def mixture(self, X: Batch, ranking: np.ndarray | None) -> Mixture | None:
+        """The policies that share this batch (``retrain.policy = "ranker"``), or None when
+        the learner serves every event. ``ranking``: :meth:`scores` of the batch, reused
+        for the arm it belongs to."""
+        rankers = self.rankers
+        rollout = rankers.rollout
+        if rankers.policy != "ranker" or not rollout.serving():
+            return None
+        serving = rankers.serving
+        dense: np.ndarray | None = None
+        scores: dict[int, np.ndarray] = {}
+        for arm in rollout.serving():
+            artifact = rankers.arms[arm.version]
+            if ranking is not None and artifact is serving:
+                scores[arm.version] = ranking
+                continue
+            dense = dense_rows(X) if dense is None else dense
+            scores[arm.version] = action_scores(artifact.ranker, dense, self.n_actions)
+        return rollout.mixture(scores)
+
+    def policy_names(self) -> dict[int, str]:
+        """Version → the name a decision served by that ranker carries (``"policy"``)."""
+        return {arm.version: f"{arm.name}-v{arm.version}" for arm in self.rankers.rollout.serving()}
+
+    @property
+    def exploits(self) -> bool:
+        """Whether a ranker serves some of the events."""
+        return self.rankers.policy == "ranker" and bool(self.rankers.rollout.serving())
