@@ -348,7 +348,11 @@ class Learner(abc.ABC):
             raise ConfigError(f"update expects exploit as ({B},) actions in [0, {self.n_actions}). "
                               f"Got {ex.shape} {ex.dtype}.")
         ex = ex.astype(np.int64, copy=False)
-        self.exploration.observe(a, r, p, ex)
+        # the adaptive γ reads the logged distribution's maximum: its estimate of the
+        # learner's own error from the rows a mixture logged would weigh each by 1/share,
+        # and at the small shares of a conservative rollout that noise made the learner's
+        # share collapse from 1 to 0 (simulators/conservative_floor.py, poor baseline)
+        self.exploration.observe(a, r, p)
         applied = self._guarded_update(batch, a, r, p, ex)
         self.n_updated_ += applied
         self.n_skipped_updates_ += B - applied

@@ -92,11 +92,8 @@ class Exploration(abc.ABC):
         """γ as a function of the round numbers t alone."""
         raise NotImplementedError(f"{type(self).__name__} must implement rule() or gammas().")
 
-    def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,  # noqa: B027
-                exploit: np.ndarray | None = None) -> None:
-        """Feedback of past rounds (only adaptive strategies use it); ``exploit`` is the
-        learner's own best action of each round (default: the logged distribution's
-        maximum, which it is unless another policy shared the decision)."""
+    def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:  # noqa: B027
+        """Feedback of past rounds (only adaptive strategies use it)."""
 
     def params(self) -> dict[str, Any]:
         return {}
@@ -147,10 +144,9 @@ class FixedGamma(Exploration):
                mask: np.ndarray | None, n_actions: int) -> np.ndarray:
         return np.full(len(rounds), self.gamma)  # the rounds need no conversion
 
-    def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
-                exploit: np.ndarray | None = None) -> None:
+    def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
         if self._detector is not None:
-            played_exploit = actions == (probs.argmax(axis=1) if exploit is None else exploit)
+            played_exploit = actions == probs.argmax(axis=1)
             self.drift_detections_ += self._detector.update(1.0 - rewards[played_exploit])[0]
 
     def params(self) -> dict[str, Any]:
@@ -335,15 +331,11 @@ class Adaptive(Exploration):
         # clip to [0, ½] (NaN stays NaN, as with np.clip)
         return np.minimum(np.maximum(np.maximum(target, floor), 0.0), GAMMA_MAX)
 
-    def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
-                exploit: np.ndarray | None = None) -> None:
-        if exploit is None:
-            exploit = probs.argmax(axis=1)
+    def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+        exploit = probs.argmax(axis=1)
         played_exploit = actions == exploit
-        # r/p of the exploit action where it was played (then p > 0: a played action's is),
-        # 0 elsewhere; under a mixture the learner's exploit may have p = 0 where it was not
-        at_exploit = probs.take(row_starts(*probs.shape) + exploit)
-        c = np.divide(rewards, at_exploit, out=np.zeros(len(rewards)), where=played_exploit)
+        at_exploit = row_starts(*probs.shape) + exploit
+        c = rewards * played_exploit / probs.take(at_exploit)
         if self.detect_drift:
             changes, last = self._detector.update(1.0 - rewards[played_exploit])
             if changes:
@@ -436,9 +428,8 @@ class MarginAware(Exploration):
             self._mean_gap += weight * (float(finite.mean()) - self._mean_gap)
         return np.clip(base * factor, 1e-6, GAMMA_MAX)
 
-    def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray,
-                exploit: np.ndarray | None = None) -> None:
-        self.base.observe(actions, rewards, probs, exploit)
+    def observe(self, actions: np.ndarray, rewards: np.ndarray, probs: np.ndarray) -> None:
+        self.base.observe(actions, rewards, probs)
         self.drift_detections_ = self.base.drift_detections_  # the margin rule has no detector
 
     def params(self) -> dict[str, Any]:
