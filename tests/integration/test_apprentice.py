@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import pytest
 from daemon_harness import Caller, make_topics, producer, serve_crashable, wait_until
-from test_crash_safety import committed_everything
+from test_crash_safety import drain_and_stop
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.snapshot import read_snapshot
@@ -115,17 +115,8 @@ def test_apprentice_serves_the_baseline_across_a_sigkill(kafka_bootstrap: str,
     killed_at = len(caller.first)
     assert list(ckpt.glob("ckpt-*")), "no checkpoint before the kill"
     proc = serve_crashable(kafka_bootstrap, topics, ckpt, log, *args)
-    try:
-        publisher.join(60)
-        wait_until(lambda: len(caller.first) == N, 90, "a decision for every id",
-                   lambda: f"{len(caller.first)} decided; {log.read_text()[-2000:]}")
-        wait_until(lambda: len(caller.feedback_ids) == N, 60, "feedback for every decision")
-        wait_until(lambda: committed_everything(kafka_bootstrap, topics), 60,
-                   "the daemon to commit all input", interval_s=0.5)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
-        caller.stop()
+    publisher.join(60)
+    code = drain_and_stop(proc, caller, kafka_bootstrap, topics, N, log)
     text = log.read_text()
     assert code == 0, text[-3000:]
     assert caller.error is None
