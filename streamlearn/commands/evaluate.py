@@ -43,16 +43,14 @@ from streamlearn.evaluation.policies import (
     ESTIMATORS,
     best_constant,
     constant_policy,
-    evaluate_policies,
     fit_reward_model,
     learner_policy,
     uniform_policy,
 )
 from streamlearn.retrain.artifact import find_artifact, load_artifact
 from streamlearn.retrain.job import (
-    bound_estimate,
-    estimate_dict,
     estimate_policies,
+    estimates_on,
     judge_challengers,
     read_window,
     split_in_time,
@@ -266,14 +264,7 @@ def _all_rows_estimates(rows: ExperienceRows, n_train: int, policies: dict[str, 
     DR's reward model by two-fold cross-fitting."""
     held = np.arange(len(rows)) >= n_train
     model = _cross_fitted(rows, held) if "dr" in estimators else None
-    point = [e for e in estimators if e != "bound"]
-    out: dict[str, dict[str, dict[str, Any]]] = {
-        p: {e: estimate_dict(v) for e, v in ests.items()}
-        for p, ests in evaluate_policies(rows, policies, point, clip, level, model).items()}
-    if "bound" in estimators:
-        for name, pi in policies.items():
-            out[name]["bound"] = bound_estimate(rows, pi, 1.0 - level, on_policy=name == "logged")
-    return {p: {e: out[p][e] for e in estimators} for p in out}
+    return estimates_on(rows, policies, estimators, level, clip, model)
 
 
 def _fmt(value: float | None) -> str:

@@ -67,7 +67,7 @@ from streamlearn.retrain.promotion import (
     key_of,
 )
 
-__all__ = ["DEFAULT_CLIP", "bound_estimate", "estimate_dict", "estimate_policies",
+__all__ = ["DEFAULT_CLIP", "bound_estimate", "estimate_dict", "estimate_policies", "estimates_on",
            "judge_challengers", "read_window", "run_retrain", "split_in_time"]
 
 DEFAULT_CLIP = 20.0
@@ -162,16 +162,25 @@ def estimate_policies(train: ExperienceRows, held: ExperienceRows, policies: dic
     if unknown:
         raise ConfigError(f"Expected estimators among {', '.join((*ESTIMATORS, 'bound'))}. "
                           f"Got {unknown}.")
-    point = [e for e in estimators if e != "bound"]
     model = (fit_reward_model(train.X, train.actions, train.rewards, held.probs.shape[1])
-             .predict(held.X) if "dr" in point else None)
+             .predict(held.X) if "dr" in estimators else None)
+    return estimates_on(held, policies, estimators, level, clip, model)
+
+
+def estimates_on(rows: ExperienceRows, policies: dict[str, np.ndarray], estimators: list[str],
+                 level: float, clip: float, model: np.ndarray | None
+                 ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each policy's estimates on ``rows``, in the order asked: the point estimates (DR with
+    the reward model's predictions ``model``, (rows, K)) and ``bound``, the confidence
+    sequence (on-policy for ``logged``)."""
+    point = [e for e in estimators if e != "bound"]
     out: dict[str, dict[str, dict[str, Any]]] = {
         p: {e: estimate_dict(v) for e, v in ests.items()}
-        for p, ests in evaluate_policies(held, policies, point, clip, level, model).items()}
+        for p, ests in evaluate_policies(rows, policies, point, clip, level, model).items()}
     if "bound" in estimators:
         for name, pi in policies.items():
-            out[name]["bound"] = bound_estimate(held, pi, 1.0 - level, on_policy=name == "logged")
-    return {p: {e: out[p][e] for e in estimators} for p in out}  # in the order asked
+            out[name]["bound"] = bound_estimate(rows, pi, 1.0 - level, on_policy=name == "logged")
+    return {p: {e: out[p][e] for e in estimators} for p in out}
 
 
 def judge_challengers(log_dir: str | Path, challengers: list[dict[str, Any]],
