@@ -140,6 +140,14 @@ class Learned:
         return int((self.closed.outcome == Outcome.SHED.value).sum())
 
 
+#: rows per learner update. A batch step can cost more than linearly in its rows (the
+#: regression oracle's exact flow decomposes one block per action: cubic in the rows an
+#: action gets), and a join policy that aggregates (sum, average, ...) closes a whole
+#: window's decisions at once: 12,000 rows in one update stalled the loop for minutes while
+#: the input piled up. Updates of this size cost about as much per row as small ones.
+LEARN_CHUNK = 1024
+
+
 def own_choices(probs: np.ndarray, exploit: np.ndarray) -> np.ndarray:
     """What the learner learns as its own choice of each logged decision.
 
@@ -309,7 +317,8 @@ class Engine:
         return self.joins.advance(wall, idle)
 
     def learn(self) -> Learned:
-        """Apply every decision closed since the last call with one update."""
+        """Apply every decision closed since the last call, in updates of at most
+        :data:`LEARN_CHUNK` rows."""
         closed = self.joins.drain()
         rows = np.arange(len(closed)) if closed.learn.all() else np.flatnonzero(closed.learn)
         skipped = 0
@@ -324,6 +333,12 @@ class Engine:
                 X, actions, rewards, probs, exploit = (
                     take_rows(X, rows), actions[rows], rewards[rows], probs[rows], exploit[rows])
             before = self.learner.n_skipped_updates_
-            self.learner.update(X, actions, rewards, probs, exploit)
+            if len(rows) <= LEARN_CHUNK:
+                self.learner.update(X, actions, rewards, probs, exploit)
+            else:
+                for lo in range(0, len(rows), LEARN_CHUNK):
+                    part = np.arange(lo, min(lo + LEARN_CHUNK, len(rows)))
+                    self.learner.update(take_rows(X, part), actions[part], rewards[part],
+                                        probs[part], exploit[part])
             skipped = self.learner.n_skipped_updates_ - before
         return Learned(closed, rows, skipped)
