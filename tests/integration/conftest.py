@@ -31,11 +31,30 @@ PROMETHEUS_SH = REPO / "deploy" / "prometheus" / "run.sh"
 HERE = Path(__file__).resolve().parent
 
 
+#: set by deploy/test.sh: a file that exists once the tests running beside these are done
+OTHERS_DONE = "STREAMLEARN_OTHER_TESTS_DONE"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test in this folder is an integration test."""
+    """Every test in this folder is an integration test; those marked ``cpu_share`` (they
+    measure what a share of the CPU gives: a retrain's cadence, a guardrail's timing) run
+    last, after the tests deploy/test.sh runs beside these (see :func:`_cpu_share`)."""
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: item.get_closest_marker("cpu_share") is not None)  # stable
+
+
+@pytest.fixture(autouse=True)
+def _cpu_share(request: pytest.FixtureRequest) -> None:
+    """A ``cpu_share`` test waits for the CPU-bound tests beside it to end: each such test
+    loads the machine on purpose (a spinning process, a saturated loop) and allows for one
+    more CPU-heavy process, not for a whole second test suite."""
+    done = os.environ.get(OTHERS_DONE)
+    if done and request.node.get_closest_marker("cpu_share") is not None:
+        deadline = time.monotonic() + 3600
+        while not Path(done).exists() and time.monotonic() < deadline:
+            time.sleep(1.0)
 
 
 def unavailable(reason: str, *require_envs: str) -> NoReturn:

@@ -38,6 +38,7 @@ def _rolled_back(ckpt: Path) -> list[dict[str, object]]:
     return [h for h in history if h.get("rollout") == "rolled_back"]
 
 
+@pytest.mark.cpu_share
 def test_a_leaky_ranker_is_promoted_then_rolled_back_by_the_guardrail(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     X, y = synthetic_stream(N, noise=0.05, seed=21)

@@ -209,6 +209,7 @@ def _scrape(port: int) -> dict[str, float]:
             re.finditer(r"^(streamlearn_retrain_\w+) ([0-9.e+-]+)$", text, re.MULTILINE)}
 
 
+@pytest.mark.cpu_share
 @pytest.mark.needs_data
 def test_retrains_keep_their_cadence_with_the_loop_saturated_and_the_machine_loaded(
         tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ def serve(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Path) -> subp
                            "--experience-segment-rows", "1000", gamma=0.2)
 
 
+@pytest.mark.cpu_share
 def test_sigkill_during_retrain_and_rotation_keeps_the_log_exact(kafka_bootstrap: str,
                                                                  tmp_path: Path) -> None:
     X, y = synthetic_stream(N, noise=0.05, seed=9)
