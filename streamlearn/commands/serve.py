@@ -541,6 +541,10 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
                   f"baseline (explore budget {settings.rollout_explore_budget:g}, alpha "
                   f"{settings.rollout_alpha:g}{', automatic' if settings.rollout_auto else ''}); "
                   f"SIGUSR2 steps back", file=out, flush=True)
+            if not settings.rollout_baseline:
+                print("streamlearn serve: warning: no rollout.baseline (--rollout-baseline "
+                      "constant:A): events that carry no \"baseline\" of their own are served "
+                      "by the learner alone, whatever the mode", file=out, flush=True)
         retraining = daemon.retraining
         if retraining is not None and retraining.enabled:
             print(f"streamlearn serve: retraining {', '.join(settings.retrain_ranker_names())} "
