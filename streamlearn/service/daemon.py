@@ -456,7 +456,8 @@ class Daemon:
         self.observer.on_rollout_mode(a.mode, a.agreement, a.slack if a.mode == "conservative"
                                       else float("nan"))
         for name, arm in a.stats.items():
-            if arm.n:
+            if arm.n or a.history:  # after a switch the comparisons start afresh: NaN, not
+                # the last mode's values, until this mode has measured something
                 self.observer.on_policy_value(name, "live", arm.mean, arm.lower(), arm.upper())
                 self.observer.on_policy_live_value(name, arm.mean)
 

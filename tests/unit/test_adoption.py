@@ -498,6 +498,10 @@ def test_sigusr2_steps_the_daemon_back_and_the_checkpoint_keeps_it(tmp_path: Pat
     assert get("streamlearn_rollout_switches_total", {"mode": "conservative"}) == 1.0
     assert get("streamlearn_rollout_mode", {"mode": "conservative"}) == 1.0
     assert get("streamlearn_rollout_mode", {"mode": "online"}) == 0.0
+    # the comparisons start afresh: each side's live value is NaN (not the last mode's)
+    for side in ("learner", "baseline"):
+        live = get("streamlearn_policy_live_value", {"policy": side})
+        assert live is not None and np.isnan(live), (side, live)
     d.request_step_back()
     d.step()
     assert get("streamlearn_rollout_switches_total", {"mode": "apprentice"}) == 1.0
