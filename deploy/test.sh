@@ -17,26 +17,28 @@ export STREAMLEARN_REQUIRE_KAFKA="${STREAMLEARN_REQUIRE_KAFKA:-1}"
 if [[ $# -gt 0 ]]; then
     exec "$PY" -m pytest "$@"
 fi
-# The whole suite as two pytest processes side by side: the integration tests (a real
+# The whole suite as two pytest processes side by side: most integration tests (a real
 # broker, Prometheus and daemons; they spend most of their time waiting on streams, about
-# half of two cores busy) and everything else (CPU-bound, one core). Together they take
-# about the integration tests' time instead of the sum. The integration tests' output is
-# printed when both are done; each process's exit status counts.
+# half of two cores busy) and everything else (CPU-bound, one core) with the integration
+# tests listed in tests/integration/conftest.py's BESIDE_FILES, which evens out
+# the two processes' times. Each process starts its own broker. Together they take about
+# the longer one's time instead of the sum. The integration tests' output is printed when
+# both are done; each process's exit status counts.
 INTEGRATION_LOG="$(mktemp -t streamlearn-integration.XXXXXX)"
 # the integration tests that measure a CPU share (marked cpu_share) run last and wait for this
 export STREAMLEARN_OTHER_TESTS_DONE="$INTEGRATION_LOG.others-done"
-"$PY" -m pytest tests/integration --durations=15 >"$INTEGRATION_LOG" 2>&1 &
+STREAMLEARN_INTEGRATION_SHARE=main "$PY" -m pytest tests/integration --durations=15 >"$INTEGRATION_LOG" 2>&1 &
 INTEGRATION_PID=$!
 trap 'kill "$INTEGRATION_PID" 2>/dev/null || true' INT TERM
 echo "(integration tests running alongside; their report follows this one: $INTEGRATION_LOG)"
 set +e
-"$PY" -m pytest --ignore=tests/integration --durations=10
+STREAMLEARN_INTEGRATION_SHARE=beside "$PY" -m pytest --durations=10
 OTHERS=$?
 touch "$STREAMLEARN_OTHER_TESTS_DONE"
 wait "$INTEGRATION_PID"
 INTEGRATION=$?
 set -e
-echo "== pytest tests/integration"
+echo "== pytest tests/integration (all but BESIDE_FILES)"
 cat "$INTEGRATION_LOG"
 echo "== pytest: others exit $OTHERS, integration exit $INTEGRATION"
 [[ $OTHERS -eq 0 && $INTEGRATION -eq 0 ]]

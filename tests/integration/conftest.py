@@ -35,13 +35,38 @@ HERE = Path(__file__).resolve().parent
 OTHERS_DONE = "STREAMLEARN_OTHER_TESTS_DONE"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: set by deploy/test.sh to split these tests between its two pytest processes: "main" runs
+#: every integration test but those in BESIDE_FILES, "beside" runs only those (beside the
+#: CPU-bound tests, each process with its own broker); unset runs them all
+SHARE = "STREAMLEARN_INTEGRATION_SHARE"
+#: about a sixth of the integration tests' time, none of them marked cpu_share: the broker
+#: outages (they stop and restart their process's broker) and the end-to-end run
+BESIDE_FILES = frozenset({"test_broker_outage.py", "test_end_to_end.py"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test in this folder is an integration test; those marked ``cpu_share`` (they
     measure what a share of the CPU gives: a retrain's cadence, a guardrail's timing) run
     last, after the tests deploy/test.sh runs beside these (see :func:`_cpu_share`)."""
+    share = os.environ.get(SHARE)
+    if share not in (None, "", "main", "beside"):
+        raise pytest.UsageError(f"{SHARE} must be main or beside. Got {share!r}.")
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
     for item in items:
-        if HERE in Path(str(item.fspath)).resolve().parents:
+        path = Path(str(item.fspath)).resolve()
+        if HERE in path.parents:
             item.add_marker(pytest.mark.integration)
+            beside = path.name in BESIDE_FILES
+            if (share == "main" and beside) or (share == "beside" and not beside):
+                dropped.append(item)
+                continue
+        kept.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    if share == "beside" and any(item.get_closest_marker("cpu_share") for item in kept):
+        raise pytest.UsageError("a cpu_share test cannot run beside the CPU-bound tests")
     items.sort(key=lambda item: item.get_closest_marker("cpu_share") is not None)  # stable
 
 
