@@ -168,7 +168,7 @@ def run(world: World, mode: str, seed: int, *, alpha: float = 0.05, batch: int =
         decided = engine.decide(ids, world.X[lo:hi], None, labels=labels,
                                 ts=rows.astype(np.float64), partitions=np.zeros(hi - lo, np.int64),
                                 wall=wall, keys=rows, mixture=adoption.wrap(None, baselines, K),
-                                baselines=baselines)
+                                baselines=baselines, epoch=adoption.epoch)
         adoption.note_decisions(decided.columns["exploit"], decided.columns["baseline"])
         # publish: the caller acts; the truth is known for every action
         rewards = (decided.actions == labels).astype(np.float64)
@@ -189,7 +189,8 @@ def run(world: World, mode: str, seed: int, *, alpha: float = 0.05, batch: int =
         if len(closed) and adoption.mode != "online":
             kept = closed.learn
             adoption.observe(closed.columns["served_by"][kept], closed.rewards[kept],
-                             closed.columns["baseline"][kept], len(engine.joins))
+                             closed.columns["baseline"][kept], len(engine.joins),
+                             closed.columns["epoch"][kept])
         if hi >= next_checkpoint or hi == T:
             out.at.append(hi)
             out.live.append(live)

@@ -25,6 +25,7 @@ import orjson
 from streamlearn.commands.inspect_group import describe_group, is_group_state, print_group
 from streamlearn.commands.readable import spec_text
 from streamlearn.errors import StateError
+from streamlearn.service.rollout import ArmStats
 from streamlearn.snapshot import ARRAYS_FILE, META_FILE, read_snapshot
 
 __all__ = ["add_parser", "describe", "run", "snapshots_in"]
@@ -130,9 +131,10 @@ def _adoption_summary(adoption: dict[str, Any]) -> dict[str, Any]:
     stats = adoption.get("stats") or {}
     values = {}
     for side in ("baseline", "learner"):
-        low = (stats.get(side) or {}).get("low") or {}
-        n = int(low.get("n") or 0)
-        values[side] = {"events": n, "mean": float(low.get("total") or 0.0) / n if n else None}
+        kept = stats.get(side)
+        arm = ArmStats.from_state({}, kept) if kept else ArmStats(0.05)
+        values[side] = {"events": arm.n, "mean": arm.mean if arm.n else None,
+                        "low": arm.lower(), "high": arm.upper()}
     mode = adoption.get("mode")
     return {"mode": mode, "configured": adoption.get("configured", mode),
             "learner_share": 1.0 if mode == "online" else adoption.get("share"),
@@ -243,7 +245,7 @@ def _print_adoption(adoption: dict[str, Any]) -> None:
           f"{'-' if share is None else f'{100 * float(share):.0f} %'}; agreement with the "
           f"baseline {'-' if agreement is None else f'{float(agreement):.3f}'}")
     if adoption["mode"] != "online":
-        sides = [f"{side} {v['mean']:.4f} on {v['events']:,}"
+        sides = [f"{side} {v['mean']:.4f} [{v['low']:.4f}, {v['high']:.4f}] on {v['events']:,}"
                  for side, v in adoption["live_value"].items() if v["events"]]
         print(f"  earned        {'; '.join(sides) or '- (nothing learned in this mode yet)'}")
     history = adoption["history"]

@@ -57,9 +57,12 @@ ARM_SEED = 0x41524D53  # ... and the draw of the policy that serves an event apa
 #: exploration rate at that decision, the rate a ranker deployed then explores with
 #: (:func:`exploit_around`), so a ranker can be evaluated later exactly as it would have
 #: been deployed; ``exploit`` — the learner's own best action; ``baseline`` — what the
-#: caller's own system would have done (-1: not given).
+#: caller's own system would have done (-1: not given); ``epoch`` — how many times the
+#: rollout mode had changed when it was decided (a mode's comparisons count only the
+#: decisions made under it, not those still in flight from the one before).
 DECISION_COLUMNS: dict[str, type] = {"served_by": np.int64, "gamma": np.float64,
-                                     "exploit": np.int64, "baseline": np.int64}
+                                     "exploit": np.int64, "baseline": np.int64,
+                                     "epoch": np.int64}
 BASELINE = -1  # ``served_by`` of a decision the caller's own baseline served
 
 
@@ -182,7 +185,7 @@ class Engine:
                answer: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
                model_version: int = 0, mixture: Mixture | None = None,
                event_ts: np.ndarray | None = None,
-               baselines: np.ndarray | None = None) -> Decided:
+               baselines: np.ndarray | None = None, epoch: int = 0) -> Decided:
         """Decide a batch of new ids and record the decisions as pending joins.
 
         ``keys`` seed the exploration randomness (default: the ids). ``known``
@@ -193,7 +196,8 @@ class Engine:
         the answered ones join on arrival (:meth:`PendingJoins.add_joined`).
         ``mixture``: the policies sharing the traffic (:meth:`_decide_fresh`);
         without one the learner serves every event. ``baselines``: the caller's own
-        choice per event (-1: none), kept with each decision. ``event_ts``: the
+        choice per event (-1: none), kept with each decision; ``epoch``: the rollout
+        mode's (its ``epoch`` column for the fresh rows). ``event_ts``: the
         instances' own event times when they are not ``ts`` (a daemon decides at
         the wall clock's time; :meth:`PendingJoins.add_decisions`).
         """
@@ -230,6 +234,10 @@ class Engine:
             decided_at = np.asarray(ts, dtype=np.float64)
         columns["baseline"] = (np.full(B, -1, dtype=np.int64) if baselines is None
                                else np.asarray(baselines, dtype=np.int64))
+        epochs = columns.get("epoch")
+        if epochs is None:
+            epochs = columns["epoch"] = np.zeros(B, dtype=np.int64)
+        epochs[fresh] = epoch
         decided = Decided(actions, probs, fresh, columns)
         if answer is None:
             self.joins.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,

@@ -19,13 +19,18 @@ simultaneously with probability ≥ 1 − α, however often it is looked at, wha
 weights, and at any sample size (no normal approximation). Heavy weights only make the
 bound slower to rise; they never make it wrong.
 
-The bet: :class:`LowerBound` mixes ``J`` gamblers with fixed fractions
+The bet: :func:`lower_bound` mixes ``J`` gamblers with fixed fractions
 ``λ_j·m = c·2^{-j}`` (``c`` = :data:`TOP_FRACTION`) and averages their wealth (an average
 of supermartingales is one), so no variance estimate or tuning is needed and the
 mixture grows nearly as fast as the best fixed fraction in hindsight (it pays
 ``log J``). Values of ``m`` are a grid; the reported bound is the largest grid point
 below which every point has been rejected, which is conservative by at most one grid
 step.
+
+What a policy earns *live* is another matter: its mean moves (a learner improves, the
+world drifts), and a sequence for a constant mean, which rejects a value for good, would
+hold on to an early value. The live checks use :class:`RunningMeanBound`, a sequence for
+the running average of the conditional means.
 
 >>> rng = np.random.default_rng(0)
 >>> r = (rng.random(4000) < 0.3).astype(float)       # a policy's rewards, logged ...
@@ -44,7 +49,8 @@ import numpy as np
 
 from streamlearn.errors import ConfigError
 
-__all__ = ["HEAVY_GAMBLERS", "Interval", "LowerBound", "interval_of_mean", "lower_bound", "value_interval"]
+__all__ = ["HEAVY_GAMBLERS", "Interval", "RunningMeanBound", "interval_of_mean", "lower_bound",
+           "value_interval"]
 
 TOP_FRACTION = 0.8  # the boldest gambler bets λ·m = 0.8 (a Y of 0 keeps 20 % of its wealth)
 HEAVY_GAMBLERS = 12  # fractions 0.8, 0.4, ..., 0.8 / 2^11 ≈ 0.0004: weights up to thousands
@@ -158,72 +164,100 @@ def first_crossing(values: np.ndarray, alpha: float, m: float,
     return None if first[0] < 0 else int(first[0])
 
 
-class LowerBound:
-    """A lower confidence sequence kept up to date value by value (see the module doc): the
-    state of every gambler at every value of a fixed grid, for the live checks.
+#: the fixed bet sizes of :class:`RunningMeanBound`: 0.9, 0.9/√2, ..., 0.9/2^9.5 ≈ 0.0012
+RUNNING_LAMBDAS = 0.9 * 2.0 ** (-0.5 * np.arange(20))
 
-    Parameters
-    ----------
-    grid
-        Increasing candidate values of the mean, ``grid[0] ≥ 0``; the bound is one of them.
-    alpha
-        Miss probability: the bound exceeds the true mean at some time with probability ≤ α.
-    n_gamblers
-        Bet fractions 0.8·2⁻ʲ, j < n_gamblers.
+
+def _psi(lam: np.ndarray) -> np.ndarray:
+    """ψ_E(λ) = −log(1 − λ) − λ, the empirical-Bernstein exponent (λ in [0, 1))."""
+    return np.asarray(-np.log1p(-lam) - lam)
+
+
+class RunningMeanBound:
+    """A two-sided confidence sequence for the **running average of conditional means** of
+    values in [0, 1] observed one after another — what a policy earns live, which changes
+    as it learns or as the world drifts — kept up to date in O(1) state.
+
+    With μ_i = E[Y_i | the past] (any sequence: a learner that improves, a world that
+    drifts) and μ̄_t = (1/t)·Σ_{i≤t} μ_i, the target moves, so a bound for a constant
+    mean does not apply: such a sequence rejects a value of the mean for good once it
+    has been implausible *at some time*, and a learner that earned 0.2 early and 0.8
+    now keeps an upper bound near 0.2. This one uses the predictable-mixture
+    empirical-Bernstein supermartingale (Howard, Ramdas, McAuliffe & Sekhon,
+    "Time-uniform, nonparametric, nonasymptotic confidence sequences", Ann. Statist.
+    2021; Waudby-Smith & Ramdas 2024, §3): for a fixed λ in [0, 1),
+
+        exp(λ·Σ_{i≤t}(Y_i − μ_i) − ψ_E(λ)·V_t),   V_t = Σ_{i≤t} (Y_i − Ŷ_{i−1})²,
+
+    where ``Ŷ_{i−1} = (½ + Σ_{j<i} Y_j)/i`` is a predictable estimate, is a nonnegative
+    supermartingale (exp(λξ − ψ_E(λ)ξ²) ≤ 1 + λξ for ξ ≥ −1, and 1 + x ≤ eˣ); this holds
+    for *conditional* means μ_i, whatever they do. By Ville's inequality and a union
+    over the J bet sizes of :data:`RUNNING_LAMBDAS` (each at α/J), with probability
+    ≥ 1 − α, at every t at once,
+
+        μ̄_t ≥ Ȳ_t − min_j (log(J/α) + ψ_E(λ_j)·V_t) / (λ_j·t),
+
+    and the same on 1 − Y (the same V_t) for the upper side; each side at ``alpha``.
+    The sides are not intersected over time: the target moves.
+
+    >>> b = RunningMeanBound(0.025)
+    >>> b.update((np.random.default_rng(0).random(4000) < 0.3).astype(float))
+    >>> 0.25 < b.lower() < 0.3 < b.upper() < 0.35
+    True
     """
 
-    def __init__(self, grid: np.ndarray, alpha: float, n_gamblers: int = BOUNDED_GAMBLERS) -> None:
-        g = np.asarray(grid, dtype=np.float64)
-        if g.ndim != 1 or len(g) < 2 or g[0] < 0 or not (np.diff(g) > 0).all():
-            raise ConfigError(f"Expected an increasing grid of at least 2 values >= 0. Got {grid!r}.")
-        self.grid = g
+    def __init__(self, alpha: float) -> None:
         self.alpha = _check_alpha(alpha)
-        self._fractions = _fractions(n_gamblers)
-        self.log_wealth = np.zeros((len(g), n_gamblers))
-        self.rejected = np.zeros(len(g), dtype=bool)
         self.n = 0
         self.total = 0.0
+        self.squares = 0.0  # V_t
 
     def update(self, values: np.ndarray) -> None:
-        """Observe the next values in order (any number, vectorised)."""
+        """Observe the next values (in [0, 1]) in order, vectorised."""
         y = np.asarray(values, dtype=np.float64).reshape(-1)
-        _check_values(y)
         if not len(y):
             return
-        open_at = np.flatnonzero(~self.rejected)  # a rejected value stays rejected
-        if len(open_at):
-            wealth, first = _bet(y, self.grid[open_at], self._fractions,
-                                 self.log_wealth[open_at],
-                                 math.log(len(self._fractions) / self.alpha), self.n)
-            self.log_wealth[open_at] = wealth
-            self.rejected[open_at[first >= 0]] = True
+        if not np.isfinite(y).all() or y.min() < 0.0 or y.max() > 1.0:
+            raise ConfigError(f"Expected finite values in [0, 1] for a live bound. Got a range "
+                              f"[{np.nanmin(y)}, {np.nanmax(y)}] "
+                              f"{'with a non-finite value' if not np.isfinite(y).all() else ''}"
+                              .rstrip() + ".")
+        before = self.total + np.concatenate([[0.0], np.cumsum(y)[:-1]])
+        predicted = (0.5 + before) / (self.n + 1.0 + np.arange(len(y)))  # Ŷ_{i−1}
+        self.squares += float(((y - predicted) ** 2).sum())
         self.n += len(y)
         self.total += float(y.sum())
 
+    @property
+    def mean(self) -> float:
+        return self.total / self.n if self.n else math.nan
+
+    def _radius(self) -> float:
+        lam = RUNNING_LAMBDAS
+        width = (math.log(len(lam) / self.alpha) + _psi(lam) * self.squares) / (lam * self.n)
+        return float(width.min())
+
     def lower(self) -> float:
-        """The largest grid value below which every value is rejected (``grid[0]`` if none)."""
-        open_at = np.flatnonzero(~self.rejected)
-        if not len(open_at):
-            return float(self.grid[-1])
-        first = int(open_at[0])
-        return float(self.grid[first - 1]) if first > 0 else float(self.grid[0])
+        """The lower bound on μ̄_t (0 before any value)."""
+        return max(0.0, self.mean - self._radius()) if self.n else 0.0
+
+    def upper(self) -> float:
+        """The upper bound on μ̄_t (1 before any value)."""
+        return min(1.0, self.mean + self._radius()) if self.n else 1.0
 
     # ------------------------------------------------------------------ state
     def state(self) -> dict[str, Any]:
-        """Plain arrays and numbers (a checkpoint's)."""
-        return {"grid": self.grid.copy(), "alpha": self.alpha, "log_wealth": self.log_wealth.copy(),
-                "rejected": self.rejected.copy(), "n": self.n, "total": self.total}
+        """Plain numbers (a checkpoint's)."""
+        return {"alpha": self.alpha, "n": self.n, "total": self.total, "squares": self.squares}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any]) -> LowerBound:
-        log_wealth = np.asarray(state["log_wealth"], dtype=np.float64)
-        bound = cls(np.asarray(state["grid"]), float(state["alpha"]), log_wealth.shape[1])
-        rejected = np.asarray(state["rejected"], dtype=bool)
-        if log_wealth.shape != bound.log_wealth.shape or rejected.shape != bound.rejected.shape:
-            raise ConfigError(f"Expected a bound state of shape {bound.log_wealth.shape}. "
-                              f"Got {log_wealth.shape} and {rejected.shape}.")
-        bound.log_wealth, bound.rejected = log_wealth, rejected
-        bound.n, bound.total = int(state["n"]), float(state["total"])
+    def from_state(cls, state: dict[str, Any]) -> RunningMeanBound:
+        bound = cls(float(state["alpha"]))
+        bound.n, bound.total, bound.squares = (int(state["n"]), float(state["total"]),
+                                               float(state["squares"]))
+        if bound.n < 0 or not 0.0 <= bound.total <= bound.n or bound.squares < 0.0:
+            raise ConfigError(f"Expected a live bound's state with 0 <= total <= n and squares "
+                              f">= 0. Got {state!r}.")
         return bound
 
 

@@ -53,7 +53,10 @@ conservative once the learner's lower bound reaches (1 − α) × the baseline's
 conservative to online once the learner's lower bound is above the baseline's upper
 bound — each switch logged, counted and kept in the checkpoint; ``kill -USR2`` (or the
 ``Daemon.step_back`` call) forces a step back. Every change of mode restarts the
-comparisons.
+comparisons, and only decisions made under the new mode count in them: each decision
+carries the mode's ``epoch`` (:data:`~streamlearn.engine.DECISION_COLUMNS`), so those
+still in flight at the change, served under the old mode, are learned from but not
+credited to the new one.
 """
 
 from __future__ import annotations
@@ -95,6 +98,14 @@ def parse_baseline(spec: str | None, n_actions: int) -> int:
     return action
 
 
+def _averaged(average: float, rate: float, n: int) -> float:
+    """An exponential average over about :data:`AGREEMENT_WINDOW` values moved by ``n`` values
+    of mean ``rate`` (the first ones set it)."""
+    if math.isnan(average):
+        return rate
+    return average + (1.0 - (1.0 - 1.0 / AGREEMENT_WINDOW) ** n) * (rate - average)
+
+
 @dataclass(frozen=True)
 class AdoptionSettings:
     """``rollout.*``: the mode, the fallback baseline, the budget, the floor, auto switching."""
@@ -128,7 +139,10 @@ class Adoption:
         self.earned = 0.0  # live reward on events with a baseline, since the mode began
         self.events = 0
         self.agreement = math.nan
+        self.served_share = math.nan  # the learner's expected share of recent decisions
         self.history: list[dict[str, Any]] = []
+        self.epoch = 0  # mode changes so far: decisions carry it, and only the current
+        # epoch's count in the comparisons (those in flight at a change are the old mode's)
 
     def _initial_share(self) -> float:
         return {"apprentice": self.settings.explore_budget, "conservative": 0.0,
@@ -165,26 +179,34 @@ class Adoption:
                        (False, *(system.explores or (True,) * len(system.versions))))
 
     def note_decisions(self, exploit: np.ndarray, baselines: np.ndarray) -> None:
-        """How often the learner's own choice (``exploit``) is the baseline (exponential
-        average over about :data:`AGREEMENT_WINDOW` decisions with a baseline)."""
-        has = baselines >= 0
-        n = int(has.sum())
-        if not n:
+        """How often the learner's own choice (``exploit``) is the baseline, and the share of
+        the decisions the learner's side was given (the rule's share on events with a
+        baseline, all of an event without one): exponential averages over about
+        :data:`AGREEMENT_WINDOW` decisions (with a baseline, for the agreement)."""
+        if not len(baselines):
             return
-        rate = float((exploit[has] == baselines[has]).mean())
-        weight = 1.0 - (1.0 - 1.0 / AGREEMENT_WINDOW) ** n
-        self.agreement = rate if math.isnan(self.agreement) else \
-            self.agreement + weight * (rate - self.agreement)
+        has = baselines >= 0
+        self.served_share = 1.0 if self.mode == "online" else _averaged(
+            self.served_share, float(np.where(has, self.share, 1.0).mean()), len(baselines))
+        n = int(has.sum())
+        if n:
+            self.agreement = _averaged(self.agreement,
+                                       float((exploit[has] == baselines[has]).mean()), n)
 
     # ------------------------------------------------------------- watching
     def observe(self, served_by: np.ndarray, rewards: np.ndarray, baselines: np.ndarray,
-                in_flight: int) -> None:
-        """Rewards of learned decisions; ``in_flight``: decisions made and not yet learned."""
+                in_flight: int, epochs: np.ndarray | None = None) -> None:
+        """Rewards of learned decisions; ``in_flight``: decisions made and not yet learned;
+        ``epochs``: the decisions' ``epoch`` column (those of an earlier epoch, decided
+        under the mode before the last change, are left out)."""
         if self.mode == "online":
             return
         served = np.asarray(served_by)
         r = np.asarray(rewards, dtype=np.float64)
         has = np.asarray(baselines) >= 0
+        if epochs is not None:
+            has &= np.asarray(epochs) == self.epoch
+            served = np.where(has, served, 0)  # an old epoch's baseline rows are not counted
         by_baseline = served == BASELINE
         if by_baseline.any():
             self.stats["baseline"].observe(r[by_baseline])
@@ -256,6 +278,7 @@ class Adoption:
         self.share = self._initial_share()
         self.stats = {k: ArmStats(self.settings.confidence_miss) for k in self.stats}
         self.earned, self.events = 0.0, 0
+        self.epoch += 1
         self.history = [*self.history, {"from": old, "to": mode, "why": why}][-HISTORY_KEPT:]
         log.info("rollout: %s -> %s (%s)", old, mode, why)
         self.on_switch(old, mode, why)
@@ -269,7 +292,7 @@ class Adoption:
             arrays.update({f"adoption.{name}.{k}": v for k, v in a.items()})
             stats[name] = m
         return arrays, {"mode": self.mode, "configured": self.settings.mode,
-                        "share": self.share, "earned": self.earned,
+                        "share": self.share, "earned": self.earned, "epoch": self.epoch,
                         "events": self.events, "agreement": None if math.isnan(self.agreement)
                         else self.agreement, "history": self.history, "stats": stats}
 
@@ -277,9 +300,11 @@ class Adoption:
         """A checkpoint's state. Its mode wins while ``rollout.mode`` is configured as it was
         when the checkpoint was written (a restart does not undo an automatic switch or a
         step back); a newly configured mode starts afresh."""
+        self.epoch = int(meta.get("epoch", 0))
         if meta.get("configured", meta["mode"]) != self.settings.mode:
             log.info("rollout: %s configured (was %s): the comparisons start afresh",
                      self.settings.mode, meta.get("configured"))
+            self.epoch += 1  # the decisions in flight were the old mode's
             return
         self.mode = str(meta["mode"])
         if self.mode not in MODES:

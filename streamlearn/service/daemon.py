@@ -39,6 +39,7 @@ nothing twice):
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -412,11 +413,15 @@ class Daemon:
                                     learned.shed)
         if self.retraining is not None:
             self.retraining.record(closed)
-        if "served_by" in closed.columns and self.adoption.mode != "online":
+        adoption = self.adoption
+        if "served_by" in closed.columns and adoption.mode != "online":
             kept = closed.learn
-            self.adoption.observe(closed.columns["served_by"][kept], closed.rewards[kept],
-                                  closed.columns["baseline"][kept], len(self.join))
+            adoption.observe(closed.columns["served_by"][kept], closed.rewards[kept],
+                             closed.columns["baseline"][kept], len(self.join),
+                             closed.columns["epoch"][kept])
             self._report_rollout()
+        elif adoption.history or not math.isnan(adoption.agreement):
+            self._report_rollout()  # online next to a baseline: the agreement goes on
         rows = learned.applied
         if len(rows):
             drifts = self.learner.drift_detections_ - self._drifts_seen
@@ -448,6 +453,8 @@ class Daemon:
         the agreement and what each side earned."""
         a = self.adoption
         share = 1.0 if a.mode == "online" else a.share
+        if not math.isnan(a.served_share):  # events without a baseline are the learner's
+            share = a.served_share
         roles = {"learner": share}
         if self.retraining is not None and self.retraining.policy == "ranker":
             roles = {role: value * share for role, value in self.retraining.roles().items()}

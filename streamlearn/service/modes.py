@@ -151,7 +151,8 @@ class FixedActions:
             known={i: (j.action, np.asarray(j.probs), float(j.message["ts"]), j.columns)
                    for i, j in reused.items()},
             model_version=daemon.counters.model_version,
-            mixture=adoption.wrap(system, baselines, self.n_actions), baselines=baselines)
+            mixture=adoption.wrap(system, baselines, self.n_actions), baselines=baselines,
+            epoch=adoption.epoch)
         values = _reused_values(batch.ids, reused)
         fresh, probs, actions = decided.fresh, decided.probs, decided.actions
         if len(fresh):

@@ -15,8 +15,9 @@ learner keeps learning from everything logged.
 Because the serving policy is drawn at random, what each policy earns on the events
 it serves is an unbiased, on-policy estimate of its value over the same period — an
 A/B test, not an off-policy estimate. Each policy's rewards feed a betting confidence
-sequence on each side (:class:`~streamlearn.evaluation.bounds.LowerBound`, valid at
-every look), and after every learned batch:
+sequence for the running average of its conditional means
+(:class:`~streamlearn.evaluation.bounds.RunningMeanBound`: valid at every look, and for a
+policy whose value changes as it learns), and after every learned batch:
 
 * **guardrail**: the candidate is rolled back as soon as its upper bound falls below
   the lower bound of the policy it would replace (it is credibly worse);
@@ -57,7 +58,7 @@ from typing import Any
 import numpy as np
 
 from streamlearn.engine import Mixture
-from streamlearn.evaluation.bounds import BOUNDED_GAMBLERS, LowerBound
+from streamlearn.evaluation.bounds import RunningMeanBound
 
 __all__ = ["ArmStats", "Rollout", "RolloutEvent", "RolloutSettings"]
 
@@ -67,7 +68,6 @@ LEARNER = 0  # the learner's version in ``served_by``
 CONSISTENCY_EVENTS = 2000
 MIN_CONSISTENCY_EVENTS = 200
 STALL_STAGES = 10
-_GRID = np.linspace(0.0, 1.0, 101)  # values of a live mean, to 0.01
 
 
 @dataclass(frozen=True)
@@ -91,52 +91,47 @@ class RolloutSettings:
 
 class ArmStats:
     """What one policy earned on the events it served: the mean and a two-sided confidence
-    sequence (each side at α/2)."""
+    sequence for the running average of its conditional means (each side at α/2)."""
 
     def __init__(self, alpha: float) -> None:
-        self.low = LowerBound(_GRID, alpha / 2, BOUNDED_GAMBLERS)  # bets on r
-        self.high = LowerBound(_GRID, alpha / 2, BOUNDED_GAMBLERS)  # bets on 1 − r
+        self.bound = RunningMeanBound(alpha / 2)
 
     def observe(self, rewards: np.ndarray) -> None:
-        r = np.clip(np.asarray(rewards, dtype=np.float64), 0.0, 1.0)
-        self.low.update(r)
-        self.high.update(1.0 - r)
+        self.bound.update(np.clip(np.asarray(rewards, dtype=np.float64), 0.0, 1.0))
 
     @property
     def n(self) -> int:
-        return self.low.n
+        return self.bound.n
 
     @property
     def total(self) -> float:
         """The sum of the rewards observed (clipped to [0, 1])."""
-        return self.low.total
+        return self.bound.total
 
     @property
     def mean(self) -> float:
-        return self.low.total / self.low.n if self.low.n else float("nan")
+        return self.bound.mean
 
     def lower(self) -> float:
-        return self.low.lower()
+        return self.bound.lower()
 
     def upper(self) -> float:
-        return 1.0 - self.high.lower()
+        return self.bound.upper()
 
     def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays: dict[str, np.ndarray] = {}
-        meta: dict[str, Any] = {}
-        for side, bound in (("low", self.low), ("high", self.high)):
-            s = bound.state()
-            arrays[f"{side}.log_wealth"], arrays[f"{side}.rejected"] = s["log_wealth"], s["rejected"]
-            meta[side] = {"alpha": s["alpha"], "n": s["n"], "total": s["total"]}
-        return arrays, meta
+        return {}, self.bound.state()
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> ArmStats:
-        stats = cls(2 * float(meta["low"]["alpha"]))
-        for side in ("low", "high"):
-            setattr(stats, side, LowerBound.from_state({
-                "grid": _GRID, **meta[side], "log_wealth": arrays[f"{side}.log_wealth"],
-                "rejected": arrays[f"{side}.rejected"]}))
+        stats = cls(0.05)
+        if "low" in meta:  # written by a version with a constant-mean sequence per side:
+            # its n and total carry over; the squares are taken at their largest for values
+            # in [0, 1] with that mean (n·m·(1 − m)), which only widens the bound
+            old = meta["low"]
+            n, total = int(old["n"]), float(old["total"])
+            m = total / n if n else 0.0
+            meta = {"alpha": old["alpha"], "n": n, "total": total, "squares": n * m * (1.0 - m)}
+        stats.bound = RunningMeanBound.from_state(meta)
         return stats
 
 

@@ -420,6 +420,8 @@ class Caller:
         for i in range(lo, hi):
             value = {"id": f"e{i}", "x": self.rng.normal(size=D).tolist(), "ts": self.clock.t,
                      "baseline": i % K, **extra}
+            if value["baseline"] is None:  # an event without one
+                del value["baseline"]
             self.writer.append_instance(f"e{i}".encode(), orjson.dumps(value))
 
     def answer(self) -> None:
@@ -447,7 +449,8 @@ def test_the_daemon_keeps_measuring_after_a_restore(tmp_path: Path) -> None:
     first.checkpoint(final=True)
     second = daemon(broker, tmp_path, clock, rollout_mode="apprentice")
     assert second.adoption.events == 200
-    assert set(second.engine.joins.columns) == {"served_by", "gamma", "exploit", "baseline"}
+    assert set(second.engine.joins.columns) == {"served_by", "gamma", "exploit", "baseline",
+                                                "epoch"}
     caller.answer()
     drain(second)
     assert second.adoption.events == 300 == second.adoption.stats["baseline"].n
@@ -514,6 +517,74 @@ def test_sigusr2_steps_the_daemon_back_and_the_checkpoint_keeps_it(tmp_path: Pat
                        wall_clock=clock)
     restarted.restore()
     assert restarted.adoption.mode == "apprentice"  # a restart does not undo the step back
+
+
+def test_decisions_in_flight_at_a_mode_change_are_not_credited_to_the_new_mode(
+        tmp_path: Path) -> None:
+    """An outside tester saw conservative become online 68 ms after it began, on rows served
+    under apprentice: the decisions still in flight at a change were counted as the new
+    mode's evidence. They carry the epoch they were decided in; the learner still learns
+    from them, and once restored from a checkpoint they are still left out."""
+    broker, clock = InMemoryBroker(), Clock()
+    caller = Caller(broker, clock)
+    d = daemon(broker, tmp_path, clock, rollout_mode="conservative")
+    caller.publish(0, 100)
+    drain(d)  # decided under conservative (epoch 0), not yet answered
+    d.request_step_back()
+    d.step()
+    assert d.adoption.mode == "apprentice" and d.adoption.epoch == 1
+    caller.publish(100, 130)
+    drain(d)  # decided under apprentice
+    d.checkpoint(final=True)
+    d = daemon(broker, tmp_path, clock, rollout_mode="conservative")  # restored mid-flight
+    assert d.adoption.mode == "apprentice" and d.adoption.epoch == 1
+    joins = d.engine.joins
+    epochs = [int(joins.columns["epoch"][slot]) for slot in joins.slot_of.values()]
+    assert sorted(epochs) == [0] * 100 + [1] * 30
+    caller.answer()
+    drain(d)
+    assert d.adoption.events == 30 == d.adoption.stats["baseline"].n  # not 130
+    assert d.counters.learned == 130  # the learner learns from all of them
+
+
+def test_the_rollout_gauges_show_what_served_and_keep_going_once_online(tmp_path: Path) -> None:
+    """Two gauges an outside tester found wrong: ``streamlearn_rollout_share`` showed the
+    configured share though events without a baseline are all the learner's, and the
+    agreement gauge froze once the mode was online."""
+    from prometheus_client import CollectorRegistry
+
+    from streamlearn.service.metrics import PrometheusObserver
+
+    broker, clock = InMemoryBroker(), Clock()
+    caller = Caller(broker, clock)
+    registry = CollectorRegistry()
+    s = DaemonSettings(checkpoint_dir=str(tmp_path), checkpoint_every_events=10**9,
+                       checkpoint_every_seconds=1e9, limits_poll_timeout_seconds=0.0,
+                       learner_n_actions=K, learner_n_features=D, rollout_mode="apprentice",
+                       rollout_explore_budget=0.2)
+    d = Daemon(s, InMemoryTransport(broker=broker, partitions=2), learner(0.1),
+               observer=PrometheusObserver(registry), wall_clock=clock)
+    d.restore()
+    get = registry.get_sample_value
+    for lo in range(0, 400, 40):  # every other batch without a baseline
+        caller.publish(lo, lo + 20)
+        caller.publish(lo + 20, lo + 40, baseline=None)
+        drain(d)
+        caller.answer()
+        drain(d)
+    # half the events at 0.2, half (no baseline) at 1: about 0.6, not the configured 0.2
+    assert get("streamlearn_rollout_share", {"role": "learner"}) == pytest.approx(0.6, abs=0.05)
+    assert get("streamlearn_rollout_share", {"role": "baseline"}) == pytest.approx(0.4, abs=0.05)
+    d.adoption._switch("online", "for the test")
+    before = d.adoption.agreement
+    for lo in range(400, 2000, 100):
+        caller.publish(lo, lo + 100)
+        drain(d)
+        caller.answer()
+        drain(d)
+    assert d.adoption.agreement != before  # it goes on measuring online ...
+    assert get("streamlearn_baseline_agreement") == d.adoption.agreement  # ... and shows it
+    assert get("streamlearn_rollout_share", {"role": "learner"}) == 1.0
 
 
 # ------------------------------------- the learner learns its own lesson next to a baseline

@@ -12,7 +12,7 @@ from streamlearn.errors import ConfigError
 from streamlearn.evaluation.bounds import (
     BOUNDED_GAMBLERS,
     HEAVY_GAMBLERS,
-    LowerBound,
+    RunningMeanBound,
     first_crossing,
     interval_of_mean,
     lower_bound,
@@ -68,22 +68,58 @@ def test_the_gate_and_the_lower_bound_agree(seed: int, n: int, m: float) -> None
     assert crossed == (lower_bound(y, 0.05, high=4.0) >= grid_m)
 
 
-def test_the_incremental_form_is_the_batch_form_read_at_the_same_looks() -> None:
+def test_the_running_bound_is_the_same_in_pieces_and_whole_and_restores() -> None:
     rng = np.random.default_rng(3)
-    y = rng.exponential(1.0, 4000)
-    grid = np.linspace(0.0, 2.0, 33)
-    pieces = LowerBound(grid, 0.05, HEAVY_GAMBLERS)
-    for lo in range(0, 4000, 8):  # updates of 8: its looks are the batch form's looks
-        pieces.update(y[lo:lo + 8])
-    whole = LowerBound(grid, 0.05, HEAVY_GAMBLERS)
+    y = (rng.random(4000) < 0.4).astype(float)
+    pieces, whole = RunningMeanBound(0.05), RunningMeanBound(0.05)
+    for lo in range(0, 4000, 7):
+        pieces.update(y[lo:lo + 7])
     whole.update(y)
-    assert pieces.lower() == whole.lower()
-    assert (pieces.rejected == whole.rejected).all()
-    open_at = ~whole.rejected  # a rejected value's wealth is no longer followed
-    np.testing.assert_allclose(pieces.log_wealth[open_at], whole.log_wealth[open_at])
-    assert whole.lower() <= 1.0 and whole.lower() >= 0.85  # the mean is 1
-    restored = LowerBound.from_state(whole.state())
-    assert restored.lower() == whole.lower() and restored.n == 4000
+    assert pieces.n == whole.n == 4000
+    assert pieces.squares == pytest.approx(whole.squares)
+    assert pieces.lower() == pytest.approx(whole.lower())
+    assert 0.35 < whole.lower() < 0.4 < whole.upper() < 0.45
+    restored = RunningMeanBound.from_state(whole.state())
+    assert (restored.lower(), restored.upper()) == (whole.lower(), whole.upper())
+
+
+def _running_misses(seed: int, means: np.ndarray, alpha: float) -> bool:
+    """Whether the bound missed the running average of the conditional means at any look."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(len(means)) < means).astype(float)
+    bound = RunningMeanBound(alpha / 2)
+    target = np.cumsum(means) / np.arange(1, len(means) + 1)
+    for lo in range(0, len(y), 25):  # a look after every batch of 25
+        bound.update(y[lo:lo + 25])
+        t = target[lo + len(y[lo:lo + 25]) - 1]
+        if not bound.lower() <= t <= bound.upper():
+            return True
+    return False
+
+
+@pytest.mark.parametrize("shape", ["learning", "drift", "constant"])
+def test_the_running_bound_covers_a_moving_mean_at_every_look(shape: str) -> None:
+    """Coverage of μ̄_t = (1/t)·Σ μ_i at every look over 300 seeds, for a learner whose
+    mean rises from 0.1 to 0.9, a world whose mean falls at the midpoint, and a constant
+    one: misses at most α (0.05) plus three standard errors."""
+    t = np.arange(4000)
+    means = {"learning": 0.1 + 0.8 * (1 - np.exp(-t / 800)),
+             "drift": np.where(t < 2000, 0.8, 0.2),
+             "constant": np.full(4000, 0.3)}[shape]
+    misses = sum(_running_misses(seed, means, 0.05) for seed in range(300))
+    assert misses / 300 <= 0.05 + 3 * np.sqrt(0.05 * 0.95 / 300)
+
+
+def test_the_running_bound_follows_a_learner_a_constant_mean_sequence_would_not() -> None:
+    """The defect it fixes: a learner that earned 0.2 for 2,000 events and 0.9 for the next
+    6,000 — the running average is 0.725; its upper bound must be above it, and far above
+    the early 0.2 that a sequence for a constant mean held on to."""
+    rng = np.random.default_rng(5)
+    means = np.r_[np.full(2000, 0.2), np.full(6000, 0.9)]
+    bound = RunningMeanBound(0.025)
+    bound.update((rng.random(8000) < means).astype(float))
+    assert bound.lower() < means.mean() < bound.upper()
+    assert bound.upper() - bound.lower() < 0.06
 
 
 def test_bad_input_is_refused_with_what_was_expected() -> None:
@@ -91,8 +127,8 @@ def test_bad_input_is_refused_with_what_was_expected() -> None:
         lower_bound(np.ones(3), 1.5, 1.0)
     with pytest.raises(ConfigError, match=">= 0"):
         first_crossing(np.array([1.0, -1.0]), 0.05, 0.5)
-    with pytest.raises(ConfigError, match="increasing grid"):
-        LowerBound(np.array([0.5, 0.2]), 0.05)
+    with pytest.raises(ConfigError, match=r"values in \[0, 1\]"):
+        RunningMeanBound(0.05).update(np.array([0.5, 1.5]))
     with pytest.raises(ConfigError, match=r"values in \[0, 1\]"):
         interval_of_mean(np.array([0.5, 2.0]), 0.05)
     assert BOUNDED_GAMBLERS < HEAVY_GAMBLERS

@@ -148,7 +148,8 @@ def test_the_rollout_mode_and_its_switches_from_the_checkpoint(
     out = capsys.readouterr().out
     assert ("rollout mode    apprentice; the learner serves 20 %; agreement with the baseline "
             "0.750") in out
-    assert "  earned        baseline 0.6667 on 3; learner 1.0000 on 1" in out
+    assert "  earned        baseline 0.6667 [0.0000, 1.0000] on 3; learner 1.0000 [0.0000, " \
+        "1.0000] on 1" in out  # each side's interval: three events say little
     assert "  switches      0\n" in out
     assert "adoption" not in out.split("arrays")[0]  # not dumped as raw JSON
 

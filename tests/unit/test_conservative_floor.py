@@ -62,7 +62,7 @@ def test_share_is_zero_until_the_baseline_is_measured_and_slack_needs_it() -> No
 def test_floor_holds_and_the_learner_takes_over_from_a_poor_baseline() -> None:
     """Short runs of the simulator's core: three seeds of world (b) and two of world (a);
     the floor holds at every batch end and in world (b) the learner ends with the traffic."""
-    poor = [run(make_world("poor-baseline", seed, 5000), "conservative", seed)
+    poor = [run(make_world("poor-baseline", seed, 8000), "conservative", seed)
             for seed in (0, 3, 9)]
     good = [run(make_world("good-baseline", seed, 3000), "conservative", seed)
             for seed in (1, 2)]
