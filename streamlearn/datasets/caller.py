@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
@@ -34,7 +35,8 @@ import orjson
 from streamlearn.events.raw import own_copy
 from streamlearn.features import SparseBatch
 
-__all__ = ["CallerStats", "SimulatedCaller", "StreamSource", "encode_instances"]
+__all__ = ["CallerStats", "FeedbackQueue", "SimulatedCaller", "StreamSource", "encode_instances",
+           "number_of"]
 
 LABEL_RING = 1 << 20  # labels kept for decisions this many instances behind the newest
 KEEP_OUTPUTS = 1000  # last decisions / dead letters kept for inspection
@@ -167,6 +169,62 @@ class CallerStats:
     dead_letters: deque[bytes] = field(default_factory=lambda: deque(maxlen=KEEP_OUTPUTS))
 
 
+def number_of(event_id: str, prefix: str) -> int:
+    """The instance number of ``<prefix><n>``, -1 for an id of another shape."""
+    digits = event_id[len(prefix):]
+    return int(digits) if event_id.startswith(prefix) and digits.isdigit() else -1
+
+
+class FeedbackQueue:
+    """Feedback a simulated caller has scheduled: each message's due time, event id, fields
+    (``{"reward": r}``, ``{"rewards": {...}}``) and reward total, in scheduling order. One
+    queue for both callers (fixed actions and candidate sets)."""
+
+    def __init__(self) -> None:
+        self._at = np.empty(0)
+        self._reward = np.empty(0)
+        self._ids: list[str] = []
+        self._fields: list[dict[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    @property
+    def due_at(self) -> np.ndarray:
+        """Each scheduled message's due time (a copy)."""
+        return self._at.copy()
+
+    def schedule(self, now: float, ids: list[str], fields: list[dict[str, Any]],
+                 rewards: np.ndarray, dropped: np.ndarray, delay_mean_s: float,
+                 rng: np.random.Generator, stats: CallerStats) -> None:
+        """Schedule the messages not ``dropped``, each after an exponential delay of mean
+        ``delay_mean_s`` (drawn in one call, in order)."""
+        stats.dropped += int(dropped.sum())
+        keep = np.flatnonzero(~dropped)
+        delays = (rng.exponential(delay_mean_s, size=len(keep)) if delay_mean_s > 0
+                  else np.zeros(len(keep)))
+        self._at = np.concatenate([self._at, now + delays])
+        self._reward = np.concatenate([self._reward, np.asarray(rewards, np.float64)[keep]])
+        self._ids.extend(ids[i] for i in keep.tolist())
+        self._fields.extend(fields[i] for i in keep.tolist())
+
+    def due(self, now: float, stats: CallerStats) -> list[tuple[bytes, bytes]]:
+        """The messages whose time has come, as (key, value), in scheduling order."""
+        ready = self._at <= now
+        if not ready.any():
+            return []
+        out = [(self._ids[i].encode(),
+                orjson.dumps({"id": self._ids[i], **self._fields[i], "ts": now}))
+               for i in np.flatnonzero(ready).tolist()]
+        stats.feedback_sent += len(out)
+        stats.rewards_sent += float(self._reward[ready].sum())
+        later = np.flatnonzero(~ready).tolist()
+        self._at, self._reward = self._at[~ready], self._reward[~ready]
+        self._ids = [self._ids[i] for i in later]
+        self._fields = [self._fields[i] for i in later]
+        return out
+
+
 class SimulatedCaller:
     """Publishes a dataset's instances, answers their decisions; see the module docstring."""
 
@@ -179,14 +237,12 @@ class SimulatedCaller:
         self.next_instance = 0
         self._rng = np.random.default_rng([seed, 2])
         self._labels = np.full(LABEL_RING, -1, dtype=np.int64)
-        self._due = np.empty(0)  # scheduled feedback: due time, instance number, reward
-        self._due_n = np.empty(0, dtype=np.int64)
-        self._due_reward = np.empty(0)
+        self._queue = FeedbackQueue()
 
     @property
     def scheduled(self) -> int:
         """Feedback waiting for its time."""
-        return len(self._due)
+        return len(self._queue)
 
     def skip_to(self, n: int) -> None:
         """Continue the stream at instance ``n`` (earlier labels are forgotten)."""
@@ -228,9 +284,7 @@ class SimulatedCaller:
                 self.stats.unparsable_decisions += 1
                 continue
             self.stats.recent_decisions.append(own_copy(value or b""))
-            n = int(event_id[len(self.prefix):]) if event_id.startswith(self.prefix) and \
-                event_id[len(self.prefix):].isdigit() else -1
-            numbers.append(n)
+            numbers.append(number_of(event_id, self.prefix))
             actions.append(action)
         if not numbers:
             return
@@ -243,29 +297,12 @@ class SimulatedCaller:
         self._labels[n_arr % LABEL_RING] = -1  # answered once: a repeated decision is foreign
         dropped = (self.dropped(n_arr) if self.dropped is not None
                    else self._rng.random(len(n_arr)) < self.drop)
-        self.stats.dropped += int(dropped.sum())
-        keep = ~dropped
-        delays = (self._rng.exponential(self.delay_mean_s, size=int(keep.sum()))
-                  if self.delay_mean_s > 0 else np.zeros(int(keep.sum())))
-        self._due = np.concatenate([self._due, now + delays])
-        self._due_n = np.concatenate([self._due_n, n_arr[keep]])
-        self._due_reward = np.concatenate([self._due_reward,
-                                           (a_arr[keep] == labels[keep]).astype(np.float64)])
+        rewards = (a_arr == labels).astype(np.float64)
+        self._queue.schedule(now, [f"{self.prefix}{n}" for n in n_arr.tolist()],
+                             [{"reward": r} for r in rewards.tolist()], rewards,
+                             np.asarray(dropped, dtype=bool), self.delay_mean_s, self._rng,
+                             self.stats)
 
     def due(self, now: float) -> list[tuple[bytes, bytes]]:
         """The feedback messages whose time has come, as (key, value)."""
-        ready = self._due <= now
-        if not ready.any():
-            return []
-        out = []
-        for n, reward in zip(self._due_n[ready].tolist(), self._due_reward[ready].tolist(),
-                             strict=True):
-            event_id = f"{self.prefix}{n}"
-            out.append((event_id.encode(),
-                        orjson.dumps({"id": event_id, "reward": reward, "ts": now})))
-        self.stats.feedback_sent += len(out)
-        self.stats.rewards_sent += float(self._due_reward[ready].sum())
-        keep = ~ready
-        self._due, self._due_n, self._due_reward = (
-            self._due[keep], self._due_n[keep], self._due_reward[keep])
-        return out
+        return self._queue.due(now, self.stats)

@@ -26,7 +26,13 @@ from collections.abc import Sequence
 import numpy as np
 import orjson
 
-from streamlearn.datasets.caller import CallerStats, SimulatedCaller, StreamSource
+from streamlearn.datasets.caller import (
+    CallerStats,
+    FeedbackQueue,
+    SimulatedCaller,
+    StreamSource,
+    number_of,
+)
 from streamlearn.datasets.candidates import CANDIDATE_STREAMS, CandidateStream, request_cycle
 from streamlearn.datasets.catalogue import check_dataset_name
 from streamlearn.events.raw import own_copy
@@ -49,7 +55,7 @@ class CandidateCaller:
         self.next_instance = 0
         self._rng = np.random.default_rng([seed, 3])
         self._awaiting = np.zeros(AWAIT_RING, dtype=bool)
-        self._due: list[tuple[float, str, dict[str, float]]] = []
+        self._queue = FeedbackQueue()
 
     @property
     def d_x(self) -> int:
@@ -61,7 +67,8 @@ class CandidateCaller:
 
     @property
     def scheduled(self) -> int:
-        return len(self._due)
+        """Feedback waiting for its time."""
+        return len(self._queue)
 
     def skip_to(self, n: int) -> None:
         """Continue at request ``n`` (decisions of earlier requests are no longer answered)."""
@@ -96,8 +103,13 @@ class CandidateCaller:
         return out
 
     def answer(self, values: Sequence[bytes | None], now: float) -> None:
-        """Read decisions; schedule (or drop) the per-candidate rewards of each of ours."""
-        rewards = self.stream.rewards
+        """Read decisions; schedule (or drop) the per-candidate rewards of each of ours: the
+        message is ``{"rewards": {<placed candidate>: r, ...}}``, or ``{"reward": 0.0}`` when
+        none of the placed candidates is one of the request's."""
+        ids: list[str] = []
+        fields: list[dict[str, object]] = []
+        totals: list[float] = []
+        all_rewards = self.stream.rewards
         for value in values:
             try:
                 decision = orjson.loads(value or b"")
@@ -107,38 +119,28 @@ class CandidateCaller:
                 self.stats.unparsable_decisions += 1
                 continue
             self.stats.recent_decisions.append(own_copy(value or b""))
-            digits = event_id[len(self.prefix):]
-            n = int(digits) if event_id.startswith(self.prefix) and digits.isdigit() else -1
+            n = number_of(event_id, self.prefix)
             if not (0 <= n < self.next_instance and n >= self.next_instance - AWAIT_RING
                     and self._awaiting[n % AWAIT_RING]):
                 self.stats.foreign_decisions += 1
                 continue
             self._awaiting[n % AWAIT_RING] = False
             self.stats.decisions_received += 1
-            if self._rng.random() < self.drop:
-                self.stats.dropped += 1
-                continue
             start, stop = self._rows(n)
             reward_of = dict(zip(self.stream.candidate_ids[start:stop],
-                                 rewards[start:stop].tolist(), strict=True))
-            delay = self._rng.exponential(self.delay_mean_s) if self.delay_mean_s > 0 else 0.0
-            self._due.append((now + delay, event_id,
-                              {c: reward_of[c] for c in placed if c in reward_of}))
+                                 all_rewards[start:stop].tolist(), strict=True))
+            rewards = {c: reward_of[c] for c in placed if c in reward_of}
+            ids.append(event_id)
+            fields.append({"rewards": rewards} if rewards else {"reward": 0.0})
+            totals.append(float(sum(rewards.values())))
+        if ids:
+            self._queue.schedule(now, ids, fields, np.array(totals),
+                                 self._rng.random(len(ids)) < self.drop, self.delay_mean_s,
+                                 self._rng, self.stats)
 
     def due(self, now: float) -> list[tuple[bytes, bytes]]:
         """The feedback messages whose time has come, as (key, value)."""
-        ready = [d for d in self._due if d[0] <= now]
-        if not ready:
-            return []
-        self._due = [d for d in self._due if d[0] > now]
-        out = []
-        for _, event_id, rewards in ready:
-            message = {"id": event_id, "rewards": rewards, "ts": now} if rewards else \
-                {"id": event_id, "reward": 0.0, "ts": now}
-            out.append((event_id.encode(), orjson.dumps(message)))
-            self.stats.rewards_sent += float(sum(rewards.values()))
-        self.stats.feedback_sent += len(out)
-        return out
+        return self._queue.due(now, self.stats)
 
 
 def make_caller(dataset: str, data_dir: str | None, prefix: str, delay_mean_s: float,

@@ -73,7 +73,7 @@ def test_drop_and_delay() -> None:
     caller.answer([orjson.dumps({"id": f"r-{i}", "action": 0}) for i in range(n)], now=0.0)
     assert caller.stats.dropped + caller.scheduled == n
     assert 330 < caller.stats.dropped < 470  # Binomial(4000, 0.1): mean 400, sd 19
-    delays = caller._due
+    delays = caller._queue.due_at
     assert 1.8 < delays.mean() < 2.2  # Exp(mean 2): sd of the mean ≈ 0.033
 
 
