@@ -42,6 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from streamlearn.errors import TransportError
+from streamlearn.transport.buffers import Partition, PartitionBuffers
 from streamlearn.transport.kafka import OFFSETS_TIMEOUT_S, check_reachable
 from streamlearn.transport.protocol import ClientTuning, Message, Offsets, check_offsets
 
@@ -56,7 +57,6 @@ _LIBRDKAFKA = logging.getLogger("streamlearn.librdkafka")  # librdkafka's own lo
 #: this the consumer is left to the process exit.
 CLOSE_TIMEOUT_S = 5.0
 
-Partition = tuple[str, int]
 
 #: kafka-python option names (``KafkaConfig.client_options``) → librdkafka's.
 _OPTION_NAMES = {
@@ -559,59 +559,39 @@ class SharedConfluentClients:
             self.deliveries.on_delivery, self.commits.on_commit)
         self.bootstrap_servers = bootstrap_servers
         self.fetch_max_records = fetch_max_records
-        self._assigned: dict[Partition, Any] = {}
-        self._buffers: dict[Partition, deque[Message]] = {}
+        self._partitions = PartitionBuffers()
         self._closed = False
 
     def attach(self, partitions: Mapping[Partition, Any]) -> None:
         """Add a transport's partitions to the consumer's assignment."""
-        taken = sorted(set(partitions) & set(self._assigned))
-        if taken:
-            raise TransportError(f"partitions {taken} are read by another transport already")
-        self._assigned.update(partitions)
-        self._buffers.update({tp: deque() for tp in partitions})
+        self._partitions.attach(partitions)
         self.consumer.incremental_assign(list(partitions.values()))
 
     def detach(self, partitions: Iterable[Partition]) -> None:
         """Remove a (closing) transport's partitions and their buffered records."""
-        gone = [self._assigned.pop(tp) for tp in list(partitions) if tp in self._assigned]
-        for tp in gone:
-            self._buffers.pop((tp.topic, tp.partition), None)
+        gone = self._partitions.detach(list(partitions))
         if gone and not self._closed:
             self.consumer.incremental_unassign(gone)
 
     def forget_buffered(self, partitions: Iterable[Partition]) -> None:
-        for tp in partitions:
-            if tp in self._buffers:
-                self._buffers[tp].clear()
+        self._partitions.forget(partitions)
 
     def buffered(self, partition: Partition) -> int:
         """Records of ``partition`` fetched but not yet taken."""
-        buffer = self._buffers.get(partition)
-        return 0 if buffer is None else len(buffer)
+        return self._partitions.buffered(partition)
 
     def take(self, partitions: Iterable[Partition], max_records: int,
              timeout_s: float) -> list[Message]:
         """Up to ``max_records`` buffered records of ``partitions`` (a consume of at most
         ``timeout_s`` first when none is buffered)."""
-        mine = [self._buffers[tp] for tp in partitions if tp in self._buffers]
-        if not any(mine):
-            self.fill(timeout_s)
-        out: list[Message] = []
-        for buffer in mine:
-            while buffer and len(out) < max_records:
-                out.append(buffer.popleft())
-        return out
+        return self._partitions.take(partitions, max_records, lambda: self.fill(timeout_s))
 
     def fill(self, timeout_s: float) -> None:
         """Buffer what one consume of at most ``timeout_s`` reads (serving the callbacks)."""
         records = _records(_consume(self.consumer, self.fetch_max_records, timeout_s),
                            self.bootstrap_servers)
         self.producer.poll(0)
-        for m in records:
-            buffer = self._buffers.get((m.topic, m.partition))
-            if buffer is not None:  # a partition detached meanwhile: not ours to keep
-                buffer.append(m)
+        self._partitions.put(records)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close both clients (after the transports: their ``close`` flushes)."""

@@ -21,17 +21,14 @@ Single-threaded, like the transports: the replica steps its daemons in turn.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from streamlearn.errors import TransportError
+from streamlearn.transport.buffers import Partition, PartitionBuffers
 from streamlearn.transport.kafka import open_clients, to_message
 from streamlearn.transport.protocol import ClientTuning, Message
 
 __all__ = ["SharedKafkaClients"]
-
-Partition = tuple[str, int]
 
 
 class SharedKafkaClients:
@@ -52,58 +49,36 @@ class SharedKafkaClients:
         self.consumer, self.producer = open_clients(bootstrap_servers, group_id, client_options,
                                                     auto_offset_reset, tuning)
         self.fetch_max_records = fetch_max_records
-        self._assigned: dict[Partition, Any] = {}  # (topic, partition) → kafka TopicPartition
-        self._buffers: dict[Partition, deque[Message]] = {}
+        self._partitions = PartitionBuffers()
         self._closed = False
 
     def attach(self, partitions: Mapping[Partition, Any]) -> None:
         """Add a transport's partitions to the consumer's assignment."""
-        taken = sorted(set(partitions) & set(self._assigned))
-        if taken:
-            raise TransportError(f"partitions {taken} are read by another transport already")
-        self._assigned.update(partitions)
-        self._buffers.update({tp: deque() for tp in partitions})
-        self.consumer.assign(list(self._assigned.values()))
+        self._partitions.attach(partitions)
+        self.consumer.assign(list(self._partitions.assigned.values()))
 
     def detach(self, partitions: Iterable[Partition]) -> None:
         """Remove a (closing) transport's partitions and their buffered records."""
-        gone = [tp for tp in partitions if tp in self._assigned]
-        for tp in gone:
-            del self._assigned[tp], self._buffers[tp]
-        if gone and not self._closed:
-            self.consumer.assign(list(self._assigned.values()))
+        if self._partitions.detach(partitions) and not self._closed:
+            self.consumer.assign(list(self._partitions.assigned.values()))
 
     def forget_buffered(self, partitions: Iterable[Partition]) -> None:
-        for tp in partitions:
-            if tp in self._buffers:
-                self._buffers[tp].clear()
+        self._partitions.forget(partitions)
 
     def buffered(self, partition: Partition) -> int:
         """Records of ``partition`` fetched but not yet taken."""
-        buffer = self._buffers.get(partition)
-        return 0 if buffer is None else len(buffer)
+        return self._partitions.buffered(partition)
 
     def take(self, partitions: Iterable[Partition], max_records: int,
              timeout_s: float) -> list[Message]:
         """Up to ``max_records`` buffered records of ``partitions`` (a consumer poll of at most
         ``timeout_s`` first when none is buffered). kafka-python errors propagate."""
-        mine = [self._buffers[tp] for tp in partitions if tp in self._buffers]
-        if not any(mine):
-            self._fill(timeout_s)
-        out: list[Message] = []
-        for buffer in mine:
-            while buffer and len(out) < max_records:
-                out.append(buffer.popleft())
-        return out
+        return self._partitions.take(partitions, max_records, lambda: self._fill(timeout_s))
 
     def _fill(self, timeout_s: float) -> None:
         batches = self.consumer.poll(timeout_ms=int(timeout_s * 1000),
                                      max_records=self.fetch_max_records)
-        for records in batches.values():
-            for r in records:
-                buffer = self._buffers.get((r.topic, r.partition))
-                if buffer is not None:  # a partition detached meanwhile: not ours to keep
-                    buffer.append(to_message(r))
+        self._partitions.put(to_message(r) for records in batches.values() for r in records)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close both clients (after the transports: their ``close`` flushes)."""
