@@ -101,6 +101,21 @@ def test_the_state_round_trips_and_the_restored_rollout_goes_on_alike() -> None:
     assert again.shares() == rollout.shares()
 
 
+def test_a_checkpoint_of_the_constant_mean_sequences_starts_the_comparison_afresh() -> None:
+    """A checkpoint written when each side was a constant-mean betting sequence (``low`` and
+    ``high`` states) cannot carry its evidence over to the running-average sequence (the
+    squared prediction errors were not kept): the comparison starts afresh, at its level."""
+    from streamlearn.service.rollout import ArmStats
+
+    old = {"low": {"alpha": 0.025, "n": 400, "total": 100.0},
+           "high": {"alpha": 0.025, "n": 400, "total": 300.0}}
+    arm = ArmStats.from_state({"low.log_wealth": np.zeros((101, 8))}, old)
+    assert arm.n == 0 and (arm.lower(), arm.upper()) == (0.0, 1.0)
+    assert arm.bound.alpha == 0.025
+    arm.observe(np.ones(50))
+    assert arm.n == 50 and arm.lower() > 0.5
+
+
 # ------------------------------------------------------------------ self-consistency
 K, EPS = 10, 0.01
 
