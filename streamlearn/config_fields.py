@@ -36,7 +36,7 @@ from typing import Any
 from streamlearn.errors import ConfigError
 
 __all__ = ["FieldSpec", "convert", "decimal_float", "decimal_int", "format_weights",
-           "parse_weights", "spec"]
+           "parse_constant_action", "parse_weights", "spec"]
 
 _NONE_WORDS = ("", "none", "null")
 _INT64 = 2**63
@@ -77,8 +77,9 @@ def spec(default: Any, help: str, *, gt: float | None = None, ge: float | None =
     can be created), ``"path"`` (any path), ``"weights"`` (names with a weight
     >= 0 each: a TOML table ``{click = 1, conversion = 10}``, or in any source the
     text ``click=1,conversion=10``; kept as that text, :func:`parse_weights` reads
-    it). ``check`` says why a converted value is invalid ('' when it is valid; for
-    ``"weights"`` it is given the mapping).
+    it), ``"constant-action"`` (``constant:A``, an action A >= 0; kept as that text,
+    :func:`parse_constant_action` normalises it). ``check`` says why a converted value is
+    invalid ('' when it is valid; for ``"weights"`` it is given the mapping).
     """
     meta = {"help": help, "gt": gt, "ge": ge, "le": le, "choices": choices, "kind": kind,
             "check": check}
@@ -102,6 +103,39 @@ def parse_weights(text: str | None) -> dict[str, float]:
             raise ValueError(f"{name.strip()!r:.60} is given twice")
         out[name.strip()] = decimal_float(number)
     return out
+
+
+#: Digits an action of ``constant:A`` may have (more is no action: K is far smaller)
+_MAX_ACTION_DIGITS = 18
+
+
+def parse_constant_action(text: str) -> str:
+    """A ``"constant-action"`` field's text as ``constant:A``, or ValueError saying why not.
+
+    ``constant`` is case-insensitive and blanks around either part are ignored (as choices
+    are case-insensitive and values stripped elsewhere); the action is written with the
+    digits 0-9. Whether A is below the number of actions is checked once that is known.
+
+    >>> parse_constant_action(" Constant : 2 ")
+    'constant:2'
+    >>> parse_constant_action("constant:x")
+    Traceback (most recent call last):
+    ...
+    ValueError: the action after ':' must be an integer >= 0 written with the digits 0-9, got 'x'
+    """
+    kind, sep, action = text.strip().partition(":")
+    if not sep:
+        raise ValueError("no ':' in it (a constant action is written constant:A, e.g. "
+                         "constant:0)")
+    if kind.strip().lower() != "constant":
+        raise ValueError(f"the kind before ':' must be 'constant', got {kind.strip()!r:.40}")
+    number = action.strip()
+    if not re.fullmatch(r"[0-9]+", number, re.ASCII):
+        raise ValueError(f"the action after ':' must be an integer >= 0 written with the digits "
+                         f"0-9, got {number!r:.40}")
+    if len(number.lstrip("0")) > _MAX_ACTION_DIGITS:
+        raise ValueError(f"the action after ':' has more than {_MAX_ACTION_DIGITS} digits")
+    return f"constant:{int(number.lstrip('0') or '0')}"
 
 
 def format_weights(weights: Mapping[str, float]) -> str:
@@ -150,6 +184,8 @@ class FieldSpec:
             text = "the path of an existing file"
         elif self.kind == "dir":
             text = "a directory (existing, or one that can be created)"
+        elif self.kind == "constant-action":
+            text = "'constant:A' with an action A (an integer >= 0)"
         elif self.kind == "weights":
             text = ("names with a weight >= 0 each: a table {name = weight, ...} in the file, "
                     "'name=weight,...' anywhere")
@@ -290,6 +326,17 @@ def _weights(fs: FieldSpec, raw: Any, origin: str) -> str | None:
     return format_weights(weights) or None
 
 
+def _constant_action(fs: FieldSpec, raw: Any, origin: str) -> str:
+    """A ``"constant-action"`` field's value as ``constant:A``."""
+    if not isinstance(raw, str):  # a TOML number or table
+        number = isinstance(raw, int) and not isinstance(raw, bool)
+        raise _fail(fs, raw, origin, f'write it as a string: "constant:{raw}"' if number else "")
+    try:
+        return parse_constant_action(raw)
+    except ValueError as exc:
+        raise _fail(fs, raw, origin, str(exc)) from None
+
+
 def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
     """``raw`` as the field's type, validated.
 
@@ -306,6 +353,8 @@ def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
         return _parse_number(fs, raw, origin, text)
     if fs.kind == "weights":
         return _weights(fs, raw, origin)
+    if fs.kind == "constant-action":
+        return _constant_action(fs, raw, origin)
     if not isinstance(raw, (str, Path)):
         raise _fail(fs, raw, origin)
     value = str(raw).strip()

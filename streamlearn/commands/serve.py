@@ -34,7 +34,14 @@ from prometheus_client import CollectorRegistry, ProcessCollector, disable_creat
 
 from streamlearn.commands.progress import ProgressLine, number_or_dash
 from streamlearn.commands.stream_options import integer, number
-from streamlearn.config import Config, env_name, field_specs, flag_name, load_config
+from streamlearn.config import (
+    Config,
+    check_baseline_action,
+    env_name,
+    field_specs,
+    flag_name,
+    load_config,
+)
 from streamlearn.errors import ConfigError
 from streamlearn.service.http import MetricsServer
 from streamlearn.service.metrics import PrometheusObserver
@@ -80,6 +87,8 @@ def _metavar(fs: Any) -> str:
         return "DIR"
     if fs.kind == "weights":
         return "TYPE=WEIGHT,..."
+    if fs.kind == "constant-action":
+        return "constant:A"
     return {int: "N", float: "X", bool: "{true,false}"}.get(fs.base, "TEXT")
 
 
@@ -327,6 +336,9 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
     dims = _candidate_dimensions(config, transport)
     if dims is None:
         n_actions, n_features = _dimensions(config, transport)
+        if config.embedded_mode:  # with Kafka load_config has checked it against K
+            check_baseline_action(config, n_actions, f"the embedded dataset "
+                                  f"'{config.embedded.dataset}' has {n_actions} actions")
         learner = build_learner(config, n_actions, n_features)
         settings = dataclasses.replace(config.to_daemon_settings(), learner_n_actions=n_actions,
                                        learner_n_features=n_features)
@@ -334,6 +346,9 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
     from streamlearn.candidates.learners import CANDIDATE_LEARNERS
 
     d_x, d_c = dims
+    if config.embedded_mode:  # the daemon parses it against learner.n_actions here too
+        check_baseline_action(config, config.learner.n_actions,
+                              f"learner.n_actions = {config.learner.n_actions}")
     learner_class = CANDIDATE_LEARNERS[config.candidates.learner]
     settings = dataclasses.replace(config.to_daemon_settings(), candidates_enabled=True,
                                    candidates_shared_features=d_x,
