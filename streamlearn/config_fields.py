@@ -89,19 +89,41 @@ def spec(default: Any, help: str, *, gt: float | None = None, ge: float | None =
 def parse_weights(text: str | None) -> dict[str, float]:
     """The mapping of a ``"weights"`` field's text (``'a=1,b=2.5'``; None or '': empty).
 
+    Items are ``name=weight`` separated by one ``,`` (blanks around a part are ignored); an
+    empty item (``a=1,,b=2``, a ``,`` at either end), a name or a weight missing, a weight
+    that is no number written with the digits 0-9, or a name given twice is a ValueError
+    saying which.
+
     >>> parse_weights("click=1, conversion=10")
     {'click': 1.0, 'conversion': 10.0}
+    >>> parse_weights("click=1,,conversion=10")
+    Traceback (most recent call last):
+    ...
+    ValueError: item 2 of 3 is empty (items are name=weight separated by one ',')
     """
     out: dict[str, float] = {}
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        name, sep, number = part.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"expected name=weight, got {part.strip()!r:.60}")
-        if name.strip() in out:
-            raise ValueError(f"{name.strip()!r:.60} is given twice")
-        out[name.strip()] = decimal_float(number)
+    if text is None or not text.strip():
+        return out
+    parts = text.split(",")
+    for i, part in enumerate(parts, 1):
+        item = part.strip()
+        if not item:
+            raise ValueError(f"item {i} of {len(parts)} is empty (items are name=weight "
+                             f"separated by one ',')")
+        name, sep, number = (p.strip() for p in item.partition("="))
+        if not sep:
+            raise ValueError(f"expected name=weight, got {item!r:.60}")
+        if not name:
+            raise ValueError(f"expected a name before '=', got {item!r:.60}")
+        if not number:
+            raise ValueError(f"expected a weight after '=', got {item!r:.60}")
+        if name in out:
+            raise ValueError(f"{name!r:.60} is given twice")
+        try:
+            out[name] = decimal_float(number)
+        except ValueError:
+            raise ValueError(f"the weight of {name!r:.60} must be a number written with the "
+                             f"digits 0-9, got {number!r:.40}") from None
     return out
 
 
@@ -319,7 +341,8 @@ def _weights(fs: FieldSpec, raw: Any, origin: str) -> str | None:
         raise _fail(fs, raw, origin, str(exc)) from None
     for name, weight in weights.items():
         if not math.isfinite(weight) or weight < 0:
-            raise _fail(fs, raw, origin, f"the weight of {name!r:.60} must be finite and >= 0")
+            raise _fail(fs, raw, origin, f"the weight of {name!r:.60} must be finite and >= 0, "
+                                         f"got {weight:g}")
     why = fs.check(weights) if fs.check is not None else ""
     if why:
         raise _fail(fs, raw, origin, why)

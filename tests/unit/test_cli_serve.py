@@ -59,7 +59,11 @@ def test_help_documents_every_config_field_in_groups() -> None:
     (["--checkpoint-dir", str(REPO / "README.md"), "--max-events", "1"],
      "checkpoint.dir must be a directory (existing, or one that can be created) (or unset). "
      f"Got '{REPO / 'README.md'}' (from --checkpoint-dir): it exists and is not a directory."),
-    (["--rollout-baseline", "constant:x"],
+    (["--join-reward-weights", "click=1,,conversion=2", "--max-events", "1"],
+     "join.reward_weights must be names with a weight >= 0 each: a table {name = weight, ...} in "
+     "the file, 'name=weight,...' anywhere (or unset). Got 'click=1,,conversion=2' (from "
+     "--join-reward-weights): item 2 of 3 is empty (items are name=weight separated by one ',')."),
+    (["--rollout-baseline", "constant:x", "--max-events", "1"],
      "rollout.baseline must be 'constant:A' with an action A (an integer >= 0) (or unset). Got "
      "'constant:x' (from --rollout-baseline): the action after ':' must be an integer >= 0"),
     (["--rollout-baseline", " CONSTANT:12", "--max-events", "1"],  # K known at serve: 9
