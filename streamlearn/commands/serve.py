@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -413,21 +413,35 @@ class Progress:
                                   extra, cumulative=cumulative)
 
     @contextmanager
-    def every(self, seconds: float) -> Iterator[None]:
-        """Print :meth:`line` every ``seconds`` from a background thread while inside."""
+    def every(self, seconds: float) -> Iterator[Callable[[], None]]:
+        """Print :meth:`line` every ``seconds`` from a background thread while inside.
+
+        Yields ``stop``: once it returns no progress line is printed any more (a line being
+        written is finished first), so a final line printed after it is the last line —
+        printed while the thread ran, a progress line could follow it, or land inside it
+        (``print`` writes the text and the newline separately).
+        """
         done = threading.Event()
+        lock = threading.Lock()  # a line is made and printed whole, or not at all after stop
 
         def loop() -> None:
             while not done.wait(seconds):
-                print(self.line(), file=self.out, flush=True)
+                with lock:
+                    if done.is_set():
+                        return
+                    print(self.line(), file=self.out, flush=True)
+
+        def stop() -> None:
+            with lock:
+                done.set()
+            thread.join(timeout=2)
 
         thread = threading.Thread(target=loop, name="streamlearn-progress", daemon=True)
         thread.start()
         try:
-            yield
+            yield stop
         finally:
-            done.set()
-            thread.join(timeout=2)
+            stop()
 
     def summary(self, daemon: Any, seen: int, elapsed: float) -> str:
         """The final line: rates, the fate of every decision, the error rates, memory."""
@@ -547,10 +561,6 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
             stack.callback(server.stop)
             print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
                   file=out, flush=True)
-        progress = Progress(registry, out, getattr(transport, "stats", None),
-                            slots=settings.candidates_enabled)
-        if progress_s > 0:
-            stack.enter_context(progress.every(progress_s))
         if settings.rollout_mode != "online":
             print(f"streamlearn serve: rollout {settings.rollout_mode} next to the caller's "
                   f"baseline (explore budget {settings.rollout_explore_budget:g}, alpha "
@@ -568,13 +578,22 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
         stack.enter_context(_stop_on_signals(
             stop, retraining.request_rollback if retraining is not None else None,
             daemon.request_step_back))
+        progress = Progress(registry, out, getattr(transport, "stats", None),
+                            slots=settings.candidates_enabled)
+        stop_progress = (stack.enter_context(progress.every(progress_s)) if progress_s > 0
+                         else _nothing)
         started = time.monotonic()
         daemon.run(max_instances=max_events)
         elapsed = time.monotonic() - started
+        stop_progress()  # the final line is the last (also while /metrics lingers)
         print(progress.summary(daemon, daemon.instances_this_run, elapsed), file=out, flush=True)
         if linger_s > 0 and not stopping.is_set():
             stopping.wait(linger_s)
     return 0
+
+
+def _nothing() -> None:
+    """What stops the progress lines when there are none."""
 
 
 def _add_process_metrics(registry: CollectorRegistry) -> None:
@@ -602,7 +621,7 @@ def _serve_group(config: Config, max_events: int | None, progress_s: float,
             stack.callback(server.stop)
             print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
                   file=out, flush=True)
-        if progress_s > 0:
-            stack.enter_context(Progress(registry, out).every(progress_s))
+        stop_progress = (stack.enter_context(Progress(registry, out).every(progress_s))
+                         if progress_s > 0 else _nothing)
         stack.enter_context(_stop_on_signals(replica.request_stop))
-        return serve_replica(replica, max_events, out)
+        return serve_replica(replica, max_events, out, before_summary=stop_progress)
