@@ -379,7 +379,13 @@ class Progress:
     """Periodic one-line progress reports read from the metrics registry (thread-safe).
 
     In candidate mode (``slots=True``) an event is a request, and feedback is counted per
-    placed slot: the labels say so.
+    placed slot: the labels say so. Next to a baseline (rollout mode apprentice or
+    conservative, read from the mode gauge: it may change while serving) what is published
+    is the baseline's choice on most events, so the error rates and γ, which are those of
+    the published decisions, say so (``published cum-error``, ``published γ``), and the
+    line adds the learner's side: the share it serves, the error (1 − mean reward) each side
+    made on the events it served since the mode began, and how often the learner's own
+    choice is the baseline.
     """
 
     def __init__(self, registry: CollectorRegistry, out: Any, stats: Any = None,
@@ -398,7 +404,9 @@ class Progress:
                       for e in ("true", "false"))
         gamma = self._get("streamlearn_exploration_gamma") if decided > 0 else None
         per = "-slots" if self.slots else ""
-        extra = [("γ", number_or_dash(gamma)),
+        beside = self.rollout_mode() is not None
+        extra = [("published γ" if beside else "γ", number_or_dash(gamma)),
+                 *(self._learner_side() if beside else ()),
                  (f"joined{per}",
                   f"{self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}"),
                  (f"pending{per}", f"{self._get('streamlearn_pending_joins'):,.0f}")]
@@ -410,7 +418,26 @@ class Progress:
         # cum: the tracker's rate, which a restored checkpoint carries over (NaN before any round)
         cumulative = self._get("streamlearn_error_rate") if rounds > 0 else None
         return self.progress.line(self._get("streamlearn_instances_total"), rounds, mistakes,
-                                  extra, cumulative=cumulative)
+                                  extra, cumulative=cumulative, of="published" if beside else "")
+
+    def rollout_mode(self) -> str | None:
+        """'apprentice' or 'conservative' when the daemon serves next to a baseline, else
+        None (online, or no rollout gauge yet)."""
+        return next((mode for mode in ("apprentice", "conservative") if self.registry
+                     .get_sample_value("streamlearn_rollout_mode", {"mode": mode}) == 1.0), None)
+
+    def _learner_side(self) -> list[tuple[str, str]]:
+        """Next to a baseline: the share of the events the learner serves (with the rankers
+        it rolls out), the error (1 − mean reward) of each side on the events it served since
+        the mode began (– before it served any), how often the learner's choice is the
+        baseline."""
+        pairs = [("learner-share", number_or_dash(
+            1.0 - self._get("streamlearn_rollout_share", {"role": "baseline"})))]
+        for side in ("learner", "baseline"):
+            value = self._get("streamlearn_policy_live_value", {"policy": side})
+            pairs.append((f"{side}-error", number_or_dash(1.0 - value)))
+        pairs.append(("agreement", number_or_dash(self._get("streamlearn_baseline_agreement"))))
+        return pairs
 
     @contextmanager
     def every(self, seconds: float) -> Iterator[Callable[[], None]]:
@@ -457,12 +484,17 @@ class Progress:
         ewma = self.progress.ewma.update(self._get("streamlearn_rewards_total") + mistakes,
                                          mistakes)
         learned = tracker.rounds > 0  # before the first round the tracker's rates read 0
-        text = (f"cum-error {number_or_dash(tracker.error_rate if learned else None)}, "
-                f"ewma-error {number_or_dash(ewma)}, window-error "
+        mode = self.rollout_mode()
+        of = "published " if mode else ""
+        text = (f"{of}cum-error {number_or_dash(tracker.error_rate if learned else None)}, "
+                f"{of}ewma-error {number_or_dash(ewma)}, {of}window-error "
                 f"{number_or_dash(tracker.window_error_rate if learned else None)}")
         if tracker.rounds < EARLY_ROUNDS:
             text += (f" (over {tracker.rounds} learned {'slots' if self.slots else 'rounds'} "
                      f"only: too few to judge the learner, which has barely started)")
+        if mode:
+            text += f"; rollout {mode}: " + ", ".join(
+                f"{label} {value}" for label, value in self._learner_side())
         return text
 
 

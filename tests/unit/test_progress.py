@@ -143,3 +143,55 @@ def test_a_replica_stops_its_progress_lines_before_its_final_line() -> None:
     assert serve_replica(Replica(), 5, Out(),  # type: ignore[arg-type]
                          before_summary=lambda: said.append("progress stopped")) == 0
     assert said == ["run", "progress stopped", "final line"]
+
+
+# ------------------------------------------------- next to a baseline
+def _observed(mode: str) -> tuple[Progress, PrometheusObserver]:
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+    observer.on_instances(1000)
+    observer.on_decisions(1000, n_explored=50, latencies_s=np.zeros(1000))
+    observer.on_gamma(0.05)
+    observer.on_rewards(750.0)
+    observer.on_mistakes(250.0)
+    observer.on_error_rates(0.25, 0.3, 0.2)
+    observer.on_rollout({"learner": 0.1, "baseline": 0.9})
+    observer.on_rollout_mode(mode, 0.05, float("nan"))
+    return Progress(registry, out=None), observer
+
+
+@pytest.mark.parametrize("mode", ["apprentice", "conservative"])
+def test_next_to_a_baseline_the_line_says_its_errors_are_the_published_decisions(
+        mode: str) -> None:
+    """In apprentice mode γ was the explore budget and cum-error the baseline's error, both
+    unlabelled: they are the published decisions', and the learner's side is shown beside."""
+    progress, observer = _observed(mode)
+    line = progress.line()
+    assert ("published cum-error 0.2500  published ewma-error 0.2500  published γ 0.0500  "
+            "learner-share 0.1000  learner-error –  baseline-error –  agreement 0.0500  "
+            "joined ") in line, line
+    assert not re.search(r"(?<!published) (cum-error|ewma-error|γ) ", line), line
+    observer.on_policy_live_value("learner", 0.7)
+    observer.on_policy_live_value("baseline", 0.25)
+    line = progress.line()
+    assert _value(line, "learner-error") == "0.3000" and _value(line, "baseline-error") == "0.7500"
+
+
+def test_online_the_line_is_unchanged() -> None:
+    progress, _ = _observed("online")
+    line = progress.line()
+    assert "cum-error 0.2500  ewma-error 0.2500  γ 0.0500  joined " in line
+    assert "published" not in line and "learner-share" not in line
+
+
+def test_an_apprentice_run_labels_its_final_line_too() -> None:
+    config = load_config(environ={}, cli={"metrics.port": "-1", "rollout.mode": "apprentice",
+                                          "rollout.baseline": "constant:0",
+                                          "embedded.delay_mean_seconds": "0"})
+    out = io.StringIO()
+    assert serve(config, max_events=2000, progress_s=0, out=out) == 0
+    last = out.getvalue().splitlines()[-1]
+    assert re.search(r"; published cum-error 0\.\d{4}, published ewma-error 0\.\d{4}, "
+                     r"published window-error 0\.\d{4}; rollout apprentice: learner-share "
+                     r"0\.0000, learner-error –, baseline-error 0\.\d{4}, agreement 0\.\d{4}; "
+                     r"peak RSS", last), last
