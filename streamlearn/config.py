@@ -48,6 +48,7 @@ __all__ = [
     "LimitsConfig",
     "MetricsConfig",
     "TopicsConfig",
+    "check_baseline_action",
     "env_name",
     "field_specs",
     "flag_name",
@@ -296,7 +297,8 @@ class RolloutConfig:
                      "reward >= (1 - alpha) x the baseline's; online: the learner decides",
                      choices=("apprentice", "conservative", "online"))
     baseline: str | None = spec(None, "the baseline of events that carry none: constant:A "
-                                "(an action)")
+                                "(an action; 'constant' in any case, blanks around a part "
+                                "ignored)", kind="constant-action")
     explore_budget: float = spec(0.0, "apprentice: the share of events the learner serves "
                                  "(0: none; > 0 measures it and makes off-policy estimates "
                                  "of it possible)", ge=0, le=1)
@@ -384,6 +386,14 @@ class Config:
     candidates: CandidatesConfig = field(default_factory=CandidatesConfig)
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
     source: str | None = None  # the config file it was read from, if any
+    #: where each setting given came from ("section.key" -> flag, variable or file), for
+    #: errors found once the daemon is built (a setting absent here has its default)
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def origin(self, key: str) -> str:
+        """Where setting ``key`` ("section.name") came from: a flag, a variable, the file,
+        or 'the default'."""
+        return self.origins.get(key, "the default")
 
     @property
     def embedded_mode(self) -> bool:
@@ -485,26 +495,28 @@ def load_config(
         Path(env["STREAMLEARN_CONFIG"]) if env.get("STREAMLEARN_CONFIG") else None)
     file_values = _read_file(file_path) if file_path is not None else {}
     sections: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
-    given: set[str] = set()  # keys set by the CLI, the environment or the file
+    origins: dict[str, str] = {}  # keys set by the CLI, the environment or the file
     for fs in field_specs():
         key, env_key = f"{fs.section}.{fs.name}", env_name(fs.section, fs.name)
         # every value given is checked, also one a higher source overrides (a bad value in
         # the file is an error the day the flag that hides it is dropped); the last wins
-        values = [convert(fs, raw, origin, text) for raw, origin, text in (
+        sources = [
             *(((file_values[fs.section][fs.name], str(file_path), False),)
               if fs.name in file_values.get(fs.section, {}) else ()),
             *(((env[env_key], env_key, True),) if env_key in env else ()),
             *(((cli[key], flag_name(fs.section, fs.name), True),)
-              if key in cli and cli[key] is not None else ()))]
+              if key in cli and cli[key] is not None else ())]
+        values = [convert(fs, raw, origin, text) for raw, origin, text in sources]
         sections[fs.section][fs.name] = values[-1] if values else fs.default
-        if values:
-            given.add(key)
+        if sources:
+            origins[key] = sources[-1][1]
+    given = set(origins)
     _warn_near_misses(env)
     if "exploration.gamma" in given and "exploration.name" not in given:
         # `--gamma 0.1` alone means a fixed γ of 0.1 (as in replay), not an ignored value
         sections["exploration"]["name"] = "fixed"
     config = Config(**{s: SECTIONS[s](**v) for s, v in sections.items()},
-                    source=str(file_path) if file_path is not None else None)
+                    source=str(file_path) if file_path is not None else None, origins=origins)
     _check_consistency(config)
     return config
 
@@ -572,3 +584,20 @@ def _check_consistency(config: Config) -> None:
                           f"{config.checkpoint.dir!r}.")
     if config.exploration.name == "fixed" and config.exploration.gamma is None:
         raise ConfigError("exploration.gamma must be set for the fixed strategy. Got nothing.")
+    if not config.embedded_mode:  # K is learner.n_actions (embedded: the dataset's, at serve)
+        check_baseline_action(config, config.learner.n_actions,
+                              f"learner.n_actions = {config.learner.n_actions}")
+
+
+def check_baseline_action(config: Config, n_actions: int, why: str) -> None:
+    """Refuse a ``rollout.baseline`` (``constant:A``, its syntax checked by :func:`load_config`)
+    whose action is not among the ``n_actions`` actions, naming where it came from; ``why``
+    says where K came from."""
+    spec_text = config.rollout.baseline
+    if spec_text is None:
+        return
+    action = int(spec_text.partition(":")[2])
+    if not 0 <= action < n_actions:
+        raise ConfigError(f"rollout.baseline must be 'constant:A' with an action A in [0, "
+                          f"{n_actions}) ({why}). Got {spec_text!r} (from "
+                          f"{config.origin('rollout.baseline')}).")

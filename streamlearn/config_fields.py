@@ -36,7 +36,7 @@ from typing import Any
 from streamlearn.errors import ConfigError
 
 __all__ = ["FieldSpec", "convert", "decimal_float", "decimal_int", "format_weights",
-           "parse_weights", "spec"]
+           "parse_constant_action", "parse_weights", "spec"]
 
 _NONE_WORDS = ("", "none", "null")
 _INT64 = 2**63
@@ -77,8 +77,9 @@ def spec(default: Any, help: str, *, gt: float | None = None, ge: float | None =
     can be created), ``"path"`` (any path), ``"weights"`` (names with a weight
     >= 0 each: a TOML table ``{click = 1, conversion = 10}``, or in any source the
     text ``click=1,conversion=10``; kept as that text, :func:`parse_weights` reads
-    it). ``check`` says why a converted value is invalid ('' when it is valid; for
-    ``"weights"`` it is given the mapping).
+    it), ``"constant-action"`` (``constant:A``, an action A >= 0; kept as that text,
+    :func:`parse_constant_action` normalises it). ``check`` says why a converted value is
+    invalid ('' when it is valid; for ``"weights"`` it is given the mapping).
     """
     meta = {"help": help, "gt": gt, "ge": ge, "le": le, "choices": choices, "kind": kind,
             "check": check}
@@ -88,20 +89,75 @@ def spec(default: Any, help: str, *, gt: float | None = None, ge: float | None =
 def parse_weights(text: str | None) -> dict[str, float]:
     """The mapping of a ``"weights"`` field's text (``'a=1,b=2.5'``; None or '': empty).
 
+    Items are ``name=weight`` separated by one ``,`` (blanks around a part are ignored); an
+    empty item (``a=1,,b=2``, a ``,`` at either end), a name or a weight missing, a weight
+    that is no number written with the digits 0-9, or a name given twice is a ValueError
+    saying which.
+
     >>> parse_weights("click=1, conversion=10")
     {'click': 1.0, 'conversion': 10.0}
+    >>> parse_weights("click=1,,conversion=10")
+    Traceback (most recent call last):
+    ...
+    ValueError: item 2 of 3 is empty (items are name=weight separated by one ',')
     """
     out: dict[str, float] = {}
-    for part in (text or "").split(","):
-        if not part.strip():
-            continue
-        name, sep, number = part.partition("=")
-        if not sep or not name.strip():
-            raise ValueError(f"expected name=weight, got {part.strip()!r:.60}")
-        if name.strip() in out:
-            raise ValueError(f"{name.strip()!r:.60} is given twice")
-        out[name.strip()] = decimal_float(number)
+    if text is None or not text.strip():
+        return out
+    parts = text.split(",")
+    for i, part in enumerate(parts, 1):
+        item = part.strip()
+        if not item:
+            raise ValueError(f"item {i} of {len(parts)} is empty (items are name=weight "
+                             f"separated by one ',')")
+        name, sep, number = (p.strip() for p in item.partition("="))
+        if not sep:
+            raise ValueError(f"expected name=weight, got {item!r:.60}")
+        if not name:
+            raise ValueError(f"expected a name before '=', got {item!r:.60}")
+        if not number:
+            raise ValueError(f"expected a weight after '=', got {item!r:.60}")
+        if name in out:
+            raise ValueError(f"{name!r:.60} is given twice")
+        try:
+            out[name] = decimal_float(number)
+        except ValueError:
+            raise ValueError(f"the weight of {name!r:.60} must be a number written with the "
+                             f"digits 0-9, got {number!r:.40}") from None
     return out
+
+
+#: Digits an action of ``constant:A`` may have (more is no action: K is far smaller)
+_MAX_ACTION_DIGITS = 18
+
+
+def parse_constant_action(text: str) -> str:
+    """A ``"constant-action"`` field's text as ``constant:A``, or ValueError saying why not.
+
+    ``constant`` is case-insensitive and blanks around either part are ignored (as choices
+    are case-insensitive and values stripped elsewhere); the action is written with the
+    digits 0-9. Whether A is below the number of actions is checked once that is known.
+
+    >>> parse_constant_action(" Constant : 2 ")
+    'constant:2'
+    >>> parse_constant_action("constant:x")
+    Traceback (most recent call last):
+    ...
+    ValueError: the action after ':' must be an integer >= 0 written with the digits 0-9, got 'x'
+    """
+    kind, sep, action = text.strip().partition(":")
+    if not sep:
+        raise ValueError("no ':' in it (a constant action is written constant:A, e.g. "
+                         "constant:0)")
+    if kind.strip().lower() != "constant":
+        raise ValueError(f"the kind before ':' must be 'constant', got {kind.strip()!r:.40}")
+    number = action.strip()
+    if not re.fullmatch(r"[0-9]+", number, re.ASCII):
+        raise ValueError(f"the action after ':' must be an integer >= 0 written with the digits "
+                         f"0-9, got {number!r:.40}")
+    if len(number.lstrip("0")) > _MAX_ACTION_DIGITS:
+        raise ValueError(f"the action after ':' has more than {_MAX_ACTION_DIGITS} digits")
+    return f"constant:{int(number.lstrip('0') or '0')}"
 
 
 def format_weights(weights: Mapping[str, float]) -> str:
@@ -150,6 +206,8 @@ class FieldSpec:
             text = "the path of an existing file"
         elif self.kind == "dir":
             text = "a directory (existing, or one that can be created)"
+        elif self.kind == "constant-action":
+            text = "'constant:A' with an action A (an integer >= 0)"
         elif self.kind == "weights":
             text = ("names with a weight >= 0 each: a table {name = weight, ...} in the file, "
                     "'name=weight,...' anywhere")
@@ -283,11 +341,23 @@ def _weights(fs: FieldSpec, raw: Any, origin: str) -> str | None:
         raise _fail(fs, raw, origin, str(exc)) from None
     for name, weight in weights.items():
         if not math.isfinite(weight) or weight < 0:
-            raise _fail(fs, raw, origin, f"the weight of {name!r:.60} must be finite and >= 0")
+            raise _fail(fs, raw, origin, f"the weight of {name!r:.60} must be finite and >= 0, "
+                                         f"got {weight:g}")
     why = fs.check(weights) if fs.check is not None else ""
     if why:
         raise _fail(fs, raw, origin, why)
     return format_weights(weights) or None
+
+
+def _constant_action(fs: FieldSpec, raw: Any, origin: str) -> str:
+    """A ``"constant-action"`` field's value as ``constant:A``."""
+    if not isinstance(raw, str):  # a TOML number or table
+        number = isinstance(raw, int) and not isinstance(raw, bool)
+        raise _fail(fs, raw, origin, f'write it as a string: "constant:{raw}"' if number else "")
+    try:
+        return parse_constant_action(raw)
+    except ValueError as exc:
+        raise _fail(fs, raw, origin, str(exc)) from None
 
 
 def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
@@ -306,6 +376,8 @@ def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
         return _parse_number(fs, raw, origin, text)
     if fs.kind == "weights":
         return _weights(fs, raw, origin)
+    if fs.kind == "constant-action":
+        return _constant_action(fs, raw, origin)
     if not isinstance(raw, (str, Path)):
         raise _fail(fs, raw, origin)
     value = str(raw).strip()

@@ -92,10 +92,13 @@ class ProgressLine:
         self.ewma = ErrorEwma(half_life)
 
     def line(self, events: float, rounds: float, mistakes: float,
-             extra: Sequence[tuple[str, str]] = (), cumulative: float | None = None) -> str:
+             extra: Sequence[tuple[str, str]] = (), cumulative: float | None = None,
+             of: str = "") -> str:
         """``events`` seen; ``rounds`` learned with ``mistakes``; ``extra`` (label, text) pairs.
 
         ``cumulative`` overrides mistakes / rounds (e.g. a rate restored from a checkpoint).
+        ``of`` qualifies the error labels (``"published"``: ``published cum-error``, when
+        what was published is not the learner's choice alone).
         """
         now = self.clock()
         rate = (events - self._last_events) / max(now - self._last_t, 1e-9)
@@ -103,7 +106,9 @@ class ProgressLine:
         if cumulative is None:
             cumulative = mistakes / rounds if rounds > 0 else math.nan
         ewma = self.ewma.update(rounds, mistakes)
+        of = f"{of} " if of else ""
         parts = [f"{now - self.started:7.1f}s", f"{self.noun} {events:>11,.0f}", f"{rate:>8,.0f}/s",
-                 f"cum-error {number_or_dash(cumulative)}", f"ewma-error {number_or_dash(ewma)}"]
+                 f"{of}cum-error {number_or_dash(cumulative)}",
+                 f"{of}ewma-error {number_or_dash(ewma)}"]
         parts += [f"{label} {text}" for label, text in extra]
         return "  ".join(parts)

@@ -25,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,14 @@ from prometheus_client import CollectorRegistry, ProcessCollector, disable_creat
 
 from streamlearn.commands.progress import ProgressLine, number_or_dash
 from streamlearn.commands.stream_options import integer, number
-from streamlearn.config import Config, env_name, field_specs, flag_name, load_config
+from streamlearn.config import (
+    Config,
+    check_baseline_action,
+    env_name,
+    field_specs,
+    flag_name,
+    load_config,
+)
 from streamlearn.errors import ConfigError
 from streamlearn.service.http import MetricsServer
 from streamlearn.service.metrics import PrometheusObserver
@@ -80,6 +87,8 @@ def _metavar(fs: Any) -> str:
         return "DIR"
     if fs.kind == "weights":
         return "TYPE=WEIGHT,..."
+    if fs.kind == "constant-action":
+        return "constant:A"
     return {int: "N", float: "X", bool: "{true,false}"}.get(fs.base, "TEXT")
 
 
@@ -327,6 +336,9 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
     dims = _candidate_dimensions(config, transport)
     if dims is None:
         n_actions, n_features = _dimensions(config, transport)
+        if config.embedded_mode:  # with Kafka load_config has checked it against K
+            check_baseline_action(config, n_actions, f"the embedded dataset "
+                                  f"'{config.embedded.dataset}' has {n_actions} actions")
         learner = build_learner(config, n_actions, n_features)
         settings = dataclasses.replace(config.to_daemon_settings(), learner_n_actions=n_actions,
                                        learner_n_features=n_features)
@@ -334,6 +346,9 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
     from streamlearn.candidates.learners import CANDIDATE_LEARNERS
 
     d_x, d_c = dims
+    if config.embedded_mode:  # the daemon parses it against learner.n_actions here too
+        check_baseline_action(config, config.learner.n_actions,
+                              f"learner.n_actions = {config.learner.n_actions}")
     learner_class = CANDIDATE_LEARNERS[config.candidates.learner]
     settings = dataclasses.replace(config.to_daemon_settings(), candidates_enabled=True,
                                    candidates_shared_features=d_x,
@@ -364,7 +379,13 @@ class Progress:
     """Periodic one-line progress reports read from the metrics registry (thread-safe).
 
     In candidate mode (``slots=True``) an event is a request, and feedback is counted per
-    placed slot: the labels say so.
+    placed slot: the labels say so. Next to a baseline (rollout mode apprentice or
+    conservative, read from the mode gauge: it may change while serving) what is published
+    is the baseline's choice on most events, so the error rates and γ, which are those of
+    the published decisions, say so (``published cum-error``, ``published γ``), and the
+    line adds the learner's side: the share it serves, the error (1 − mean reward) each side
+    made on the events it served since the mode began, and how often the learner's own
+    choice is the baseline.
     """
 
     def __init__(self, registry: CollectorRegistry, out: Any, stats: Any = None,
@@ -383,7 +404,9 @@ class Progress:
                       for e in ("true", "false"))
         gamma = self._get("streamlearn_exploration_gamma") if decided > 0 else None
         per = "-slots" if self.slots else ""
-        extra = [("γ", number_or_dash(gamma)),
+        beside = self.rollout_mode() is not None
+        extra = [("published γ" if beside else "γ", number_or_dash(gamma)),
+                 *(self._learner_side() if beside else ()),
                  (f"joined{per}",
                   f"{self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}"),
                  (f"pending{per}", f"{self._get('streamlearn_pending_joins'):,.0f}")]
@@ -395,24 +418,57 @@ class Progress:
         # cum: the tracker's rate, which a restored checkpoint carries over (NaN before any round)
         cumulative = self._get("streamlearn_error_rate") if rounds > 0 else None
         return self.progress.line(self._get("streamlearn_instances_total"), rounds, mistakes,
-                                  extra, cumulative=cumulative)
+                                  extra, cumulative=cumulative, of="published" if beside else "")
+
+    def rollout_mode(self) -> str | None:
+        """'apprentice' or 'conservative' when the daemon serves next to a baseline, else
+        None (online, or no rollout gauge yet)."""
+        return next((mode for mode in ("apprentice", "conservative") if self.registry
+                     .get_sample_value("streamlearn_rollout_mode", {"mode": mode}) == 1.0), None)
+
+    def _learner_side(self) -> list[tuple[str, str]]:
+        """Next to a baseline: the share of the events the learner serves (with the rankers
+        it rolls out), the error (1 − mean reward) of each side on the events it served since
+        the mode began (– before it served any), how often the learner's choice is the
+        baseline."""
+        pairs = [("learner-share", number_or_dash(
+            1.0 - self._get("streamlearn_rollout_share", {"role": "baseline"})))]
+        for side in ("learner", "baseline"):
+            value = self._get("streamlearn_policy_live_value", {"policy": side})
+            pairs.append((f"{side}-error", number_or_dash(1.0 - value)))
+        pairs.append(("agreement", number_or_dash(self._get("streamlearn_baseline_agreement"))))
+        return pairs
 
     @contextmanager
-    def every(self, seconds: float) -> Iterator[None]:
-        """Print :meth:`line` every ``seconds`` from a background thread while inside."""
+    def every(self, seconds: float) -> Iterator[Callable[[], None]]:
+        """Print :meth:`line` every ``seconds`` from a background thread while inside.
+
+        Yields ``stop``: once it returns no progress line is printed any more (a line being
+        written is finished first), so a final line printed after it is the last line —
+        printed while the thread ran, a progress line could follow it, or land inside it
+        (``print`` writes the text and the newline separately).
+        """
         done = threading.Event()
+        lock = threading.Lock()  # a line is made and printed whole, or not at all after stop
 
         def loop() -> None:
             while not done.wait(seconds):
-                print(self.line(), file=self.out, flush=True)
+                with lock:
+                    if done.is_set():
+                        return
+                    print(self.line(), file=self.out, flush=True)
+
+        def stop() -> None:
+            with lock:
+                done.set()
+            thread.join(timeout=2)
 
         thread = threading.Thread(target=loop, name="streamlearn-progress", daemon=True)
         thread.start()
         try:
-            yield
+            yield stop
         finally:
-            done.set()
-            thread.join(timeout=2)
+            stop()
 
     def summary(self, daemon: Any, seen: int, elapsed: float) -> str:
         """The final line: rates, the fate of every decision, the error rates, memory."""
@@ -428,12 +484,17 @@ class Progress:
         ewma = self.progress.ewma.update(self._get("streamlearn_rewards_total") + mistakes,
                                          mistakes)
         learned = tracker.rounds > 0  # before the first round the tracker's rates read 0
-        text = (f"cum-error {number_or_dash(tracker.error_rate if learned else None)}, "
-                f"ewma-error {number_or_dash(ewma)}, window-error "
+        mode = self.rollout_mode()
+        of = "published " if mode else ""
+        text = (f"{of}cum-error {number_or_dash(tracker.error_rate if learned else None)}, "
+                f"{of}ewma-error {number_or_dash(ewma)}, {of}window-error "
                 f"{number_or_dash(tracker.window_error_rate if learned else None)}")
         if tracker.rounds < EARLY_ROUNDS:
             text += (f" (over {tracker.rounds} learned {'slots' if self.slots else 'rounds'} "
                      f"only: too few to judge the learner, which has barely started)")
+        if mode:
+            text += f"; rollout {mode}: " + ", ".join(
+                f"{label} {value}" for label, value in self._learner_side())
         return text
 
 
@@ -532,10 +593,6 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
             stack.callback(server.stop)
             print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
                   file=out, flush=True)
-        progress = Progress(registry, out, getattr(transport, "stats", None),
-                            slots=settings.candidates_enabled)
-        if progress_s > 0:
-            stack.enter_context(progress.every(progress_s))
         if settings.rollout_mode != "online":
             print(f"streamlearn serve: rollout {settings.rollout_mode} next to the caller's "
                   f"baseline (explore budget {settings.rollout_explore_budget:g}, alpha "
@@ -553,13 +610,22 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
         stack.enter_context(_stop_on_signals(
             stop, retraining.request_rollback if retraining is not None else None,
             daemon.request_step_back))
+        progress = Progress(registry, out, getattr(transport, "stats", None),
+                            slots=settings.candidates_enabled)
+        stop_progress = (stack.enter_context(progress.every(progress_s)) if progress_s > 0
+                         else _nothing)
         started = time.monotonic()
         daemon.run(max_instances=max_events)
         elapsed = time.monotonic() - started
+        stop_progress()  # the final line is the last (also while /metrics lingers)
         print(progress.summary(daemon, daemon.instances_this_run, elapsed), file=out, flush=True)
         if linger_s > 0 and not stopping.is_set():
             stopping.wait(linger_s)
     return 0
+
+
+def _nothing() -> None:
+    """What stops the progress lines when there are none."""
 
 
 def _add_process_metrics(registry: CollectorRegistry) -> None:
@@ -587,7 +653,7 @@ def _serve_group(config: Config, max_events: int | None, progress_s: float,
             stack.callback(server.stop)
             print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
                   file=out, flush=True)
-        if progress_s > 0:
-            stack.enter_context(Progress(registry, out).every(progress_s))
+        stop_progress = (stack.enter_context(Progress(registry, out).every(progress_s))
+                         if progress_s > 0 else _nothing)
         stack.enter_context(_stop_on_signals(replica.request_stop))
-        return serve_replica(replica, max_events, out)
+        return serve_replica(replica, max_events, out, before_summary=stop_progress)

@@ -11,6 +11,7 @@ import dataclasses
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,17 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
                    claims=PartitionClaims(state_dir, replica_id), on_close=close_clients)
 
 
-def serve_replica(replica: Replica, max_events: int | None, out: Any) -> int:
-    """Run the replica until a signal (or ``max_events``); print its summary; exit code."""
+def serve_replica(replica: Replica, max_events: int | None, out: Any,
+                  before_summary: Callable[[], None] | None = None) -> int:
+    """Run the replica until a signal (or ``max_events``); print its summary; exit code.
+
+    ``before_summary`` is called between the two (it stops the progress lines, so the
+    summary is the last line)."""
     started = time.monotonic()
     replica.run(max_instances=max_events)
     elapsed = time.monotonic() - started
+    if before_summary is not None:
+        before_summary()
     seen = replica.instances_this_run
     hub = replica.hub
     adopted = hub.record.base_version if hub is not None and hub.record is not None else 0

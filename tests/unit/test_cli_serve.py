@@ -59,6 +59,16 @@ def test_help_documents_every_config_field_in_groups() -> None:
     (["--checkpoint-dir", str(REPO / "README.md"), "--max-events", "1"],
      "checkpoint.dir must be a directory (existing, or one that can be created) (or unset). "
      f"Got '{REPO / 'README.md'}' (from --checkpoint-dir): it exists and is not a directory."),
+    (["--join-reward-weights", "click=1,,conversion=2", "--max-events", "1"],
+     "join.reward_weights must be names with a weight >= 0 each: a table {name = weight, ...} in "
+     "the file, 'name=weight,...' anywhere (or unset). Got 'click=1,,conversion=2' (from "
+     "--join-reward-weights): item 2 of 3 is empty (items are name=weight separated by one ',')."),
+    (["--rollout-baseline", "constant:x", "--max-events", "1"],
+     "rollout.baseline must be 'constant:A' with an action A (an integer >= 0) (or unset). Got "
+     "'constant:x' (from --rollout-baseline): the action after ':' must be an integer >= 0"),
+    (["--rollout-baseline", " CONSTANT:12", "--max-events", "1"],  # K known at serve: 9
+     "rollout.baseline must be 'constant:A' with an action A in [0, 9) (the embedded dataset "
+     "'synnonsep' has 9 actions). Got 'constant:12' (from --rollout-baseline)."),
 ])
 def test_bad_value_is_one_line_error_exit_2(argv: list[str], expected: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
@@ -73,6 +83,21 @@ def test_env_value_error_names_the_variable(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setenv("STREAMLEARN_LIMITS_POLL_MAX_RECORDS", "lots")
     assert main(["serve", "--print-config"]) == 2
     assert "(from STREAMLEARN_LIMITS_POLL_MAX_RECORDS)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("baseline", ["constant:x", "banana", "fixed:1"])
+def test_print_config_refuses_a_bad_rollout_baseline(baseline: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """--print-config used to print any rollout.baseline; it now fails as for other settings."""
+    assert main(["serve", "--print-config", "--rollout-baseline", baseline]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("streamlearn serve: error: rollout.baseline must be "
+                                   "'constant:A'")
+    assert f"Got {baseline!r} (from --rollout-baseline)" in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
+    assert main(["serve", "--print-config", "--rollout-baseline", "Constant: 2"]) == 0
+    assert 'baseline = "constant:2"' in capsys.readouterr().out
 
 
 def test_print_config_round_trips(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

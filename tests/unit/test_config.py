@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -301,8 +302,18 @@ def test_reward_weights_from_a_table_the_environment_or_a_flag(tmp_path: Path) -
     ("click", "expected name=weight, got 'click'"),
     ("click=-1", "the weight of 'click' must be finite and >= 0"),
     ("click=inf", "the weight of 'click' must be finite and >= 0"),
-    ("click=ten", "not a decimal number"),
+    ("click=-1", "the weight of 'click' must be finite and >= 0, got -1"),
+    ("click=ten", "the weight of 'click' must be a number written with the digits 0-9, got 'ten'"),
+    ("click=1_0", "the weight of 'click' must be a number written with the digits 0-9, got '1_0'"),
     ("click=1,click=2", "'click' is given twice"),
+    ("click = 1, click=2", "'click' is given twice"),
+    # an empty item is a typo, not nothing (it used to be skipped)
+    ("click=1,,conversion=2", "item 2 of 3 is empty (items are name=weight separated by one ',')"),
+    ("click=1,", "item 2 of 2 is empty"),
+    (",click=1", "item 1 of 2 is empty"),
+    (",", "item 1 of 2 is empty"),
+    ("=1", "expected a name before '=', got '=1'"),
+    ("click=", "expected a weight after '=', got 'click='"),
     ("none=1", "'none' is the label of feedback without a type and cannot be configured"),
     ("other=1", "'other' is the label of feedback with a type not listed"),
     ("x" * 65 + "=1", "a type must be a string of 1 to 64 characters"),
@@ -322,3 +333,79 @@ def test_bad_reward_weights_in_a_table_name_the_file(tmp_path: Path) -> None:
         path = write(tmp_path, f"[join]\nreward_weights = {table}\n")
         with pytest.raises(ConfigError, match=f"from {path}.*{why}"):
             load_config(path, environ={})
+
+
+# ---------------------------------------------------------------- rollout.baseline
+@pytest.mark.parametrize(("raw", "why"), [
+    ("banana", "no ':' in it (a constant action is written constant:A, e.g. constant:0)"),
+    ("constant:x", "the action after ':' must be an integer >= 0 written with the digits 0-9, "
+                   "got 'x'"),
+    ("constant:", "the action after ':' must be an integer >= 0"),
+    ("constant:-1", "got '-1'"),
+    ("constant:1.0", "got '1.0'"),
+    ("constant:1_0", "got '1_0'"),  # int() would take it
+    ("constant:\u0661", "the digits 0-9"),  # and this
+    ("constant:1:2", "got '1:2'"),
+    ("fixed:1", "the kind before ':' must be 'constant', got 'fixed'"),
+    ("constant:" + "9" * 19, "more than 18 digits"),
+])
+def test_a_bad_rollout_baseline_is_refused_at_load_naming_its_source(raw: str, why: str,
+                                                                     tmp_path: Path) -> None:
+    """The syntax is checked with the other settings (``--print-config`` included), from every
+    source, saying what was expected, what was got, where from and why."""
+    expected = "rollout.baseline must be 'constant:A' with an action A (an integer >= 0) (or unset)."
+    for kwargs, origin in (({"cli": {"rollout.baseline": raw}}, "--rollout-baseline"),
+                           ({"environ": {"STREAMLEARN_ROLLOUT_BASELINE": raw}},
+                            "STREAMLEARN_ROLLOUT_BASELINE")):
+        with pytest.raises(ConfigError) as exc:
+            load_config(**{"environ": {}, **kwargs})  # type: ignore[arg-type]
+        assert str(exc.value).startswith(f"{expected} Got {raw!r} (from {origin}): "), exc.value
+        assert why in str(exc.value)
+    path = write(tmp_path, f"[rollout]\nbaseline = {raw!r}\n".replace("'", '"'))
+    with pytest.raises(ConfigError, match=f"Got .* \\(from {re.escape(str(path))}\\): "):
+        load_config(path, environ={})
+
+
+def test_a_bad_rollout_baseline_in_the_file_is_refused_when_a_flag_overrides_it(
+        tmp_path: Path) -> None:
+    path = write(tmp_path, "[rollout]\nbaseline = 'banana'\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, environ={}, cli={"rollout.baseline": "constant:1"})
+    assert f"Got 'banana' (from {path}): no ':'" in str(exc.value)
+    with pytest.raises(ConfigError, match=r'Got 3 \(from .*\): write it as a string: "constant:3"'):
+        load_config(write(tmp_path, "[rollout]\nbaseline = 3\n"), environ={},
+                    cli={"rollout.baseline": "constant:1"})
+
+
+@pytest.mark.parametrize(("raw", "normalised"), [
+    ("constant:2", "constant:2"), ("constant: 2", "constant:2"), ("CONSTANT:1", "constant:1"),
+    (" Constant : 3 ", "constant:3"), ("constant:007", "constant:7"), ("", None), ("none", None),
+])
+def test_rollout_baseline_takes_any_case_and_blanks_and_keeps_constant_a(
+        raw: str, normalised: str | None) -> None:
+    """``constant`` is case-insensitive (as choices are) and blanks are ignored, consistently:
+    ``"constant: 2"`` used to pass and ``CONSTANT:1`` to fail; the config keeps the normalised
+    ``constant:A``, which is what the daemon parses."""
+    from streamlearn.service.adoption import parse_baseline
+
+    cfg = load_config(environ={"STREAMLEARN_ROLLOUT_BASELINE": raw})
+    assert cfg.rollout.baseline == normalised
+    expected = -1 if normalised is None else int(normalised.partition(":")[2])
+    assert cfg.to_daemon_settings().adoption_settings().baseline == expected
+    assert parse_baseline(cfg.rollout.baseline, 9) == expected
+
+
+def test_a_rollout_baseline_beyond_the_actions_names_its_source() -> None:
+    """With Kafka, K is learner.n_actions: checked at load (in embedded mode the dataset's K
+    is known only when serving, where the same check runs: test_cli_serve)."""
+    kafka = {"kafka.bootstrap": "localhost:9092", "learner.n_actions": "4"}
+    assert load_config(environ={}, cli={**kafka, "rollout.baseline": "constant:3"}
+                       ).rollout.baseline == "constant:3"
+    with pytest.raises(ConfigError) as exc:
+        load_config(environ={"STREAMLEARN_ROLLOUT_BASELINE": "Constant:4"}, cli=kafka)
+    assert str(exc.value) == ("rollout.baseline must be 'constant:A' with an action A in [0, 4) "
+                              "(learner.n_actions = 4). Got 'constant:4' "
+                              "(from STREAMLEARN_ROLLOUT_BASELINE).")
+    # embedded: the syntax only, at load
+    assert load_config(environ={}, cli={"rollout.baseline": "constant:30"}
+                       ).rollout.baseline == "constant:30"
