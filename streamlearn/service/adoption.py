@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from streamlearn.config_fields import parse_constant_action
 from streamlearn.engine import BASELINE, Mixture
 from streamlearn.errors import ConfigError
 from streamlearn.service.rollout import ArmStats
@@ -84,14 +85,16 @@ _SHARES = np.linspace(0.0, 1.0, 101)  # the conservative shares tried
 
 
 def parse_baseline(spec: str | None, n_actions: int) -> int:
-    """The fallback baseline action of ``rollout.baseline`` (``constant:A``), -1 for none."""
+    """The fallback baseline action of ``rollout.baseline`` (``constant:A``, read as the
+    configuration reads it: :func:`~streamlearn.config_fields.parse_constant_action`),
+    -1 for none."""
     if spec is None or spec == "":
         return -1
-    kind, _, arg = spec.partition(":")
     try:
-        action = int(arg) if kind == "constant" else -1
-    except ValueError:
-        action = -1
+        action = int(parse_constant_action(spec).partition(":")[2])
+    except ValueError as exc:
+        raise ConfigError(f"rollout.baseline must be 'constant:A' with an action A in [0, "
+                          f"{n_actions}). Got {spec!r}: {exc}.") from None
     if not 0 <= action < n_actions:
         raise ConfigError(f"rollout.baseline must be 'constant:A' with an action A in [0, "
                           f"{n_actions}). Got {spec!r}.")

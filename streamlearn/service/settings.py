@@ -140,6 +140,10 @@ class DaemonSettings:
             raise ConfigError(f"rollout.mode must be 'online' in candidate mode (a baseline "
                               f"candidate is validated and recorded, not served). Got "
                               f"{self.rollout_mode!r}.")
+        if self.candidates_enabled and self.rollout_baseline:
+            raise ConfigError(f"rollout.baseline must be unset in candidate mode (a request "
+                              f"names its own baseline candidate; a constant action means "
+                              f"nothing there). Got {self.rollout_baseline!r}.")
         return AdoptionSettings(self.rollout_mode,
                                 parse_baseline(self.rollout_baseline, self.learner_n_actions),
                                 self.rollout_explore_budget, self.rollout_alpha, self.rollout_auto,

@@ -32,13 +32,15 @@ K, D = 4, 5
 
 # ------------------------------------------------------------------ parse_baseline
 @pytest.mark.parametrize("spec, expected", [(None, -1), ("", -1), ("constant:0", 0),
-                                            ("constant:3", 3)])
+                                            ("constant:3", 3), ("CONSTANT:1", 1),
+                                            (" constant : 2 ", 2)])
 def test_the_fallback_baseline_parses(spec: str | None, expected: int) -> None:
     assert parse_baseline(spec, K) == expected
 
 
 @pytest.mark.parametrize("spec", ["constant:4", "constant:-1", "constant:x", "constant:",
-                                  "constant:1.0", "fixed:1", "1", "constant", "constant:1:2"])
+                                  "constant:1.0", "fixed:1", "1", "constant", "constant:1:2",
+                                  "constant:1_0", "constant:\u0661"])
 def test_a_bad_fallback_baseline_says_what_was_expected_and_what_came(spec: str) -> None:
     with pytest.raises(ConfigError) as raised:
         parse_baseline(spec, K)

@@ -249,6 +249,12 @@ def test_candidate_mode_config_errors_say_what_was_expected() -> None:
     config = load_config(environ={}, cli={"metrics.port": "-1", "candidates.enabled": "true"})
     with pytest.raises(Exception, match=r"embedded.dataset must be a candidate-set stream"):
         serve(config, max_events=10, progress_s=0, out=io.StringIO())
+    config = load_config(environ={}, cli={"metrics.port": "-1", "candidates.enabled": "true",
+                                          "embedded.dataset": "synthetic-candidates",
+                                          "rollout.baseline": "constant:0"})
+    with pytest.raises(Exception, match=r"rollout.baseline must be unset in candidate mode.*"
+                                        r"Got 'constant:0'"):
+        serve(config, max_events=10, progress_s=0, out=io.StringIO())
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
