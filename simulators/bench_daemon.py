@@ -351,12 +351,14 @@ def in_memory_rate(load: Workload, blas_threads: int) -> float:
     from streamlearn.learners.banditron import Banditron
     from streamlearn.learners.exploration import FixedGamma
     from streamlearn.service.daemon import Daemon, DaemonSettings
+    from streamlearn.service.settings import LimitsConfig
     from streamlearn.transport.memory import InMemoryTransport
 
     transport = InMemoryTransport(partitions=2)
     for key, value in zip(load.keys, load.values, strict=True):
         transport.append_instance(key, value)
-    settings = DaemonSettings(limits_poll_timeout_seconds=0.0, blas_threads=blas_threads)
+    settings = DaemonSettings(limits=LimitsConfig(poll_timeout_seconds=0.0),
+                              blas_threads=blas_threads)
     daemon = Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.05)))
     started = time.perf_counter()
     daemon.run(max_instances=len(load.keys))

@@ -114,11 +114,12 @@ def candidate_loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
     """Requests/s of the daemon's ``step`` in candidate mode over the whole stream."""
     from streamlearn.candidates.learners import CandidateLinUCB
     from streamlearn.service.daemon import Daemon, DaemonSettings
+    from streamlearn.service.settings import CandidatesConfig, JoinConfig, LearnerConfig, LimitsConfig
 
-    settings = DaemonSettings(candidates_enabled=True, candidates_shared_features=0,
-                              candidates_candidate_features=D_C, learner_n_actions=2,
-                              learner_n_features=2 * D_C, limits_poll_timeout_seconds=0.0,
-                              join_window_seconds=1e9)
+    settings = DaemonSettings(
+        learner=LearnerConfig(n_actions=2, n_features=2 * D_C), join=JoinConfig(window_seconds=1e9),
+        limits=LimitsConfig(poll_timeout_seconds=0.0),
+        candidates=CandidatesConfig(enabled=True, shared_features=0, candidate_features=D_C))
     return _drained_rate(Daemon(settings, _in_memory(messages),
                                          CandidateLinUCB(0, D_C, seed=1)), len(messages))
 
@@ -160,9 +161,11 @@ def loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
     from streamlearn.learners.banditron import Banditron
     from streamlearn.learners.exploration import FixedGamma
     from streamlearn.service.daemon import Daemon, DaemonSettings
+    from streamlearn.service.settings import JoinConfig, LearnerConfig, LimitsConfig
 
-    settings = DaemonSettings(learner_n_actions=K, learner_n_features=D,
-                              limits_poll_timeout_seconds=0.0, join_window_seconds=1e9)
+    settings = DaemonSettings(learner=LearnerConfig(n_actions=K, n_features=D),
+                              join=JoinConfig(window_seconds=1e9),
+                              limits=LimitsConfig(poll_timeout_seconds=0.0))
     return _drained_rate(Daemon(settings, _in_memory(messages),
                                 Banditron(K, D, FixedGamma(0.05), seed=1)), len(messages))
 

@@ -31,7 +31,18 @@ from typing import Any
 
 from streamlearn.config_fields import FieldSpec, convert, spec
 from streamlearn.errors import ConfigError
-from streamlearn.join.aggregate import POLICIES, weights_problem
+from streamlearn.service.settings import (
+    CandidatesConfig,
+    CheckpointConfig,
+    DaemonSettings,
+    ExperienceConfig,
+    JoinConfig,
+    LearnerConfig,
+    LimitsConfig,
+    MetricsConfig,
+    RetrainConfig,
+    RolloutConfig,
+)
 from streamlearn.transport.protocol import ClientTuning
 
 _log = logging.getLogger(__name__)
@@ -47,6 +58,8 @@ __all__ = [
     "LearnerConfig",
     "LimitsConfig",
     "MetricsConfig",
+    "RetrainConfig",
+    "RolloutConfig",
     "TopicsConfig",
     "check_baseline_action",
     "env_name",
@@ -132,30 +145,6 @@ class TopicsConfig:
 
 
 @dataclass(frozen=True)
-class LearnerConfig:
-    """The online learner and its hyperparameters (unset ones: the learner's default)."""
-
-    # perceptron is left out: it is a full-information comparator for replays, not a bandit
-    name: str = spec("linucb", "bandit learner (docs/learners.md; linucb: the best error at "
-                     "its defaults on most streams, docs/bench.md)", choices=(
-        "banditron", "pnorm", "eg", "epsilon-greedy", "squarecb", "bag", "linucb", "lints",
-        "newtron", "soba"))
-    n_actions: int = spec(9, "number of actions K", ge=2)
-    n_features: int = spec(400, "feature dimension d (hashing buckets for named features)", ge=1)
-    q: float | None = spec(None, "pnorm: the dual norm q (unset: max(2, 2 ln(K d)))", gt=0)
-    eta: float | None = spec(None, "pnorm / eg: learning rate (unset: the learner's default)",
-                             gt=0)
-    lr: float | None = spec(None, "epsilon-greedy: learning rate of its regressors (its ε is "
-                            "exploration.gamma)", gt=0)
-    seed: int = spec(0, "seed of the exploration randomness (with the event key)", ge=0)
-
-    def hyperparameters(self) -> dict[str, float]:
-        """The hyperparameters that were set (passed as keywords to the learner)."""
-        values = {"q": self.q, "eta": self.eta, "lr": self.lr}
-        return {k: v for k, v in values.items() if v is not None}
-
-
-@dataclass(frozen=True)
 class ExplorationConfig:
     """How much to explore."""
 
@@ -169,146 +158,6 @@ class ExplorationConfig:
 
 
 @dataclass(frozen=True)
-class JoinConfig:
-    """Joining delayed feedback to decisions (docs/daemon.md §3)."""
-
-    window_seconds: float = spec(600.0, "how long a decision waits for feedback", gt=0)
-    backward_window_seconds: float = spec(
-        10.0, "how long feedback arriving before its decision is held", ge=0)
-    expiry_policy: str = spec("default_reward", "what an expired decision becomes",
-                              choices=("default_reward", "drop"))
-    default_reward: float = spec(0.0, "reward given to expired decisions", ge=0, le=1)
-    duplicate_policy: str = spec("earliest", "several feedback events for one id: the first "
-                                 "closes the decision (earliest), or the decision closes at the "
-                                 "window's end with the last / max / sum / average / min / "
-                                 "median of the values in the window, capped at 1 "
-                                 "(docs/daemon.md)", choices=POLICIES)
-    reward_weights: str | None = spec(None, "feedback type -> weight its rewards are multiplied "
-                                      "by before aggregation, e.g. click=1,conversion=10 (a "
-                                      "type not listed, or none: 1)", kind="weights",
-                                      check=weights_problem)
-    max_pending: int = spec(200_000, "bound on pending decisions (oldest shed beyond it)", ge=1)
-    max_early: int = spec(100_000, "bound on early feedback held for the backward window (each "
-                          "held event counts, also a second one for the same id)", ge=0)
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    """Snapshots of learner + pending joins + offsets (docs/daemon.md §4)."""
-
-    dir: Path | None = spec(None, "checkpoint directory; unset = no checkpoints (state is lost "  # noqa: RUF009
-                            "on exit)", kind="dir")
-    every_events: int = spec(10_000, "checkpoint after this many input messages (instances + "
-                             "feedback), or as many as there are pending decisions if more "
-                             "(a snapshot holds their rows)", ge=1)
-    every_seconds: float = spec(60.0, "checkpoint at least this often", gt=0)
-    keep: int = spec(2, "snapshots kept", ge=1)
-    fsync_journal: bool = spec(False, "fsync the decision journal after every batch (survives "
-                               "power loss, costs latency)")
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    """The HTTP endpoint (/metrics, /healthz, /readyz) and metric windows."""
-
-    host: str = spec("127.0.0.1", "bind address (0.0.0.0 to expose)")
-    port: int = spec(9464, "port; 0 = a free port (printed on start); -1 = no HTTP server",
-                     ge=-1, le=65535)
-    window: int = spec(1000, "events in the sliding error-rate window", ge=1, le=10_000_000)
-    max_lag: int = spec(10_000, "readiness bound: /readyz fails while consumer lag exceeds it",
-                        ge=0)
-
-
-@dataclass(frozen=True)
-class LimitsConfig:
-    """Input limits and polling."""
-
-    max_message_bytes: int = spec(1_048_576, "larger messages are rejected", ge=16)
-    max_id_length: int = spec(256, "longer event ids are rejected", ge=1)
-    poll_max_records: int = spec(500, "messages per poll (micro-batch bound)", ge=1)
-    poll_timeout_seconds: float = spec(0.1, "poll timeout", gt=0)
-    poll_order_wait_seconds: float = spec(
-        0.5, "input is processed in timestamp order across partitions; a partition with unread "
-        "records but none fetched yet holds the others back at most this long", ge=0)
-    max_abs_feature: float = spec(
-        1e12, "instances with a feature value beyond +/- this are rejected (value_out_of_range)",
-        gt=0)
-    max_row_squared_norm: float = spec(
-        1e26, "instances whose squared L2 norm of x exceeds this are rejected (value_out_of_range)",
-        gt=0)
-
-
-@dataclass(frozen=True)
-class ExperienceConfig:
-    """The experience log of learned decisions (on while retraining is on, or with a dir)."""
-
-    dir: Path | None = spec(None, "log directory (default: <checkpoint.dir>/experience, or a "  # noqa: RUF009
-                            "temporary one without checkpoints)", kind="dir")
-    segment_rows: int = spec(50_000, "a segment closes at this many rows", ge=1)
-    segment_seconds: float = spec(60.0, "... or when its oldest row is this old", gt=0)
-    retention_bytes: int = spec(2 << 30, "oldest segments are deleted beyond this size", ge=1)
-    retention_seconds: float = spec(7 * 86_400.0, "... or beyond this age", gt=0)
-
-
-@dataclass(frozen=True)
-class RetrainConfig:
-    """Periodic IPS-weighted retraining of batch rankers (docs/daemon.md §8); off by default."""
-
-    rankers: str | None = spec(None, "comma-separated rankers to retrain (rankboost, logistic, "
-                               "rocchio, lda, roger, nroger, network or package.module:Class); "
-                               "every_events or every_seconds alone trains rankboost and "
-                               "logistic (rocchio instead of logistic when d·K > 1000)")
-    every_events: int | None = spec(None, "retrain after this many learned decisions", ge=1)
-    every_seconds: float | None = spec(None, "retrain at least this often", gt=0)
-    window_rows: int = spec(20_000, "train on the newest rows of the log, at most this many "
-                            "(and at most 20M / (d·K): the joint feature matrix stays < 160 MB)",
-                            ge=10)
-    holdout_fraction: float = spec(0.2, "share of the window held out (the newest rows, in "
-                                   "time) for off-policy evaluation", gt=0, le=0.9)
-    clip: float = spec(20.0, "inverse-propensity weights of the training rows are clipped at "
-                       "this value (the off-policy estimates are not clipped)", gt=1)
-    worker: str = spec("process", "where training runs: a separate process (keeps decision "
-                       "latency flat, docs/performance.md) or a thread", choices=("process",
-                                                                                 "thread"))
-    worker_nice: int = spec(5, "the worker process's nice value: a lower priority than the "
-                            "loop, yet a share of a busy CPU, so retrains finish", ge=0, le=19)
-    timeout_seconds: float = spec(600.0, "a retrain running longer is a failure (the worker is "
-                                  "replaced)", gt=0)
-    policy: str = spec("learner", "the exploitation policy: the online learner, or the promoted "
-                       "ranker (exploring around its top action as configured, rolled out share "
-                       "by share, docs/daemon.md)", choices=("learner", "ranker"))
-    level: float = spec(0.95, "confidence of the promotion gate, the guardrail and the reported "
-                        "bounds (1 - level: their miss probability)", gt=0.5, le=0.999)
-    rollout_stages: str = spec("0.02,0.1,0.3,0.6", "shares a promoted ranker serves in turn before "
-                               "it serves all but the holdback (comma-separated, increasing)")
-    rollout_stage_events: int = spec(500, "learned events a promoted ranker serves at one share "
-                                     "before it may take the next", ge=1)
-    holdback: float = spec(0.05, "share of the events the learner keeps while a ranker serves "
-                           "(the guardrail compares them)", ge=0, le=0.5)
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    """Next to an existing system: who serves, the caller's baseline or the learner
-    (docs/operations.md, "Adopting streamlearn next to an existing system")."""
-
-    mode: str = spec("online", "apprentice: publish the baseline (the learner watches and "
-                     "learns); conservative: the learner takes the share that keeps the live "
-                     "reward >= (1 - alpha) x the baseline's; online: the learner decides",
-                     choices=("apprentice", "conservative", "online"))
-    baseline: str | None = spec(None, "the baseline of events that carry none: constant:A "
-                                "(an action; 'constant' in any case, blanks around a part "
-                                "ignored)", kind="constant-action")
-    explore_budget: float = spec(0.0, "apprentice: the share of events the learner serves "
-                                 "(0: none; > 0 measures it and makes off-policy estimates "
-                                 "of it possible)", ge=0, le=1)
-    alpha: float = spec(0.05, "conservative: the floor is (1 - alpha) x what the baseline "
-                        "would have earned", gt=0, le=0.5)
-    auto: bool = spec(False, "move apprentice -> conservative -> online when the bounds say "
-                      "so (SIGUSR2 steps back)")
-
-
-@dataclass(frozen=True)
 class SyncConfig:
     """Model synchronisation of a scaled-out group (kafka.membership = group)."""
 
@@ -319,22 +168,6 @@ class SyncConfig:
                                  "reach this fraction of those the model holds: frequent syncs "
                                  "while a young model changes fast (0: on the interval only)",
                                  ge=0)
-
-
-@dataclass(frozen=True)
-class CandidatesConfig:
-    """Candidate mode: each request carries its own candidates and slots (docs/kafka.md)."""
-
-    enabled: bool = spec(False, "requests carry candidate sets (on by itself with an embedded "
-                         "candidate-set dataset)")
-    learner: str = spec("linucb", "candidate-set learner (docs/learners.md)",
-                        choices=("linucb", "epsilon-greedy", "squarecb", "banditron"))
-    shared_features: int = spec(0, "dimension of the shared context x (0: none)", ge=0)
-    candidate_features: int = spec(45, "dimension of each candidate's features (hashing "
-                                   "buckets for named features)", ge=1)
-    max_candidates: int = spec(1000, "requests with more candidates are rejected", ge=1,
-                               le=100_000)
-    max_slots: int = spec(10, "requests asking for more slots are rejected", ge=1, le=1000)
 
 
 @dataclass(frozen=True)
@@ -410,15 +243,11 @@ class Config:
             out[section] = {k: (str(v) if isinstance(v, Path) else v) for k, v in values.items()}
         return out
 
-    def to_daemon_settings(self) -> Any:
-        """The core daemon's settings (``streamlearn.service.daemon.DaemonSettings``)."""
-        from streamlearn.service.daemon import DaemonSettings
-
-        flat = {f"{section}_{k}": v for section, values in self.as_dict().items()
-                for k, v in values.items()}
-        flat["kafka_sasl_password"] = self.kafka.sasl_password
-        wanted = {f.name for f in dataclasses.fields(DaemonSettings)}
-        return DaemonSettings(**{k: v for k, v in flat.items() if k in wanted})
+    def to_daemon_settings(self) -> DaemonSettings:
+        """The daemon's settings: its sections of this configuration, as they are."""
+        return DaemonSettings(self.learner, self.join, self.checkpoint, self.metrics,
+                              self.limits, self.experience, self.retrain, self.rollout,
+                              self.candidates)
 
 
 def env_name(section: str, name: str) -> str:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import orjson
+
+from streamlearn.service.settings import DaemonSettings
 
 
 class Clock:
@@ -33,3 +36,23 @@ def decisions_by_id(broker: Any) -> dict[str, list[dict[str, Any]]]:
         assert m.key == d["id"].encode()
         out.setdefault(d["id"], []).append(d)
     return out
+
+
+def settings_of(**named: Any) -> DaemonSettings:
+    """:class:`DaemonSettings` from settings named as their flags are, without the dashes
+    (``join_window_seconds=5.0`` is ``settings.join.window_seconds``; ``model_name``,
+    ``retry_seconds``, ``flush_timeout_seconds`` and ``blas_threads`` are the process's own)."""
+    defaults = DaemonSettings()
+    sections = {f.name for f in dataclasses.fields(DaemonSettings)
+                if dataclasses.is_dataclass(getattr(defaults, f.name))}
+    grouped: dict[str, dict[str, Any]] = {}
+    top: dict[str, Any] = {}
+    for key, value in named.items():
+        section, _, name = key.partition("_")
+        if section in sections and name:
+            grouped.setdefault(section, {})[name] = value
+        else:
+            top[key] = value
+    return DaemonSettings(**top, **{section: dataclasses.replace(getattr(defaults, section),
+                                                                  **values)
+                                    for section, values in grouped.items()})

@@ -340,8 +340,8 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
             check_baseline_action(config, n_actions, f"the embedded dataset "
                                   f"'{config.embedded.dataset}' has {n_actions} actions")
         learner = build_learner(config, n_actions, n_features)
-        settings = dataclasses.replace(config.to_daemon_settings(), learner_n_actions=n_actions,
-                                       learner_n_features=n_features)
+        settings = dataclasses.replace(config.to_daemon_settings(), learner=dataclasses.replace(
+            config.learner, n_actions=n_actions, n_features=n_features))
         return Daemon(settings, wrapped, learner, observer)
     from streamlearn.candidates.learners import CANDIDATE_LEARNERS
 
@@ -350,9 +350,8 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
         check_baseline_action(config, config.learner.n_actions,
                               f"learner.n_actions = {config.learner.n_actions}")
     learner_class = CANDIDATE_LEARNERS[config.candidates.learner]
-    settings = dataclasses.replace(config.to_daemon_settings(), candidates_enabled=True,
-                                   candidates_shared_features=d_x,
-                                   candidates_candidate_features=d_c)
+    settings = dataclasses.replace(config.to_daemon_settings(), candidates=dataclasses.replace(
+        config.candidates, enabled=True, shared_features=d_x, candidate_features=d_c))
     return Daemon(settings, wrapped, learner_class(d_x, d_c, seed=config.learner.seed), observer)
 
 
@@ -514,7 +513,7 @@ def _totals(daemon: Any) -> str:
     c, pending = daemon.counters, len(daemon.join)
     joined, expired = c.feedback["joined"], c.feedback["expired"]
     fates = f"joined {joined}, expired {expired}, pending {pending}, shed {c.shed}"
-    if daemon.settings.candidates_enabled:
+    if daemon.settings.candidates.enabled:
         return (f"requests {c.instances}{_rejected_note(daemon)}, feedback per placed slot: "
                 f"{fates} (of {joined + expired + pending + c.shed} slots placed)")
     return (f"instances {c.instances}{_rejected_note(daemon)}, feedback {fates} (of "
@@ -571,11 +570,11 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
         tracker = LagTracker(transport, config.metrics.max_lag, on_lag=observer.on_lag)
         daemon = build_daemon(config, transport, tracker, observer)
         settings = daemon.settings
-        if settings.candidates_enabled:
-            shape = (f"candidate sets, d_x={settings.candidates_shared_features}, "
-                     f"d_c={settings.candidates_candidate_features}")
+        if settings.candidates.enabled:
+            shape = (f"candidate sets, d_x={settings.candidates.shared_features}, "
+                     f"d_c={settings.candidates.candidate_features}")
         else:
-            shape = f"K={settings.learner_n_actions}, d={settings.learner_n_features}"
+            shape = f"K={settings.learner.n_actions}, d={settings.learner.n_features}"
         tracker.is_serving = lambda: bool(daemon.ready)
 
         def stop() -> None:
@@ -593,12 +592,12 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
             stack.callback(server.stop)
             print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
                   file=out, flush=True)
-        if settings.rollout_mode != "online":
-            print(f"streamlearn serve: rollout {settings.rollout_mode} next to the caller's "
-                  f"baseline (explore budget {settings.rollout_explore_budget:g}, alpha "
-                  f"{settings.rollout_alpha:g}{', automatic' if settings.rollout_auto else ''}); "
+        if settings.rollout.mode != "online":
+            print(f"streamlearn serve: rollout {settings.rollout.mode} next to the caller's "
+                  f"baseline (explore budget {settings.rollout.explore_budget:g}, alpha "
+                  f"{settings.rollout.alpha:g}{', automatic' if settings.rollout.auto else ''}); "
                   f"SIGUSR2 steps back", file=out, flush=True)
-            if not settings.rollout_baseline:
+            if not settings.rollout.baseline:
                 print("streamlearn serve: warning: no rollout.baseline (--rollout-baseline "
                       "constant:A): events that carry no \"baseline\" of their own are served "
                       "by the learner alone, whatever the mode", file=out, flush=True)
@@ -611,7 +610,7 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
             stop, retraining.request_rollback if retraining is not None else None,
             daemon.request_step_back))
         progress = Progress(registry, out, getattr(transport, "stats", None),
-                            slots=settings.candidates_enabled)
+                            slots=settings.candidates.enabled)
         stop_progress = (stack.enter_context(progress.every(progress_s)) if progress_s > 0
                          else _nothing)
         started = time.monotonic()

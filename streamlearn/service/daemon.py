@@ -100,7 +100,8 @@ class Daemon:
     >>> from streamlearn.transport.memory import InMemoryTransport
     >>> transport = InMemoryTransport()
     >>> _ = transport.append_instance(b"ev-1", b'{"id": "ev-1", "x": [1.0, 0.0, 2.0]}')
-    >>> settings = DaemonSettings(learner_n_actions=2, learner_n_features=3)
+    >>> from streamlearn.service.settings import LearnerConfig
+    >>> settings = DaemonSettings(learner=LearnerConfig(n_actions=2, n_features=3))
     >>> daemon = Daemon(settings, transport, Banditron(2, 3, seed=1))
     >>> daemon.run(max_instances=1)
     >>> decision = orjson.loads(transport.broker.messages("decisions")[0].value)
@@ -118,30 +119,30 @@ class Daemon:
         self.wall_clock = wall_clock
         self.mode = mode if mode is not None else mode_for(settings)
         self.engine: DecisionCore = self.mode.make_engine(learner)
-        self.tracker = OnlineErrorTracker(settings.metrics_window)
+        self.tracker = OnlineErrorTracker(settings.metrics.window)
         self.counters = Counters()
         self.model_name = settings.model_name or type(learner).__name__.lower()
-        self.checkpointer = (Checkpointer(settings.checkpoint_dir, settings.checkpoint_keep,
-                                          settings.checkpoint_every_events,
-                                          settings.checkpoint_every_seconds,
-                                          settings.checkpoint_fsync_journal)
-                             if settings.checkpoint_dir else None)
+        self.checkpointer = (Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep,
+                                          settings.checkpoint.every_events,
+                                          settings.checkpoint.every_seconds,
+                                          settings.checkpoint.fsync_journal)
+                             if settings.checkpoint.dir else None)
         self.offsets = (self.checkpointer.offsets if self.checkpointer is not None
                         else ConsumedOffsets())
         self._journaled: dict[str, JournaledDecision] = {}
-        self.aligner = InputAligner(transport, settings.limits_poll_order_wait_seconds)
+        self.aligner = InputAligner(transport, settings.limits.poll_order_wait_seconds)
         self._stop = threading.Event()
         self.outputs = Outputs(transport, self._stop, settings.retry_seconds,
-                               settings.limits_dead_letter_max_bytes)
+                               settings.limits.dead_letter_max_bytes)
         self._retry_checkpoint_at = 0.0
         self._written_at: dict[int, tuple[float, float]] = {}  # background snapshots: when begun
         self.started_at_instances = 0
         self.polling_seconds = 0.0  # spent in poll: waiting for input (and, embedded, making it)
         self._drifts_seen = learner.drift_detections_
         self.ready = False
-        self.limits = settings.limits()
+        self.limits = settings.limits.decode_limits()
         self.retraining = (Retraining(settings, self.observer, wall_clock)
-                           if settings.retrain_enabled or settings.experience_dir else None)
+                           if settings.retrain_enabled or settings.experience.dir else None)
         self.adoption = Adoption(settings.adoption_settings(), self._on_rollout_switch)
         self._step_back_requested = False
         self._reward_weights = self.engine.joins.settings.reward_weights
@@ -271,7 +272,7 @@ class Daemon:
         s = self.settings
         began = time.perf_counter()
         try:
-            return self.aligner.poll(s.limits_poll_max_records, s.limits_poll_timeout_seconds)
+            return self.aligner.poll(s.limits.poll_max_records, s.limits.poll_timeout_seconds)
         except TransportError as exc:
             log.warning("poll failed, retrying in %.1f s: %s", s.retry_seconds, exc)
             self._stop.wait(s.retry_seconds)

@@ -106,7 +106,7 @@ class ServingMode(Protocol):
 
 def mode_for(settings: DaemonSettings) -> ServingMode:
     """The mode ``settings`` ask for (``candidates.enabled``)."""
-    return CandidateSets(settings) if settings.candidates_enabled else FixedActions(settings)
+    return CandidateSets(settings) if settings.candidates.enabled else FixedActions(settings)
 
 
 def _reused_values(ids: list[str], reused: dict[str, JournaledDecision]) -> list[bytes]:
@@ -121,11 +121,11 @@ class FixedActions:
 
     def __init__(self, settings: DaemonSettings) -> None:
         self.settings = settings
-        self.n_actions, self.n_features = settings.learner_n_actions, settings.learner_n_features
+        self.n_actions, self.n_features = settings.learner.n_actions, settings.learner.n_features
         self.journal_width = self.n_actions
 
     def make_engine(self, learner: Learner) -> Engine:
-        return Engine(learner, self.settings.join_settings())
+        return Engine(learner, self.settings.join.join_settings())
 
     def decode_instances(self, messages: list[Message], limits: DecodeLimits) -> tuple[Any, list[Rejection]]:
         return decode_instances(messages, self.n_features, self.n_actions, limits)
@@ -203,25 +203,25 @@ class CandidateSets:
     """Requests that carry their own candidates and ask for ``slots`` of them (module doc)."""
 
     def __init__(self, settings: DaemonSettings) -> None:
-        if settings.retrain_enabled and settings.retrain_policy == "ranker":
+        if settings.retrain_enabled and settings.retrain.policy == "ranker":
             raise ConfigError("retrain.policy must be 'learner' in candidate mode (rankers are "
                               "retrained and measured on the logged slates, not promoted to "
                               "serve). Got 'ranker'.")
         self.settings = settings
-        self.journal_width = settings.candidates_max_slots
+        self.journal_width = settings.candidates.max_slots
 
     def make_engine(self, learner: CandidateLearner) -> CandidateEngine:
         if not isinstance(learner, CandidateLearner):
             raise ConfigError(f"candidate mode needs a candidate-set learner. Got "
                               f"{type(learner).__name__}.")
-        return CandidateEngine(learner, self.settings.join_settings(),
-                               self.settings.candidates_max_slots)
+        return CandidateEngine(learner, self.settings.join.join_settings(),
+                               self.settings.candidates.max_slots)
 
     def decode_instances(self, messages: list[Message], limits: DecodeLimits) -> tuple[Any, list[Rejection]]:
         s = self.settings
-        return decode_candidate_requests(messages, s.candidates_shared_features,
-                                         s.candidates_candidate_features, limits,
-                                         s.candidates_max_candidates, s.candidates_max_slots)
+        return decode_candidate_requests(messages, s.candidates.shared_features,
+                                         s.candidates.candidate_features, limits,
+                                         s.candidates.max_candidates, s.candidates.max_slots)
 
     def decode_feedback(self, messages: list[Message], limits: DecodeLimits
                         ) -> tuple[Any, list[Rejection]]:
@@ -278,23 +278,23 @@ class CandidateSets:
              ) -> tuple[CandidateEngine, Counters]:
         arrays, meta, s = restored.arrays, restored.meta, self.settings
         try:
-            learner = CANDIDATE_LEARNERS[s.candidates_learner].from_state(arrays, meta["learner"])
-            if (learner.d_x, learner.d_c) != (s.candidates_shared_features,
-                                              s.candidates_candidate_features):
+            learner = CANDIDATE_LEARNERS[s.candidates.learner].from_state(arrays, meta["learner"])
+            if (learner.d_x, learner.d_c) != (s.candidates.shared_features,
+                                              s.candidates.candidate_features):
                 raise CheckpointMismatch(
-                    f"checkpoint {restored.seq} in {s.checkpoint_dir} holds a candidate learner "
+                    f"checkpoint {restored.seq} in {s.checkpoint.dir} holds a candidate learner "
                     f"with (d_x, d_c) = {learner.d_x, learner.d_c}; this daemon is configured "
-                    f"for {s.candidates_shared_features, s.candidates_candidate_features}")
-            joins = PendingJoins.restore(s.candidates_max_slots, learner.d_x + 2 * learner.d_c,
-                                         s.join_settings(), arrays, meta["join"])
+                    f"for {s.candidates.shared_features, s.candidates.candidate_features}")
+            joins = PendingJoins.restore(s.candidates.max_slots, learner.d_x + 2 * learner.d_c,
+                                         s.join.join_settings(), arrays, meta["join"])
             tracker_load(tracker, arrays, meta["tracker"])
             counters = Counters.from_json(meta["counters"])
-            restored_engine = CandidateEngine(learner, s.join_settings(), s.candidates_max_slots,
+            restored_engine = CandidateEngine(learner, s.join.join_settings(), s.candidates.max_slots,
                                               joins, meta["candidates"]["early_rewards"])
         except CheckpointMismatch:
             raise
         except (KeyError, TypeError, ValueError, StateError) as exc:
-            raise StateError(f"checkpoint {restored.seq} in {s.checkpoint_dir} does not fit this "
+            raise StateError(f"checkpoint {restored.seq} in {s.checkpoint.dir} does not fit this "
                              f"candidate-mode daemon: {exc!r}") from exc
         warn_settings_kept(restored.seq, engine.learner.hyperparameters(),
                            learner.hyperparameters())

@@ -46,7 +46,7 @@ class RankerState:
     def __init__(self, settings: DaemonSettings, observer: Observer, artifact_dir: Path,
                  wall_clock: Callable[[], float]) -> None:
         self.settings, self.observer, self.wall_clock = settings, observer, wall_clock
-        self.policy = settings.retrain_policy
+        self.policy = settings.retrain.policy
         self.store = RankerStore(artifact_dir)
         self.rollout = Rollout(settings.rollout_settings(), self._on_rollout_event)
         self.live: RankerArtifact | None = None  # the newest ranker
@@ -189,8 +189,8 @@ class RankerState:
                      100 * event.detail["share"])
         elif event.kind == "completed":
             log.info("rollout of %s v%d complete: it serves %.0f %% (the learner keeps %.0f %%)",
-                     arm.name, arm.version, 100 * (1 - self.settings.retrain_holdback),
-                     100 * self.settings.retrain_holdback)
+                     arm.name, arm.version, 100 * (1 - self.settings.retrain.holdback),
+                     100 * self.settings.retrain.holdback)
             self._new_epoch()
         elif event.kind == "rolled_back":
             self.arms.pop(arm.version, None)

@@ -157,7 +157,7 @@ class Replica:
                 continue
             before = daemon.counters.messages
             daemon.step()
-            filled |= daemon.counters.messages - before >= daemon.settings.limits_poll_max_records
+            filled |= daemon.counters.messages - before >= daemon.settings.limits.poll_max_records
         if self.hub is not None:
             self.hub.tick(self.daemons)
             if self.daemons:  # an adopted model replaced the shared learner

@@ -43,7 +43,7 @@ def check_rankers(settings: DaemonSettings) -> None:
     from streamlearn.retrain.artifact import make_ranker
 
     for spec in settings.retrain_ranker_names():
-        make_ranker(spec, queries=settings.candidates_enabled)
+        make_ranker(spec, queries=settings.candidates.enabled)
 
 
 class RetrainScheduler:
@@ -54,7 +54,7 @@ class RetrainScheduler:
         self.settings, self.observer, self.wall_clock = settings, observer, wall_clock
         self.log, self.rankers = log, rankers
         self.enabled = settings.retrain_enabled
-        self.worker = RetrainWorker(settings.retrain_worker, settings.retrain_worker_nice)
+        self.worker = RetrainWorker(settings.retrain.worker, settings.retrain.worker_nice)
         self.since_last = 0  # learned decisions since the last retrain started
         self._last_start = wall_clock()
         self._overrun_reported = False
@@ -80,14 +80,14 @@ class RetrainScheduler:
             return
         now = self.wall_clock()
         s = self.settings
-        due = ((s.retrain_every_events is not None and self.since_last >= s.retrain_every_events)
-               or (s.retrain_every_seconds is not None
-                   and now - self._last_start >= s.retrain_every_seconds and self.since_last > 0))
+        due = ((s.retrain.every_events is not None and self.since_last >= s.retrain.every_events)
+               or (s.retrain.every_seconds is not None
+                   and now - self._last_start >= s.retrain.every_seconds and self.since_last > 0))
         if self.worker.busy:
             running = self.worker.running_for
-            if running > s.retrain_timeout_seconds:
+            if running > s.retrain.timeout_seconds:
                 self._failed(f"retrain ran for {running:.0f} s, beyond retrain.timeout_seconds "
-                             f"= {s.retrain_timeout_seconds:g}; the worker is replaced")
+                             f"= {s.retrain.timeout_seconds:g}; the worker is replaced")
                 self.worker.restart()
             elif due and not self._overrun_reported:
                 self._overrun_reported = True
@@ -109,15 +109,15 @@ class RetrainScheduler:
             "log_dir": str(self.log.directory), "segments": None, "max_rows": s.retrain_window(),
             "rankers": list(s.retrain_ranker_names()),
             "artifact_dir": str(self.rankers.store.directory),
-            "version": version, "clip": s.retrain_clip,
-            "holdout_fraction": s.retrain_holdout_fraction, "level": s.retrain_level,
-            "current": self.rankers.current_artifact(s.candidates_enabled),
+            "version": version, "clip": s.retrain.clip,
+            "holdout_fraction": s.retrain.holdout_fraction, "level": s.retrain.level,
+            "current": self.rankers.current_artifact(s.candidates.enabled),
             "watermark": watermark}
-        if s.candidates_enabled:
+        if s.candidates.enabled:
             from streamlearn.retrain.candidates import run_candidate_retrain
 
-            spec["candidates"] = {"d_x": s.candidates_shared_features,
-                                  "d_c": s.candidates_candidate_features}
+            spec["candidates"] = {"d_x": s.candidates.shared_features,
+                                  "d_c": s.candidates.candidate_features}
             self.worker.submit(run_candidate_retrain, spec)
         else:
             from streamlearn.retrain.job import run_retrain  # the worker's side

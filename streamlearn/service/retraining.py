@@ -55,23 +55,23 @@ class Retraining:
     def __init__(self, settings: DaemonSettings, observer: Observer,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._temporary: Path | None = None
-        if settings.checkpoint_dir:
-            base = Path(settings.checkpoint_dir)
-        elif settings.experience_dir:
-            base = Path(settings.experience_dir).parent
+        if settings.checkpoint.dir:
+            base = Path(settings.checkpoint.dir)
+        elif settings.experience.dir:
+            base = Path(settings.experience.dir).parent
         else:  # nothing is kept across runs: a temporary directory, removed on close
             base = self._temporary = Path(tempfile.mkdtemp(prefix="streamlearn-experience-"))
-        log_dir = Path(settings.experience_dir) if settings.experience_dir else base / "experience"
+        log_dir = Path(settings.experience.dir) if settings.experience.dir else base / "experience"
         self.experience = ExperienceRecorder(ExperienceLog(
-            log_dir, settings.experience_segment_rows, settings.experience_segment_seconds,
-            settings.experience_retention_bytes, settings.experience_retention_seconds,
+            log_dir, settings.experience.segment_rows, settings.experience.segment_seconds,
+            settings.experience.retention_bytes, settings.experience.retention_seconds,
             wall_clock))
         if settings.retrain_enabled:
             check_rankers(settings)
         self.rankers = RankerState(settings, observer, base / "rankers", wall_clock)
         self.scheduler = RetrainScheduler(settings, observer, self.experience.log, self.rankers,
                                           wall_clock)
-        self.scorer = Scorer(self.rankers, settings.learner_n_actions)
+        self.scorer = Scorer(self.rankers, settings.learner.n_actions)
 
     # the parts' state, as the daemon, ``serve`` and the tests read it
     @property

@@ -7,7 +7,6 @@ daemon (another learner shape) with a :class:`~streamlearn.errors.StateError`.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -40,7 +39,7 @@ def freeze(engine: Engine | CandidateEngine, tracker: OnlineErrorTracker, counte
     t_arrays, t_meta = tracker_arrays(tracker)
     arrays = {**learner_arrays, **join_arrays, **t_arrays}
     meta = {"learner": learner_meta, "join": join_meta, "tracker": t_meta,
-            "counters": counters.to_json(), "settings": dataclasses.asdict(settings)}
+            "counters": counters.to_json(), "settings": settings.as_json()}
     return arrays, meta
 
 
@@ -54,8 +53,8 @@ def thaw(restored: Restored, settings: DaemonSettings, learner_class: type[Learn
     an older one). ``tracker`` is only changed when everything restored.
     """
     arrays, meta = restored.arrays, restored.meta
-    where = f"checkpoint {restored.seq} in {settings.checkpoint_dir}"
-    want = (settings.learner_n_actions, settings.learner_n_features)
+    where = f"checkpoint {restored.seq} in {settings.checkpoint.dir}"
+    want = (settings.learner.n_actions, settings.learner.n_features)
     held = meta.get("learner", {}).get("class") if isinstance(meta.get("learner"), dict) else None
     if held != learner_class.__name__ and held in {c.__name__ for c in LEARNERS.values()}:
         raise CheckpointMismatch(f"{where} does not fit this daemon: it holds a {held} learner; "
@@ -75,14 +74,14 @@ def thaw(restored: Restored, settings: DaemonSettings, learner_class: type[Learn
         old_clocks = counters_meta.get("clocks")  # where checkpoints before 0.2 kept them
         # the decision columns too (who served, gamma, the learner's own choice, the
         # baseline): without them a restored daemon's rollouts and log lost track of them
-        joins = PendingJoins.restore(*want, settings.join_settings(), arrays, join_meta,
+        joins = PendingJoins.restore(*want, settings.join.join_settings(), arrays, join_meta,
                                      None if old_clocks is None
                                      else PartitionClocks.from_json(old_clocks),
                                      columns=DECISION_COLUMNS)
         if "pending.column.exploit" not in arrays:  # written before the column: every
             live = np.flatnonzero(joins.active)    # decision then was the learner's own
             joins.columns["exploit"][live] = joins.probs[live].argmax(axis=1)
-        loaded = restored_tracker(arrays, tracker_meta, settings.metrics_window)
+        loaded = restored_tracker(arrays, tracker_meta, settings.metrics.window)
         counters = restored_counters(counters_meta)
     except CheckpointMismatch:
         raise

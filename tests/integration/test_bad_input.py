@@ -22,12 +22,13 @@ from daemon_harness import Caller, make_topics, producer, publish_instances, rea
 from daemon_harness import wait_until as wait
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
+from loop_helpers import settings_of
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.events import decode_feedback, decode_instances
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.transport.protocol import Message
 
 pytestmark = pytest.mark.integration
@@ -114,7 +115,7 @@ def n_invalid(counters: Any) -> int:
 def run(bootstrap: str, ckpt: Path, hostile_inst: list[tuple[bytes, bytes, str]],
         hostile_fb: list[tuple[bytes, bytes, str]]) -> tuple[Daemon, dict[str, Any]]:
     topics = make_topics(bootstrap, configs={"max.message.bytes": str(BIG)})
-    settings_ = DaemonSettings(checkpoint_dir=str(ckpt), join_window_seconds=600.0,
+    settings_ = settings_of(checkpoint_dir=str(ckpt), join_window_seconds=600.0,
                                join_backward_window_seconds=1.0, limits_poll_max_records=200)
     daemon = Daemon(settings_, transport(bootstrap, topics),
                     Banditron(K, D, FixedGamma(0.05), seed=3))

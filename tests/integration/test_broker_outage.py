@@ -21,13 +21,14 @@ from daemon_harness import (
     transport,
 )
 from daemon_harness import wait_until as wait
+from loop_helpers import settings_of
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.durability.checkpoint import offsets_from_json
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.counters import id_checksum
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.snapshot import read_snapshot
 
 pytestmark = pytest.mark.integration
@@ -41,7 +42,7 @@ def test_daemon_survives_a_broker_outage(kafka_bootstrap: str, kafka_control: An
                                          tmp_path: Path, client: str) -> None:
     X, y = synthetic_stream(N, noise=0.05, seed=4)
     topics = make_topics(kafka_bootstrap)
-    settings = DaemonSettings(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_events=2_000,
+    settings = settings_of(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every_events=2_000,
                               checkpoint_every_seconds=2.0, join_window_seconds=600.0,
                               flush_timeout_seconds=2.0)
     daemon = Daemon(settings, transport(kafka_bootstrap, topics, client=client),

@@ -29,6 +29,7 @@ from daemon_harness import (
     transport,
     wait_until,
 )
+from loop_helpers import settings_of
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -36,7 +37,7 @@ from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.replay import replay
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.service.http import MetricsServer
 from streamlearn.service.metrics import PrometheusObserver
 
@@ -61,7 +62,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_end_to_end_through_the_broker(kafka_bootstrap: str, tmp_path: Path) -> None:
     X, y = synthetic_stream(N, noise=0.05, seed=21)
     topics = make_topics(kafka_bootstrap)
-    settings = DaemonSettings(checkpoint_dir=str(tmp_path / "ckpt"),
+    settings = settings_of(checkpoint_dir=str(tmp_path / "ckpt"),
                               checkpoint_every_events=20_000, join_window_seconds=15.0,
                               limits_poll_max_records=BATCH)
     registry = CollectorRegistry()

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from loop_helpers import Clock, decisions_by_id, drain
+from loop_helpers import Clock, decisions_by_id, drain, settings_of
 
 from streamlearn.engine import BASELINE, Engine, Mixture
 from streamlearn.errors import ConfigError
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.adoption import Adoption, AdoptionSettings, parse_baseline
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.snapshot import read_snapshot, write_snapshot
 from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
@@ -401,7 +401,7 @@ def test_a_restored_agreement_of_none_is_nan(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------- through the daemon
 def daemon(broker: InMemoryBroker, tmp: Path, clock: Clock, **kw: Any) -> Daemon:
-    s = DaemonSettings(checkpoint_dir=str(tmp), checkpoint_every_events=10**9,
+    s = settings_of(checkpoint_dir=str(tmp), checkpoint_every_events=10**9,
                        checkpoint_every_seconds=1e9, join_window_seconds=5.0,
                        limits_poll_timeout_seconds=0.0, learner_n_actions=K,
                        learner_n_features=D, **kw)
@@ -489,7 +489,7 @@ def test_sigusr2_steps_the_daemon_back_and_the_checkpoint_keeps_it(tmp_path: Pat
 
     broker, clock = InMemoryBroker(), Clock()
     registry = CollectorRegistry()
-    s = DaemonSettings(checkpoint_dir=str(tmp_path), checkpoint_every_events=10**9,
+    s = settings_of(checkpoint_dir=str(tmp_path), checkpoint_every_events=10**9,
                        checkpoint_every_seconds=1e9, limits_poll_timeout_seconds=0.0,
                        learner_n_actions=K, learner_n_features=D)
     d = Daemon(s, InMemoryTransport(broker=broker, partitions=2), learner(0.1),
@@ -560,7 +560,7 @@ def test_the_rollout_gauges_show_what_served_and_keep_going_once_online(tmp_path
     broker, clock = InMemoryBroker(), Clock()
     caller = Caller(broker, clock)
     registry = CollectorRegistry()
-    s = DaemonSettings(checkpoint_dir=str(tmp_path), checkpoint_every_events=10**9,
+    s = settings_of(checkpoint_dir=str(tmp_path), checkpoint_every_events=10**9,
                        checkpoint_every_seconds=1e9, limits_poll_timeout_seconds=0.0,
                        learner_n_actions=K, learner_n_features=D, rollout_mode="apprentice",
                        rollout_explore_budget=0.2)

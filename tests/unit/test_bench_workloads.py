@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
+from loop_helpers import settings_of
 
 from simulators import bench_daemon
 from simulators.bench_workloads import D_C, Workload, candidate_sets, fixed_actions
 from streamlearn.candidates.learners import CandidateLinUCB
 from streamlearn.cli import main
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.transport.memory import InMemoryTransport
 
 
@@ -39,7 +40,7 @@ def test_candidate_requests_are_all_decided_and_the_best_candidate_is_rewarded()
     transport = InMemoryTransport(partitions=1)
     for key, value in zip(load.keys, load.values, strict=True):
         transport.append_instance(key, value)
-    settings = DaemonSettings(candidates_enabled=True, candidates_shared_features=0,
+    settings = settings_of(candidates_enabled=True, candidates_shared_features=0,
                               candidates_candidate_features=D_C, learner_n_actions=2,
                               learner_n_features=2 * D_C, limits_poll_timeout_seconds=0.0)
     daemon = Daemon(settings, transport, CandidateLinUCB(0, D_C, seed=1))

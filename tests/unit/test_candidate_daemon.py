@@ -12,7 +12,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loop_helpers import Clock, decisions_by_id, drain
+from loop_helpers import Clock, decisions_by_id, drain, settings_of
 
 from streamlearn.candidates.learners import CandidateLinUCB
 from streamlearn.candidates.sets import CandidateSets
@@ -20,7 +20,7 @@ from streamlearn.engine.candidates import CandidateEngine, pair_id
 from streamlearn.join.aggregate import capped, median
 from streamlearn.join.pending import JoinSettings, Outcome, PendingJoins
 from streamlearn.service.counters import id_checksum
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
 D_X, D_C = 3, 4
@@ -93,7 +93,7 @@ def make_daemon(broker: InMemoryBroker, tmp: Path | None, clock: Clock,
         "candidates_shared_features": D_X, "candidates_candidate_features": D_C,
         "candidates_max_candidates": 20, "candidates_max_slots": 3,
         "learner_n_actions": 3, "learner_n_features": D_X + 2 * D_C}
-    daemon = Daemon(DaemonSettings(**{**base, **kw}),
+    daemon = Daemon(settings_of(**{**base, **kw}),
                              InMemoryTransport(broker=broker, partitions=2),
                              CandidateLinUCB(D_X, D_C, seed=3), wall_clock=clock)
     daemon.restore()

@@ -21,6 +21,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loop_helpers import settings_of
 
 from streamlearn.cli import main
 from streamlearn.durability.checkpoint import (
@@ -159,7 +160,7 @@ def test_any_metadata_round_trips_with_a_matching_checksum(
 
 # --------------------------------------------- 2 + 3. a daemon checkpoint that does not restore
 def daemon_settings(tmp: Path) -> DaemonSettings:
-    return DaemonSettings(learner_n_actions=K, learner_n_features=D, checkpoint_dir=str(tmp),
+    return settings_of(learner_n_actions=K, learner_n_features=D, checkpoint_dir=str(tmp),
                           metrics_window=5)
 
 
@@ -280,7 +281,7 @@ def test_a_checkpoint_of_another_learner_is_refused_without_moving_anything(
         tmp_path: Path) -> None:
     two_checkpoints(tmp_path)
     tracker = OnlineErrorTracker(5)
-    other = DaemonSettings(learner_n_actions=K + 2, learner_n_features=D,
+    other = settings_of(learner_n_actions=K + 2, learner_n_features=D,
                            checkpoint_dir=str(tmp_path))
     with pytest.raises(CheckpointMismatch, match=r"\(K, d\) = \(3, 4\); \(5, 4\) are configured"):
         Checkpointer(tmp_path).restore(accept=lambda r: thaw(r, other, Banditron, tracker))

@@ -6,17 +6,17 @@ import shutil
 from pathlib import Path
 
 import orjson
-from loop_helpers import Clock, drain
+from loop_helpers import Clock, drain, settings_of
 
 from streamlearn.learners import make_learner
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.transport.memory import InMemoryTransport
 
 K, D = 3, 2
 
 
 def daemon(transport: InMemoryTransport, directory: Path) -> Daemon:
-    settings = DaemonSettings(learner_n_actions=K, learner_n_features=D, checkpoint_dir=str(directory),
+    settings = settings_of(learner_n_actions=K, learner_n_features=D, checkpoint_dir=str(directory),
                               limits_poll_timeout_seconds=0.0)
     d = Daemon(settings, transport, make_learner("linucb", K, D, seed=0), wall_clock=Clock())
     d.restore()

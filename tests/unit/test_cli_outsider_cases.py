@@ -10,11 +10,11 @@ from pathlib import Path
 
 import orjson
 import pytest
-from loop_helpers import Clock, drain
+from loop_helpers import Clock, drain, settings_of
 
 from streamlearn.cli import main
 from streamlearn.learners import make_learner
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.transport.memory import InMemoryTransport
 
 HUGE = "9" * 400
@@ -67,7 +67,7 @@ def test_outputs_the_run_could_not_write_are_refused_before_it(
 def test_inspect_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
     transport = InMemoryTransport(partitions=1)
     transport.broker.append("instances", b"e", orjson.dumps({"id": "e", "x": [1.0, 2.0]}), 0, 1000)
-    settings = DaemonSettings(learner_n_actions=3, learner_n_features=2, checkpoint_dir=str(tmp_path),
+    settings = settings_of(learner_n_actions=3, learner_n_features=2, checkpoint_dir=str(tmp_path),
                               limits_poll_timeout_seconds=0.0)
     daemon = Daemon(settings, transport, make_learner("linucb", 3, 2, seed=0), wall_clock=Clock())
     drain(daemon)

@@ -193,11 +193,14 @@ def test_daemon_settings_carry_the_config() -> None:
                                        "limits.poll_max_records": "64",
                                        "checkpoint.fsync_journal": "true"})
     settings = cfg.to_daemon_settings()
-    assert settings.join_window_seconds == 30.0
-    assert settings.checkpoint_dir == "/tmp/x"
-    assert settings.limits_poll_max_records == 64
-    assert settings.checkpoint_fsync_journal is True
-    assert settings.join_expiry_policy == "default_reward"
+    assert settings.join.window_seconds == 30.0
+    assert str(settings.checkpoint.dir) == "/tmp/x"
+    assert settings.limits.poll_max_records == 64
+    assert settings.checkpoint.fsync_journal is True
+    assert settings.join.expiry_policy == "default_reward"
+    # one shape: the daemon holds the configuration's own sections, not copies by name
+    assert settings.join is cfg.join and settings.retrain is cfg.retrain
+    assert settings.join.join_settings().window_s == 30.0
 
 
 def test_docs_list_every_setting_with_env_and_flag() -> None:
@@ -279,18 +282,18 @@ def test_reward_weights_from_a_table_the_environment_or_a_flag(tmp_path: Path) -
                            "reward_weights = {click = 1, conversion = 10, \"add to cart\" = 0.5}\n")
     cfg = load_config(path, environ={})
     assert cfg.join.duplicate_policy == "median"
-    settings = cfg.to_daemon_settings().join_settings()
+    settings = cfg.to_daemon_settings().join.join_settings()
     assert settings.duplicate_policy == "median"
     assert settings.reward_weights == {"click": 1.0, "conversion": 10.0, "add to cart": 0.5}
     env = {"STREAMLEARN_JOIN_REWARD_WEIGHTS": "click=2, dwell=0.25",
            "STREAMLEARN_JOIN_DUPLICATE_POLICY": "sum"}
     cfg = load_config(path, environ=env)
     assert cfg.join.duplicate_policy == "sum"
-    assert cfg.to_daemon_settings().join_settings().reward_weights == {"click": 2.0, "dwell": 0.25}
+    assert cfg.to_daemon_settings().join.join_settings().reward_weights == {"click": 2.0, "dwell": 0.25}
     cfg = load_config(path, environ=env, cli={"join.reward_weights": "view=0",
                                                 "join.duplicate_policy": "average"})
-    assert cfg.to_daemon_settings().join_settings().reward_weights == {"view": 0.0}
-    assert load_config(environ={}).to_daemon_settings().join_settings().reward_weights == {}
+    assert cfg.to_daemon_settings().join.join_settings().reward_weights == {"view": 0.0}
+    assert load_config(environ={}).to_daemon_settings().join.join_settings().reward_weights == {}
     for policy in ("latest", "max", "sum", "average", "min", "median"):
         assert load_config(environ={}, cli={"join.duplicate_policy": policy}).join.duplicate_policy == policy
     # what --print-config writes (the compact text) reads back in a file

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
-from loop_helpers import Clock, drain
+from loop_helpers import Clock, drain, settings_of
 
 from streamlearn.candidates.learners import CandidateLinUCB
 from streamlearn.learners import make_learner
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.transport.memory import InMemoryTransport
 
 K, D = 5, 3
@@ -55,7 +55,7 @@ def test_every_feedback_of_an_old_backlog_joins(age_s: float, seed: int) -> None
     transport = InMemoryTransport(partitions=partitions)
     n = 300
     backlog(transport, n, int((clock.t - age_s) * 1000) - 2000, partitions, rng)
-    daemon = Daemon(DaemonSettings(learner_n_actions=K, learner_n_features=D,
+    daemon = Daemon(settings_of(learner_n_actions=K, learner_n_features=D,
                                    limits_poll_timeout_seconds=0.0,
                                    limits_poll_max_records=int(rng.integers(7, 120))),
                     transport, make_learner("linucb", K, D, seed=0), wall_clock=clock)
@@ -76,7 +76,7 @@ def test_held_feedback_whose_decision_never_comes_still_becomes_unknown() -> Non
     for i in range(3):  # instances 0, 5 and 11 s of event time later
         value = orjson.dumps({"id": f"e{i}", "x": [0.0] * D})
         transport.broker.append("instances", f"e{i}".encode(), value, 0, old + 1 + (0, 5000, 11000)[i])
-    daemon = Daemon(DaemonSettings(learner_n_actions=K, learner_n_features=D,
+    daemon = Daemon(settings_of(learner_n_actions=K, learner_n_features=D,
                                    limits_poll_timeout_seconds=0.0, limits_poll_max_records=1),
                     transport, make_learner("linucb", K, D, seed=0), wall_clock=clock)
     unknown_after = []  # after each message read (one per poll)
@@ -113,7 +113,7 @@ def test_every_feedback_of_an_old_candidate_backlog_joins(age_s: float) -> None:
         t += 1
         transport.broker.append("feedback", answered.encode(),
                                 orjson.dumps({"id": answered, "reward": 1.0}), 0, t)
-    settings = DaemonSettings(limits_poll_timeout_seconds=0.0, limits_poll_max_records=37,
+    settings = settings_of(limits_poll_timeout_seconds=0.0, limits_poll_max_records=37,
                               candidates_enabled=True, candidates_shared_features=2,
                               candidates_candidate_features=2, learner_n_actions=2,
                               learner_n_features=6)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from loop_helpers import Clock, decisions_by_id, drain
+from loop_helpers import Clock, decisions_by_id, drain, settings_of
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.errors import StateError, TransportError
@@ -69,7 +69,7 @@ def settings(tmp: Path | None, **kw: Any) -> DaemonSettings:
     base: dict[str, Any] = {"checkpoint_dir": None if tmp is None else str(tmp),
                             "checkpoint_every_events": 400, "checkpoint_every_seconds": 1e9,
                             "join_window_seconds": 5.0, "limits_poll_timeout_seconds": 0.0}
-    return DaemonSettings(**{**base, **kw})
+    return settings_of(**{**base, **kw})
 
 
 def make_daemon(broker: InMemoryBroker, tmp: Path | None, clock: Clock, **kw: Any) -> Daemon:

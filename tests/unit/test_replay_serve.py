@@ -14,11 +14,12 @@ import time
 import numpy as np
 import orjson
 import pytest
+from loop_helpers import settings_of
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.learners import Banditron, EpsilonGreedy, FixedGamma, Learner
 from streamlearn.replay.fixed import _FeedbackDraws, replay
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.transport.memory import InMemoryTransport
 
 N, B, K, D = 3000, 50, 9, 400
@@ -34,7 +35,7 @@ def learner(name: str) -> Learner:
 def serve_in_lockstep(model: Learner, delay_mean: float) -> Daemon:
     transport = InMemoryTransport(partitions=1)
     broker = transport.broker
-    settings = DaemonSettings(learner_n_actions=K, learner_n_features=D,
+    settings = settings_of(learner_n_actions=K, learner_n_features=D,
                               limits_poll_max_records=10 * B, limits_poll_timeout_seconds=0.0,
                               join_window_seconds=1e9)
     daemon = Daemon(settings, transport, model)

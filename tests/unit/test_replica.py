@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from loop_helpers import Clock
+from loop_helpers import Clock, settings_of
 
 from streamlearn.commands.inspect import run as run_inspect
 from streamlearn.commands.inspect_group import describe_group
@@ -23,7 +23,7 @@ from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.counters import id_checksum
-from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.service.daemon import Daemon
 from streamlearn.service.replica import Replica
 from streamlearn.snapshot import read_snapshot
 from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
@@ -46,7 +46,7 @@ class FakeMembership:
 
 def make_replica(broker: InMemoryBroker, state: Path, clock: Clock) -> Replica:
     def make_daemon(p: int) -> Daemon:
-        settings = DaemonSettings(checkpoint_dir=str(state / f"partition-{p}"),
+        settings = settings_of(checkpoint_dir=str(state / f"partition-{p}"),
                                   checkpoint_every_events=150, checkpoint_every_seconds=1e9,
                                   join_window_seconds=30.0, limits_poll_timeout_seconds=0.0)
         transport = InMemoryTransport(broker=broker, partitions=P, only=[p])
@@ -167,7 +167,7 @@ def test_a_round_that_filled_no_batch_waits_out_the_shortest_round(
     broker = InMemoryBroker(P)
 
     def make_daemon(p: int) -> Daemon:
-        settings = DaemonSettings(checkpoint_dir=str(tmp_path / f"partition-{p}"),
+        settings = settings_of(checkpoint_dir=str(tmp_path / f"partition-{p}"),
                                   limits_poll_timeout_seconds=0.0, limits_poll_max_records=20)
         return Daemon(settings, InMemoryTransport(broker=broker, partitions=P, only=[p]),
                       Banditron(9, 400, FixedGamma(0.05), seed=1))
