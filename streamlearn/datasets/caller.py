@@ -194,6 +194,11 @@ class FeedbackQueue:
         """Each scheduled message's due time (a copy)."""
         return self._at.copy()
 
+    @property
+    def scheduled_ids(self) -> list[str]:
+        """Each scheduled message's event id, in scheduling order (a copy)."""
+        return list(self._ids)
+
     def schedule(self, now: float, ids: list[str], fields: list[dict[str, Any]],
                  rewards: np.ndarray, dropped: np.ndarray, delay_mean_s: float,
                  rng: np.random.Generator, stats: CallerStats) -> None:

@@ -67,7 +67,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
     if share == "beside" and any(item.get_closest_marker("cpu_share") for item in kept):
         raise pytest.UsageError("a cpu_share test cannot run beside the CPU-bound tests")
-    items.sort(key=lambda item: item.get_closest_marker("cpu_share") is not None)  # stable
+    # stable; the broker outages (they stop and restart their process's broker) go after the
+    # other tests of their process, the cpu_share ones last
+    items.sort(key=lambda item: (item.get_closest_marker("cpu_share") is not None,
+                                 Path(str(item.fspath)).name == "test_broker_outage.py"))
 
 
 @pytest.fixture(autouse=True)

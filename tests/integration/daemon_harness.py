@@ -169,9 +169,9 @@ class Caller(threading.Thread):
                 scheduled_before = self.caller.scheduled
                 self.caller.answer(waiting, time.time())
                 if self.caller.stats.dropped > dropped_before:  # those never get feedback
-                    kept = set(self.caller._due_n[scheduled_before:].tolist())
+                    kept = set(self.caller._queue.scheduled_ids[scheduled_before:])
                     self.dropped_ids += [i for i in (orjson.loads(v)["id"] for v in waiting)
-                                         if int(i[1:]) not in kept]
+                                         if i not in kept]
                 waiting = []
             answered = self.caller.due(time.time())
             for key, value in answered:
