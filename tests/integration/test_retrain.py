@@ -209,6 +209,23 @@ def _scrape(port: int) -> dict[str, float]:
             re.finditer(r"^(streamlearn_retrain_\w+) ([0-9.e+-]+)$", text, re.MULTILINE)}
 
 
+def _busy_cores(seconds: float) -> float:
+    """How many cores were busy (not idle, not waiting on IO) over ``seconds``, from
+    /proc/stat (0 where it cannot be read)."""
+    def sample() -> tuple[float, float]:
+        with open("/proc/stat") as f:
+            values = [float(v) for v in f.readline().split()[1:]]
+        return sum(values), values[3] + values[4]  # total, idle + iowait
+    try:
+        total_a, idle_a = sample()
+        time.sleep(seconds)
+        total_b, idle_b = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    cores = os.cpu_count() or 1
+    return cores * (1.0 - (idle_b - idle_a) / max(total_b - total_a, 1e-9))
+
+
 @pytest.mark.cpu_share
 @pytest.mark.needs_data
 def test_retrains_keep_their_cadence_with_the_loop_saturated_and_the_machine_loaded(
@@ -216,8 +233,11 @@ def test_retrains_keep_their_cadence_with_the_loop_saturated_and_the_machine_loa
     """No rate limit (the loop takes a whole core) and a second process spinning on the other
     one: the default worker still gets a share of the CPU, so a retrain every 8 s keeps its
     cadence — the count of finished retrains grows by one per 8 s (give or take one), with
-    no failure and at most one overrun."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    no failure and at most one overrun. The machine is loaded with one spinning process:
+    this test's own, unless something else already keeps a core busy (CI beside a
+    CPU-heavy job), which then plays that part."""
+    busy = _busy_cores(1.0)
+    hog = None if busy >= 0.8 else subprocess.Popen([sys.executable, "-c", "while True: pass"])
     log = tmp_path / "serve.log"
     proc = serve(tmp_path, "--embedded-dataset", "letter", "--embedded-rate", "0",
                  "--retrain-every-seconds", "8", "--retrain-rankers", "logistic",
@@ -233,8 +253,10 @@ def test_retrains_keep_their_cadence_with_the_loop_saturated_and_the_machine_loa
         took = time.monotonic() - first
         metrics = _scrape(port)
     finally:
-        hog.kill()
+        if hog is not None:
+            hog.kill()
         stop(proc, log)
-    assert took <= 5 * 8 + 8, f"four retrains took {took:.0f} s at a cadence of 8 s"
+    why = f" (busy cores before: {busy:.2f}, {'another' if hog is None else 'our'} spinner)"
+    assert took <= 5 * 8 + 8, f"four retrains took {took:.0f} s at a cadence of 8 s{why}"
     assert metrics["streamlearn_retrain_failures_total"] == 0
-    assert metrics["streamlearn_retrain_overruns_total"] <= 1, metrics
+    assert metrics["streamlearn_retrain_overruns_total"] <= 1, (metrics, why)
