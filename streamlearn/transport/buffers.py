@@ -7,7 +7,9 @@ until the transport that attached the partition takes it.
 
 Invariants: a partition's records are handed out in the order they were put (offset
 order); only partitions attached are kept (a record of a partition detached meanwhile is
-dropped: not ours to keep); a partition is attached by one transport at a time.
+dropped: not ours to keep); a partition is attached by one transport at a time; after a
+seek to P no record below P is handed out (a fetch made before the seek can still deliver
+records from the old position: librdkafka did, under load, in one CI run of three).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class PartitionBuffers:
     def __init__(self) -> None:
         self.assigned: dict[Partition, Any] = {}  # (topic, partition) → the client's handle
         self._buffers: dict[Partition, deque[Message]] = {}
+        self._sought: dict[Partition, int] = {}  # a seek's position until a record reaches it
 
     def attach(self, partitions: Mapping[Partition, Any]) -> None:
         """Add partitions; a TransportError if another transport has attached one already."""
@@ -45,13 +48,17 @@ class PartitionBuffers:
         handles = [self.assigned.pop(tp) for tp in gone]
         for tp in gone:
             del self._buffers[tp]
+            self._sought.pop(tp, None)
         return handles
 
-    def forget(self, partitions: Iterable[Partition]) -> None:
-        """Drop the buffered records of partitions (after a seek: fetched from the old position)."""
-        for tp in partitions:
+    def seek(self, positions: Mapping[Partition, int]) -> None:
+        """Partitions were sought to ``positions``: their buffered records (fetched from the
+        old positions) are dropped, and so is any record below its position that still
+        arrives from a fetch made before the seek."""
+        for tp, position in positions.items():
             if tp in self._buffers:
                 self._buffers[tp].clear()
+                self._sought[tp] = int(position)
 
     def buffered(self, partition: Partition) -> int:
         """Records of ``partition`` fetched but not yet taken."""
@@ -61,9 +68,17 @@ class PartitionBuffers:
     def put(self, messages: Iterable[Message]) -> None:
         """Buffer fetched records under their partitions (a detached partition's are dropped)."""
         for m in messages:
-            buffer = self._buffers.get((m.topic, m.partition))
-            if buffer is not None:
-                buffer.append(m)
+            tp = (m.topic, m.partition)
+            buffer = self._buffers.get(tp)
+            if buffer is None:
+                continue
+            if self._sought:
+                floor = self._sought.get(tp)
+                if floor is not None:
+                    if m.offset < floor:
+                        continue  # fetched from before the seek
+                    del self._sought[tp]
+            buffer.append(m)
 
     def take(self, partitions: Iterable[Partition], max_records: int,
              fill: Callable[[], None]) -> list[Message]:

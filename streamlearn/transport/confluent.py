@@ -573,8 +573,9 @@ class SharedConfluentClients:
         if gone and not self._closed:
             self.consumer.incremental_unassign(gone)
 
-    def forget_buffered(self, partitions: Iterable[Partition]) -> None:
-        self._partitions.forget(partitions)
+    def forget_buffered(self, positions: Mapping[Partition, int]) -> None:
+        """A transport sought these partitions: drop what was fetched from before."""
+        self._partitions.seek(positions)
 
     def buffered(self, partition: Partition) -> int:
         """Records of ``partition`` fetched but not yet taken."""

@@ -62,8 +62,9 @@ class SharedKafkaClients:
         if self._partitions.detach(partitions) and not self._closed:
             self.consumer.assign(list(self._partitions.assigned.values()))
 
-    def forget_buffered(self, partitions: Iterable[Partition]) -> None:
-        self._partitions.forget(partitions)
+    def forget_buffered(self, positions: Mapping[Partition, int]) -> None:
+        """A transport sought these partitions: drop what was fetched from before."""
+        self._partitions.seek(positions)
 
     def buffered(self, partition: Partition) -> int:
         """Records of ``partition`` fetched but not yet taken."""

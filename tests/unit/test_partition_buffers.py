@@ -62,5 +62,23 @@ def test_a_fetch_only_when_nothing_asked_for_is_buffered_and_detach_drops() -> N
     buffers.attach({PARTS[0]: "h0"})  # attachable again, empty
     assert buffers.buffered(PARTS[0]) == 0
     buffers.put([message(PARTS[0], 5)])
-    buffers.forget([PARTS[0]])
+    buffers.seek({PARTS[0]: 30})
     assert buffers.buffered(PARTS[0]) == 0
+
+
+def test_after_a_seek_records_from_before_it_are_dropped_until_the_position_arrives() -> None:
+    """A fetch made before a seek to 30 can still deliver offsets 6, 7, ... (librdkafka did,
+    under load): they are dropped; from the first record at or past 30 on, all are kept
+    (a later seek backwards is a new floor, not this one)."""
+    buffers = PartitionBuffers()
+    buffers.attach({PARTS[0]: "h0", PARTS[1]: "h1"})
+    buffers.put([message(PARTS[0], i) for i in range(6)])
+    buffers.seek({PARTS[0]: 30})
+    buffers.put([message(PARTS[0], i) for i in range(6, 12)] + [message(PARTS[1], 0)])
+    assert buffers.buffered(PARTS[0]) == 0 and buffers.buffered(PARTS[1]) == 1
+    buffers.put([message(PARTS[0], i) for i in range(30, 33)])
+    taken = buffers.take([PARTS[0]], 10, lambda: None)
+    assert [m.offset for m in taken] == [30, 31, 32]
+    buffers.seek({PARTS[0]: 0})  # backwards: everything from 0 is wanted again
+    buffers.put([message(PARTS[0], i) for i in range(3)])
+    assert [m.offset for m in buffers.take([PARTS[0]], 10, lambda: None)] == [0, 1, 2]
