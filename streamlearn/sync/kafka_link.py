@@ -18,6 +18,21 @@ compact it (Kafka never compacts the active segment, 7 days long by default):
 what a replica reads from the beginning at its start stays bounded by about a
 minute of publishes plus one message per key.
 
+**The merger is fenced by Kafka.** Global models go out in transactions of one
+producer whose ``transactional.id`` is the topic's (``streamlearn-merger-<topic>``),
+and every reader reads ``read_committed``. Whoever takes the merger role opens
+that producer (``init_transactions``) *before* the catch-up that precedes its
+first merge: the broker then aborts the previous merger's open transaction and
+refuses every later one of its (``ProducerFencedError``), so a replica paused
+past its session timeout, woken up still believing it merges, publishes nothing;
+and what the previous merger committed before the fence is read by the catch-up,
+so the new merger's version is above it. Global versions on the topic are
+therefore unique and increasing whatever the pauses. (Checking the topic's end
+before publishing, as the hub does too, cannot do this alone: a pause between
+the check and the send defeats it.) The broker must allow transactions: on a
+single broker, ``transaction.state.log.replication.factor=1`` and
+``transaction.state.log.min.isr=1`` (deploy/kafka does).
+
 The link's consumer polls in its own thread (kafka-python completes a fetch only
 while ``poll`` waits; polled in short slices between serving steps, it fell
 seconds behind under load). The thread buffers every message; :meth:`fetch`
@@ -33,6 +48,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
+from typing import Any
 
 from streamlearn.errors import TransportError
 
@@ -68,7 +84,13 @@ class KafkaModelLink:
         from kafka.errors import KafkaError
 
         options = dict(client_options or {})
-        self.topic = topic
+        self.topic, self._bootstrap = topic, bootstrap
+        self._producer_options = {k: v for k, v in options.items()
+                                  if k in KafkaProducer.DEFAULT_CONFIG}
+        # the merger's transactional producer: opened (fencing the previous merger) by the
+        # reader thread before it answers a catch-up while following, or by a global send
+        self._merger: Any = None
+        self._merger_lock = threading.Lock()  # opening, using and dropping it
         self.tp = TopicPartition(topic, GLOBALS)
         self._buffer: deque[tuple[bool, bytes]] = deque()  # (from the states partition, value)
         self._lock = threading.Lock()
@@ -84,6 +106,7 @@ class KafkaModelLink:
             self.consumer = KafkaConsumer(
                 **{k: v for k, v in options.items() if k in KafkaConsumer.DEFAULT_CONFIG},
                 bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                isolation_level="read_committed",  # never a fenced merger's model
                 auto_offset_reset="earliest",  # a compacted-away start offset: the oldest kept
                 client_id="streamlearn-models")
             deadline = time.monotonic() + 30.0  # a topic created just now: wait for its metadata
@@ -95,8 +118,7 @@ class KafkaModelLink:
             self.consumer.assign([self.tp])
             self.consumer.seek_to_beginning(self.tp)
             self.producer = KafkaProducer(
-                **{k: v for k, v in options.items() if k in KafkaProducer.DEFAULT_CONFIG},
-                bootstrap_servers=bootstrap, acks="all", linger_ms=5,
+                **self._producer_options, bootstrap_servers=bootstrap, acks="all", linger_ms=5,
                 client_id="streamlearn-models")
             self.producer.partitions_for(topic)  # its metadata now, not at the first publish
         except KafkaError as exc:
@@ -126,6 +148,9 @@ class KafkaModelLink:
                 with self._lock:
                     self._buffer.extend(values)
                 if asked > self._answered:
+                    if self._following and self._merger is None:
+                        self._open_merger()  # fence the previous merger before reading the end
+                        target_for = 0  # (ends read before the fence are not enough)
                     if target_for != asked:  # the ends as of (after) the request
                         targets = self.consumer.end_offsets(list(self.consumer.assignment()))
                         target_for = asked
@@ -133,13 +158,43 @@ class KafkaModelLink:
                         with self._lock:
                             self._answered = target_for
                             self._states_read_to = targets.get(self.states_tp)
-            except KafkaError as exc:
-                log.warning("models topic: poll failed: %s", exc)
+            except (KafkaError, TransportError) as exc:
+                log.warning("models topic: %s", exc)
                 self._closed.wait(0.5)
             except Exception:  # never die silently: the replica would stop adopting models
                 log.exception("models topic: reader thread failed; retrying")
                 self._closed.wait(0.5)
         self.consumer.close()
+
+    def _open_merger(self) -> Any:
+        """The merger's transactional producer, opened now if it is not (``init_transactions``
+        fences every earlier producer of the same id and aborts its open transaction)."""
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        with self._merger_lock:
+            if self._merger is None:
+                producer = KafkaProducer(
+                    **self._producer_options, bootstrap_servers=self._bootstrap, acks="all",
+                    linger_ms=5, transactional_id=f"streamlearn-merger-{self.topic}",
+                    client_id="streamlearn-models-merger")
+                try:
+                    producer.init_transactions()
+                except KafkaError as exc:
+                    producer.close(timeout=5)
+                    raise TransportError(
+                        f"cannot open the merger's transactional producer on {self.topic!r} "
+                        f"({exc}); the broker must allow transactions (on one broker: "
+                        "transaction.state.log.replication.factor=1 and "
+                        "transaction.state.log.min.isr=1)") from exc
+                self._merger = producer
+            return self._merger
+
+    def _drop_merger(self) -> None:
+        with self._merger_lock:
+            producer, self._merger = self._merger, None
+        if producer is not None:
+            producer.close(timeout=5)
 
     def _set_following(self, on: bool, from_offset: int | None) -> None:
         """In the reader thread: add the states partition (from ``from_offset``, or its
@@ -170,13 +225,44 @@ class KafkaModelLink:
     def send(self, key: bytes, values: list[bytes]) -> None:
         from kafka.errors import KafkaError
 
-        partition = GLOBALS if key == b"global" or self.states_tp is None else STATES
+        if key == b"global":
+            self._send_global(values)
+            return
+        partition = GLOBALS if self.states_tp is None else STATES
         try:
             for i, value in enumerate(values):
                 self.producer.send(self.topic, key=key + b"/%d" % i, value=value,
                                    partition=partition)
             self.producer.flush(timeout=30)
         except KafkaError as exc:  # the next round publishes again
+            raise TransportError(f"publishing to the models topic failed: {exc}") from exc
+
+    def _send_global(self, values: list[bytes]) -> None:
+        """One transaction of the merger's producer; fenced (another replica opened the
+        producer since), it is dropped and nothing of this model is ever read. A merger (a
+        follower) publishes only with the producer its last catch-up opened; a writer outside
+        that protocol opens one here."""
+        from kafka.errors import KafkaError, ProducerFencedError
+
+        with self._lock:
+            following = self._follow[0]
+        if following and self._merger is None:
+            raise TransportError("not published: the merger's producer was dropped since the "
+                                 "last catch-up (the next one opens it again)")
+        producer = self._open_merger()
+        try:
+            with self._merger_lock:
+                producer.begin_transaction()
+                for i, value in enumerate(values):
+                    producer.send(self.topic, key=b"global/%d" % i, value=value,
+                                  partition=GLOBALS)
+                producer.commit_transaction()
+        except ProducerFencedError as exc:
+            self._drop_merger()
+            raise TransportError("not published: another replica is the merger now "
+                                 f"(fenced by the broker: {exc})") from exc
+        except KafkaError as exc:  # the next round publishes again, from a fresh producer
+            self._drop_merger()  # (an aborted transaction is never read)
             raise TransportError(f"publishing to the models topic failed: {exc}") from exc
 
     def fetch(self) -> list[bytes]:
@@ -202,3 +288,4 @@ class KafkaModelLink:
         self._closed.set()
         self._thread.join(timeout=10)
         self.producer.close(timeout=10)
+        self._drop_merger()

@@ -90,7 +90,8 @@ def publish_instances(prod: KafkaProducer, topic: str, X: np.ndarray, y: np.ndar
 def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]:
     """Every record of ``topic`` up to its current end."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                             group_id=None, consumer_timeout_ms=1000)
+                             group_id=None, consumer_timeout_ms=1000,
+                             isolation_level="read_committed")  # not what a fence aborted
     try:
         parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or []]
         consumer.assign(parts)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
+from streamlearn.errors import TransportError
 from streamlearn.sync.codec import chunk, parse
 from streamlearn.sync.kafka_link import KafkaModelLink, ensure_models_topic
 from streamlearn.transport.kafka import ensure_topics
@@ -55,7 +56,7 @@ def test_only_a_follower_reads_the_states_and_from_the_offset_it_gives(
         assert reader.states_position() == 2  # read to the states partition's end
         reader.follow_states(False)
         writer.send(b"replica/r", message("replica", 3))
-        writer.send(b"global", message("global", 2))
+        reader.send(b"global", message("global", 2))  # its catch-up made it the merger
         seen = read_until(reader, lambda s: any(h["kind"] == "global" for h in s))
         assert [h["kind"] for h in seen] == ["global"]
     finally:
@@ -78,3 +79,30 @@ def test_a_one_partition_models_topic_carries_models_and_states_to_every_reader(
     finally:
         writer.close()
         reader.close()
+
+
+def test_a_merger_fenced_by_a_newer_one_publishes_nothing_anyone_reads(
+        kafka_bootstrap: str) -> None:
+    """The role moves while the old merger is paused: the new one's catch-up opens the
+    merger's producer, which fences the old one at the broker. The old merger, resumed and
+    still following, cannot publish (an error it can log), and readers never see its model."""
+    topic = f"models-{uuid.uuid4().hex[:8]}"
+    ensure_models_topic(kafka_bootstrap, topic)
+    old, new, reader = (KafkaModelLink(kafka_bootstrap, topic) for _ in range(3))
+    try:
+        old.follow_states(True)
+        read_until(old, lambda s: True)  # its catch-up opened the merger's producer
+        old.send(b"global", message("global", 1))
+        new.follow_states(True)
+        seen = read_until(new, lambda s: len(s) >= 1)  # fenced the old one, then read to the end
+        assert [(h["kind"], h["version"]) for h in seen] == [("global", 1)]
+        with pytest.raises(TransportError, match="another replica is the merger"):
+            old.send(b"global", message("global", 2))  # what the paused merger had merged
+        with pytest.raises(TransportError, match="dropped since the last catch-up"):
+            old.send(b"global", message("global", 2))  # and again, until it catches up
+        new.send(b"global", message("global", 2))
+        seen = read_until(reader, lambda s: len(s) >= 2)
+        assert [h["version"] for h in seen] == [1, 2]  # once each, in order
+    finally:
+        for link in (old, new, reader):
+            link.close()
