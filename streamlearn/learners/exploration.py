@@ -113,6 +113,17 @@ class Exploration(abc.ABC):
     def load(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:  # noqa: B027
         """Install state saved by ``arrays``/``scalars``."""
 
+    def pooled_scalars(self) -> tuple[str, ...]:
+        """The :meth:`scalars` that are sums over the feedback observed since the last
+        detected change: learners that observed disjoint feedback hold, together, the sum of
+        what each added. A scaled-out group pools them (:mod:`streamlearn.sync.merge`); the
+        other scalars stay each learner's own."""
+        return ()
+
+    def restarts_scalar(self) -> str | None:
+        """The scalar counting the detected changes (a change empties the pooled ones)."""
+        return None
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{type(self).__name__}({args})"
@@ -373,6 +384,14 @@ class Adaptive(Exploration):
                 "restart_pending": int(self._restart_pending),
                 "drift_detections": self.drift_detections_}
 
+    def pooled_scalars(self) -> tuple[str, ...]:
+        # Σ c and the event count (discounted alike with a half-life, which pooling keeps
+        # approximately); a window's mean lives in its ring, which is each learner's own
+        return () if self.window else ("sum", "count")
+
+    def restarts_scalar(self) -> str | None:
+        return "drift_detections"
+
     def load(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
         ring = np.asarray(arrays["ring"], dtype=float)
         if ring.shape != (self.window,):
@@ -440,6 +459,13 @@ class MarginAware(Exploration):
 
     def scalars(self) -> dict[str, float]:
         return {"mean_gap": self._mean_gap, **{f"base.{k}": v for k, v in self.base.scalars().items()}}
+
+    def pooled_scalars(self) -> tuple[str, ...]:
+        return tuple(f"base.{name}" for name in self.base.pooled_scalars())
+
+    def restarts_scalar(self) -> str | None:
+        name = self.base.restarts_scalar()
+        return None if name is None else f"base.{name}"
 
     def load(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
         self._mean_gap = float(scalars["mean_gap"])

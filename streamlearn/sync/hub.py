@@ -57,7 +57,13 @@ import numpy as np
 from streamlearn.errors import StateError, TransportError
 from streamlearn.learners.base import Learner
 from streamlearn.sync.codec import Assembler, chunk, decode_state, encode_state
-from streamlearn.sync.merge import merge, merge_counters, rebase
+from streamlearn.sync.merge import (
+    merge,
+    merge_counters,
+    merge_exploration,
+    rebase,
+    rebase_exploration,
+)
 
 __all__ = ["ModelHub", "ModelLink", "Served"]
 
@@ -93,7 +99,7 @@ class Served(Protocol):
 class _Learner:
     base_version: int
     base: Arrays  # the global model adopted (or the state at start)
-    base_counters: dict[str, Any]
+    base_meta: dict[str, Any]  # its metadata (the counters and exploration statistics count)
     # every state published since adopting the base, by seq: the merger includes one of them
     published: dict[int, tuple[Arrays, dict[str, Any]]] = field(default_factory=dict)
     updated_at_base: int = 0
@@ -218,7 +224,7 @@ class ModelHub:
         arrays, meta = daemon.learner.state()
         # with a global model out there, the first tick adopts it (base -1 < any version)
         return _Learner(-1 if self.global_state is not None else 0, arrays,
-                        dict(meta["counters"]), updated_at_base=daemon.learner.n_updated_,
+                        meta, updated_at_base=daemon.learner.n_updated_,
                         name=daemon.model_name.split("-g", 1)[0])
 
     def _publish(self, learner: Learner, record: _Learner, now: float) -> None:
@@ -232,7 +238,7 @@ class ModelHub:
         except TransportError as exc:
             log.warning("model not published (next round again): %s", exc)
             return
-        record.published[self._seq] = (arrays, dict(meta["counters"]))
+        record.published[self._seq] = (arrays, meta)
         record.updated_at_publish, record.last_publish = learner.n_updated_, now
         log.debug("published seq %d (base %d, %d examples)", self._seq, record.base_version,
                   header["examples"])
@@ -245,13 +251,14 @@ class ModelHub:
         # the one state of ours this version includes (only the version after our base can)
         mine = [seq for who, seq in self.global_included if who == self.replica
                 and seq in record.published]
-        ref, ref_counters = record.published[mine[0]] if mine else (record.base,
-                                                                    record.base_counters)
+        ref, ref_meta = record.published[mine[0]] if mine else (record.base, record.base_meta)
         try:
             arrays = rebase(g_arrays, ref, now_arrays, now_meta["class"])
             counters = {k: int(g_meta["counters"].get(k, 0)) + int(now_meta["counters"].get(k, 0))
-                        - int(ref_counters.get(k, 0)) for k in now_meta["counters"]}
-            learner = type(current).from_state(arrays, {**now_meta, "counters": counters})
+                        - int(ref_meta["counters"].get(k, 0)) for k in now_meta["counters"]}
+            exploration = rebase_exploration(g_meta, ref_meta, now_meta)
+            learner = type(current).from_state(
+                arrays, {**now_meta, "counters": counters, "exploration_state": exploration})
         except (StateError, KeyError, ValueError) as exc:
             log.error("cannot adopt global model %d: %s", self.version, exc)
             record.base_version = self.version  # do not retry this version
@@ -259,7 +266,7 @@ class ModelHub:
         for daemon in daemons:
             daemon.replace_learner(learner)
             daemon.model_name = f"{record.name}-g{self.version}"
-        record.base, record.base_counters = g_arrays, dict(g_meta["counters"])
+        record.base, record.base_meta = g_arrays, g_meta
         # the progress carried over by the rebase counts as learned since this base
         record.base_version = self.version
         record.updated_at_base = int(g_meta["counters"].get("n_updated", 0))
@@ -300,6 +307,7 @@ class ModelHub:
             arrays = merge(base, [(a, float(h["examples"])) for h, a, _ in parts],
                            base_meta["class"])
             counters = merge_counters(base_meta["counters"], [m["counters"] for _, _, m in parts])
+            exploration = merge_exploration(base_meta, [m for _, _, m in parts])
         except StateError as exc:
             log.error("model merge skipped: %s", exc)
             return
@@ -317,7 +325,7 @@ class ModelHub:
         states_from = self.link.states_position()
         if states_from is not None:
             header["states_from"] = states_from
-        meta = {**base_meta, "counters": counters}
+        meta = {**base_meta, "counters": counters, "exploration_state": exploration}
         try:
             self.link.send(b"global", chunk(header, encode_state(arrays, meta)))
         except TransportError as exc:

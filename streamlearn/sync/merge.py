@@ -23,7 +23,17 @@ their states M_p and the examples n_p each learned since G:
   bookkeeping): each partition keeps its own.
 
 Counters (decided, updated) are additive too, so exploration schedules run on
-global counts. :func:`rebase` carries a partition's local progress onto a new
+global counts. So are the exploration's *pooled* statistics
+(:meth:`~streamlearn.learners.exploration.Exploration.pooled_scalars`: the
+adaptive rule's Σ c and event count, from which it estimates the exploit
+error) and its count of detected changes: :func:`merge_exploration` and
+:func:`rebase_exploration` give every replica the group's estimate, where each
+replica had estimated the exploit error from its own share of the feedback
+(a replica that learned from a third of the stream early on carried a higher
+estimate, and the group explored more than one learner). A replica whose
+detector saw a change since the state the merge builds on brings the group to
+a restart: the merged statistics are then what the replicas that restarted
+pooled since. :func:`rebase` carries a partition's local progress onto a new
 global model: G' + (M_now − M_ref), with M_ref the state it published (its
 progress since then is what the new global model does not hold yet).
 
@@ -42,9 +52,11 @@ from typing import Any
 
 import numpy as np
 
-from streamlearn.errors import StateError
+from streamlearn.errors import ConfigError, StateError
+from streamlearn.learners.exploration import exploration_from_spec
 
-__all__ = ["AVERAGED_CLASSES", "merge", "merge_counters", "rebase", "rule_of"]
+__all__ = ["AVERAGED_CLASSES", "merge", "merge_counters", "merge_exploration", "rebase",
+           "rebase_exploration", "rule_of"]
 
 Arrays = dict[str, np.ndarray]
 
@@ -136,4 +148,84 @@ def merge_counters(base: dict[str, Any], parts: Sequence[dict[str, Any]]) -> dic
     for key in ("n_decided", "n_updated", "n_skipped_updates"):
         out[key] = int(base.get(key, 0)) + sum(int(p.get(key, 0)) - int(base.get(key, 0))
                                                for p in parts)
+    return out
+
+
+def _pooling(meta: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
+    """The exploration's pooled scalars and its restarts scalar, from a state's metadata."""
+    try:
+        exploration = exploration_from_spec(dict(meta["params"]["exploration"]))
+    except (KeyError, TypeError, ConfigError) as exc:
+        raise StateError(f"Cannot read the exploration of a learner state: {exc}") from exc
+    return exploration.pooled_scalars(), exploration.restarts_scalar()
+
+
+def merge_exploration(base: dict[str, Any], parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The merged model's ``exploration_state`` from its base's and the replicas' metadata.
+
+    Pooled scalars and the restarts count: base + Σ (part − base); but when parts restarted
+    (their count grew past the base's), the pooled scalars are the sum of those parts' own
+    (what they observed since their restart); every other scalar is the base's.
+
+    >>> meta = {"params": {"exploration": {"name": "adaptive"}}}
+    >>> def at(s, c, d=0):
+    ...     return {**meta, "exploration_state": {"sum": s, "count": c, "drift_detections": d}}
+    >>> merge_exploration(at(1.0, 2.0), [at(3.0, 4.0), at(2.0, 3.0)])
+    {'sum': 4.0, 'count': 5.0, 'drift_detections': 0}
+    >>> merge_exploration(at(1.0, 2.0), [at(3.0, 4.0), at(0.5, 1.0, 1)])
+    {'sum': 0.5, 'count': 1.0, 'drift_detections': 1}
+    """
+    names, restarts = _pooling(base)
+    out = dict(base["exploration_state"])
+    if not names:
+        return out
+    try:
+        states = [p["exploration_state"] for p in parts]
+        if restarts is not None:
+            done = int(out.get(restarts, 0))
+            out[restarts] = done + sum(int(p.get(restarts, 0)) - done for p in states)
+            restarted = [p for p in states if int(p.get(restarts, 0)) > done]
+            if restarted:
+                for name in names:
+                    out[name] = float(sum(float(p[name]) for p in restarted))
+                return out
+        for name in names:
+            out[name] = float(out[name]) + sum(float(p[name]) - float(out[name]) for p in states)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateError(f"Cannot merge the exploration statistics: {exc!r}") from exc
+    return out
+
+
+def rebase_exploration(new_global: dict[str, Any], published: dict[str, Any],
+                       now: dict[str, Any]) -> dict[str, Any]:
+    """``now``'s ``exploration_state`` carried onto the new global model's: the group's pooled
+    scalars plus what ``now`` added since ``published`` (the state the global model
+    includes, or its base); the restarts count likewise. A replica that restarted since
+    ``published`` keeps its own pooled scalars (observed after the change); every other
+    scalar is its own.
+
+    >>> meta = {"params": {"exploration": {"name": "adaptive"}}}
+    >>> def at(s, c, d=0):
+    ...     return {**meta, "exploration_state": {"sum": s, "count": c, "drift_detections": d}}
+    >>> rebase_exploration(at(4.0, 7.0), at(3.0, 4.0), at(3.5, 5.0))
+    {'sum': 4.5, 'count': 8.0, 'drift_detections': 0}
+    >>> rebase_exploration(at(4.0, 7.0, 1), at(3.0, 4.0), at(0.5, 1.0, 1))
+    {'sum': 0.5, 'count': 1.0, 'drift_detections': 2}
+    """
+    names, restarts = _pooling(now)
+    out = dict(now["exploration_state"])
+    if not names:
+        return out
+    try:
+        g, ref = new_global["exploration_state"], published["exploration_state"]
+        restarted = False
+        if restarts is not None:
+            since = int(out.get(restarts, 0)) - int(ref.get(restarts, 0))
+            restarted = since > 0
+            out[restarts] = int(g.get(restarts, 0)) + since
+        if not restarted:
+            for name in names:
+                out[name] = float(g[name]) + float(out[name]) - float(ref[name])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateError(f"Cannot rebase the exploration statistics: {exc!r}") from exc
     return out

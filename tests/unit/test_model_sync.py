@@ -6,9 +6,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamlearn.learners import exploration_from_name, make_learner
 from streamlearn.learners.base import Learner
+from streamlearn.learners.exploration import Adaptive
 from streamlearn.sync.codec import Assembler, parse
 from streamlearn.sync.hub import ModelHub
 from streamlearn.sync.memory import InMemoryModelLink, ModelLog
@@ -293,3 +296,74 @@ def test_the_group_simulator_learns_with_three_replicas() -> None:
     group = online_error("synnonsep", 3, events=6000, seed=1)
     uniform = 8 / 9  # SynNonSep has 9 actions
     assert single < 0.5 * uniform and group < 0.5 * uniform
+
+
+def adaptive_learner(detect_drift: bool = False) -> Learner:
+    return make_learner("linucb", K, D, Adaptive(detect_drift=detect_drift, drift_threshold=2.0), 0)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 2), min_size=30, max_size=120), st.integers(0, 10_000))
+def test_the_group_pools_the_exploration_statistics_as_one_learner_would(
+        owners: list[int], seed: int) -> None:
+    """Events dealt to three replicas in any order, with syncs in between: after the last
+    merge is adopted every replica estimates the exploit error (and holds Σ c and the event
+    count) exactly as one learner that observed every event."""
+    topic, clock = ModelLog(), Clock()
+    hubs = [ModelHub(InMemoryModelLink(topic), f"r{i}", every_s=1.0, clock=clock)
+            for i in range(3)]
+    served = [{i: Served(adaptive_learner())} for i in range(3)]
+    X, a, r, _ = data(len(owners), seed)
+    p = np.random.default_rng(seed).dirichlet(np.ones(K), len(owners))
+    for hub, parts in zip(hubs, served, strict=True):
+        hub.tick(parts)
+    for t, owner in enumerate(owners):
+        served[owner][owner].learner.update(X[t:t + 1], a[t:t + 1], r[t:t + 1], p[t:t + 1])
+        if t % 7 == 6:  # a sync round now and then, the merger (partition 0) last
+            clock.t += 1.0
+            for i in (2, 1, 0):
+                hubs[i].tick(served[i])
+    for _ in range(2):  # publish what is left, merge it, adopt it
+        clock.t += 1.0
+        for i in (2, 1, 0):
+            hubs[i].tick(served[i])
+    for i in (2, 1):
+        hubs[i].tick(served[i])
+    one = adaptive_learner()
+    one.update(X, a, r, p)
+    want = one.exploration.scalars()
+    for i, parts in enumerate(served):
+        got = parts[i].learner.exploration.scalars()
+        assert got["sum"] == pytest.approx(want["sum"], abs=1e-9), i
+        assert got["count"] == want["count"], i
+
+
+def test_a_change_one_replica_detects_restarts_the_groups_estimate() -> None:
+    """A replica whose detector saw a change brings the group to its restarted estimate
+    (what it observed since), where the other replica's pre-change feedback would have kept
+    the estimate low; the detections count is the group's."""
+    topic, clock = ModelLog(), Clock()
+    hubs = [ModelHub(InMemoryModelLink(topic), f"r{i}", every_s=1.0, clock=clock)
+            for i in range(2)]
+    served = [{i: Served(adaptive_learner(detect_drift=True))} for i in range(2)]
+    for hub, parts in zip(hubs, served, strict=True):
+        hub.tick(parts)
+    n = 400
+    X = np.random.default_rng(3).normal(size=(n, D))
+    exploit = np.zeros(n, dtype=np.int64)  # the played action is the exploit one, p = 0.9
+    p = np.full((n, K), 0.05)
+    p[:, 0] = 0.9
+    served[0][0].learner.update(X, exploit, np.ones(n), p)  # all well
+    served[1][1].learner.update(X[:100], exploit[:100], np.ones(100), p[:100])
+    served[1][1].learner.update(X[100:], exploit[100:], np.zeros(n - 100), p[100:])  # a change
+    assert served[1][1].learner.drift_detections_ >= 1
+    assert served[0][0].learner.drift_detections_ == 0
+    clock.t += 1.0
+    for i in (1, 0, 1, 0):  # publish, publish and merge, adopt
+        hubs[i].tick(served[i])
+    restarted = served[1][1].learner.exploration
+    for i in range(2):
+        pooled = served[i][i].learner.exploration
+        assert pooled.exploit_error() == pytest.approx(restarted.exploit_error()), i
+        assert pooled.exploit_error() > 0.5  # not the 0 the first replica alone had
+        assert served[i][i].learner.drift_detections_ == restarted.drift_detections_
