@@ -62,6 +62,7 @@ from streamlearn.events import Rejection
 from streamlearn.join.aggregate import TYPE_LABELS, type_label
 from streamlearn.join.pending import Outcome, PendingJoins
 from streamlearn.service.adoption import Adoption
+from streamlearn.service.claims import OwnershipLost
 from streamlearn.service.counters import Counters
 from streamlearn.service.metrics import Observer
 from streamlearn.service.modes import ServingMode, mode_for
@@ -139,6 +140,9 @@ class Daemon:
         self.started_at_instances = 0
         self.polling_seconds = 0.0  # spent in poll: waiting for input (and, embedded, making it)
         self._drifts_seen = learner.drift_detections_
+        # a replica's check that it still owns this partition (service/claims.py), run right
+        # before new decisions are journaled; None: this daemon owns its input alone
+        self.owner_check: Callable[[], bool] | None = None
         self.ready = False
         self.limits = settings.limits.decode_limits()
         self.retraining = (Retraining(settings, self.observer, wall_clock)
@@ -339,6 +343,9 @@ class Daemon:
         """Journal the new decisions (before they are produced), then encode them in place:
         ``values[j]`` for each row ``j`` of ``fresh``; ``columns``: the engine's per-decision
         columns, journaled with each decision."""
+        if self.owner_check is not None and not self.owner_check():
+            raise OwnershipLost(f"{self.transport.instances_topic}: another replica claimed "
+                                "this partition; its decisions are not journaled here")
         if self.checkpointer is not None:
             self.checkpointer.journal.append([r["id"] for r in records], probs, records, columns)
         for j, record in zip(fresh.tolist(), records, strict=True):

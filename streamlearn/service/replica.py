@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 
 from streamlearn.learners.base import Learner
-from streamlearn.service.claims import PartitionClaims
+from streamlearn.service.claims import OwnershipLost, PartitionClaims
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.group import GroupMembership
 from streamlearn.sync.hub import ModelHub
@@ -47,6 +47,10 @@ from streamlearn.sync.hub import ModelHub
 __all__ = ["Replica"]
 
 log = logging.getLogger("streamlearn.replica")
+
+#: how long a replica taking partitions waits for their previous holders to release them
+#: (service/claims.py); only a killed holder makes it wait that long
+RELEASE_GRACE_S = 2.0
 
 
 class Replica:
@@ -100,12 +104,19 @@ class Replica:
 
     # --------------------------------------------------------------- the group
     def _assigned(self, partitions: list[int]) -> None:
-        for p in partitions:
-            if p in self.daemons:
-                continue
-            if self.claims is not None:
-                self.claims.claim(p)  # a replica that still serves p stops at its next step
+        new = [p for p in partitions if p not in self.daemons]
+        if self.claims is not None and new:
+            claims = self.claims
+            for p in new:
+                claims.claim(p)  # a replica that still serves p stops at its next check
+            # ... and releases it once it journals nothing more: restore only then
+            for p in claims.wait_released(new, RELEASE_GRACE_S):
+                log.warning("partition %d: its previous holder did not release it within "
+                            "%.0f s (killed?); restoring its state", p, RELEASE_GRACE_S)
+        for p in new:
             daemon = self.make_daemon(p)
+            if self.claims is not None:
+                daemon.owner_check = lambda p=p, claims=self.claims: claims.holds(p)
             daemon.restore()  # before any record of p is read: the moved state comes first
             if self.learner is None:  # the replica's one learner, shared by its partitions
                 self.learner = daemon.learner
@@ -140,6 +151,8 @@ class Replica:
         finally:
             daemon.close()
             daemon.transport.close()
+            if self.claims is not None:
+                self.claims.release(partition)  # nothing more of it is journaled here
         log.info("partition %d %s", partition, "handed over" if checkpoint else "dropped")
 
     # -------------------------------------------------------------------- loop
@@ -156,7 +169,13 @@ class Replica:
                 self._lost([p])
                 continue
             before = daemon.counters.messages
-            daemon.step()
+            try:
+                daemon.step()
+            except OwnershipLost:
+                log.warning("partition %d was claimed by another replica during a step: "
+                            "dropped before journaling its decisions", p)
+                self._lost([p])
+                continue
             filled |= daemon.counters.messages - before >= daemon.settings.limits.poll_max_records
         if self.hub is not None:
             self.hub.tick(self.daemons)

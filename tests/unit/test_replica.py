@@ -22,11 +22,13 @@ from streamlearn.commands.inspect_group import describe_group
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
+from streamlearn.service import replica as replica_module
+from streamlearn.service.claims import PartitionClaims
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.replica import Replica
 from streamlearn.snapshot import read_snapshot
-from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport, partition_for_key
 
 P, N = 4, 2000
 X, Y = synthetic_stream(N, noise=0.05, seed=4)
@@ -44,7 +46,8 @@ class FakeMembership:
         self.closed = True
 
 
-def make_replica(broker: InMemoryBroker, state: Path, clock: Clock) -> Replica:
+def make_replica(broker: InMemoryBroker, state: Path, clock: Clock,
+                 claims: PartitionClaims | None = None) -> Replica:
     def make_daemon(p: int) -> Daemon:
         settings = settings_of(checkpoint_dir=str(state / f"partition-{p}"),
                                   checkpoint_every_events=150, checkpoint_every_seconds=1e9,
@@ -52,7 +55,7 @@ def make_replica(broker: InMemoryBroker, state: Path, clock: Clock) -> Replica:
         transport = InMemoryTransport(broker=broker, partitions=P, only=[p])
         return Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.05), seed=1),
                       wall_clock=clock)
-    return Replica(make_daemon, FakeMembership)
+    return Replica(make_daemon, FakeMembership, claims=claims)
 
 
 def answer(broker: InMemoryBroker, writer: InMemoryTransport, answered: set[str],
@@ -185,3 +188,40 @@ def test_a_round_that_filled_no_batch_waits_out_the_shortest_round(
     assert first == 0.0  # with partitions owned, the group is polled without waiting first
     assert bool(rest) is waits
     assert all(0.0 < w <= 0.05 for w in rest)
+
+
+def test_a_replica_that_loses_its_claim_during_a_step_publishes_nothing_of_that_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race CI caught: replica a checked its claim, and while it decided the batch it had
+    polled, replica b claimed the partition and restored its state (journal included). a
+    must not journal and publish that batch: b decides those ids, and every id has one
+    decision. Without the check before journaling, a's decisions went out as well, and b's
+    differed."""
+    monkeypatch.setattr(replica_module, "RELEASE_GRACE_S", 0.05)  # a cannot release meanwhile
+    broker, clock = InMemoryBroker(P), Clock()
+    writer = InMemoryTransport(broker=broker, partitions=P, group_id="caller")
+    a = make_replica(broker, tmp_path, clock, PartitionClaims(tmp_path, "a"))
+    b = make_replica(broker, tmp_path, clock, PartitionClaims(tmp_path, "b"))
+    a.membership.handlers["on_assigned"]([0])  # type: ignore[attr-defined]
+    daemon = a.daemons[0]
+    polled = daemon._poll
+
+    def poll_then_lose() -> list[Any]:
+        messages = polled()
+        if messages:  # b takes the partition over in the middle of a's step
+            b.membership.handlers["on_assigned"]([0])  # type: ignore[attr-defined]
+        return messages
+
+    daemon._poll = poll_then_lose  # type: ignore[method-assign]
+    ids = [i for i in range(400) if partition_for_key(f"e{i}".encode(), P, 0) == 0][:40]
+    for i in ids:
+        nz = np.flatnonzero(X[i])
+        writer.append_instance(f"e{i}".encode(), orjson.dumps(
+            {"id": f"e{i}", "x": {"idx": nz.tolist(), "val": X[i, nz].tolist()}}))
+    a.step()
+    assert not a.daemons and list(b.daemons) == [0]  # a dropped the partition
+    assert broker.messages("decisions") == []  # ... before publishing anything of that step
+    rounds(b)
+    decided = [orjson.loads(m.value or b"")["id"] for m in broker.messages("decisions")]
+    assert sorted(decided) == sorted(f"e{i}" for i in ids)  # each once, by b
+    assert (tmp_path / "partition-0" / "released-1").exists()  # a's release, for the next one
