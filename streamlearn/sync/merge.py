@@ -174,6 +174,14 @@ def merge_exploration(base: dict[str, Any], parts: Sequence[dict[str, Any]]) -> 
     {'sum': 4.0, 'count': 5.0, 'drift_detections': 0}
     >>> merge_exploration(at(1.0, 2.0), [at(3.0, 4.0), at(0.5, 1.0, 1)])
     {'sum': 0.5, 'count': 1.0, 'drift_detections': 1}
+
+    and :func:`rebase_exploration` (a replica that published ``at(3.0, 4.0)`` and observed
+    more since; one that restarted since):
+
+    >>> rebase_exploration(at(4.0, 7.0), at(3.0, 4.0), at(3.5, 5.0))
+    {'sum': 4.5, 'count': 8.0, 'drift_detections': 0}
+    >>> rebase_exploration(at(4.0, 7.0, 1), at(3.0, 4.0), at(0.5, 1.0, 1))
+    {'sum': 0.5, 'count': 1.0, 'drift_detections': 2}
     """
     names, restarts = _pooling(base)
     out = dict(base["exploration_state"])
@@ -202,15 +210,7 @@ def rebase_exploration(new_global: dict[str, Any], published: dict[str, Any],
     scalars plus what ``now`` added since ``published`` (the state the global model
     includes, or its base); the restarts count likewise. A replica that restarted since
     ``published`` keeps its own pooled scalars (observed after the change); every other
-    scalar is its own.
-
-    >>> meta = {"params": {"exploration": {"name": "adaptive"}}}
-    >>> def at(s, c, d=0):
-    ...     return {**meta, "exploration_state": {"sum": s, "count": c, "drift_detections": d}}
-    >>> rebase_exploration(at(4.0, 7.0), at(3.0, 4.0), at(3.5, 5.0))
-    {'sum': 4.5, 'count': 8.0, 'drift_detections': 0}
-    >>> rebase_exploration(at(4.0, 7.0, 1), at(3.0, 4.0), at(0.5, 1.0, 1))
-    {'sum': 0.5, 'count': 1.0, 'drift_detections': 2}
+    scalar is its own (examples under :func:`merge_exploration`).
     """
     names, restarts = _pooling(now)
     out = dict(now["exploration_state"])
