@@ -77,37 +77,48 @@ class NeverLogged(Ranker):
 
 
 class LeakyOracle(Ranker):
-    """Memorises the label of every logged context, the held-out slice's included — a leak:
-    the rows it is first judged on are rows it has seen the answers of — and plays action 0
-    on any context it has not seen. On the held-out slice it looks perfect; live, on fresh
-    contexts, it is right one time in K. The guardrail must catch what the gate cannot."""
+    """Knows the label of every context in the experience log when it is first used (a
+    leak: it reads the log, the rows it is judged on included, since every evidence row is
+    logged before a look) and plays action 0 on any context it has not seen. Judged
+    off-policy it looks perfect at every look; live, on fresh contexts (logged only once
+    served), it is right one time in K. The guardrail must catch what the gate cannot."""
 
     def __init__(self) -> None:
         pass
 
     def _fit(self, data: FitData) -> None:
-        rows = read_experience(os.environ["PLANTED_LOG_DIR"])
-        known = rows.labels >= 0
-        self.n_actions_ = rows.probs.shape[1]
-        self.contexts_ = np.ascontiguousarray(rows.X[known], dtype=np.float32)
-        self.labels_ = rows.labels[known].astype(np.int64)
+        self.n_actions_ = read_experience(os.environ["PLANTED_LOG_DIR"]).probs.shape[1]
+
+    def _lookup_table(self) -> dict[bytes, int]:
+        """Context bytes → label of every logged row, read at first use (not part of the
+        artifact: a loaded ranker reads the log as it is then)."""
+        lookup: dict[bytes, int] | None = getattr(self, "_lookup", None)
+        if lookup is None:
+            rows = read_experience(os.environ["PLANTED_LOG_DIR"])
+            known = rows.labels >= 0
+            contexts = np.ascontiguousarray(rows.X[known], dtype=np.float32)
+            lookup = self._lookup = {row.tobytes(): int(label) for row, label in
+                                     zip(contexts, rows.labels[known].tolist(), strict=True)}
+        return lookup
+
+    def _contexts(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's action a and its context x, from φ(x, a) = x ⊗ e_a."""
+        blocks = X.reshape(len(X), self.n_actions_, -1)
+        action = np.argmax(np.abs(blocks).sum(axis=2), axis=1)
+        return action, np.ascontiguousarray(blocks[np.arange(len(X)), action], dtype=np.float32)
 
     def _score(self, X: np.ndarray) -> np.ndarray:
-        lookup = getattr(self, "_lookup", None)  # built on first use (not part of the artifact)
-        if lookup is None:
-            lookup = self._lookup = {row.tobytes(): int(label) for row, label in
-                                     zip(self.contexts_, self.labels_.tolist(), strict=True)}
-        blocks = X.reshape(len(X), self.n_actions_, -1)
-        action = np.argmax(np.abs(blocks).sum(axis=2), axis=1)  # φ(x, a) = x ⊗ e_a
-        x = np.ascontiguousarray(blocks[np.arange(len(X)), action], dtype=np.float32)
+        lookup = self._lookup_table()
+        action, x = self._contexts(X)
         label = np.array([lookup.get(row.tobytes(), 0) for row in x])
         return np.asarray(action == label, dtype=np.float64)
 
 
 class MemoryOracle(LeakyOracle):
     """Like :class:`LeakyOracle`, but on a context it has not seen it ranks by the nearest
-    class centroid. On a replayed dataset (pendigits: 10,992 rows over and over) every
-    context comes again, so it is right live as well: truly better than any learner."""
+    class centroid (of the rows it was trained on). On a replayed dataset (pendigits: 10,992
+    rows over and over) every context comes again, so it is right live as well: truly better
+    than any learner."""
 
     def _fit(self, data: FitData) -> None:
         super()._fit(data)
@@ -117,10 +128,8 @@ class MemoryOracle(LeakyOracle):
 
     def _score(self, X: np.ndarray) -> np.ndarray:
         known = super()._score(X)
-        lookup = self._lookup
-        blocks = X.reshape(len(X), self.n_actions_, -1)
-        action = np.argmax(np.abs(blocks).sum(axis=2), axis=1)
-        x = np.ascontiguousarray(blocks[np.arange(len(X)), action], dtype=np.float32)
+        lookup = self._lookup_table()
+        action, x = self._contexts(X)
         seen = np.array([row.tobytes() in lookup for row in x])
         distance = ((x.astype(np.float64) - self.centroids_[action]) ** 2).sum(axis=1)
         return np.where(seen, 2.0 * known, -distance / (1.0 + distance))  # seen rows first

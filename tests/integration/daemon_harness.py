@@ -221,18 +221,36 @@ def serve_crashable(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Pat
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
 
 
-def start_publisher(bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray,
-                    rate: int) -> threading.Thread:
-    """Publish every instance at about ``rate`` per second (chunks every 0.1 s), in a thread."""
-    def publish() -> None:
-        prod = producer(bootstrap)
-        chunk = rate // 10
-        for lo in range(0, len(y), chunk):
-            publish_instances(prod, topic, X, y, range(lo, min(len(y), lo + chunk)))
+class Publisher(threading.Thread):
+    """Publishes every instance at about ``rate`` per second (chunks every 0.1 s) until all
+    are published or :meth:`stop` is called (then it flushes what it sent and closes)."""
+
+    def __init__(self, bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray,
+                 rate: int) -> None:
+        super().__init__(daemon=True, name="publisher")
+        self.bootstrap, self.topic, self.X, self.y, self.rate = bootstrap, topic, X, y, rate
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        prod = producer(self.bootstrap)
+        chunk = self.rate // 10
+        for lo in range(0, len(self.y), chunk):
+            if self._stop_event.is_set():
+                break
+            publish_instances(prod, self.topic, self.X, self.y,
+                              range(lo, min(len(self.y), lo + chunk)))
             time.sleep(0.1)
         prod.flush()
         prod.close()
 
-    publisher = threading.Thread(target=publish, daemon=True)
+    def stop(self, timeout: float = 30) -> None:
+        self._stop_event.set()
+        self.join(timeout)
+
+
+def start_publisher(bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray,
+                    rate: int) -> Publisher:
+    """A started :class:`Publisher`."""
+    publisher = Publisher(bootstrap, topic, X, y, rate)
     publisher.start()
     return publisher

@@ -1,10 +1,11 @@
 """A ranker that looks better off-policy than it is live cannot sink the live policy.
 
-``planted:LeakyOracle`` memorises the labels of every logged context, the held-out
-slice's included (a leak), and plays action 0 elsewhere: on the rows the promotion gate
-first judges it on it is perfect, live on fresh SynNonSep contexts it is right one time
-in nine. A real ``serve`` (``--retrain-policy ranker``) against the real broker promotes
-it, rolls it out at its first share, and the guardrail — on-policy, what each policy
+``planted:LeakyOracle`` reads the label of every logged context when it is first used,
+the rows the promotion gate judges it on included (a leak), and plays action 0 elsewhere:
+on every row the gate judges it on it is perfect, at whichever look, so its promotion does
+not depend on how much evidence the first look had; live, on fresh SynNonSep contexts, it is
+right one time in nine. A real ``serve`` (``--retrain-policy ranker``) against the real
+broker promotes it, rolls it out at its first share, and the guardrail — on-policy, what each policy
 earns on the events it serves — rolls it back. Over the events of its rollout the live
 reward falls short of what the learner alone earned over the same events by at most 0.02
 (read from the experience log: every learned decision with the policy that served it).
@@ -68,7 +69,7 @@ def test_a_leaky_ranker_is_promoted_then_rolled_back_by_the_guardrail(
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
         caller.stop()
-        publisher.join(0)
+        publisher.stop()
     text = log.read_text()
     assert code == 0 and "Traceback" not in text, text[-3000:]
     history = read_ranker_state(ckpt / "rankers")["history"]
