@@ -223,18 +223,32 @@ def serve_crashable(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Pat
 
 class Publisher(threading.Thread):
     """Publishes every instance at about ``rate`` per second (chunks every 0.1 s) until all
-    are published or :meth:`stop` is called (then it flushes what it sent and closes)."""
+    are published or :meth:`stop` is called (then it flushes what it sent and closes).
+
+    With ``hold_at`` it stops after that many instances until :meth:`release` (or
+    :meth:`stop`): a test can then act on a stream that is known not to be over, however
+    slowly the daemon started."""
 
     def __init__(self, bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray,
-                 rate: int) -> None:
+                 rate: int, hold_at: int | None = None) -> None:
         super().__init__(daemon=True, name="publisher")
         self.bootstrap, self.topic, self.X, self.y, self.rate = bootstrap, topic, X, y, rate
+        self.hold_at = hold_at
         self._stop_event = threading.Event()
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        """Publishes the rest after a hold."""
+        self._released.set()
 
     def run(self) -> None:
         prod = producer(self.bootstrap)
         chunk = self.rate // 10
         for lo in range(0, len(self.y), chunk):
+            if self.hold_at is not None and lo >= self.hold_at:
+                prod.flush()
+                while not (self._released.is_set() or self._stop_event.is_set()):
+                    self._released.wait(0.1)
             if self._stop_event.is_set():
                 break
             publish_instances(prod, self.topic, self.X, self.y,
@@ -249,8 +263,8 @@ class Publisher(threading.Thread):
 
 
 def start_publisher(bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray,
-                    rate: int) -> Publisher:
+                    rate: int, hold_at: int | None = None) -> Publisher:
     """A started :class:`Publisher`."""
-    publisher = Publisher(bootstrap, topic, X, y, rate)
+    publisher = Publisher(bootstrap, topic, X, y, rate, hold_at)
     publisher.start()
     return publisher

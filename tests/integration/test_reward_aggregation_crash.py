@@ -134,12 +134,19 @@ def test_weighted_sums_of_typed_feedback_survive_a_sigkill_exactly_once(
             "--checkpoint-every-seconds", "1")
     caller = TypedCaller(kafka_bootstrap, topics)
     caller.start()
-    publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
+    # the publisher holds after 60 % of the stream until a checkpoint holds decisions, so the
+    # kill hits a live stream however slowly the daemon starts on a loaded machine
+    publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE,
+                                hold_at=N * 3 // 5)
     proc = serve_crashable(kafka_bootstrap, topics, ckpt, log, *args)
     rng = np.random.default_rng(28)
     # killed while it decides and joins, with partial sums pending and checkpoints behind it
     wait_until(lambda: len(caller.decided) >= N // 2, 90, "half the stream to be decided",
                lambda: log.read_text()[-2000:])
+    before = set(ckpt.glob("ckpt-*"))
+    wait_until(lambda: set(ckpt.glob("ckpt-*")) - before, 60,
+               "a checkpoint after half the stream was decided", lambda: log.read_text()[-2000:])
+    publisher.release()
     time.sleep(float(rng.uniform(0.0, 1.0)))
     assert proc.poll() is None, log.read_text()[-3000:]
     proc.send_signal(signal.SIGKILL)
