@@ -49,7 +49,7 @@ class Banditron(LinearLearner):
     >>> from streamlearn.replay import replay
     >>> from streamlearn.learners.exploration import FixedGamma
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
-    >>> result = replay(Banditron(9, 400, FixedGamma(0.014)), X, y, batch_size=1)
+    >>> result = replay(Banditron(9, 400, FixedGamma(0.014)), X, y, batch_size=16)
     >>> round(result.error_rate, 2)
     0.04
     """

@@ -49,7 +49,7 @@ class EpsilonGreedy(OracleLearner):
     >>> from streamlearn.replay import replay
     >>> from streamlearn.learners.exploration import FixedGamma
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
-    >>> round(replay(EpsilonGreedy(9, 400, FixedGamma(0.05)), X, y).error_rate, 2)
+    >>> round(replay(EpsilonGreedy(9, 400, FixedGamma(0.05)), X, y, batch_size=16).error_rate, 2)
     0.05
     """
 

@@ -27,7 +27,7 @@ class Perceptron(LinearLearner):
     >>> from streamlearn.datasets.synthetic import synthetic_stream
     >>> from streamlearn.replay import replay
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
-    >>> round(replay(Perceptron(9, 400), X, y).error_rate, 3)
+    >>> round(replay(Perceptron(9, 400), X, y, batch_size=16).error_rate, 3)
     0.001
     """
 

@@ -59,7 +59,7 @@ class PNormBandit(Learner):
     >>> from streamlearn.replay import replay
     >>> from streamlearn.learners.exploration import FixedGamma
     >>> X, y = synthetic_stream(20_000, noise=0.0, seed=1)
-    >>> result = replay(PNormBandit(9, 400, FixedGamma(0.014), q=2.0), X, y)
+    >>> result = replay(PNormBandit(9, 400, FixedGamma(0.014), q=2.0), X, y, batch_size=16)
     >>> round(result.error_rate, 2)
     0.04
     """
