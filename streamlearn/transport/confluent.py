@@ -450,20 +450,30 @@ class ConfluentTransport:
 
     def end_offsets(self) -> Offsets:
         """Log-end offsets of the assigned partitions (within ``OFFSETS_TIMEOUT_S`` in all)."""
-        from confluent_kafka import KafkaException
+        from confluent_kafka import KafkaError, KafkaException
 
         self._check_open()
         deadline = time.monotonic() + self._offsets_timeout_s
+        # a broker that has just come back answers "not leader" (or "leader not available")
+        # until leadership settles: asked again within the deadline, not a failure
+        transient = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                     KafkaError._TRANSPORT, KafkaError.REQUEST_TIMED_OUT}
         ends: Offsets = {}
-        try:
-            for tp, confluent_tp in self._tp.items():
+        for tp, confluent_tp in self._tp.items():
+            while tp not in ends:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TransportError(f"end offsets not read within {self._offsets_timeout_s:g} s")
-                ends[tp] = int(self._consumer.get_watermark_offsets(
-                    confluent_tp, timeout=left, cached=False)[1])
-        except KafkaException as exc:
-            raise TransportError(f"could not read end offsets: {exc}") from exc
+                try:
+                    ends[tp] = int(self._consumer.get_watermark_offsets(
+                        confluent_tp, timeout=left, cached=False)[1])
+                except KafkaException as exc:
+                    error = exc.args[0] if exc.args else None
+                    retry = isinstance(error, KafkaError) and (
+                        error.retriable() or error.code() in transient)
+                    if not retry or deadline - time.monotonic() <= 0.1:
+                        raise TransportError(f"could not read end offsets: {exc}") from exc
+                    time.sleep(0.1)
         return ends
 
     def unread(self) -> dict[tuple[str, int], int | None]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import time
 from typing import Any
 
 import pytest
@@ -76,3 +77,54 @@ def test_librdkafka_options_cannot_weaken_the_guarantees(option: str) -> None:
 def test_an_unknown_kafka_python_name_is_refused_for_librdkafka() -> None:
     with pytest.raises(TransportError, match="unknown client option 'fetch_max_wait_ms'"):
         librdkafka_options({"fetch_max_wait_ms": 5})
+
+
+class _FlakyWatermarks:
+    """A consumer whose watermark query fails ``failures`` times with ``code`` first."""
+
+    def __init__(self, code: int, failures: int) -> None:
+        self.code, self.failures, self.calls = code, failures, 0
+
+    def get_watermark_offsets(self, tp: object, timeout: float, cached: bool) -> tuple[int, int]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise KafkaException(KafkaError(self.code))
+        return 0, 42
+
+
+def _transport_over(consumer: _FlakyWatermarks, timeout_s: float = 5.0) -> ConfluentTransport:
+    transport = object.__new__(ConfluentTransport)
+    transport._closed = False
+    transport._consumer = consumer
+    transport._tp = {("t", 0): object()}
+    transport._offsets_timeout_s = timeout_s
+    return transport
+
+
+def test_end_offsets_ask_again_while_a_restarted_broker_settles_its_leaders() -> None:
+    """Seen in CI right after a broker restart: "Not leader for partition" for a moment."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError
+
+    for code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE):
+        consumer = _FlakyWatermarks(code, failures=3)
+        assert _transport_over(consumer).end_offsets() == {("t", 0): 42}
+        assert consumer.calls == 4
+
+
+def test_end_offsets_fail_at_once_on_a_lasting_error_and_at_the_deadline_on_a_transient_one(
+        ) -> None:
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError
+
+    lasting = _FlakyWatermarks(KafkaError.TOPIC_AUTHORIZATION_FAILED, failures=100)
+    with pytest.raises(TransportError, match="could not read end offsets"):
+        _transport_over(lasting).end_offsets()
+    assert lasting.calls == 1
+    settling = _FlakyWatermarks(KafkaError.NOT_LEADER_FOR_PARTITION, failures=10**6)
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="end offsets"):
+        _transport_over(settling, timeout_s=0.5).end_offsets()
+    assert time.monotonic() - started < 2.0
