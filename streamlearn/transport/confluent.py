@@ -191,6 +191,20 @@ def _consume(consumer: Any, max_records: int, timeout_s: float) -> list[Any]:
     return records
 
 
+def _settling(error: Any) -> bool:
+    """Whether a librdkafka error is one a restarted broker gives until its partition leaders
+    and group coordinators settle (or one librdkafka marks retriable): worth asking again."""
+    from confluent_kafka import KafkaError
+
+    if not isinstance(error, KafkaError):
+        return False
+    return bool(error.retriable()) or error.code() in {
+        KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._TRANSPORT,
+        KafkaError.REQUEST_TIMED_OUT}
+
+
 def _records(records: list[Any], where: str) -> list[Message]:
     """The records as messages; an error event is skipped when librdkafka recovers from it by
     itself (a broker away: the next polls resume) and raised otherwise."""
@@ -381,29 +395,35 @@ class ConfluentTransport:
         payload = [TopicPartition(t, p, off) for (t, p), off in offsets.items()]
         if not wait and self._commits.in_flight:
             wait = True  # one in flight already: this one waits (see above)
-        try:
-            self._consumer.commit(offsets=payload, asynchronous=True)
-        except KafkaException as exc:
-            raise TransportError(f"commit of {dict(offsets)} failed: {exc}") from exc
-        self._commits.made += 1
-        if not wait:
-            return
-        number = self._commits.made
-        self._commits.waited.add(number)
-        # The commit callback is served by the consumer's polls: poll, keeping what they read
-        # for the next ``poll`` (librdkafka's synchronous commit waits for the coordinator
-        # however long it is away, and holds up polls from other threads meanwhile).
         deadline = time.monotonic() + self._offsets_timeout_s
-        while self._commits.completed < number:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._commits.waited.discard(number)
-                raise TransportError(f"commit of {dict(offsets)} not acknowledged within "
-                                     f"{self._offsets_timeout_s:g} s")
-            self._read_ahead(min(left, 0.05))
-        error = self._commits.errors.pop(number, None)
-        if error is not None:
-            raise TransportError(f"commit of {dict(offsets)} failed: {error}")
+        while True:
+            try:
+                self._consumer.commit(offsets=payload, asynchronous=True)
+            except KafkaException as exc:
+                raise TransportError(f"commit of {dict(offsets)} failed: {exc}") from exc
+            self._commits.made += 1
+            if not wait:
+                return
+            number = self._commits.made
+            self._commits.waited.add(number)
+            # The commit callback is served by the consumer's polls: poll, keeping what they
+            # read for the next ``poll`` (librdkafka's synchronous commit waits for the
+            # coordinator however long it is away, and holds up polls from other threads).
+            while self._commits.completed < number:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._commits.waited.discard(number)
+                    raise TransportError(f"commit of {dict(offsets)} not acknowledged within "
+                                         f"{self._offsets_timeout_s:g} s")
+                self._read_ahead(min(left, 0.05))
+            error = self._commits.errors.pop(number, None)
+            if error is None:
+                return
+            # a restarted broker answers "not coordinator" (or "loading") until the group's
+            # coordinator settles: the same commit again, within the same deadline
+            if not _settling(error) or deadline - time.monotonic() <= 0.1:
+                raise TransportError(f"commit of {dict(offsets)} failed: {error}")
+            time.sleep(0.1)
 
     def _read_ahead(self, timeout_s: float) -> None:
         """Poll the consumer (serving its callbacks); what it reads is returned by ``poll``."""
@@ -450,14 +470,12 @@ class ConfluentTransport:
 
     def end_offsets(self) -> Offsets:
         """Log-end offsets of the assigned partitions (within ``OFFSETS_TIMEOUT_S`` in all)."""
-        from confluent_kafka import KafkaError, KafkaException
+        from confluent_kafka import KafkaException
 
         self._check_open()
         deadline = time.monotonic() + self._offsets_timeout_s
         # a broker that has just come back answers "not leader" (or "leader not available")
         # until leadership settles: asked again within the deadline, not a failure
-        transient = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                     KafkaError._TRANSPORT, KafkaError.REQUEST_TIMED_OUT}
         ends: Offsets = {}
         for tp, confluent_tp in self._tp.items():
             while tp not in ends:
@@ -469,9 +487,7 @@ class ConfluentTransport:
                         confluent_tp, timeout=left, cached=False)[1])
                 except KafkaException as exc:
                     error = exc.args[0] if exc.args else None
-                    retry = isinstance(error, KafkaError) and (
-                        error.retriable() or error.code() in transient)
-                    if not retry or deadline - time.monotonic() <= 0.1:
+                    if not _settling(error) or deadline - time.monotonic() <= 0.1:
                         raise TransportError(f"could not read end offsets: {exc}") from exc
                     time.sleep(0.1)
         return ends

@@ -94,7 +94,7 @@ class _FlakyWatermarks:
         return 0, 42
 
 
-def _transport_over(consumer: _FlakyWatermarks, timeout_s: float = 5.0) -> ConfluentTransport:
+def _transport_over(consumer: Any, timeout_s: float = 5.0) -> ConfluentTransport:
     transport = object.__new__(ConfluentTransport)
     transport._closed = False
     transport._consumer = consumer
@@ -128,3 +128,57 @@ def test_end_offsets_fail_at_once_on_a_lasting_error_and_at_the_deadline_on_a_tr
     with pytest.raises(TransportError, match="end offsets"):
         _transport_over(settling, timeout_s=0.5).end_offsets()
     assert time.monotonic() - started < 2.0
+
+
+class _SettlingCoordinator:
+    """A consumer whose first ``failures`` commits complete with ``code`` (its commit
+    callback is served by its next consume, as librdkafka's is)."""
+
+    def __init__(self, code: int, failures: int) -> None:
+        self.code, self.failures = code, failures
+        self.commits: list[list[Any]] = []
+        self.unserved = 0
+        self.transport: ConfluentTransport | None = None
+
+    def commit(self, offsets: list[Any], asynchronous: bool) -> None:
+        self.commits.append(offsets)
+        self.unserved += 1
+
+    def consume(self, n: int, timeout: float) -> list[Any]:
+        from confluent_kafka import KafkaError
+
+        assert self.transport is not None
+        for _ in range(self.unserved):
+            failed = len(self.commits) <= self.failures
+            self.transport._commits.on_commit(KafkaError(self.code) if failed else None, [])
+        self.unserved = 0
+        return []
+
+    def poll(self, timeout: float) -> None:
+        return None
+
+
+def _committing_transport(consumer: _SettlingCoordinator, timeout_s: float = 5.0,
+                          ) -> ConfluentTransport:
+    from streamlearn.transport.confluent import _Commits
+
+    transport = _transport_over(consumer, timeout_s)
+    transport._commits, transport._assigned = _Commits(), {("t", 0)}
+    transport._shared, transport._read, transport.bootstrap_servers = None, [], "fake"
+    consumer.transport = transport
+    return transport
+
+
+def test_a_waited_commit_is_made_again_while_a_restarted_broker_settles_its_coordinator(
+        ) -> None:
+    """Seen in CI right after a broker restart: "Not coordinator" for a moment."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError
+
+    consumer = _SettlingCoordinator(KafkaError.NOT_COORDINATOR, failures=2)
+    _committing_transport(consumer).commit({("t", 0): 7})
+    assert len(consumer.commits) == 3
+    lasting = _SettlingCoordinator(KafkaError.GROUP_AUTHORIZATION_FAILED, failures=100)
+    with pytest.raises(TransportError, match=r"commit of .* failed"):
+        _committing_transport(lasting).commit({("t", 0): 7})
+    assert len(lasting.commits) == 1
