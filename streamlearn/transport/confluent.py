@@ -205,6 +205,15 @@ def _settling(error: Any) -> bool:
         KafkaError.REQUEST_TIMED_OUT}
 
 
+def _pause_to_ask_again(error: Any, deadline: float) -> bool:
+    """After ``error``: whether to ask again before ``deadline`` (a settling broker, with
+    time left); if so, after a pause of 0.1 s."""
+    if not _settling(error) or deadline - time.monotonic() <= 0.1:
+        return False
+    time.sleep(0.1)
+    return True
+
+
 def _records(records: list[Any], where: str) -> list[Message]:
     """The records as messages; an error event is skipped when librdkafka recovers from it by
     itself (a broker away: the next polls resume) and raised otherwise."""
@@ -421,9 +430,8 @@ class ConfluentTransport:
                 return
             # a restarted broker answers "not coordinator" (or "loading") until the group's
             # coordinator settles: the same commit again, within the same deadline
-            if not _settling(error) or deadline - time.monotonic() <= 0.1:
+            if not _pause_to_ask_again(error, deadline):
                 raise TransportError(f"commit of {dict(offsets)} failed: {error}")
-            time.sleep(0.1)
 
     def _read_ahead(self, timeout_s: float) -> None:
         """Poll the consumer (serving its callbacks); what it reads is returned by ``poll``."""
@@ -474,8 +482,6 @@ class ConfluentTransport:
 
         self._check_open()
         deadline = time.monotonic() + self._offsets_timeout_s
-        # a broker that has just come back answers "not leader" (or "leader not available")
-        # until leadership settles: asked again within the deadline, not a failure
         ends: Offsets = {}
         for tp, confluent_tp in self._tp.items():
             while tp not in ends:
@@ -486,10 +492,10 @@ class ConfluentTransport:
                     ends[tp] = int(self._consumer.get_watermark_offsets(
                         confluent_tp, timeout=left, cached=False)[1])
                 except KafkaException as exc:
-                    error = exc.args[0] if exc.args else None
-                    if not _settling(error) or deadline - time.monotonic() <= 0.1:
+                    # a broker that has just come back answers "not leader" (or "leader not
+                    # available") until leadership settles: asked again within the deadline
+                    if not _pause_to_ask_again(exc.args[0] if exc.args else None, deadline):
                         raise TransportError(f"could not read end offsets: {exc}") from exc
-                    time.sleep(0.1)
         return ends
 
     def unread(self) -> dict[tuple[str, int], int | None]:
