@@ -12,6 +12,17 @@ when the target's slots 1..s all equal the logged ones, weighted by
 each slot's term is unbiased for the target's slot-s reward (the cascade
 estimator; tested against the true value of a synthetic stream).
 
+A retrained ranker takes part of the traffic **slot by slot** (:func:`sample_mixed_slate`
+with a :class:`RankerShare`): each slot is placed by the ranker with probability ``share``
+(deployed: 1 − γ on its best candidate not yet placed, γ spread over those), by the learner
+otherwise, and the logged propensity is the mixture's. Off-policy, a ranker is judged **per
+slot, given the logged prefix** (:func:`deployed_slot_probs`, :func:`slot_values`,
+:func:`slot_terms`): one weight π(c_s | prefix)/p_s per term instead of the cascade's
+product, so the terms are as light-tailed as a fixed-action log's, and each has conditional
+mean the target's expected reward at slot s after the slots the logger placed. Both need
+every candidate's score, so the log must keep the whole request, not only its placed
+candidates.
+
 >>> probs = np.array([0.5, 0.3, 0.2]); offsets = np.array([0, 3])
 >>> chosen, p = sample_slate(probs, offsets, np.array([2]), np.array([[0.1, 0.9]]))
 >>> chosen.tolist(), np.round(p, 4).tolist()  # slot 2 renormalised over {1, 2}: 0.3/0.5, 0.2/0.5
@@ -21,20 +32,73 @@ estimator; tested against the true value of a synthetic stream).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from streamlearn.candidates.sets import segment_sample
+from streamlearn.candidates.sets import segment_argmax, segment_sample
 from streamlearn.errors import DataError
+from streamlearn.evaluation.bounds import Interval, value_interval
 from streamlearn.evaluation.offpolicy import _Z, Estimate
 
-__all__ = ["sample_slate", "slate_ips"]
+__all__ = ["RankerShare", "deployed_distribution", "deployed_slot_probs", "sample_mixed_slate",
+           "sample_slate", "slate_ips", "slot_terms", "slot_values", "slot_weights"]
+
+
+@dataclass(frozen=True)
+class RankerShare:
+    """A ranker that places part of every slate, slot by slot (the per-slot mixture).
+
+    At each slot of request r the ranker places the candidate with probability
+    ``share[r]`` (where ``uniforms[r, s] < share[r]``), the learner otherwise. The ranker
+    is *deployed* (:func:`deployed_slot_probs`): 1 − γ on its best-scored candidate not
+    yet placed, γ spread uniformly over those, with ``gamma[r]``.
+    """
+
+    scores: np.ndarray  # (N,) the ranker's score of every candidate
+    share: np.ndarray  # (B,) probability that the ranker places a slot
+    gamma: np.ndarray  # (B,) the deployed ranker's exploration
+    uniforms: np.ndarray  # (B, max k) who places each slot
+
+
+def deployed_distribution(scores: np.ndarray, offsets: np.ndarray, placed: np.ndarray,
+              gamma: np.ndarray) -> np.ndarray:
+    """(N,) the deployed ranker's distribution over each request's candidates not yet
+    ``placed``: 1 − γ on the best-scored, γ uniform over all of them (0 on placed rows).
+
+    >>> deployed_distribution(np.array([3.0, 2.0, 1.0]), np.array([0, 3]),
+    ...                       np.array([True, False, False]), np.array([0.2])).tolist()
+    [0.0, 0.9, 0.1]
+    """
+    sizes = np.diff(offsets)
+    free = ~placed
+    n_free = np.add.reduceat(free.astype(np.int64), offsets[:-1]) if len(free) else sizes
+    best = segment_argmax(np.where(free, scores, -np.inf), offsets)
+    g = np.clip(np.asarray(gamma, dtype=np.float64), 0.0, 1.0)
+    probs = np.where(free, np.repeat(g / np.maximum(n_free, 1), sizes), 0.0)
+    some = n_free > 0
+    probs[best[some]] += 1.0 - g[some]
+    return probs
 
 
 def sample_slate(probs: np.ndarray, offsets: np.ndarray, slots: np.ndarray,
                  uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Fill ``slots[r]`` slots of each request (uniforms (B, max k)): chosen global rows
     (B, max k) and their conditional propensities, −1 / 0 beyond a request's slots."""
+    chosen, slot_probs, _ = sample_mixed_slate(probs, offsets, slots, uniforms)
+    return chosen, slot_probs
+
+
+def sample_mixed_slate(probs: np.ndarray, offsets: np.ndarray, slots: np.ndarray,
+                       uniforms: np.ndarray, ranker: RankerShare | None = None,
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`sample_slate` with slots placed by a ``ranker`` at its share: chosen rows,
+    their conditional propensities under the mixture, share·π_ranker + (1 − share)·q_learner
+    over the candidates not yet placed, and (B, max k) whether the ranker placed each slot.
+
+    The propensity is the mixture's, whoever placed the slot, so the logged propensities
+    stay exact for the learner and for every off-policy estimate.
+    """
     sizes = np.diff(offsets)
     slots = np.asarray(slots, dtype=np.int64)
     if (slots < 1).any() or (slots > sizes).any():
@@ -42,24 +106,89 @@ def sample_slate(probs: np.ndarray, offsets: np.ndarray, slots: np.ndarray,
                         f"slots {slots[(slots < 1) | (slots > sizes)][:3].tolist()}...")
     B, k = len(sizes), int(slots.max()) if len(slots) else 0
     remaining = np.asarray(probs, dtype=np.float64).copy()
+    placed = np.zeros(len(remaining), dtype=bool)
     chosen = np.full((B, k), -1, dtype=np.int64)
     slot_probs = np.zeros((B, k))
+    by_ranker = np.zeros((B, k), dtype=bool)
     request = np.repeat(np.arange(B), sizes)
     for s in range(k):  # a loop over slot positions, each vectorised over every request
         active = slots > s
         mass = np.add.reduceat(remaining, offsets[:-1]) if len(remaining) else np.zeros(0)
         # a request whose remaining candidates all have probability 0 places them uniformly
-        empty = mass <= 0
-        weights = np.where(empty[request], 1.0, remaining)
-        placed = chosen[:, :s][chosen[:, :s] >= 0]
+        weights = np.where((mass <= 0)[request], 1.0, remaining)
         weights[placed] = 0.0
-        totals = np.add.reduceat(weights, offsets[:-1])
-        rows = segment_sample(weights, offsets, uniforms[:, s])
-        p = weights[rows] / np.where(totals > 0, totals, 1.0)
+        totals = np.add.reduceat(weights, offsets[:-1]) if len(weights) else np.zeros(0)
+        learner = weights / np.repeat(np.where(totals > 0, totals, 1.0), sizes)
+        draw, mixed = learner, learner
+        if ranker is not None:
+            deployed = deployed_distribution(ranker.scores, offsets, placed, ranker.gamma)
+            share = np.clip(np.asarray(ranker.share, dtype=np.float64), 0.0, 1.0)
+            by_ranker[:, s] = active & (np.asarray(ranker.uniforms)[:, s] < share)
+            draw = np.where(by_ranker[request, s], deployed, learner)
+            mixed = share[request] * deployed + (1.0 - share[request]) * learner
+        rows = segment_sample(draw, offsets, uniforms[:, s])
         chosen[active, s] = rows[active]
-        slot_probs[active, s] = p[active]
+        slot_probs[active, s] = mixed[rows[active]]
         remaining[rows[active]] = 0.0
-    return chosen, slot_probs
+        placed[rows[active]] = True
+    return chosen, slot_probs, by_ranker
+
+
+def deployed_slot_probs(scores: np.ndarray, offsets: np.ndarray, logged: np.ndarray,
+                        gamma: np.ndarray) -> np.ndarray:
+    """(B, k) the probability that a ranker, deployed slot by slot (1 − γ on its best-scored
+    candidate not yet placed, γ uniform over those), would place each logged candidate
+    given the **logged** prefix of its slate; 0 where ``logged`` is −1.
+
+    >>> deployed_slot_probs(np.array([3.0, 2.0, 1.0]), np.array([0, 3]), np.array([[1, 0]]),
+    ...                     np.array([0.3])).round(3).tolist()  # slot 2: best of {0, 2} is 0
+    [[0.1, 0.85]]
+    """
+    logged = np.asarray(logged, dtype=np.int64)
+    out = np.zeros(logged.shape)
+    placed = np.zeros(len(scores), dtype=bool)
+    for s in range(logged.shape[1]):
+        used = logged[:, s] >= 0
+        deployed = deployed_distribution(np.asarray(scores, dtype=np.float64), offsets, placed, gamma)
+        out[used, s] = deployed[logged[used, s]]
+        placed[logged[used, s]] = True
+    return out
+
+
+def slot_weights(logged: np.ndarray, slot_probs: np.ndarray, target_probs: np.ndarray,
+                 ) -> np.ndarray:
+    """(B, k) importance weights π(c_s | logged prefix) / p_s of every logged slot; 0 where
+    a request has no slot s."""
+    used = np.asarray(logged) >= 0
+    return np.where(used, target_probs / np.where(used & (slot_probs > 0), slot_probs, 1.0), 0.0)
+
+
+def slot_values(rewards: np.ndarray, logged: np.ndarray, slot_probs: np.ndarray,
+                target_probs: np.ndarray, alpha: float) -> list[Interval]:
+    """Per slot s, a confidence sequence (each side at α/2) for the target's expected reward
+    at slot s **given the logged prefix** — what it would earn placing slot s after the
+    slots the logger placed — over the requests with a slot s, in the order given.
+
+    One weight per term, π(c_s | prefix)/p_s (the cascade estimator of :func:`slate_ips`
+    multiplies s of them), so the per-slot values have far lighter tails than the whole
+    slate's. Rewards in [0, 1].
+    """
+    w = slot_weights(logged, slot_probs, target_probs)
+    used = np.asarray(logged) >= 0
+    return [value_interval(np.asarray(rewards)[used[:, s], s], w[used[:, s], s], alpha)
+            for s in range(used.shape[1])]
+
+
+def slot_terms(rewards: np.ndarray, logged: np.ndarray, slot_probs: np.ndarray,
+               target_probs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The reward and the weight π(c_s | logged prefix)/p_s of every logged slot, request
+    after request and slot after slot within one: the terms of the promotion gate's paired
+    advantage per slot (:func:`streamlearn.retrain.promotion.judge_weighted`), each with
+    conditional mean the target's value at that slot given the logged prefix, as the
+    logger's reward has the logger's."""
+    used = np.asarray(logged) >= 0
+    w = slot_weights(logged, slot_probs, target_probs)
+    return np.asarray(rewards, dtype=np.float64)[used], w[used]
 
 
 def slate_ips(rewards: np.ndarray, logged: np.ndarray, slot_probs: np.ndarray,

@@ -88,13 +88,15 @@ class Journaled:
 class CandidateDecided:
     """One decided batch: ``chosen`` (B, S) global candidate rows (−1 past a request's
     slots), ``slot_probs`` (B, S), ``exploit`` (B,) global rows, ``scores`` (N,) the
-    model's estimated reward of every candidate, ``fresh`` rows decided now."""
+    model's estimated reward of every candidate, ``fresh`` rows decided now,
+    ``decided_at`` (B,) each request's decision time (a reused one's, as journaled)."""
 
     chosen: np.ndarray
     slot_probs: np.ndarray
     exploit: np.ndarray
     scores: np.ndarray
     fresh: np.ndarray
+    decided_at: np.ndarray
 
     @property
     def explored(self) -> np.ndarray:
@@ -168,7 +170,7 @@ class CandidateEngine:
         self.learner.n_requests_ += int(reused.sum())
         self._add_pending(ids, sets, candidate_ids, chosen, slot_probs, exploit, partitions,
                           decided_at, wall, model_version, event_ts)
-        return CandidateDecided(chosen, slot_probs, exploit, scores, fresh)
+        return CandidateDecided(chosen, slot_probs, exploit, scores, fresh, decided_at)
 
     def _reuse(self, ids: Sequence[str], sets: CandidateSets, candidate_ids: Sequence[str],
                known: Mapping[str, Journaled], chosen: np.ndarray, slot_probs: np.ndarray,

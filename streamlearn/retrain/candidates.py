@@ -16,15 +16,24 @@ placed candidates (mean over queries with a rewarded and an unrewarded
 candidate) is reported next to the learner's own (its slot order), with the
 IPS-weighted AUC of rewarded vs unrewarded candidates.
 
-These are re-ranking measures of the slates the learner chose; an unbiased
-estimate of a ranker's *online* value would need every candidate of a request
-in the log, which holds only the placed ones, so candidate-mode rankers are
-trained and measured but not promoted to serve (docs/daemon.md §8).
+These are re-ranking measures of the slates the learner chose. An unbiased estimate
+of a ranker's *online* value needs every candidate of a request: the daemon's
+**request log** (``<log_dir>/requests``, :mod:`streamlearn.durability.recorder`) keeps
+them. When it is there, each ranker is also judged **off-policy, per slot given the
+logged prefix** (:func:`streamlearn.candidates.slates.slot_terms`) on the held-out
+requests whose every placed candidate has its reward (decided before the ``watermark``):
+deployed with the learner's exploration at each request, its value at each slot (a
+confidence sequence per slot) and the promotion gate's verdict against the learner
+(:func:`streamlearn.retrain.promotion.judge_weighted` at α = 1 − ``level``), under
+``offpolicy``. Rankers are not promoted to serve in candidate mode yet: the verdict is
+reported, not acted on (docs/daemon.md §8).
 """
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +41,108 @@ import numpy as np
 import orjson
 
 from streamlearn.candidates.joint import stored_joint_features
+from streamlearn.candidates.sets import gather_segments
+from streamlearn.candidates.slates import deployed_slot_probs, slot_terms, slot_values
 from streamlearn.durability.experience import ExperienceRows, read_experience
+from streamlearn.durability.recorder import REQUESTS_DIR
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.evaluation.policies import holdout_mask
+from streamlearn.features import hash_strings
+from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.metrics import auc, ndcg
 from streamlearn.retrain.artifact import artifact_name, make_ranker, save_artifact
+from streamlearn.retrain.promotion import judge_weighted
 
-__all__ = ["candidate_queries", "run_candidate_retrain"]
+__all__ = ["LoggedRequests", "candidate_queries", "logged_requests", "run_candidate_retrain"]
+
+
+@dataclass
+class LoggedRequests:
+    """Whole logged requests in evidence order (decision time, then id hash): φ of every
+    candidate, the requests' offsets, the placed rows (B, k; −1 past a request's slots) with
+    their conditional propensities and rewards, and the learner's exploration per request."""
+
+    request_ids: list[str]
+    phi: np.ndarray
+    offsets: np.ndarray
+    logged: np.ndarray
+    slot_probs: np.ndarray
+    rewards: np.ndarray
+    gamma: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def judge(self, ranker: Ranker, alpha: float) -> dict[str, Any]:
+        """The ranker deployed on these requests: its value per slot given the logged prefix,
+        and the gate's verdict against the logger (both at ``alpha``)."""
+        scores = np.asarray(ranker.score(self.phi), dtype=np.float64)
+        target = deployed_slot_probs(scores, self.offsets, self.logged, self.gamma)
+        slots = slot_values(self.rewards, self.logged, self.slot_probs, target, alpha)
+        return {**judge_weighted(*slot_terms(self.rewards, self.logged, self.slot_probs, target),
+                                 alpha),
+                "slots": [iv.as_dict() for iv in slots]}
+
+    def take(self, requests: np.ndarray) -> LoggedRequests:
+        """The given requests (in that order)."""
+        offsets, rows = gather_segments(self.offsets, requests)
+        remap = np.full(len(self.phi) + 1, -1, dtype=np.int64)  # old global row -> new
+        remap[rows] = np.arange(len(rows))
+        logged = remap[self.logged[requests]]  # −1 stays −1 (the extra last entry)
+        return LoggedRequests([self.request_ids[i] for i in requests.tolist()], self.phi[rows],
+                              offsets, logged, self.slot_probs[requests],
+                              self.rewards[requests], self.gamma[requests])
+
+    def logger_slots(self) -> list[float]:
+        """The logger's mean reward at each slot (on-policy)."""
+        used = self.logged >= 0
+        return [float(self.rewards[used[:, s], s].mean()) if used[:, s].any() else math.nan
+                for s in range(used.shape[1])]
+
+
+def logged_requests(requests: ExperienceRows, learned: ExperienceRows, d_x: int, d_c: int,
+                    watermark: float | None = None) -> LoggedRequests:
+    """The request log's requests whose every placed candidate is in the experience log
+    (``learned``, with its reward) and that were decided before ``watermark``."""
+    if len(requests) and requests.X.shape[1] != d_x + d_c:
+        raise DataError(f"Expected request-log rows of d_x + d_c = {d_x + d_c} columns. Got "
+                        f"{requests.X.shape[1]}.")
+    reward_of = dict(zip(learned.ids, np.asarray(learned.rewards, np.float64).tolist(),
+                         strict=True))
+    names = [orjson.loads(i)[0] for i in requests.ids]
+    uniq, request = np.unique(np.array(names, dtype=object), return_inverse=True)
+    request = np.asarray(request, dtype=np.int64)
+    placed = np.asarray(requests.actions) >= 0
+    rewards = np.array([reward_of.get(i, math.nan) if p else 0.0
+                        for i, p in zip(requests.ids, placed.tolist(), strict=True)])
+    missing = np.bincount(request, weights=np.isnan(rewards), minlength=len(uniq)) > 0
+    decided = np.zeros(len(uniq))
+    decided[request] = requests.decided_at
+    keep = ~missing & (decided < (math.inf if watermark is None else watermark))
+    hashed = hash_strings([str(u) for u in uniq])
+    order = np.lexsort((hashed, decided))
+    order = order[keep[order]]
+    rank = np.full(len(uniq), -1, dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    rows = np.flatnonzero(rank[request] >= 0)
+    rows = rows[np.argsort(rank[request[rows]], kind="stable")]  # a request's rows together
+    B = len(order)
+    sizes = np.bincount(rank[request[rows]], minlength=B)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    k = int(requests.actions[rows].max()) + 1 if len(rows) else 1
+    logged = np.full((B, k), -1, dtype=np.int64)
+    slot_probs, slot_rewards = np.zeros((B, k)), np.zeros((B, k))
+    at = np.flatnonzero(placed[rows])
+    r, slot = rank[request[rows[at]]], requests.actions[rows[at]]
+    logged[r, slot] = at
+    slot_probs[r, slot] = requests.probs[rows[at], slot]
+    slot_rewards[r, slot] = rewards[rows[at]]
+    gamma = np.zeros(B)
+    gamma[rank[request[rows]]] = requests.gamma[rows]
+    X = np.asarray(requests.X[rows], dtype=np.float64)
+    return LoggedRequests([str(uniq[i]) for i in order.tolist()],
+                          stored_joint_features(X, d_x, d_c), offsets, logged, slot_probs,
+                          slot_rewards, gamma)
 
 
 def candidate_queries(rows: ExperienceRows, d_x: int, d_c: int,
@@ -76,6 +180,26 @@ def _heldout_quality(scores: np.ndarray, rewards: np.ndarray, qid: np.ndarray,
     return out
 
 
+def _heldout_requests(log_dir: Path, learned: ExperienceRows, d_x: int, d_c: int,
+                      fraction: float, watermark: float | None, max_rows: int | None
+                      ) -> LoggedRequests | str:
+    """The held-out requests of the request log, whole (or why there are none to judge on)."""
+    directory = log_dir / REQUESTS_DIR
+    if not directory.is_dir():
+        return "no request log (written by serve in candidate mode)"
+    rewards = np.asarray(learned.rewards)
+    if len(rewards) and (rewards.min() < 0 or rewards.max() > 1):
+        return (f"rewards outside [0, 1] (range [{rewards.min():g}, {rewards.max():g}]): the "
+                "bounds need rewards in [0, 1]")
+    # a request's candidates are many rows: read enough for the learned rows' requests
+    requests = read_experience(directory, None, None, None if max_rows is None else 50 * max_rows)
+    whole = logged_requests(requests, learned, d_x, d_c, watermark)
+    held = np.flatnonzero(holdout_mask(whole.request_ids, fraction))
+    if not len(held):
+        return "no held-out request with every placed candidate's reward yet"
+    return whole.take(held)
+
+
 def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     """Train, save and measure the rankers of ``spec`` on logged candidate sets.
 
@@ -109,6 +233,9 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     slot = np.asarray(rows.actions, dtype=np.float64)
     learner_quality = {"ndcg": _heldout_quality(-slot[test], rewards[test], qid[test],
                                                 weights[test])["ndcg"]}  # its slot order
+    level = float(spec.get("level", 0.95))
+    judged = _heldout_requests(Path(log_dir), rows, d_x, d_c, fraction, spec.get("watermark"),
+                               spec.get("max_rows"))
     report: dict[str, Any] = {}
     for name_spec, ranker in zip(names, rankers, strict=True):
         name = artifact_name(name_spec)
@@ -123,6 +250,8 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         report[name] = {"spec": name_spec, "artifact": str(path), "fit_seconds": fit_seconds,
                         **_heldout_quality(np.asarray(ranker.score(phi[test])), rewards[test],
                                            qid[test], weights[test])}
+        if isinstance(judged, LoggedRequests):
+            report[name]["offpolicy"] = judged.judge(ranker, 1.0 - level)
     train_queries = len(np.unique(qid[train]))
     return {
         "version": version, "log_dir": str(Path(log_dir)), "candidates": {"d_x": d_x, "d_c": d_c},
@@ -131,5 +260,8 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         "heldout_queries": len(np.unique(qid[test])),
         "documents_per_query": len(train) / max(train_queries, 1),
         "clip": clip, "holdout_fraction": fraction, "learner": learner_quality,
+        "offpolicy": ({"requests": len(judged), "alpha": 1.0 - level,
+                       "learner_slots": judged.logger_slots()}
+                      if isinstance(judged, LoggedRequests) else {"skipped": judged}),
         "rankers": report, "duration_seconds": time.perf_counter() - started,
     }

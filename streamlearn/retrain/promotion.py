@@ -46,9 +46,10 @@ from streamlearn.features import hash_strings
 from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.joint import action_scores
 
-__all__ = ["MAX_CHALLENGERS", "MAX_EVIDENCE_WINDOWS", "MAX_LOOKS", "challenger_alpha", "deployed_policy",
-           "evidence_order", "from_key", "importance", "judge", "key_of", "paired_advantage",
-           "passes", "promotion_decision", "still_judged"]
+__all__ = ["MAX_CHALLENGERS", "MAX_EVIDENCE_WINDOWS", "MAX_LOOKS", "advantage_terms",
+           "challenger_alpha", "deployed_policy", "evidence_order", "from_key", "importance",
+           "judge", "judge_weighted", "key_of", "paired_advantage", "passes",
+           "promotion_decision", "still_judged"]
 
 MAX_LOOKS = 10  # a challenger judged this many times without passing is dropped
 MAX_CHALLENGERS = 6  # challengers kept between retrains (the newest)
@@ -100,9 +101,14 @@ def importance(rows: ExperienceRows, pi: np.ndarray) -> np.ndarray:
     return np.asarray(picked / rows.propensities, dtype=np.float64)
 
 
+def advantage_terms(rewards: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``1 + r·(w − 1)`` per logged decision: nonnegative, mean 1 + V(π) − V(logger)."""
+    return np.asarray(1.0 + np.asarray(rewards, np.float64) * (np.asarray(w, np.float64) - 1.0))
+
+
 def paired_advantage(rows: ExperienceRows, pi: np.ndarray) -> np.ndarray:
-    """``1 + r·(w − 1)`` per row: nonnegative, mean 1 + V(π) − V(logger)."""
-    return np.asarray(1.0 + np.asarray(rows.rewards, np.float64) * (importance(rows, pi) - 1.0))
+    """:func:`advantage_terms` of every logged row for the target ``pi``."""
+    return advantage_terms(rows.rewards, importance(rows, pi))
 
 
 def passes(advantage: np.ndarray, alpha: float) -> bool:
@@ -120,16 +126,21 @@ def judge(rows: ExperienceRows, pi: np.ndarray, alpha: float) -> dict[str, Any]:
     ``value``: a confidence sequence for its own value (each side at ``alpha``/2: the
     interval its live value is later checked against), with the IPS estimate ``mean``.
     """
-    if not len(rows):
+    return judge_weighted(np.asarray(rows.rewards), importance(rows, pi), alpha)
+
+
+def judge_weighted(rewards: np.ndarray, w: np.ndarray, alpha: float) -> dict[str, Any]:
+    """:func:`judge` from each logged decision's reward and importance weight (in evidence
+    order): what candidate mode judges per slot (:func:`streamlearn.candidates.slates.slot_terms`)."""
+    if not len(rewards):
         return {"rows": 0, "passed": False, "advantage_lower": None, "value": None,
                 "ess": 0.0, "max_weight": None}
-    w = importance(rows, pi)
-    y = paired_advantage(rows, pi)
+    y = advantage_terms(rewards, w)
     low = lower_bound(y, alpha, high=2.0, n_gamblers=HEAVY_GAMBLERS)
-    value = value_interval(rows.rewards, w, alpha)
-    return {"rows": len(rows), "passed": passes(y, alpha), "advantage_lower": low - 1.0,
+    value = value_interval(rewards, w, alpha)
+    return {"rows": len(rewards), "passed": passes(y, alpha), "advantage_lower": low - 1.0,
             "value": value.as_dict(), "ess": effective_sample_size(w),
-            "max_weight": float(w.max())}
+            "max_weight": float(np.max(w))}
 
 
 def promotion_decision(result: dict[str, Any]) -> dict[str, Any]:

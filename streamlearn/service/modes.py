@@ -239,6 +239,11 @@ class CandidateSets:
         decided = engine.decide(batch.ids, batch.sets, batch.candidate_ids, batch.slots,
                                 batch.partitions, wall, known, daemon.counters.model_version,
                                 event_ts=batch.ts)
+        if daemon.retraining is not None:  # every candidate, for off-policy estimates
+            daemon.retraining.experience.record_requests(
+                batch.ids, batch.candidate_ids, batch.sets, decided.chosen, decided.slot_probs,
+                decided.exploit, decided.decided_at, daemon.counters.model_version,
+                self.journal_width)
         values = _reused_values(batch.ids, reused)
         fresh = decided.fresh
         if len(fresh):

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from streamlearn.durability.experience import ExperienceLog
-from streamlearn.durability.recorder import ExperienceRecorder, learned_part
+from streamlearn.durability.recorder import REQUESTS_DIR, ExperienceRecorder, learned_part
 from streamlearn.join.pending import Closed
 from streamlearn.retrain.artifact import RankerArtifact
 from streamlearn.retrain.store import RankerStore, read_ranker_state
@@ -62,10 +62,15 @@ class Retraining:
         else:  # nothing is kept across runs: a temporary directory, removed on close
             base = self._temporary = Path(tempfile.mkdtemp(prefix="streamlearn-experience-"))
         log_dir = Path(settings.experience.dir) if settings.experience.dir else base / "experience"
-        self.experience = ExperienceRecorder(ExperienceLog(
-            log_dir, settings.experience.segment_rows, settings.experience.segment_seconds,
-            settings.experience.retention_bytes, settings.experience.retention_seconds,
-            wall_clock))
+        def experience_log(directory: Path) -> ExperienceLog:
+            e = settings.experience
+            return ExperienceLog(directory, e.segment_rows, e.segment_seconds, e.retention_bytes,
+                                 e.retention_seconds, wall_clock)
+
+        self.experience = ExperienceRecorder(
+            experience_log(log_dir),
+            experience_log(log_dir / REQUESTS_DIR) if settings.candidates.enabled else None,
+            settings.retrain.holdout_fraction)
         if settings.retrain_enabled:
             check_rankers(settings)
         self.rankers = RankerState(settings, observer, base / "rankers", wall_clock)

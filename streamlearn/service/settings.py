@@ -182,7 +182,9 @@ class RetrainConfig:
                             "(and at most 20M / (d·K): the joint feature matrix stays < 160 MB)",
                             ge=10)
     holdout_fraction: float = spec(0.2, "share of the window held out (the newest rows, in "
-                                   "time) for off-policy evaluation", gt=0, le=0.9)
+                                   "time; in candidate mode, requests by id hash, the only "
+                                   "ones the request log keeps) for off-policy evaluation",
+                                   gt=0, le=0.9)
     clip: float = spec(20.0, "inverse-propensity weights of the training rows are clipped at "
                        "this value (the off-policy estimates are not clipped)", gt=1)
     worker: str = spec("process", "where training runs: a separate process (keeps decision "

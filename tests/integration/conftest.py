@@ -77,6 +77,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
+def _no_daemon_left() -> Iterator[None]:
+    """Kill the crash harness's daemons still running when a test ends (it failed before it
+    stopped them), so none keeps a CPU busy through the tests after it."""
+    from daemon_harness import STARTED
+
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+@pytest.fixture(autouse=True)
 def _cpu_share(request: pytest.FixtureRequest) -> None:
     """A ``cpu_share`` test waits for the CPU-bound tests beside it to end: each such test
     loads the machine on purpose (a spinning process, a saturated loop) and allows for one

@@ -218,7 +218,14 @@ def serve_crashable(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Pat
             "--gamma", str(gamma), "--seed", "5", "--join-window-seconds", "3600", *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    STARTED.append(proc)
+    return proc
+
+
+#: every daemon :func:`serve_crashable` started; the integration conftest kills those still
+#: running when their test ends (a failed test must not leave a daemon behind for the next)
+STARTED: list[subprocess.Popen[bytes]] = []
 
 
 class Publisher(threading.Thread):

@@ -4,8 +4,9 @@ loses and duplicates no experience-log row, and the restart serves the last good
 A real ``serve`` process against the real broker retrains RankBoost every 3,000
 learned decisions in its worker process and rotates a log segment every 1,000
 rows (plus one per checkpoint). Once a first ranker is live, it is killed with
-SIGKILL four times right after a retrain started (the kill lands inside the job)
-and three times at random moments of a stream whose segments rotate every ~0.25 s. At the end the log must
+SIGKILL up to four times right after a retrain started (the kill lands inside the job)
+and up to three times at random moments of a stream whose segments rotate every ~0.25 s
+(at least two of the first kind and one of the second). At the end the log must
 hold every answered decision exactly once — checked by ids, an id checksum and
 each row's action, propensity and reward against the decision the caller saw and
 the feedback it sent — and the decisions after the last restart carry the ranking
@@ -34,9 +35,11 @@ from streamlearn.service.retraining import read_ranker_state
 
 pytestmark = pytest.mark.integration
 
-# 30 s of stream: the seven kill cycles (each waits for a retrain to start, then restarts) must
-# end before the publisher does, or a wait for 2,000 more decisions after a restart can never
-# be met (with 60,000 events, 15 s, it timed out in 2 of 5 CI runs, one on a loaded machine)
+# 30 s of stream for up to seven kill cycles (each waits for a retrain to start, or for 2,000
+# more decisions, then restarts). On a starved machine a retrain can take so long that the
+# daemon decides the whole stream first (seen in CI beside a CPU hog: 120,000 events gone
+# after five kills); then the cycles stop there, and the kills so far must include two inside
+# a retrain and one at a random moment
 N = 120_000
 RATE = 4_000
 
@@ -62,20 +65,31 @@ def test_sigkill_during_retrain_and_rotation_keeps_the_log_exact(kafka_bootstrap
     wait_until(lambda: "retrain 1: ranker" in log.read_text(), 120, "a first good ranker",
                lambda: log.read_text()[-2000:])
     kills: list[str] = []
+
+    def stream_over() -> bool:  # every instance published and decided: nothing more will come
+        return not publisher.is_alive() and len(caller.first) >= N
+
     for k in range(7):
         if k % 2 == 0:  # right after a retrain started: inside the job
             started = len(re.findall(r"retrain \d+ started", log.read_text()))
-            wait_until(lambda s=started: len(re.findall(r"retrain \d+ started",
-                                                        log.read_text())) > s,
-                       120, "a retrain to start", lambda: log.read_text()[-2000:])
+
+            def retrain_started(s: int = started) -> bool:
+                return len(re.findall(r"retrain \d+ started", log.read_text())) > s
+
+            wait_until(lambda: retrain_started() or stream_over(), 120, "a retrain to start",
+                       lambda: log.read_text()[-2000:])
+            if not retrain_started():
+                break  # the stream ran out first (a slow machine): the kills so far count
             time.sleep(float(rng.uniform(0.05, 0.5)))
             last = re.findall(r"retrain \d+( started|: ranker)", log.read_text())[-1]
             in_flight = last == " started"
             kills.append("retrain" if in_flight else "retrain (already done)")
         else:  # a random moment while segments rotate every ~0.25 s
             seen = caller.n_decisions
-            wait_until(lambda s=seen: caller.n_decisions > s + 2000, 120, "the daemon to serve",
-                       lambda: log.read_text()[-2000:])
+            wait_until(lambda s=seen: caller.n_decisions > s + 2000 or stream_over(), 120,
+                       "the daemon to serve", lambda: log.read_text()[-2000:])
+            if caller.n_decisions <= seen + 2000:
+                break  # the stream ran out first
             time.sleep(float(rng.uniform(0.0, 0.3)))
             kills.append("random")
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -89,6 +103,7 @@ def test_sigkill_during_retrain_and_rotation_keeps_the_log_exact(kafka_bootstrap
     assert caller.error is None and caller.mismatches == []
     print(f"kills: {kills}")
     assert kills.count("retrain") >= 2  # at least two kills landed inside a job
+    assert "random" in kills  # and one at a random moment of the rotation
 
     rows = read_experience(ckpt / "experience")
     assert len(rows.ids) == len(set(rows.ids)) == N  # nothing twice, nothing lost

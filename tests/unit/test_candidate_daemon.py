@@ -184,6 +184,42 @@ def test_a_crash_re_emits_identical_decisions_and_applies_each_slot_feedback_onc
     assert np.isfinite(restored.learner.A_inv_).all()
 
 
+
+@pytest.mark.parametrize("crash_at", [None, 4])
+def test_the_request_log_holds_every_candidate_of_every_request_once_across_a_crash(
+        tmp_path: Path, crash_at: int | None) -> None:
+    """Candidate mode logs whole requests for off-policy estimates: after a run (and a crash
+    that re-reads requests), every candidate of every held-out request (the id-hash share
+    ``retrain.holdout_fraction`` a retrain judges on) is in the request log exactly once, the
+    placed ones at their slot with the published propensity."""
+    from streamlearn.durability.experience import read_experience
+    from streamlearn.evaluation.policies import holdout_mask
+
+    broker, clock = InMemoryBroker(2), Clock()
+    caller = Caller(broker)
+    experience = str(tmp_path / "experience")
+    daemon = make_daemon(broker, tmp_path, clock, experience_dir=experience)
+    daemon = run(broker, daemon, caller, clock, 8, crash_at=crash_at,
+                 restart=lambda: make_daemon(broker, tmp_path, clock, experience_dir=experience))
+    daemon.checkpoint(final=True)
+    logged = read_experience(tmp_path / "experience" / "requests")
+    assert len(set(logged.ids)) == len(logged.ids)  # once each
+    held = [r for r, h in zip(caller.sent, holdout_mask(list(caller.sent), 0.2), strict=True)
+            if h]
+    assert 0.1 * len(caller.sent) < len(held) < 0.3 * len(caller.sent)
+    expected = {pair_id(r, c["id"]) for r in held for c in caller.sent[r]["request"]["candidates"]}
+    assert set(logged.ids) == expected
+    placed = {pair_id(d["id"], c["id"]): (slot, c["prob"])
+              for d in (v[0] for v in decisions_by_id(broker).values()) if d["id"] in set(held)
+              for slot, c in enumerate(d["candidates"])}
+    at = {i: j for j, i in enumerate(logged.ids)}
+    for pid, (slot, prob) in placed.items():
+        assert logged.actions[at[pid]] == slot
+        assert logged.probs[at[pid], slot] == pytest.approx(prob, rel=1e-6)
+    assert int((logged.actions >= 0).sum()) == len(placed)
+    assert logged.gamma.min() >= 0 and logged.gamma.max() <= 1
+
+
 HOSTILE_REQUESTS = [
     ({"candidates": []}, "bad_candidates"),
     ({"candidates": "abc"}, "bad_candidates"),
@@ -301,6 +337,14 @@ def test_the_loop_retrains_listwise_rankers_on_its_logged_slates(tmp_path: Path)
     assert history[-1]["documents_per_query"] > 1.5  # multi-document queries from the loop
     logged = read_experience(tmp_path / "experience").ids
     assert sorted(logged) == sorted(caller.applied_pairs)  # every answered slot, once
+    # judged off-policy per slot on whole held-out requests from the request log
+    judged = history[-1]["offpolicy"]
+    assert judged["requests"] > 20 and len(judged["learner_slots"]) == 3, judged
+    for name in ("rankboost", "adarank", "ndcg_boost"):
+        verdict = history[-1]["rankers"][name]["offpolicy"]
+        assert verdict["rows"] >= judged["requests"] and len(verdict["slots"]) == 3
+        assert all(s["low"] <= s["mean"] <= s["high"] for s in verdict["slots"]), verdict
+        assert isinstance(verdict["passed"], bool)
 
 
 def test_a_restore_names_the_configured_hyperparameters_the_checkpoint_overrides(
