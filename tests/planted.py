@@ -133,3 +133,42 @@ class MemoryOracle(LeakyOracle):
         seen = np.array([row.tobytes() in lookup for row in x])
         distance = ((x.astype(np.float64) - self.centroids_[action]) ** 2).sum(axis=1)
         return np.where(seen, 2.0 * known, -distance / (1.0 + distance))  # seen rows first
+
+
+class RelevanceOracle(Ranker):
+    """OHSUMED candidate sets (``ohsumed-candidates``): scores each candidate by its true
+    reward (relevance ≥ 1), read from the LETOR files — something no real ranker can do —
+    found by its 45 features (φ's first columns; no shared context), so its policy is the
+    best there is. Candidates it does not know score 0."""
+
+    sign: ClassVar[float] = 1.0
+
+    def __init__(self) -> None:
+        pass
+
+    def _fit(self, data: FitData) -> None:
+        from streamlearn.datasets.candidates import OHSUMED_FEATURES, load_candidate_stream
+
+        stream = load_candidate_stream("ohsumed-candidates", passes=1, seed=0)
+        self.projection_ = np.random.default_rng(0).normal(size=OHSUMED_FEATURES)
+        keys = self._keys(stream.sets.items)
+        order = np.argsort(keys)
+        self.keys_, self.rewards_ = keys[order], np.asarray(stream.rewards, np.float64)[order]
+
+    def _keys(self, items: np.ndarray) -> np.ndarray:
+        """One number per candidate: its features (rounded, so a JSON round trip or float32
+        storage does not change it) projected on a fixed random direction."""
+        rounded = np.round(np.asarray(items, dtype=np.float64)[:, :len(self.projection_)], 4)
+        return np.asarray(rounded @ self.projection_)
+
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        keys = self._keys(X)
+        at = np.clip(np.searchsorted(self.keys_, keys), 0, len(self.keys_) - 1)
+        known = np.isclose(self.keys_[at], keys, rtol=0.0, atol=1e-6)
+        return np.asarray(self.sign * np.where(known, self.rewards_[at], 0.0))
+
+
+class RelevanceAntiOracle(RelevanceOracle):
+    """The irrelevant candidates first: a policy worse than any learner."""
+
+    sign: ClassVar[float] = -1.0

@@ -39,11 +39,14 @@ import numpy as np
 
 from streamlearn.candidates.joint import joint_dim, joint_features
 from streamlearn.candidates.sets import CandidateSets, segment_argmax, segment_sample
+from streamlearn.candidates.slates import SlateMixture, mix_slot, slot_exploration
 from streamlearn.errors import StateError
 from streamlearn.learners import randomness
 from streamlearn.learners.base import check_float
 from streamlearn.learners.linear_posterior import woodbury_update
 from streamlearn.learners.oracle import RegressionOracle
+
+MIXTURE_SEED = 0x4D495853  # keeps the draw of who places a slot apart from the slot's own
 
 __all__ = ["CANDIDATE_LEARNERS", "CandidateBanditron", "CandidateEpsilonGreedy", "CandidateLearner",
            "CandidateLinUCB", "CandidateSquareCB", "Decision", "SlateDecision"]
@@ -68,14 +71,18 @@ class Decision:
 class SlateDecision:
     """A decided batch of slates: ``chosen`` (B, k) global rows (−1 past a request's slots),
     ``slot_probs`` (B, k) their conditional propensities, ``probs`` (N,), ``phi`` (N, D),
-    ``exploit`` (B,) the most probable candidate of each request."""
+    ``exploit`` (B,) the most probable candidate of each request, ``gamma`` (B,) the
+    learner's exploration at each request (:func:`slot_exploration` of its first-slot
+    distribution) and ``served_by`` (B, k) who placed each slot (0: the learner, else the
+    version of the ranker that did)."""
 
-    __slots__ = ("chosen", "exploit", "phi", "probs", "slot_probs")
+    __slots__ = ("chosen", "exploit", "gamma", "phi", "probs", "served_by", "slot_probs")
 
     def __init__(self, chosen: np.ndarray, slot_probs: np.ndarray, probs: np.ndarray,
-                 phi: np.ndarray, exploit: np.ndarray) -> None:
+                 phi: np.ndarray, exploit: np.ndarray, gamma: np.ndarray,
+                 served_by: np.ndarray) -> None:
         self.chosen, self.slot_probs, self.probs = chosen, slot_probs, probs
-        self.phi, self.exploit = phi, exploit
+        self.phi, self.exploit, self.gamma, self.served_by = phi, exploit, gamma, served_by
 
 
 class CandidateLearner:
@@ -159,13 +166,17 @@ class CandidateLearner:
         return Decision(segment_sample(probs, sets.offsets, uniforms), probs, phi,
                         segment_argmax(probs, sets.offsets))
 
-    def decide_slate(self, sets: CandidateSets, slots: np.ndarray,
-                     keys: object = None) -> SlateDecision:
+    def decide_slate(self, sets: CandidateSets, slots: np.ndarray, keys: object = None,
+                     mixture: SlateMixture | None = None) -> SlateDecision:
         """Fill ``slots[r]`` slots of each request, slot by slot (VW's CCB semantics): slot s
         is sampled from the learner's exploration distribution over the candidates not yet
         placed — recomputed, so slot 2 explores around the best remaining candidate — and
         its propensity is that distribution's probability of the placed candidate. Slot s
-        of a request draws the keyed uniform of (key, s)."""
+        of a request draws the keyed uniform of (key, s).
+
+        With a ``mixture`` the rankers place their shares of the slots (:func:`mix_slot`,
+        each deployed with the request's γ), who places a slot is a second keyed uniform,
+        and every propensity is the mixture's."""
         phi = joint_features(sets)
         ranked = self.ranking_scores(phi)
         probs = self.distribution_of(sets, ranked)
@@ -176,6 +187,10 @@ class CandidateLearner:
         k = int(np.max(slots)) if B else 0
         chosen = np.full((B, k), -1, dtype=np.int64)
         slot_probs = np.zeros((B, k))
+        served_by = np.zeros((B, k), dtype=np.int64)
+        exploit = segment_argmax(probs, sets.offsets)
+        gamma = slot_exploration(probs[exploit], np.ones(B, dtype=bool), sets.sizes)
+        versions = np.array(mixture.versions if mixture else (), dtype=np.int64)
         free = np.ones(len(sets.items), dtype=bool)
         for s in range(k):  # a loop over slot positions, each vectorised over the requests
             active = np.flatnonzero(slots > s)
@@ -185,14 +200,25 @@ class CandidateLearner:
             offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
             remaining = CandidateSets(sets.context[active], sets.items[rows], offsets)
             p = probs[rows] if s == 0 else self.distribution_of(remaining, ranked[rows])
-            u = randomness.uniforms(self.seed + 7919 * s, rounds[active] if key_list is None
-                                    else [key_list[i] for i in active.tolist()])
+            active_keys = rounds[active] if key_list is None else \
+                [key_list[i] for i in active.tolist()]
+            u = randomness.uniforms(self.seed + 7919 * s, active_keys)
+            mixed = p
+            if mixture is not None:
+                who_uniforms = randomness.uniforms(self.seed + MIXTURE_SEED + 7919 * s,
+                                                   active_keys)
+                p, mixed, who = mix_slot(
+                    p, offsets, np.zeros(len(rows), dtype=bool),
+                    [scores[rows] for scores in mixture.scores],
+                    np.tile(np.asarray(mixture.shares, dtype=np.float64), (len(active), 1)),
+                    gamma[active], who_uniforms)
+                served_by[active, s] = np.where(who >= 0, versions[np.maximum(who, 0)], 0)
             local = segment_sample(p, offsets, u)
             chosen[active, s] = rows[local]
-            slot_probs[active, s] = p[local]
+            slot_probs[active, s] = mixed[local]
             free[rows[local]] = False
         self.n_requests_ += B
-        return SlateDecision(chosen, slot_probs, probs, phi, segment_argmax(probs, sets.offsets))
+        return SlateDecision(chosen, slot_probs, probs, phi, exploit, gamma, served_by)
 
     def update(self, phi: np.ndarray, rewards: np.ndarray, propensities: np.ndarray,
                exploit_phi: np.ndarray | None = None) -> None:

@@ -32,6 +32,7 @@ candidates.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,8 +42,10 @@ from streamlearn.errors import DataError
 from streamlearn.evaluation.bounds import Interval, value_interval
 from streamlearn.evaluation.offpolicy import _Z, Estimate
 
-__all__ = ["RankerShare", "deployed_distribution", "deployed_slot_probs", "sample_mixed_slate",
-           "sample_slate", "slate_ips", "slot_terms", "slot_values", "slot_weights"]
+__all__ = ["RankerShare", "SlateMixture", "deployed_distribution", "deployed_slot_probs", "mix_slot",
+           "sample_mixed_slate",
+           "sample_slate", "slate_ips", "slot_exploration", "slot_terms", "slot_values",
+           "slot_weights"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,18 @@ class RankerShare:
     share: np.ndarray  # (B,) probability that the ranker places a slot
     gamma: np.ndarray  # (B,) the deployed ranker's exploration
     uniforms: np.ndarray  # (B, max k) who places each slot
+
+
+@dataclass(frozen=True)
+class SlateMixture:
+    """The retrained rankers that serve part of every slot (a rollout's arms) beside the
+    learner: their versions (what a slot they place records as its server), each one's
+    share of the slots (together at most 1; the learner the rest) and its (N,) scores of
+    the batch's candidates."""
+
+    versions: tuple[int, ...]
+    shares: tuple[float, ...]
+    scores: tuple[np.ndarray, ...]
 
 
 def deployed_distribution(scores: np.ndarray, offsets: np.ndarray, placed: np.ndarray,
@@ -79,6 +94,22 @@ def deployed_distribution(scores: np.ndarray, offsets: np.ndarray, placed: np.nd
     some = n_free > 0
     probs[best[some]] += 1.0 - g[some]
     return probs
+
+
+def slot_exploration(first_prob: np.ndarray, exploit_first: np.ndarray, sizes: np.ndarray
+                     ) -> np.ndarray:
+    """γ of each request, read from its first slot as if the learner were ε-greedy around its
+    exploit candidate (1 − γ + γ/n on it, γ/n on the others): the exploration a ranker
+    deployed on that request keeps. Any γ in [0, 1] defines a valid target, so an
+    approximate γ for learners of another shape biases nothing.
+
+    >>> slot_exploration(np.array([0.9, 0.05]), np.array([True, False]), np.array([5, 4])).round(3)
+    array([0.125, 0.2  ])
+    """
+    n = np.maximum(np.asarray(sizes, dtype=np.float64), 1.0)
+    p = np.asarray(first_prob, dtype=np.float64)
+    gamma = np.where(exploit_first, (1.0 - p) * n / np.maximum(n - 1.0, 1.0), p * n)
+    return np.asarray(np.clip(gamma, 0.0, 1.0))
 
 
 def sample_slate(probs: np.ndarray, offsets: np.ndarray, slots: np.ndarray,
@@ -121,17 +152,50 @@ def sample_mixed_slate(probs: np.ndarray, offsets: np.ndarray, slots: np.ndarray
         learner = weights / np.repeat(np.where(totals > 0, totals, 1.0), sizes)
         draw, mixed = learner, learner
         if ranker is not None:
-            deployed = deployed_distribution(ranker.scores, offsets, placed, ranker.gamma)
-            share = np.clip(np.asarray(ranker.share, dtype=np.float64), 0.0, 1.0)
-            by_ranker[:, s] = active & (np.asarray(ranker.uniforms)[:, s] < share)
-            draw = np.where(by_ranker[request, s], deployed, learner)
-            mixed = share[request] * deployed + (1.0 - share[request]) * learner
+            draw, mixed, who = mix_slot(learner, offsets, placed, (ranker.scores,),
+                                        np.asarray(ranker.share, dtype=np.float64)[:, None],
+                                        ranker.gamma, np.asarray(ranker.uniforms)[:, s])
+            by_ranker[:, s] = active & (who == 0)
         rows = segment_sample(draw, offsets, uniforms[:, s])
         chosen[active, s] = rows[active]
         slot_probs[active, s] = mixed[rows[active]]
         remaining[rows[active]] = 0.0
         placed[rows[active]] = True
     return chosen, slot_probs, by_ranker
+
+
+def mix_slot(learner: np.ndarray, offsets: np.ndarray, placed: np.ndarray,
+             scores: Sequence[np.ndarray], shares: np.ndarray, gamma: np.ndarray,
+             who_uniforms: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One slot of a slate that rankers share with the learner: the distribution each
+    request's slot is drawn from, the mixture's distribution (its logged propensities) and
+    who places it.
+
+    ``learner`` (N,) is the learner's distribution over the candidates not yet ``placed``;
+    ranker j (``scores[j]``, (N,)) places the slot of request r with probability
+    ``shares[r, j]`` (``shares`` (B, R), rows summing to at most 1; the learner the rest),
+    deployed with ``gamma[r]`` (:func:`deployed_distribution`); ``who_uniforms`` (B,)
+    choose who places it: ``who`` (B,) is j, or −1 for the learner. The mixture,
+    Σ_j share_j·π_j + (1 − Σ_j share_j)·q, is the same whoever placed the slot.
+    """
+    sizes = np.diff(offsets)
+    shares = np.clip(np.asarray(shares, dtype=np.float64), 0.0, 1.0)
+    if shares.ndim != 2 or shares.shape[1] != len(scores) or not len(scores):
+        raise ValueError(f"Expected shares (B, R) for R = {len(scores)} >= 1 rankers. Got shape "
+                         f"{shares.shape}.")
+    # ranker j places the slot where u falls in [Σ_{i<j} share_i, Σ_{i<=j} share_i)
+    below = np.asarray(who_uniforms, dtype=np.float64)[:, None] < np.cumsum(shares, axis=1)
+    who = np.where(below.any(axis=1), below.argmax(axis=1), -1)
+    learner_share = 1.0 - shares.sum(axis=1)
+    request_who = np.repeat(who, sizes)
+    draw = np.asarray(learner, dtype=np.float64).copy()
+    mixed = np.repeat(learner_share, sizes) * learner
+    for j, ranker_scores in enumerate(scores):
+        deployed = deployed_distribution(np.asarray(ranker_scores, dtype=np.float64), offsets,
+                                         placed, gamma)
+        mixed = mixed + np.repeat(shares[:, j], sizes) * deployed
+        draw = np.where(request_who == j, deployed, draw)
+    return draw, mixed, who
 
 
 def deployed_slot_probs(scores: np.ndarray, offsets: np.ndarray, logged: np.ndarray,

@@ -191,7 +191,7 @@ class JournaledDecision:
     action: int
     probs: list[float]
     message: dict[str, Any]
-    columns: dict[str, float] = field(default_factory=dict)  # the engine's per-decision columns
+    columns: dict[str, Any] = field(default_factory=dict)  # the engine's per-decision columns
 
 
 @dataclass

@@ -33,25 +33,9 @@ from streamlearn.evaluation.policies import holdout_mask
 from streamlearn.features import take_rows
 from streamlearn.join.pending import Closed
 
-__all__ = ["REQUESTS_DIR", "ExperienceRecorder", "learned_part", "slot_exploration"]
+__all__ = ["REQUESTS_DIR", "ExperienceRecorder", "learned_part"]
 
 REQUESTS_DIR = "requests"  # the request log's directory, inside the experience log's
-
-
-def slot_exploration(first_prob: np.ndarray, exploit_first: np.ndarray, sizes: np.ndarray
-                     ) -> np.ndarray:
-    """γ of each request, read from its first slot as if the learner were ε-greedy around its
-    exploit candidate (1 − γ + γ/n on it, γ/n on the others): the exploration a ranker
-    deployed on that request keeps. Any γ in [0, 1] defines a valid target, so an
-    approximate γ for learners of another shape biases nothing.
-
-    >>> slot_exploration(np.array([0.9, 0.05]), np.array([True, False]), np.array([5, 4])).round(3)
-    array([0.125, 0.2  ])
-    """
-    n = np.maximum(np.asarray(sizes, dtype=np.float64), 1.0)
-    p = np.asarray(first_prob, dtype=np.float64)
-    gamma = np.where(exploit_first, (1.0 - p) * n / np.maximum(n - 1.0, 1.0), p * n)
-    return np.asarray(np.clip(gamma, 0.0, 1.0))
 
 
 def learned_part(a: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
@@ -85,12 +69,12 @@ class ExperienceRecorder:
 
     def record_requests(self, request_ids: list[str], candidate_ids: list[str],
                         sets: CandidateSets, chosen: np.ndarray, slot_probs: np.ndarray,
-                        exploit: np.ndarray, decided_at: np.ndarray, model_version: int,
+                        gamma: np.ndarray, decided_at: np.ndarray, model_version: int,
                         width: int) -> None:
         """Append every candidate of the decided requests to the request log (module doc):
         ``chosen`` / ``slot_probs`` (B, k) the placed global rows and their conditional
-        propensities, ``exploit`` (B,) each request's exploit row; ``width`` the probs
-        columns (the most slots)."""
+        propensities, ``gamma`` (B,) the learner's exploration at each request (what a ranker
+        deployed on it keeps); ``width`` the probs columns (the most slots)."""
         if self.requests is None or not len(request_ids):
             return
         keep = np.flatnonzero(holdout_mask(request_ids, self.held_out))
@@ -102,7 +86,7 @@ class ExperienceRecorder:
             to_kept[rows] = np.arange(len(rows))
             request_ids = [request_ids[i] for i in keep.tolist()]
             candidate_ids = [candidate_ids[i] for i in rows.tolist()]
-            chosen, exploit = to_kept[chosen[keep]], to_kept[exploit[keep]]
+            chosen, gamma = to_kept[chosen[keep]], gamma[keep]
             slot_probs, decided_at, sets = slot_probs[keep], decided_at[keep], sets.take(keep)
         request_of = sets.request_of
         N = len(request_of)
@@ -111,7 +95,6 @@ class ExperienceRecorder:
         r, s = np.nonzero(chosen >= 0)
         slot[chosen[r, s]] = s
         probs[chosen[r, s], s] = slot_probs[r, s]
-        gamma = slot_exploration(slot_probs[:, 0], chosen[:, 0] == exploit, sets.sizes)
         ids = [pair_id(request_ids[q], c)
                for q, c in zip(request_of.tolist(), candidate_ids, strict=True)]
         self.requests.append(ids, np.hstack([sets.context[request_of], sets.items]), slot, probs,

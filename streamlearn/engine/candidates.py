@@ -25,6 +25,7 @@ loop in deciding or learning beyond building the id strings.
 
 >>> from streamlearn.candidates.learners import CandidateEpsilonGreedy
 >>> from streamlearn.candidates.sets import CandidateSets
+from streamlearn.candidates.slates import SlateMixture, slot_exploration
 >>> from streamlearn.join.pending import JoinSettings
 >>> engine = CandidateEngine(CandidateEpsilonGreedy(0, 2, seed=1), JoinSettings(window_s=10.0),
 ...                          max_slots=2)
@@ -50,17 +51,25 @@ import orjson
 from streamlearn.candidates.joint import stored_joint_features
 from streamlearn.candidates.learners import CandidateLearner
 from streamlearn.candidates.sets import CandidateSets
+from streamlearn.candidates.slates import SlateMixture, slot_exploration
 from streamlearn.engine import Learned
 from streamlearn.events.candidate_feedback import RewardSpec
 from streamlearn.join.aggregate import type_weights
 from streamlearn.join.pending import EarlyFeedback, JoinSettings, Outcome, PendingJoins
 
-__all__ = ["CandidateDecided", "CandidateEngine", "HeldReward", "Journaled", "pair_id",
-           "request_key"]
+__all__ = ["SLOT_COLUMNS", "CandidateDecided", "CandidateEngine", "HeldReward", "Journaled",
+           "pair_id", "request_key"]
 
 #: one held feedback event of a request not decided yet: its rewards, its type's weight and
 #: its event time (None in checkpoints that did not keep it: the held feedback's time)
 HeldReward = tuple[RewardSpec, float, float | None]
+
+
+def _rows_of(sets: CandidateSets, requests: np.ndarray) -> np.ndarray:
+    """The global candidate rows of the given requests, in order."""
+    if len(requests) == len(sets):
+        return np.arange(len(sets.items))
+    return np.flatnonzero(np.isin(sets.request_of, requests))
 
 
 def pair_id(request: str, candidate: str) -> str:
@@ -76,12 +85,19 @@ def request_key(request: str) -> str:
 @dataclass
 class Journaled:
     """A decision made before a restart: placed candidate ids, their slot propensities,
-    the exploit candidate's id and the decision time."""
+    the exploit candidate's id, the decision time and who placed each slot (0: the
+    learner, else a ranker's version; all 0 when not journaled)."""
 
     candidates: list[str]
     probs: list[float]
     exploit: str
     decided_at: float
+    served_by: list[int] | None = None
+
+
+#: the per-slot column of the candidate engine's pending joins (and of the experience log):
+#: who placed the slot, 0 for the learner, else the version of the ranker that did
+SLOT_COLUMNS: dict[str, type] = {"served_by": np.int64}
 
 
 @dataclass
@@ -89,7 +105,9 @@ class CandidateDecided:
     """One decided batch: ``chosen`` (B, S) global candidate rows (−1 past a request's
     slots), ``slot_probs`` (B, S), ``exploit`` (B,) global rows, ``scores`` (N,) the
     model's estimated reward of every candidate, ``fresh`` rows decided now,
-    ``decided_at`` (B,) each request's decision time (a reused one's, as journaled)."""
+    ``decided_at`` (B,) each request's decision time (a reused one's, as journaled),
+    ``gamma`` (B,) the learner's exploration at each request and ``served_by`` (B, S) who
+    placed each slot (:class:`~streamlearn.candidates.learners.SlateDecision`)."""
 
     chosen: np.ndarray
     slot_probs: np.ndarray
@@ -97,6 +115,8 @@ class CandidateDecided:
     scores: np.ndarray
     fresh: np.ndarray
     decided_at: np.ndarray
+    gamma: np.ndarray
+    served_by: np.ndarray
 
     @property
     def explored(self) -> np.ndarray:
@@ -112,8 +132,8 @@ class CandidateEngine:
                  early_rewards: Mapping[str, Any] | None = None) -> None:
         self.learner, self.max_slots = learner, int(max_slots)
         self.width = learner.d_x + 2 * learner.d_c  # context, candidate, exploit candidate
-        self.joins = joins if joins is not None else PendingJoins(self.max_slots, self.width,
-                                                                  settings)
+        self.joins = joins if joins is not None else PendingJoins(
+            self.max_slots, self.width, settings, columns=SLOT_COLUMNS)
         self.slates: dict[str, list[str]] = {}  # request id → its pending pair ids
         self._request_of: dict[str, tuple[str, str]] = {}  # pair id → (request, candidate)
         for pid in list(self.joins.slot_of):  # after a restore: rebuilt from the pair ids
@@ -140,10 +160,12 @@ class CandidateEngine:
     def decide(self, ids: Sequence[str], sets: CandidateSets, candidate_ids: Sequence[str],
                slots: np.ndarray, partitions: np.ndarray, wall: float,
                known: Mapping[str, Journaled] | None = None, model_version: int = 0,
-               event_ts: np.ndarray | None = None) -> CandidateDecided:
+               event_ts: np.ndarray | None = None, mixture: SlateMixture | None = None,
+               ) -> CandidateDecided:
         """Decide a batch of new request ids (journaled ones reused) and record every placed
         candidate as a pending join, decided at ``wall``; ``event_ts`` (the requests' own
-        event times) move the join's instance clock (:meth:`PendingJoins.add_decisions`)."""
+        event times) move the join's instance clock (:meth:`PendingJoins.add_decisions`);
+        ``mixture``: the rankers that place their shares of the slots."""
         B = len(ids)
         slots = np.minimum(np.asarray(slots, dtype=np.int64), sets.sizes)
         k = max(int(slots.max()) if B else 1, 1)
@@ -151,14 +173,19 @@ class CandidateEngine:
         slot_probs = np.zeros((B, k))
         exploit = np.zeros(B, dtype=np.int64)
         decided_at = np.full(B, float(wall))
+        served_by = np.zeros((B, k), dtype=np.int64)
         reused = self._reuse(ids, sets, candidate_ids, known or {}, chosen, slot_probs, exploit,
-                             decided_at)
+                             decided_at, served_by)
+        gamma = slot_exploration(slot_probs[:, 0], chosen[:, 0] == exploit, sets.sizes)
         fresh = np.flatnonzero(~reused)
         scores = np.full(len(sets.items), np.nan)  # of the fresh requests' candidates
         if len(fresh):
             sub = sets if len(fresh) == B else sets.take(fresh)
-            decision = self.learner.decide_slate(sub, slots[fresh],
-                                                 keys=[ids[j] for j in fresh.tolist()])
+            decision = self.learner.decide_slate(
+                sub, slots[fresh], keys=[ids[j] for j in fresh.tolist()],
+                mixture=None if mixture is None else SlateMixture(
+                    mixture.versions, mixture.shares,
+                    tuple(np.asarray(s)[_rows_of(sets, fresh)] for s in mixture.scores)))
             base = sets.offsets[fresh] - (sub.offsets[:-1])  # local row + base = global row
             to_global = np.repeat(base, sub.sizes) + np.arange(len(sub.items))
             scores[to_global] = self.learner.scores(decision.phi)
@@ -167,14 +194,16 @@ class CandidateEngine:
             chosen[fresh, :width] = rows
             slot_probs[fresh, :width] = decision.slot_probs
             exploit[fresh] = to_global[decision.exploit]
+            gamma[fresh], served_by[fresh, :width] = decision.gamma, decision.served_by
         self.learner.n_requests_ += int(reused.sum())
         self._add_pending(ids, sets, candidate_ids, chosen, slot_probs, exploit, partitions,
-                          decided_at, wall, model_version, event_ts)
-        return CandidateDecided(chosen, slot_probs, exploit, scores, fresh, decided_at)
+                          decided_at, wall, model_version, event_ts, served_by)
+        return CandidateDecided(chosen, slot_probs, exploit, scores, fresh, decided_at, gamma,
+                                served_by)
 
     def _reuse(self, ids: Sequence[str], sets: CandidateSets, candidate_ids: Sequence[str],
                known: Mapping[str, Journaled], chosen: np.ndarray, slot_probs: np.ndarray,
-               exploit: np.ndarray, decided_at: np.ndarray) -> np.ndarray:
+               exploit: np.ndarray, decided_at: np.ndarray, served_by: np.ndarray) -> np.ndarray:
         """Fill the journaled decisions in; bool (B,) of the rows reused."""
         reused = np.zeros(len(ids), dtype=bool)
         if not known:
@@ -191,13 +220,16 @@ class CandidateEngine:
             chosen[j, :len(rows)] = rows
             slot_probs[j, :len(rows)] = journaled.probs
             exploit[j], decided_at[j] = row_of[journaled.exploit], journaled.decided_at
+            if journaled.served_by is not None:
+                served_by[j, :len(rows)] = journaled.served_by[:len(rows)]
             reused[j] = True
         return reused
 
     def _add_pending(self, ids: Sequence[str], sets: CandidateSets,
                      candidate_ids: Sequence[str], chosen: np.ndarray, slot_probs: np.ndarray,
                      exploit: np.ndarray, partitions: np.ndarray, decided_at: np.ndarray,
-                     wall: float, model_version: int, event_ts: np.ndarray | None) -> None:
+                     wall: float, model_version: int, event_ts: np.ndarray | None,
+                     served_by: np.ndarray) -> None:
         request, slot = np.nonzero(chosen >= 0)  # by request, then slot
         rows = chosen[request, slot]
         pids = [pair_id(ids[r], candidate_ids[c])
@@ -208,7 +240,8 @@ class CandidateEngine:
         self.joins.add_decisions(pids, X, slot, probs, np.full(len(rows), -1, np.int64),
                                  decided_at[request], np.asarray(partitions)[request], wall,
                                  model_version,
-                                 None if event_ts is None else np.asarray(event_ts)[request])
+                                 None if event_ts is None else np.asarray(event_ts)[request],
+                                 columns={"served_by": served_by[request, slot]})
         for pid, r, c in zip(pids, request.tolist(), rows.tolist(), strict=True):
             self._remember(pid, ids[r], candidate_ids[c])
         if self.joins.early:  # feedback that came before its request: event after event

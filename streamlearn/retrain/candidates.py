@@ -21,12 +21,16 @@ of a ranker's *online* value needs every candidate of a request: the daemon's
 **request log** (``<log_dir>/requests``, :mod:`streamlearn.durability.recorder`) keeps
 them. When it is there, each ranker is also judged **off-policy, per slot given the
 logged prefix** (:func:`streamlearn.candidates.slates.slot_terms`) on the held-out
-requests whose every placed candidate has its reward (decided before the ``watermark``):
+requests whose every placed candidate has its reward (decided before the ``watermark``
+and since what serves last changed, ``since``):
 deployed with the learner's exploration at each request, its value at each slot (a
-confidence sequence per slot) and the promotion gate's verdict against the learner
-(:func:`streamlearn.retrain.promotion.judge_weighted` at α = 1 − ``level``), under
-``offpolicy``. Rankers are not promoted to serve in candidate mode yet: the verdict is
-reported, not acted on (docs/daemon.md §8).
+confidence sequence per slot) and the promotion gate's verdict against what placed the
+logged slots (:func:`streamlearn.retrain.promotion.judge_weighted`), under ``offpolicy``.
+The miss probability is spent as for fixed actions: the j-th ranker judged since what
+serves last changed (``challenger_index`` + j) is judged at
+:func:`~streamlearn.retrain.promotion.challenger_alpha` (1 − ``level``, j). With
+``retrain.policy = "ranker"`` the daemon acts on the verdict
+(:meth:`streamlearn.service.ranker_state.RankerState.apply_candidates`).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from streamlearn.features import hash_strings
 from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.metrics import auc, ndcg
 from streamlearn.retrain.artifact import artifact_name, make_ranker, save_artifact
-from streamlearn.retrain.promotion import judge_weighted
+from streamlearn.retrain.promotion import challenger_alpha, judge_weighted
 
 __all__ = ["LoggedRequests", "candidate_queries", "logged_requests", "run_candidate_retrain"]
 
@@ -101,9 +105,11 @@ class LoggedRequests:
 
 
 def logged_requests(requests: ExperienceRows, learned: ExperienceRows, d_x: int, d_c: int,
-                    watermark: float | None = None) -> LoggedRequests:
+                    watermark: float | None = None, since: float | None = None,
+                    ) -> LoggedRequests:
     """The request log's requests whose every placed candidate is in the experience log
-    (``learned``, with its reward) and that were decided before ``watermark``."""
+    (``learned``, with its reward) and that were decided before ``watermark`` (and at or
+    after ``since``)."""
     if len(requests) and requests.X.shape[1] != d_x + d_c:
         raise DataError(f"Expected request-log rows of d_x + d_c = {d_x + d_c} columns. Got "
                         f"{requests.X.shape[1]}.")
@@ -118,7 +124,8 @@ def logged_requests(requests: ExperienceRows, learned: ExperienceRows, d_x: int,
     missing = np.bincount(request, weights=np.isnan(rewards), minlength=len(uniq)) > 0
     decided = np.zeros(len(uniq))
     decided[request] = requests.decided_at
-    keep = ~missing & (decided < (math.inf if watermark is None else watermark))
+    keep = ~missing & (decided < (math.inf if watermark is None else watermark)) & \
+        (decided >= (-math.inf if since is None else since))
     hashed = hash_strings([str(u) for u in uniq])
     order = np.lexsort((hashed, decided))
     order = order[keep[order]]
@@ -181,8 +188,8 @@ def _heldout_quality(scores: np.ndarray, rewards: np.ndarray, qid: np.ndarray,
 
 
 def _heldout_requests(log_dir: Path, learned: ExperienceRows, d_x: int, d_c: int,
-                      fraction: float, watermark: float | None, max_rows: int | None
-                      ) -> LoggedRequests | str:
+                      fraction: float, watermark: float | None, since: float | None,
+                      max_rows: int | None) -> LoggedRequests | str:
     """The held-out requests of the request log, whole (or why there are none to judge on)."""
     directory = log_dir / REQUESTS_DIR
     if not directory.is_dir():
@@ -193,10 +200,11 @@ def _heldout_requests(log_dir: Path, learned: ExperienceRows, d_x: int, d_c: int
                 "bounds need rewards in [0, 1]")
     # a request's candidates are many rows: read enough for the learned rows' requests
     requests = read_experience(directory, None, None, None if max_rows is None else 50 * max_rows)
-    whole = logged_requests(requests, learned, d_x, d_c, watermark)
+    whole = logged_requests(requests, learned, d_x, d_c, watermark, since)
     held = np.flatnonzero(holdout_mask(whole.request_ids, fraction))
     if not len(held):
-        return "no held-out request with every placed candidate's reward yet"
+        return ("no held-out request with every placed candidate's reward yet"
+                + ("" if since is None else " since what serves last changed"))
     return whole.take(held)
 
 
@@ -205,7 +213,9 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
 
     ``spec`` is the fixed-action job's (``log_dir``, ``rankers``, ``artifact_dir``,
     ``version``, ``max_rows``, ``clip``, ``holdout_fraction``) plus
-    ``candidates: {"d_x", "d_c"}``.
+    ``candidates: {"d_x", "d_c"}``, ``challenger_index`` (rankers already judged since
+    what serves last changed; default 0) and ``since`` (when it changed: the rankers are
+    judged on the requests decided since, against what served them; default: all).
     """
     started = time.perf_counter()
     try:
@@ -213,6 +223,7 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         clip, fraction = float(spec.get("clip", 20.0)), float(spec.get("holdout_fraction", 0.2))
         names = list(spec["rankers"])
         log_dir, artifact_dir, version = spec["log_dir"], spec["artifact_dir"], int(spec["version"])
+        index = int(spec.get("challenger_index") or 0)
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"Expected a candidate retrain spec with candidates.d_x/d_c, rankers, "
                           f"log_dir, artifact_dir and version. Got {exc!r}.") from exc
@@ -235,7 +246,7 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
                                                 weights[test])["ndcg"]}  # its slot order
     level = float(spec.get("level", 0.95))
     judged = _heldout_requests(Path(log_dir), rows, d_x, d_c, fraction, spec.get("watermark"),
-                               spec.get("max_rows"))
+                               spec.get("since"), spec.get("max_rows"))
     report: dict[str, Any] = {}
     for name_spec, ranker in zip(names, rankers, strict=True):
         name = artifact_name(name_spec)
@@ -251,7 +262,10 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
                         **_heldout_quality(np.asarray(ranker.score(phi[test])), rewards[test],
                                            qid[test], weights[test])}
         if isinstance(judged, LoggedRequests):
-            report[name]["offpolicy"] = judged.judge(ranker, 1.0 - level)
+            index += 1
+            report[name]["offpolicy"] = judged.judge(ranker, challenger_alpha(1.0 - level, index))
+            report[name]["offpolicy"].update(alpha=challenger_alpha(1.0 - level, index),
+                                             version=version)
     train_queries = len(np.unique(qid[train]))
     return {
         "version": version, "log_dir": str(Path(log_dir)), "candidates": {"d_x": d_x, "d_c": d_c},
@@ -263,5 +277,6 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         "offpolicy": ({"requests": len(judged), "alpha": 1.0 - level,
                        "learner_slots": judged.logger_slots()}
                       if isinstance(judged, LoggedRequests) else {"skipped": judged}),
+        "challenger_index": index,
         "rankers": report, "duration_seconds": time.perf_counter() - started,
     }

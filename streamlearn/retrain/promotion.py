@@ -46,10 +46,26 @@ from streamlearn.features import hash_strings
 from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.joint import action_scores
 
-__all__ = ["MAX_CHALLENGERS", "MAX_EVIDENCE_WINDOWS", "MAX_LOOKS", "advantage_terms",
-           "challenger_alpha", "deployed_policy", "evidence_order", "from_key", "importance",
-           "judge", "judge_weighted", "key_of", "paired_advantage", "passes",
-           "promotion_decision", "still_judged"]
+__all__ = [
+    "MAX_CHALLENGERS",
+    "MAX_EVIDENCE_WINDOWS",
+    "MAX_LOOKS",
+    "TRIAL_NDCG_MARGIN",
+    "advantage_terms",
+    "candidate_promotion",
+    "challenger_alpha",
+    "deployed_policy",
+    "evidence_order",
+    "from_key",
+    "importance",
+    "judge",
+    "judge_weighted",
+    "key_of",
+    "paired_advantage",
+    "passes",
+    "promotion_decision",
+    "still_judged",
+]
 
 MAX_LOOKS = 10  # a challenger judged this many times without passing is dropped
 MAX_CHALLENGERS = 6  # challengers kept between retrains (the newest)
@@ -167,6 +183,57 @@ def promotion_decision(result: dict[str, Any]) -> dict[str, Any]:
             "reason": (f"{best['name']} v{best['version']}: advantage over what was live >= "
                        f"{_fmt(best['advantage_lower'])} on {best['rows']:,} rows (ESS "
                        f"{best['ess']:.0f}, alpha {best['alpha']:.2g})")}
+
+
+#: how far a ranker's held-out NDCG must exceed the learner's own slot order for a trial
+TRIAL_NDCG_MARGIN = 0.05
+
+
+def candidate_promotion(result: dict[str, Any], trial: bool) -> dict[str, Any]:
+    """Candidate mode's decision from a retrain's report
+    (:func:`streamlearn.retrain.candidates.run_candidate_retrain`).
+
+    A ranker whose per-slot verdict passed is promoted by :func:`promotion_decision`'s rule.
+    When none passed and ``trial`` (the caller allows one: the daemon does when the learner
+    alone serves), the ranker with
+    the best held-out NDCG enters the rollout **as a trial** if that NDCG exceeds the
+    learner's own slot order by :data:`TRIAL_NDCG_MARGIN` and its off-policy value is not
+    credibly below the learner's (its interval wholly below the learner's mean reward per
+    slot). A trial serves the
+    rollout's first share, where the on-policy guardrail decides: when the learner
+    explores little (OHSUMED: γ ≈ 0.01 over ~150 candidates) no log holds the evidence
+    an off-policy gate needs about a ranker that disagrees with it, and the first share is
+    how that evidence is collected at a bounded cost.
+    """
+    version = result.get("version")
+    rankers = result.get("rankers") or {}
+    challengers = [{"name": name, "artifact": info["artifact"], "version": version,
+                    **info["offpolicy"]}
+                   for name, info in rankers.items() if info.get("offpolicy", {}).get("rows")]
+    decision = promotion_decision({"challengers": challengers})
+    if decision["promote"] or not trial:
+        return decision
+    learner = (result.get("learner") or {}).get("ndcg")
+    scored = [(info["ndcg"], name) for name, info in rankers.items()
+              if info.get("ndcg") is not None]
+    if learner is None or not scored:
+        return decision
+    ndcg, name = max(scored)
+    info = rankers[name]
+    verdict = info.get("offpolicy") or {}
+    value = verdict.get("value")
+    logger = [v for v in (result.get("offpolicy") or {}).get("learner_slots", [])
+              if v is not None and math.isfinite(v)]
+    worse = value is not None and logger and value["high"] < float(np.mean(logger))
+    if ndcg < learner + TRIAL_NDCG_MARGIN or worse:
+        return decision
+    return {"promote": True, "trial": True, "ranker": name, "artifact": info["artifact"],
+            "version": version, "advantage_lower": verdict.get("advantage_lower"),
+            "alpha": verdict.get("alpha"), "value": value,
+            "reason": (f"trial: {name} v{version}: held-out NDCG {ndcg:.4f} > the learner's "
+                       f"{learner:.4f} + {TRIAL_NDCG_MARGIN}; no ranker is credibly better "
+                       f"off-policy ({decision['reason']}), so it serves the rollout's first "
+                       "share and the on-policy guardrail judges it")}
 
 
 def still_judged(judged: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -140,7 +140,7 @@ def candidate_entry(result: dict[str, Any], best: str | None, started: float,
             "queries": result.get("train_queries"),
             "documents_per_query": result.get("documents_per_query"),
             "held_out": result.get("heldout_rows"), "ranker": best, "promoted": False,
-            "reason": "candidate mode: measured on the logged slates, not promoted",
+            "reason": "measured on the logged slates (retrain.policy = learner: not served)",
             "learner": result.get("learner"), "offpolicy": result.get("offpolicy"),
             "rankers": {n: {k: i.get(k) for k in ("ndcg", "auc", "fit_seconds", "offpolicy")}
                         for n, i in rankers.items()}}

@@ -36,7 +36,7 @@ from streamlearn.actions import exploration_rates
 from streamlearn.candidates.learners import CANDIDATE_LEARNERS, CandidateLearner
 from streamlearn.durability.checkpoint import CheckpointMismatch, JournaledDecision, Restored
 from streamlearn.engine import BASELINE, DecisionCore, Engine
-from streamlearn.engine.candidates import CandidateEngine, Journaled
+from streamlearn.engine.candidates import SLOT_COLUMNS, CandidateEngine, Journaled
 from streamlearn.errors import ConfigError, StateError
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.events import Rejection, decode_feedback, decode_instances
@@ -107,6 +107,26 @@ class ServingMode(Protocol):
 def mode_for(settings: DaemonSettings) -> ServingMode:
     """The mode ``settings`` ask for (``candidates.enabled``)."""
     return CandidateSets(settings) if settings.candidates.enabled else FixedActions(settings)
+
+
+def _placed(candidate: str, prob: float, names: dict[int, str], served_by: int
+            ) -> dict[str, Any]:
+    """A placed candidate of a decision: its id, its slot propensity and, when a ranker
+    placed it, that ranker (``policy``)."""
+    if not served_by:
+        return {"id": candidate, "prob": prob}
+    return {"id": candidate, "prob": prob,
+            "policy": names.get(served_by, f"ranker-v{served_by}")}
+
+
+def _journaled_servers(columns: dict[str, Any]) -> list[int] | None:
+    """Who placed each slot of a journaled candidate decision (None: not journaled, or not a
+    list of ints, as an older or damaged journal line has it: the slots count as the
+    learner's)."""
+    servers = columns.get("served_by")
+    if isinstance(servers, list) and all(isinstance(v, int) for v in servers):
+        return servers
+    return None
 
 
 def _reused_values(ids: list[str], reused: dict[str, JournaledDecision]) -> list[bytes]:
@@ -203,10 +223,6 @@ class CandidateSets:
     """Requests that carry their own candidates and ask for ``slots`` of them (module doc)."""
 
     def __init__(self, settings: DaemonSettings) -> None:
-        if settings.retrain_enabled and settings.retrain.policy == "ranker":
-            raise ConfigError("retrain.policy must be 'learner' in candidate mode (rankers are "
-                              "retrained and measured on the logged slates, not promoted to "
-                              "serve). Got 'ranker'.")
         self.settings = settings
         self.journal_width = settings.candidates.max_slots
 
@@ -233,16 +249,19 @@ class CandidateSets:
         first, then by the model's estimate)."""
         known = {i: Journaled([c["id"] for c in j.message["candidates"]],
                               [c["prob"] for c in j.message["candidates"]],
-                              j.message["ranking"][0], float(j.message["ts"]))
+                              j.message["ranking"][0], float(j.message["ts"]),
+                              _journaled_servers(j.columns))
                  for i, j in reused.items()}
         engine = cast(CandidateEngine, daemon.engine)
+        scorer = daemon.retraining.scorer if daemon.retraining is not None else None
         decided = engine.decide(batch.ids, batch.sets, batch.candidate_ids, batch.slots,
                                 batch.partitions, wall, known, daemon.counters.model_version,
-                                event_ts=batch.ts)
+                                event_ts=batch.ts,
+                                mixture=None if scorer is None else scorer.slate_mixture(batch.sets))
         if daemon.retraining is not None:  # every candidate, for off-policy estimates
             daemon.retraining.experience.record_requests(
                 batch.ids, batch.candidate_ids, batch.sets, decided.chosen, decided.slot_probs,
-                decided.exploit, decided.decided_at, daemon.counters.model_version,
+                decided.gamma, decided.decided_at, daemon.counters.model_version,
                 self.journal_width)
         values = _reused_values(batch.ids, reused)
         fresh = decided.fresh
@@ -253,14 +272,16 @@ class CandidateSets:
             order = np.lexsort((-key, sets.request_of))
             ranked_ids = np.asarray(cids, dtype=object)[order]  # each request's slice, in order
             model = f"{daemon.model_name}-v{daemon.counters.model_version}"
+            names = scorer.policy_names() if scorer is not None else {}
             records = []
             for j in fresh.tolist():
                 start, stop = int(sets.offsets[j]), int(sets.offsets[j + 1])
                 placed = decided.chosen[j][decided.chosen[j] >= 0].tolist()
                 probs = decided.slot_probs[j, :len(placed)].tolist()
+                servers = decided.served_by[j, :len(placed)].tolist()
                 records.append({"id": batch.ids[j],
-                                "candidates": [{"id": cids[r], "prob": p}
-                                               for r, p in zip(placed, probs, strict=True)],
+                                "candidates": [_placed(cids[r], p, names, v) for r, p, v
+                                               in zip(placed, probs, servers, strict=True)],
                                 "prob": float(np.prod(probs)),
                                 "ranking": ranked_ids[start:stop].tolist(),
                                 "explored": bool(placed[0] != decided.exploit[j]),
@@ -268,7 +289,8 @@ class CandidateSets:
                 baseline = int(batch.baselines[j])
                 if baseline >= 0:  # recorded as the caller gave it (candidates are not served by it)
                     records[-1]["baseline"] = cids[start + baseline]
-            daemon.journal_and_encode(values, fresh, records, decided.slot_probs[fresh])
+            daemon.journal_and_encode(values, fresh, records, decided.slot_probs[fresh],
+                                      {"served_by": decided.served_by[fresh]})
         first = decided.slot_probs[fresh, 0]
         return Published(values, fresh, int(decided.explored.sum()), np.zeros(0, np.int64),
                          float(np.mean(1.0 - first)) if len(first) else 0.0)
@@ -291,7 +313,8 @@ class CandidateSets:
                     f"with (d_x, d_c) = {learner.d_x, learner.d_c}; this daemon is configured "
                     f"for {s.candidates.shared_features, s.candidates.candidate_features}")
             joins = PendingJoins.restore(s.candidates.max_slots, learner.d_x + 2 * learner.d_c,
-                                         s.join.join_settings(), arrays, meta["join"])
+                                         s.join.join_settings(), arrays, meta["join"],
+                                         columns=SLOT_COLUMNS)
             tracker_load(tracker, arrays, meta["tracker"])
             counters = Counters.from_json(meta["counters"])
             restored_engine = CandidateEngine(learner, s.join.join_settings(), s.candidates.max_slots,

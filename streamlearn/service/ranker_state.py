@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from streamlearn.retrain.artifact import RankerArtifact
-from streamlearn.retrain.promotion import promotion_decision, still_judged
+from streamlearn.retrain.promotion import candidate_promotion, promotion_decision, still_judged
 from streamlearn.retrain.store import RankerStore, candidate_entry, retrain_entry
 from streamlearn.service.metrics import Observer
 from streamlearn.service.rollout import Arm, Rollout, RolloutEvent
@@ -115,6 +115,12 @@ class RankerState:
         live = self.rollout.live
         return live.artifact if live is not None and self.policy == "ranker" else None
 
+    def evidence_since(self) -> float | None:
+        """When what serves last changed (None: never): candidate mode judges its rankers on
+        the requests decided since, against what served them."""
+        since = self.state.get("epoch_since")
+        return None if since is None else float(since)
+
     def challengers(self) -> tuple[list[dict[str, Any]], int]:
         """The challengers still being judged, and how many were judged this epoch."""
         return (list(self.state.get("challengers") or []),
@@ -177,6 +183,7 @@ class RankerState:
         the miss probability is spent afresh."""
         self.state["challengers"] = []
         self.state["challenger_index"] = 0
+        self.state["epoch_since"] = self.wall_clock()
 
     def _on_rollout_event(self, event: RolloutEvent) -> None:
         arm = event.arm
@@ -193,6 +200,7 @@ class RankerState:
                      100 * self.settings.retrain.holdback)
             self._new_epoch()
         elif event.kind == "rolled_back":
+            self._trial_rolled_back(arm)
             self.arms.pop(arm.version, None)
             stack = self.store.promoted
             if arm.artifact in stack:
@@ -236,8 +244,11 @@ class RankerState:
 
     def apply_candidates(self, result: dict[str, Any], started: float) -> None:
         """Candidate mode: the rankers are measured on the held-out logged slates (NDCG, AUC)
-        and the best by NDCG becomes the live one; none is promoted to serve
-        (:mod:`streamlearn.retrain.candidates` says why)."""
+        and the best by NDCG becomes the one decisions' rankings cite. With
+        ``retrain.policy = "ranker"`` the retrain's per-slot verdicts go through
+        :func:`~streamlearn.retrain.promotion.candidate_promotion`: a ranker promoted (or
+        entering as a trial) takes its share of the slots through the same guarded
+        :class:`~streamlearn.service.rollout.Rollout` as fixed actions."""
         rankers = result.get("rankers", {})
         scored = [(info["ndcg"], name) for name, info in rankers.items()
                   if info.get("ndcg") is not None]
@@ -254,7 +265,39 @@ class RankerState:
                  "learner's slot order %s)", result.get("version"), result.get("train_queries"),
                  best, None if best is None else rankers[best].get("ndcg"),
                  (result.get("learner") or {}).get("ndcg"))
+        if self.policy == "ranker":
+            decision = candidate_promotion(result, trial=self._trial_allowed(result))
+            entry.update(promoted=bool(decision.get("promote")), reason=decision.get("reason"),
+                         trial=bool(decision.get("trial")))
+            if decision.get("trial"):
+                self.state["trial_artifact"] = decision["artifact"]
+            if decision.get("promote"):
+                self._promote(decision, entry)
+            else:
+                self.state["challenger_index"] = int(result.get("challenger_index") or 0)
+            outcome = "promoted" if entry["promoted"] else "rejected"
+            self.observer.on_promotion(outcome)
+            log.info("retrain %s: ranker %s %s (%s)", result.get("version"),
+                     decision.get("ranker"), outcome, decision.get("reason"))
         self.store.record(entry)
+
+    def _trial_allowed(self, result: dict[str, Any]) -> bool:
+        """A trial only replaces the learner (nothing else is rolled out or live: against a
+        live ranker the gate decides on its logged slots), and after the n-th trial rolled
+        back the next waits 2ⁿ retrains, so a ranker that keeps looking good on held-out
+        NDCG but earns less costs a geometrically shrinking share."""
+        if self.rollout.candidate is not None or self.rollout.live is not None:
+            return False
+        return int(result.get("version") or 0) >= int(self.state.get("trial_after") or 0)
+
+    def _trial_rolled_back(self, arm: Arm) -> None:
+        if arm.artifact != self.state.get("trial_artifact"):
+            return
+        failed = int(self.state.get("failed_trials") or 0) + 1
+        self.state["failed_trials"] = failed
+        self.state["trial_after"] = int(self.state["next_version"]) + 2 ** failed
+        log.info("trial of %s v%d rolled back (trial %d to fail): the next trial waits for "
+                 "retrain %d", arm.name, arm.version, failed, self.state["trial_after"])
 
     # ---------------------------------------------------------------- rollback
     def request_rollback(self) -> None:

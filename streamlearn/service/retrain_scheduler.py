@@ -118,6 +118,8 @@ class RetrainScheduler:
 
             spec["candidates"] = {"d_x": s.candidates.shared_features,
                                   "d_c": s.candidates.candidate_features}
+            spec["challenger_index"] = self.rankers.challengers()[1]
+            spec["since"] = self.rankers.evidence_since()
             self.worker.submit(run_candidate_retrain, spec)
         else:
             from streamlearn.retrain.job import run_retrain  # the worker's side

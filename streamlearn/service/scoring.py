@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from streamlearn.actions import best_first
+from streamlearn.candidates.joint import joint_features
+from streamlearn.candidates.sets import CandidateSets
+from streamlearn.candidates.slates import SlateMixture
 from streamlearn.durability.experience import dense_rows
 from streamlearn.engine import Mixture
 from streamlearn.features import Batch
@@ -66,6 +69,24 @@ class Scorer:
             dense = dense_rows(X) if dense is None else dense
             scores[arm.version] = action_scores(artifact.ranker, dense, self.n_actions)
         return rollout.mixture(scores)
+
+    def slate_mixture(self, sets: CandidateSets) -> SlateMixture | None:
+        """Candidate mode: the rankers that place their shares of the batch's slots
+        (``retrain.policy = "ranker"``, each scoring φ of every candidate), or None when the
+        learner places every slot."""
+        rankers = self.rankers
+        if rankers.policy != "ranker":
+            return None
+        shares = rankers.rollout.shares()
+        arms = [arm for arm in rankers.rollout.serving()
+                if shares.get(arm.version, 0.0) > 0 and arm.version in rankers.arms]
+        if not arms:
+            return None
+        phi = joint_features(sets)
+        return SlateMixture(tuple(arm.version for arm in arms),
+                            tuple(shares[arm.version] for arm in arms),
+                            tuple(np.asarray(rankers.arms[arm.version].ranker.score(phi),
+                                             dtype=np.float64) for arm in arms))
 
     def policy_names(self) -> dict[int, str]:
         """Version → the name a decision served by that ranker carries (``"policy"``)."""

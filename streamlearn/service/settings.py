@@ -196,7 +196,8 @@ class RetrainConfig:
                                   "replaced)", gt=0)
     policy: str = spec("learner", "the exploitation policy: the online learner, or the promoted "
                        "ranker (exploring around its top action as configured, rolled out share "
-                       "by share, docs/daemon.md)", choices=("learner", "ranker"))
+                       "by share; in candidate mode slot by slot, docs/daemon.md)",
+                       choices=("learner", "ranker"))
     level: float = spec(0.95, "confidence of the promotion gate, the guardrail and the reported "
                         "bounds (1 - level: their miss probability)", gt=0.5, le=0.999)
     rollout_stages: str = spec("0.02,0.1,0.3,0.6", "shares a promoted ranker serves in turn before "

@@ -16,7 +16,8 @@ from loop_helpers import Clock, decisions_by_id, drain, settings_of
 
 from streamlearn.candidates.learners import CandidateLinUCB
 from streamlearn.candidates.sets import CandidateSets
-from streamlearn.engine.candidates import CandidateEngine, pair_id
+from streamlearn.candidates.slates import SlateMixture
+from streamlearn.engine.candidates import SLOT_COLUMNS, CandidateEngine, Journaled, pair_id
 from streamlearn.join.aggregate import capped, median
 from streamlearn.join.pending import JoinSettings, Outcome, PendingJoins
 from streamlearn.service.counters import id_checksum
@@ -400,3 +401,29 @@ def test_typed_events_are_weighted_and_aggregated_per_placed_candidate_across_a_
                                                   else spec) for spec, kind in events]
         expected[candidate] = float(capped(np.array([fold(values)]))[0])
     assert got == expected and len(got) == 2
+
+
+def test_who_placed_each_slot_reaches_the_closed_slots_and_survives_a_restart() -> None:
+    """A ranker at share 1 places every slot: each pending slot carries its version through a
+    checkpoint's export and restore into the closed batch; a journaled decision reused
+    after a restart keeps the servers it was journaled with."""
+    join = JoinSettings(window_s=10.0)
+    engine = CandidateEngine(CandidateLinUCB(0, 2, seed=1), join, max_slots=2)
+    sets = CandidateSets(np.zeros((2, 0)), np.eye(6, 2), np.array([0, 3, 6]))
+    scores = np.arange(6, dtype=np.float64)
+    d = engine.decide(["r1", "r2"], sets, list("abcdef"), np.array([2, 2]), np.zeros(2, int),
+                      wall=0.0, mixture=SlateMixture((9,), (1.0,), (scores,)))
+    assert (d.served_by == 9).all()
+    arrays, meta = engine.joins.export()
+    engine = CandidateEngine(engine.learner, join, 2, PendingJoins.restore(
+        2, engine.width, join, arrays, orjson.loads(orjson.dumps(meta)), columns=SLOT_COLUMNS))
+    engine.feedback(["r1", "r2"], [1.0, 0.0], np.ones(2), np.zeros(2, int), wall=1.0)
+    closed = engine.learn().closed
+    assert len(closed) == 4 and (closed.columns["served_by"] == 9).all()
+
+    fresh = CandidateEngine(CandidateLinUCB(0, 2, seed=1), join, max_slots=2)
+    placed = [list("abcdef")[j] for j in d.chosen[0].tolist()]
+    known = {"r1": Journaled(placed, d.slot_probs[0].tolist(), placed[0], 0.0, [9, 0])}
+    again = fresh.decide(["r1"], sets.take(np.array([0])), list("abc"), np.array([2]),
+                         np.zeros(1, int), wall=5.0, known=known)
+    assert again.served_by[0].tolist() == [9, 0] and again.chosen[0].tolist() == d.chosen[0].tolist()

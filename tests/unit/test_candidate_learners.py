@@ -16,6 +16,7 @@ from streamlearn.candidates.learners import (
     CandidateSquareCB,
 )
 from streamlearn.candidates.sets import CandidateSets, segment_argmax, segment_sample
+from streamlearn.candidates.slates import SlateMixture
 from streamlearn.replay.candidates import replay_candidates
 
 D_X, D_C = 2, 3
@@ -253,3 +254,46 @@ def test_segment_argmax_is_each_segments_first_largest_value(segments: list[list
         expected.append(start + ranked.index(max(ranked)))
         start += len(seg)
     assert segment_argmax(values, offsets).tolist() == expected
+
+
+@pytest.mark.parametrize("learner", learners(), ids=lambda learner: type(learner).__name__)
+def test_a_slate_mixture_logs_the_mixture_and_at_share_zero_changes_nothing(
+        learner: CandidateLearner) -> None:
+    """A ranker at share 0 leaves every slate and propensity as the learner alone decides it;
+    at share 1 it places every slot (served_by its version) with 1 − γ + γ/n on its best
+    remaining candidate; at 0.5 every propensity is ½·π_ranker + ½·q_learner of its slot
+    and the ranker places about half the slots."""
+    learner = trained(learner, 3)
+    sets = random_sets(np.random.default_rng(5), 400)
+    slots = np.full(len(sets), 3)
+    keys = [f"r{i}" for i in range(len(sets))]
+    scores = np.random.default_rng(6).normal(size=len(sets.items))
+    start = learner.n_requests_
+    alone = learner.decide_slate(sets, slots, keys=keys)
+    learner.n_requests_ = start  # SquareCB's λ_t moves with the requests seen
+    zero = learner.decide_slate(sets, slots, keys=keys,
+                                mixture=SlateMixture((7,), (0.0,), (scores,)))
+    np.testing.assert_array_equal(zero.chosen, alone.chosen)
+    np.testing.assert_allclose(zero.slot_probs, alone.slot_probs)
+    assert not zero.served_by.any() and not alone.served_by.any()
+    np.testing.assert_allclose(zero.gamma, alone.gamma)
+
+    learner.n_requests_ = start
+    full = learner.decide_slate(sets, slots, keys=keys,
+                                mixture=SlateMixture((7,), (1.0,), (scores,)))
+    used = full.chosen >= 0
+    assert (full.served_by[used] == 7).all() and (full.served_by[~used] == 0).all()
+    best = segment_argmax(scores, sets.offsets)
+    first_is_best = full.chosen[:, 0] == best
+    n = sets.sizes
+    expected = np.where(first_is_best, 1 - full.gamma + full.gamma / n, full.gamma / n)
+    np.testing.assert_allclose(full.slot_probs[:, 0], expected)
+
+    learner.n_requests_ = start
+    half = learner.decide_slate(sets, slots, keys=keys,
+                                mixture=SlateMixture((7,), (0.5,), (scores,)))
+    used = half.chosen >= 0
+    assert 0.4 < (half.served_by[used] == 7).mean() < 0.6
+    ranker = np.where(half.chosen[:, 0] == best, 1 - half.gamma + half.gamma / n, half.gamma / n)
+    learner_p = alone.probs[half.chosen[:, 0]]
+    np.testing.assert_allclose(half.slot_probs[:, 0], 0.5 * ranker + 0.5 * learner_p)

@@ -19,6 +19,7 @@ from streamlearn.engine.candidates import pair_id
 from streamlearn.errors import ConfigError
 from streamlearn.retrain.artifact import load_artifact, make_ranker
 from streamlearn.retrain.candidates import candidate_queries, logged_requests, run_candidate_retrain
+from streamlearn.retrain.promotion import TRIAL_NDCG_MARGIN, candidate_promotion
 
 D_X, D_C, SLOTS = 2, 3, 3
 
@@ -116,7 +117,7 @@ def logged_world(directory: Path, n_requests: int, seed: int
                                   ExperienceLog(directory / REQUESTS_DIR, segment_rows=20_000))
     recorder.open(None, restored=False)
     recorder.record_requests(stream.request_ids, stream.candidate_ids, sets, chosen, slot_p,
-                             exploit, decided_at, 0, SLOTS)
+                             np.full(len(sets), 0.3), decided_at, 0, SLOTS)  # γ = ε
     r, s = np.nonzero(chosen >= 0)
     rows = chosen[r, s]
     X = np.hstack([sets.context[r], sets.items[rows], sets.items[exploit[r]]])
@@ -188,3 +189,82 @@ def test_a_retrain_reports_per_slot_verdicts_when_the_request_log_is_there(
         "rankers": ["logistic"], "version": 2, "candidates": {"d_x": D_X, "d_c": D_C}})
     assert "no request log" in old["offpolicy"]["skipped"]
     assert "offpolicy" not in old["rankers"]["logistic"]
+
+
+def _report(offpolicy: dict[str, dict[str, Any]], ndcg: dict[str, float],
+            learner_ndcg: float) -> dict[str, Any]:
+    return {"version": 4, "learner": {"ndcg": learner_ndcg},
+            "offpolicy": {"learner_slots": [0.5, 0.4, 0.3]},
+            "rankers": {name: {"artifact": f"/a/{name}", "ndcg": ndcg[name],
+                               "offpolicy": offpolicy[name]} for name in ndcg}}
+
+
+def _verdict(passed: bool, lower: float, high: float) -> dict[str, Any]:
+    return {"rows": 900, "passed": passed, "advantage_lower": lower, "ess": 300.0,
+            "alpha": 0.01, "value": {"low": high - 0.2, "high": high, "mean": high - 0.1}}
+
+
+def test_candidate_promotion_passes_then_trials_then_refuses() -> None:
+    """A ranker whose per-slot verdict passed is promoted (the highest lower bound); with
+    none passed, the best held-out NDCG ahead of the learner's by the margin enters as a
+    trial, unless a ranker is already on trial or its value is credibly below the learner's."""
+    both = {"a": _verdict(True, 0.02, 0.9), "b": _verdict(True, 0.05, 0.9)}
+    decision = candidate_promotion(_report(both, {"a": 0.9, "b": 0.7}, 0.8), trial=True)
+    assert decision["promote"] and decision["ranker"] == "b" and not decision.get("trial")
+
+    thin = {"a": _verdict(False, -0.3, 0.9), "b": _verdict(False, -0.2, 0.9)}
+    report = _report(thin, {"a": 0.8 + TRIAL_NDCG_MARGIN + 0.01, "b": 0.7}, 0.8)
+    decision = candidate_promotion(report, trial=True)
+    assert decision["promote"] and decision["trial"] and decision["ranker"] == "a"
+    assert decision["artifact"] == "/a/a" and decision["version"] == 4
+    assert not candidate_promotion(report, trial=False)["promote"]
+
+    close = _report(thin, {"a": 0.8 + TRIAL_NDCG_MARGIN - 0.01, "b": 0.7}, 0.8)
+    assert not candidate_promotion(close, trial=True)["promote"]
+    worse = _report({"a": _verdict(False, -0.3, 0.35), "b": thin["b"]},
+                    {"a": 0.95, "b": 0.7}, 0.8)  # its whole interval below the learner's 0.4
+    assert not candidate_promotion(worse, trial=True)["promote"]
+
+
+def test_a_trial_replaces_only_the_learner_and_waits_longer_after_each_failure(
+        tmp_path: Path) -> None:
+    """RankerState (retrain.policy = ranker, candidate mode): a trial-worthy report puts its
+    ranker at the rollout's first share; none starts while one is rolled out; after the
+    first failed trial the next waits 2 retrains, after the second 4."""
+    from loop_helpers import settings_of
+
+    from streamlearn.retrain.artifact import save_artifact
+    from streamlearn.service.metrics import Observer
+    from streamlearn.service.ranker_state import RankerState
+
+    state = RankerState(settings_of(retrain_every_events=300, retrain_policy="ranker",
+                                    retrain_rankers="rocchio"),
+                        Observer(), tmp_path / "rankers", lambda: 0.0)
+    state.open()
+    ranker = make_ranker("rocchio")
+    ranker.fit(np.eye(4), np.array([1.0, 0.0, 1.0, 0.0]))
+    thin = _verdict(False, -0.3, 0.9)
+
+    def retrain() -> dict[str, Any]:
+        version = state.take_version()
+        path = save_artifact(tmp_path / "rankers", "rocchio", version, ranker, 1, 4)
+        return {"version": version, "learner": {"ndcg": 0.8},
+                "offpolicy": {"learner_slots": [0.5]},
+                "rankers": {"rocchio": {"artifact": str(path), "ndcg": 0.95,
+                                        "offpolicy": thin}}}
+
+    state.apply_candidates(retrain(), 0.0)  # v1: a trial
+    assert state.rollout.candidate is not None and state.rollout.candidate.version == 1
+    state.apply_candidates(retrain(), 0.0)  # v2: one is rolled out already
+    assert state.rollout.candidate.version == 1
+    state.rollout.roll_back("guardrail")  # v1 fails: the next trial waits for retrain 3 + 2
+    assert state.state["trial_after"] == 5
+    for _ in range(2):  # v3, v4
+        state.apply_candidates(retrain(), 0.0)
+        assert state.rollout.candidate is None
+    state.apply_candidates(retrain(), 0.0)  # v5: a trial again
+    assert state.rollout.candidate is not None and state.rollout.candidate.version == 5
+    state.rollout.roll_back("guardrail")
+    assert state.state["trial_after"] == 6 + 4
+    history = [h for h in state.state["history"] if "trial" in h]
+    assert [h["version"] for h in history if h["trial"]] == [1, 5]

@@ -240,12 +240,6 @@ def test_embedded_candidate_dataset_serves_slates_in_candidate_mode() -> None:
 
 
 def test_candidate_mode_config_errors_say_what_was_expected() -> None:
-    config = load_config(environ={}, cli={"metrics.port": "-1", "candidates.enabled": "true",
-                                          "embedded.dataset": "synthetic-candidates",
-                                          "retrain.every_events": "100",
-                                          "retrain.policy": "ranker"})
-    with pytest.raises(Exception, match=r"retrain.policy must be 'learner' in candidate mode"):
-        serve(config, max_events=10, progress_s=0, out=io.StringIO())
     config = load_config(environ={}, cli={"metrics.port": "-1", "candidates.enabled": "true"})
     with pytest.raises(Exception, match=r"embedded.dataset must be a candidate-set stream"):
         serve(config, max_events=10, progress_s=0, out=io.StringIO())

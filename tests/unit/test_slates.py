@@ -11,7 +11,9 @@ from simulators.candidate_ope import one_log
 from streamlearn.candidates.sets import segment_argmax
 from streamlearn.candidates.slates import (
     RankerShare,
+    deployed_distribution,
     deployed_slot_probs,
+    mix_slot,
     sample_mixed_slate,
     sample_slate,
     slate_ips,
@@ -200,3 +202,30 @@ def test_per_slot_values_and_the_gate_against_the_simulated_truth() -> None:
     assert np.mean([log["rankers"]["worse"]["advantage"] for log in logs]) < -0.05
     assert np.mean([log["rankers"]["better"]["promoted"] for log in logs]) >= 0.9
     assert not any(log["rankers"]["worse"]["promoted"] for log in logs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 30))
+def test_mix_slot_is_a_distribution_and_draws_from_whoever_places(seed: int, B: int) -> None:
+    """Two rankers beside the learner: the mixture sums to 1 over each request's free
+    candidates and is Σ share·π + rest·q; the drawn-from distribution is the placer's."""
+    rng = np.random.default_rng(seed)
+    probs, offsets, _ = random_requests(rng, B)
+    sizes = np.diff(offsets)
+    placed = rng.random(len(probs)) < 0.3
+    placed[offsets[:-1]] = False  # every request keeps a free candidate
+    raw = np.where(placed, 0.0, rng.random(len(probs)) + 1e-3)
+    learner = raw / np.repeat(np.add.reduceat(raw, offsets[:-1]), sizes)
+    scores = (rng.random(len(probs)), rng.random(len(probs)))
+    shares = np.tile([0.2, 0.3], (B, 1))
+    gamma = rng.random(B)
+    who_u = rng.random(B)
+    draw, mixed, who = mix_slot(learner, offsets, placed, scores, shares, gamma, who_u)
+    np.testing.assert_allclose(np.add.reduceat(mixed, offsets[:-1]), 1.0)
+    deployed = [deployed_distribution(s, offsets, placed, gamma) for s in scores]
+    np.testing.assert_allclose(mixed, 0.2 * deployed[0] + 0.3 * deployed[1] + 0.5 * learner)
+    np.testing.assert_array_equal(who, np.where(who_u < 0.2, 0, np.where(who_u < 0.5, 1, -1)))
+    request = np.repeat(np.arange(B), sizes)
+    expected = np.where(who[request] == 0, deployed[0],
+                        np.where(who[request] == 1, deployed[1], learner))
+    np.testing.assert_allclose(draw, expected)
