@@ -25,7 +25,6 @@ loop in deciding or learning beyond building the id strings.
 
 >>> from streamlearn.candidates.learners import CandidateEpsilonGreedy
 >>> from streamlearn.candidates.sets import CandidateSets
-from streamlearn.candidates.slates import SlateMixture, slot_exploration
 >>> from streamlearn.join.pending import JoinSettings
 >>> engine = CandidateEngine(CandidateEpsilonGreedy(0, 2, seed=1), JoinSettings(window_s=10.0),
 ...                          max_slots=2)
