@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamlearn.features import Batch, SparseBatch, add_outer, scores
+from streamlearn.features import Batch, SparseBatch, add_outer, row_starts, scores
 from streamlearn.learners.base import Learner, check_float, check_int, mix_uniform
 from streamlearn.learners.exploration import Exploration, default_exploration
 from streamlearn.learners.oracle import RegressionOracle
 from streamlearn.learners.oracle_base import new_change
 
 __all__ = ["LinTS", "LinUCB", "RidgePosterior", "woodbury_update"]
+
+_PIVOT_DIGITS = 1e-10  # a Cholesky pivot² below this share of its diagonal entry is rounding
 
 
 def _augment(X: Batch) -> np.ndarray:
@@ -97,21 +99,12 @@ class RidgePosterior:
             self.cov_ = 1.0 / precision
             self.oracle_.update(X, actions[:, None], rewards[:, None], np.ones((B, 1)))
             return
+        # Full mode never writes A⁻¹, b or θ in place: every update binds new arrays, so the
+        # learner's guard can keep the previous ones by reference (_RidgeLearner._snapshot).
         Z = _augment(X)
-        self.xty_ += (onehot * rewards[:, None]).T @ Z
-        self._woodbury(Z, actions)
-        self.mean_ = np.einsum("kij,kj->ki", self.cov_, self.xty_)
-
-    def _woodbury(self, Z: np.ndarray, actions: np.ndarray) -> None:
-        """A⁻¹ ← A⁻¹ − A⁻¹Xᵀ(I + XA⁻¹Xᵀ)⁻¹XA⁻¹ per action; each action's events padded with zero rows."""
-        order = np.argsort(actions, kind="stable")
-        sorted_actions = actions[order]
-        counts = np.bincount(actions, minlength=self.n_actions)
-        starts = np.cumsum(counts) - counts
-        rank = np.arange(len(actions)) - starts[sorted_actions]
-        groups = np.zeros((self.n_actions, int(counts.max()), self.dim))
-        groups[sorted_actions, rank] = Z[order]
-        self.cov_ = woodbury_update(self.cov_, groups)
+        self.xty_ = self.xty_ + (onehot * rewards[:, None]).T @ Z
+        self.cov_ = woodbury_update(self.cov_, _grouped_rows(Z, onehot, actions))
+        self.mean_ = np.matmul(self.cov_, self.xty_[:, :, None])[:, :, 0]
 
     def forget(self, memory: float, ridge: float) -> None:
         """Keep a fraction ``memory`` of the evidence: A ← λI + memory·(A − λI), b ← memory·b."""
@@ -125,7 +118,7 @@ class RidgePosterior:
         self.cov_ = np.asarray(np.linalg.inv(ridge * eye + memory * (precision - ridge * eye)),
                                dtype=np.float64)
         self.cov_ = 0.5 * (self.cov_ + self.cov_.transpose(0, 2, 1))
-        self.mean_ = np.einsum("kij,kj->ki", self.cov_, self.xty_)
+        self.mean_ = np.matmul(self.cov_, self.xty_[:, :, None])[:, :, 0]
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {"cov": self.cov_, "xty": self.xty_, "mean": self.mean_,
@@ -136,32 +129,54 @@ class RidgePosterior:
         self.oracle_.load_arrays(arrays, prefix="oracle.")
 
 
+def _grouped_rows(Z: np.ndarray, onehot: np.ndarray, actions: np.ndarray) -> np.ndarray:
+    """Each action's rows of Z in batch order, padded with zero rows: (K, largest count, D)."""
+    rank = np.cumsum(onehot, axis=0).take(row_starts(len(actions), onehot.shape[1]) + actions)
+    groups = np.zeros((onehot.shape[1], int(rank.max()), Z.shape[1]))
+    groups[actions, rank.astype(np.intp) - 1] = Z
+    return groups
+
+
 def woodbury_update(cov: np.ndarray, groups: np.ndarray) -> np.ndarray:
     """(A + XᵀX)⁻¹ from A⁻¹ for each of a stack of K matrices: ``cov`` (K, D, D) symmetric,
     ``groups`` (K, n, D) the rows to add (zero rows add nothing).
 
-    One Woodbury solve, A⁻¹ − A⁻¹Xᵀ(I + XA⁻¹Xᵀ)⁻¹XA⁻¹; when that n×n system is singular in
-    floating point (two equal rows of norm² ≳ 10¹⁶: 1 + s rounds to s) or its result is not
-    finite, the rows are added one at a time by Sherman–Morrison instead,
-    A⁻¹ ← A⁻¹ − (A⁻¹z)(A⁻¹z)ᵀ/(1 + zᵀA⁻¹z) — the same matrix in exact arithmetic, and
-    feedback the model would otherwise have skipped.
+    One Woodbury step, A⁻¹ − A⁻¹Xᵀ(I + XA⁻¹Xᵀ)⁻¹XA⁻¹, with the correction formed as a Gram
+    matrix GᵀG (G = L⁻¹·XA⁻¹, L the Cholesky factor of the small n×n system), which numpy
+    computes exactly symmetric (one triangle, mirrored), so the result stays exactly
+    symmetric without a symmetrising pass. When that n×n system is singular in floating
+    point (two equal rows of norm² ≳ 10¹⁶: 1 + s rounds to s, and a Cholesky pivot is lost
+    in its rounding) or the result is not finite, the rows are added one at a time by
+    Sherman–Morrison instead, A⁻¹ ← A⁻¹ − (A⁻¹z)(A⁻¹z)ᵀ/(1 + zᵀA⁻¹z) — the same matrix in
+    exact arithmetic, and feedback the model would otherwise have skipped.
     """
     projected = groups @ cov  # X A⁻¹, (K, n, D); A⁻¹ is symmetric
     inner = projected @ groups.transpose(0, 2, 1)
     inner += np.eye(inner.shape[1])
     try:
         with np.errstate(over="ignore", invalid="ignore"):
-            updated = cov - projected.transpose(0, 2, 1) @ np.linalg.solve(inner, projected)
-        ok = bool(np.isfinite(updated).all())
+            # (I + XA⁻¹Xᵀ)⁻¹ = L⁻ᵀL⁻¹ with L its Cholesky factor: inverting L, whose condition
+            # number is the root of the system's, keeps the result as accurate as a solve
+            factor = np.linalg.cholesky(inner)
+            gain = np.linalg.inv(factor) @ projected
+            updated: np.ndarray = gain.transpose(0, 2, 1) @ gain
+            np.subtract(cov, updated, out=updated)
+        # the system is I plus a positive semi-definite matrix, so every exact pivot Lᵢᵢ² is
+        # ≥ 1; a computed one carries a rounding error of ~n·ε·(the system's diagonal), and
+        # one within 10⁵ of that error (or below ½) is rounding (1 + s rounded to s)
+        pivots = np.diagonal(factor, axis1=1, axis2=2) ** 2
+        floor = np.maximum(0.5, _PIVOT_DIGITS * np.diagonal(inner, axis1=1, axis2=2))
+        ok = bool((pivots >= floor).all()) and bool(np.isfinite(updated).all())
     except np.linalg.LinAlgError:
         ok = False
-    if not ok:  # cold path: one row at a time
-        updated = cov
-        for r in range(groups.shape[1]):
-            z = groups[:, r, :]
-            Az = np.einsum("kij,kj->ki", updated, z)
-            denom = 1.0 + np.einsum("ki,ki->k", z, Az)
-            updated = updated - Az[:, :, None] * Az[:, None, :] / denom[:, None, None]
+    if ok:
+        return updated
+    updated = cov  # cold path: one row at a time
+    for r in range(groups.shape[1]):
+        z = groups[:, r, :]
+        Az = np.einsum("kij,kj->ki", updated, z)
+        denom = 1.0 + np.einsum("ki,ki->k", z, Az)
+        updated = updated - Az[:, :, None] * Az[:, None, :] / denom[:, None, None]
     return np.asarray(0.5 * (updated + updated.transpose(0, 2, 1)))  # exactly symmetric
 
 
@@ -215,9 +230,8 @@ class _RidgeLearner(Learner):
     def _snapshot(self) -> dict[str, np.ndarray]:
         if not self.posterior_.full:
             return super()._snapshot()
-        p = self.posterior_
-        return {"cov": p.cov_.copy(), "xty": p.xty_.copy(), "mean": p.mean_.copy(),
-                "drift_seen": self.drift_seen_.copy()}
+        p = self.posterior_  # by reference: full mode binds new arrays, never writes in place
+        return {"cov": p.cov_, "xty": p.xty_, "mean": p.mean_, "drift_seen": self.drift_seen_}
 
     def _restore(self, saved: dict[str, np.ndarray]) -> None:
         if not self.posterior_.full:
