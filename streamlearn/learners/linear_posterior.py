@@ -144,23 +144,37 @@ def woodbury_update(cov: np.ndarray, groups: np.ndarray) -> np.ndarray:
     One Woodbury step, A⁻¹ − A⁻¹Xᵀ(I + XA⁻¹Xᵀ)⁻¹XA⁻¹, with the correction formed as a Gram
     matrix GᵀG (G = L⁻¹·XA⁻¹, L the Cholesky factor of the small n×n system), which numpy
     computes exactly symmetric (one triangle, mirrored), so the result stays exactly
-    symmetric without a symmetrising pass. When that n×n system is singular in floating
+    symmetric without a symmetrising pass. With more rows than dimensions (n > D) the same
+    matrix comes from the D×D system instead, C(I + CᵀXᵀXC)⁻¹Cᵀ with A⁻¹ = CCᵀ, also as
+    a Gram matrix. When that n×n system is singular in floating
     point (two equal rows of norm² ≳ 10¹⁶: 1 + s rounds to s, and a Cholesky pivot is lost
     in its rounding) or the result is not finite, the rows are added one at a time by
     Sherman–Morrison instead, A⁻¹ ← A⁻¹ − (A⁻¹z)(A⁻¹z)ᵀ/(1 + zᵀA⁻¹z) — the same matrix in
     exact arithmetic, and feedback the model would otherwise have skipped.
     """
-    projected = groups @ cov  # X A⁻¹, (K, n, D); A⁻¹ is symmetric
-    inner = projected @ groups.transpose(0, 2, 1)
-    inner += np.eye(inner.shape[1])
+    n, D = groups.shape[1], cov.shape[1]
     try:
         with np.errstate(over="ignore", invalid="ignore"):
-            # (I + XA⁻¹Xᵀ)⁻¹ = L⁻ᵀL⁻¹ with L its Cholesky factor: inverting L, whose condition
-            # number is the root of the system's, keeps the result as accurate as a solve
-            factor = np.linalg.cholesky(inner)
-            gain = np.linalg.inv(factor) @ projected
-            updated: np.ndarray = gain.transpose(0, 2, 1) @ gain
-            np.subtract(cov, updated, out=updated)
+            if n <= D:  # the usual few rows per action: the n×n system
+                projected = groups @ cov  # X A⁻¹, (K, n, D); A⁻¹ is symmetric
+                inner = projected @ groups.transpose(0, 2, 1)
+                inner += np.eye(n)
+                # (I + XA⁻¹Xᵀ)⁻¹ = L⁻ᵀL⁻¹, L its Cholesky factor: inverting L, whose condition
+                # number is the root of the system's, keeps the result as accurate as a solve
+                factor = np.linalg.cholesky(inner)
+                gain = np.linalg.inv(factor) @ projected
+                updated: np.ndarray = gain.transpose(0, 2, 1) @ gain
+                np.subtract(cov, updated, out=updated)
+            else:  # more rows than dimensions (a candidate batch's hundreds of slots): the
+                # same matrix through the D×D system, (A + XᵀX)⁻¹ = C(I + CᵀXᵀXC)⁻¹Cᵀ with
+                # A⁻¹ = CCᵀ, in O(nD² + D³) instead of O(n³)
+                root = np.linalg.cholesky(cov)
+                projected = groups @ root  # X C, (K, n, D)
+                inner = projected.transpose(0, 2, 1) @ projected
+                inner += np.eye(D)
+                factor = np.linalg.cholesky(inner)
+                gain = root @ np.linalg.inv(factor).transpose(0, 2, 1)  # C L⁻ᵀ
+                updated = gain @ gain.transpose(0, 2, 1)
         # the system is I plus a positive semi-definite matrix, so every exact pivot Lᵢᵢ² is
         # ≥ 1; a computed one carries a rounding error of ~n·ε·(the system's diagonal), and
         # one within 10⁵ of that error (or below ½) is rounding (1 + s rounded to s)
