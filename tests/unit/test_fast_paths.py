@@ -13,6 +13,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamlearn import features as features_module
 from streamlearn.datasets.caller import encode_instances
 from streamlearn.datasets.synthetic import (
     N_FEATURES,
@@ -133,6 +134,20 @@ def test_uniforms_are_the_splitmix64_of_the_key(seed: int, keys: list[int]) -> N
     expected = [(splitmix((k & mask) ^ mix) >> 11) * 2.0**-53 for k in keys]
     got = randomness.uniforms(seed & mask, np.array(keys, dtype=np.int64))
     assert got.tolist() == expected
+
+
+@settings(max_examples=80, deadline=None)
+@given(strings=st.lists(st.text(max_size=40), min_size=1, max_size=40))
+def test_string_ids_hash_alike_on_the_few_ids_path_and_the_vectorised_one(strings: list[str]) -> None:
+    # up to _HASH_IN_PYTHON_UP_TO ids are hashed byte by byte in Python; more go through the
+    # loop over character positions: every id must get the same FNV-1a either way
+    encoded = [s.encode("utf-8") for s in strings]
+    lengths = np.array([len(e) for e in encoded], dtype=np.int64)
+    vectorised = features_module._fnv1a_64(np.array(encoded, dtype=bytes), lengths)
+    assert features_module.hash_strings(strings).tolist() == vectorised.tolist()
+    for start in range(0, len(strings), 7):  # and in small groups, as small batches come
+        assert features_module.hash_strings(strings[start:start + 7]).tolist() \
+            == vectorised[start:start + 7].tolist()
 
 
 @settings(max_examples=40, deadline=None)
