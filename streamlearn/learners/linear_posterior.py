@@ -146,11 +146,11 @@ def woodbury_update(cov: np.ndarray, groups: np.ndarray) -> np.ndarray:
     computes exactly symmetric (one triangle, mirrored), so the result stays exactly
     symmetric without a symmetrising pass. With more rows than dimensions (n > D) the same
     matrix comes from the D×D system instead, C(I + CᵀXᵀXC)⁻¹Cᵀ with A⁻¹ = CCᵀ, also as
-    a Gram matrix. When that n×n system is singular in floating
-    point (two equal rows of norm² ≳ 10¹⁶: 1 + s rounds to s, and a Cholesky pivot is lost
-    in its rounding) or the result is not finite, the rows are added one at a time by
-    Sherman–Morrison instead, A⁻¹ ← A⁻¹ − (A⁻¹z)(A⁻¹z)ᵀ/(1 + zᵀA⁻¹z) — the same matrix in
-    exact arithmetic, and feedback the model would otherwise have skipped.
+    a Gram matrix. When either system is singular in floating point (two equal rows of
+    norm² ≳ 10¹⁶: 1 + s rounds to s, and a Cholesky pivot is lost in its rounding) or the
+    result is not finite, the rows are added one at a time by Sherman–Morrison instead,
+    A⁻¹ ← A⁻¹ − (A⁻¹z)(A⁻¹z)ᵀ/(1 + zᵀA⁻¹z) — the same matrix in exact arithmetic, and
+    feedback the model would otherwise have skipped.
     """
     n, D = groups.shape[1], cov.shape[1]
     try:
