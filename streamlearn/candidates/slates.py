@@ -44,7 +44,7 @@ from streamlearn.evaluation.offpolicy import _Z, Estimate
 
 __all__ = ["RankerShare", "SlateMixture", "deployed_distribution", "deployed_slot_probs", "mix_slot",
            "sample_mixed_slate",
-           "sample_slate", "slate_ips", "slot_exploration", "slot_terms", "slot_values",
+           "sample_slate", "serving_scores", "slate_ips", "slot_exploration", "slot_terms", "slot_values",
            "slot_weights"]
 
 
@@ -74,6 +74,36 @@ class SlateMixture:
     versions: tuple[int, ...]
     shares: tuple[float, ...]
     scores: tuple[np.ndarray, ...]
+
+
+def serving_scores(scores: np.ndarray, exploit: np.ndarray, first_server: np.ndarray,
+                   mixture: SlateMixture | None, offsets: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's candidates scored by the policy that placed its first slot, and that
+    policy's best candidate: the learner's ``scores`` (N,) and ``exploit`` (B,) global rows
+    where it placed it (``first_server`` 0), else the ranker's of that version in
+    ``mixture`` (its best-scored candidate). A decision's ranking and its ``explored``
+    flag describe what served it.
+
+    >>> mix = SlateMixture((4,), (0.5,), (np.array([0.0, 9.0, 1.0, 5.0, 2.0]),))
+    >>> s, e = serving_scores(np.array([3.0, 2.0, 1.0, 1.0, 2.0]), np.array([0, 4]),
+    ...                       np.array([0, 4]), mix, np.array([0, 3, 5]))
+    >>> s.tolist(), e.tolist()  # request 2 was served by ranker v4: its order, its best
+    ([3.0, 2.0, 1.0, 5.0, 2.0], [0, 3])
+    """
+    served = np.asarray(first_server, dtype=np.int64)
+    if mixture is None or not served.any():
+        return scores, exploit
+    sizes = np.diff(offsets)
+    out_scores, out_exploit = np.array(scores, dtype=np.float64), np.array(exploit, dtype=np.int64)
+    for version, ranker_scores in zip(mixture.versions, mixture.scores, strict=True):
+        mine = served == version
+        if mine.any():
+            rows = np.repeat(mine, sizes)
+            ranker = np.asarray(ranker_scores, dtype=np.float64)
+            out_scores[rows] = ranker[rows]
+            out_exploit[mine] = segment_argmax(ranker, offsets)[mine]
+    return out_scores, out_exploit
 
 
 def deployed_distribution(scores: np.ndarray, offsets: np.ndarray, placed: np.ndarray,

@@ -36,6 +36,13 @@ from typing import Any
 import numpy as np
 import orjson
 
+from streamlearn.commands.evaluate_candidates import (
+    CANDIDATE_ESTIMATORS,
+    MIN_ESS,
+    evaluate_candidates,
+    is_candidate_log,
+    print_candidate_table,
+)
 from streamlearn.commands.stream_options import int_at_least, number_in
 from streamlearn.durability.experience import ExperienceRows
 from streamlearn.errors import ConfigError, DataError
@@ -47,7 +54,7 @@ from streamlearn.evaluation.policies import (
     learner_policy,
     uniform_policy,
 )
-from streamlearn.retrain.artifact import find_artifact, load_artifact
+from streamlearn.retrain.artifact import resolve_artifact
 from streamlearn.retrain.job import (
     estimate_policies,
     estimates_on,
@@ -61,7 +68,6 @@ __all__ = ["add_parser", "parse_segments", "run"]
 
 POLICY_FORMS = "logged, learner, uniform, best_constant, constant:A, ranker:NAME or ranker:PATH"
 ALL_ESTIMATORS = (*ESTIMATORS, "bound")
-MIN_ESS = 20.0  # fewer effective rows than this: the point estimates are not to be trusted
 
 
 def add_parser(subparsers: Any) -> None:
@@ -72,8 +78,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--policy", action="append", default=None, metavar="POLICY",
                         help=f"{POLICY_FORMS} (repeatable; default: logged, learner and "
                              "uniform; with --retrain the policies the retrain evaluated)")
-    parser.add_argument("--estimator", default="bound,ips,snips,dr",
-                        help="comma-separated estimators among bound, ips, snips, dr")
+    parser.add_argument("--estimator", default=None,
+                        help="comma-separated estimators among bound, ips, snips, dr (default: "
+                             "all; on a candidate-mode log bound and ips, per slot)")
     parser.add_argument("--segments", default=None, metavar="A:B",
                         help="segments A..B inclusive (A: or :B leave one end open)")
     parser.add_argument("--max-rows", type=int_at_least(1), default=None,
@@ -124,13 +131,11 @@ def _estimators(text: str) -> list[str]:
 
 
 def _ranker(target: str, artifacts: Path) -> Any:
-    path = Path(target)
-    if path.is_dir():
-        return load_artifact(path).ranker
-    if "/" in target or "\\" in target:
-        raise ConfigError(f"Expected ranker:NAME or ranker:PATH of an artifact. {target!r} "
-                          "is not a directory.")
-    return load_artifact(find_artifact(artifacts, target)).ranker
+    artifact = resolve_artifact(target, artifacts)
+    if artifact.meta.get("candidates") is not None:
+        raise ConfigError(f"Expected a ranker retrained on fixed actions. Got {artifact.path}, "
+                          "retrained on candidate sets (evaluate it on a candidate-mode log).")
+    return artifact.ranker
 
 
 def _policy(spec: str, rows: ExperienceRows, train: ExperienceRows, artifacts: Path,
@@ -211,10 +216,20 @@ def _rows(args: argparse.Namespace, entry: dict[str, Any] | None
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     """The JSON report of ``streamlearn evaluate`` (policy → estimator → estimate)."""
-    estimators = _estimators(args.estimator)
     log_dir = Path(args.log_dir)
+    if not log_dir.is_dir():
+        raise ConfigError(f"Expected LOG_DIR to be an experience log directory "
+                          f"(<checkpoint.dir>/experience). Got {str(log_dir)!r}, not a directory.")
     artifacts = Path(args.artifacts) if args.artifacts else log_dir.parent / "rankers"
     entry = _retrain_entry(args, artifacts) if getattr(args, "retrain", None) is not None else None
+    if is_candidate_log(log_dir):
+        if args.clip is not None:
+            raise ConfigError("Expected no --clip on a candidate-mode log: its per-slot bounds "
+                              "take the weights unclipped. Got --clip.")
+        return evaluate_candidates(
+            log_dir, args.policy, _estimators(args.estimator or ",".join(CANDIDATE_ESTIMATORS)),
+            parse_segments(args.segments), args.max_rows, args.level, artifacts, entry)
+    estimators = _estimators(args.estimator or "bound,ips,snips,dr")
     rows, train, held, cut = _rows(args, entry)
     holdout_only = bool(args.holdout_only or entry is not None)
     evaluated = held if holdout_only else rows
@@ -313,6 +328,8 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate(args)
     if args.json:
         print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    elif report.get("mode") == "candidates":
+        print_candidate_table(report)
     else:
         _print_table(report)
     return 0

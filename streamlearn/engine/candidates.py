@@ -117,11 +117,6 @@ class CandidateDecided:
     gamma: np.ndarray
     served_by: np.ndarray
 
-    @property
-    def explored(self) -> np.ndarray:
-        """bool (B,): the first slot's candidate is not the exploit candidate."""
-        return np.asarray(self.chosen[:, 0] != self.exploit)
-
 
 class CandidateEngine:
     """A candidate learner and its pending joins; see the module docstring."""

@@ -54,7 +54,6 @@ __all__ = ["HEAVY_GAMBLERS", "Interval", "RunningMeanBound", "interval_of_mean",
 
 TOP_FRACTION = 0.8  # the boldest gambler bets λ·m = 0.8 (a Y of 0 keeps 20 % of its wealth)
 HEAVY_GAMBLERS = 12  # fractions 0.8, 0.4, ..., 0.8 / 2^11 ≈ 0.0004: weights up to thousands
-BOUNDED_GAMBLERS = 8  # down to 0.8 / 2^7 ≈ 0.006: enough for values in [0, 1]
 CHECK_EVERY = 8  # the mixture's wealth is compared with 1/α every this many values
 _CHUNK_ELEMENTS = 1 << 20  # values × gamblers × rows per vectorised step (8 MiB of float64)
 
@@ -275,17 +274,26 @@ class Interval:
 
 
 def interval_of_mean(values: np.ndarray, alpha: float) -> Interval:
-    """A confidence sequence (read at its end) for the mean of values in [0, 1], each side at α/2.
+    """A confidence sequence (read at its end) for the **running average of the conditional
+    means** of values in [0, 1] (:class:`RunningMeanBound`, each side at α/2): what a
+    policy that was live earned over a window in which it learned or the world drifted.
+    A sequence for one constant mean would reject every value once the mean has moved
+    (its low end above its high end).
 
     >>> rewards = np.random.default_rng(2).permutation(np.r_[np.ones(300), np.zeros(700)])
     >>> iv = interval_of_mean(rewards, 0.05)
-    >>> round(iv.mean, 2), 0.24 < iv.low < 0.3 < iv.high < 0.36
+    >>> round(iv.mean, 2), 0.22 < iv.low < 0.3 < iv.high < 0.38
     (0.3, True)
+    >>> drifting = np.r_[np.zeros(500), np.ones(500)]  # earned 0, then 1
+    >>> iv = interval_of_mean(drifting, 0.05); iv.low < 0.5 < iv.high
+    True
     """
     r = np.asarray(values, dtype=np.float64)
     if len(r) and (r.min() < 0 or r.max() > 1):
         raise ConfigError(f"Expected values in [0, 1]. Got a range [{r.min()}, {r.max()}].")
-    return value_interval(r, np.ones(len(r)), alpha, BOUNDED_GAMBLERS)
+    bound = RunningMeanBound(_check_alpha(alpha) / 2)
+    bound.update(r)
+    return Interval(bound.lower(), bound.upper(), bound.mean, len(r))
 
 
 def value_interval(rewards: np.ndarray, weights: np.ndarray, alpha: float,

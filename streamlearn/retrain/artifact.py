@@ -42,8 +42,18 @@ from streamlearn.rankers.roger import NRoger, Roger
 from streamlearn.rankers.routing import LDA, LogisticRegression, Network, Rocchio
 from streamlearn.snapshot import read_snapshot, write_snapshot
 
-__all__ = ["KIND", "RANKERS", "RankerArtifact", "artifact_name", "find_artifact", "list_artifacts",
-           "load_artifact", "make_ranker", "save_artifact"]
+__all__ = [
+    "KIND",
+    "RANKERS",
+    "RankerArtifact",
+    "artifact_name",
+    "find_artifact",
+    "list_artifacts",
+    "load_artifact",
+    "make_ranker",
+    "resolve_artifact",
+    "save_artifact",
+]
 
 KIND = "ranker-artifact"
 
@@ -274,6 +284,16 @@ def list_artifacts(directory: str | os.PathLike[str], name: str | None = None) -
     found = sorted((int(m["version"]), m["name"], p) for p in root.iterdir()
                    if (m := _DIR.match(p.name)) and p.is_dir() and (name is None or m["name"] == name))
     return [p for _, _, p in found]
+
+
+def resolve_artifact(target: str, directory: str | os.PathLike[str]) -> RankerArtifact:
+    """The artifact ``target`` names: a directory of one, else the newest of that name in
+    ``directory``."""
+    if Path(target).is_dir():
+        return load_artifact(target)
+    if "/" in target or "\\" in target:
+        raise ConfigError(f"Expected an artifact NAME or PATH. {target!r} is not a directory.")
+    return load_artifact(find_artifact(directory, target))
 
 
 def find_artifact(directory: str | os.PathLike[str], name: str) -> Path:

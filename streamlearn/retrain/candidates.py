@@ -46,10 +46,12 @@ import orjson
 
 from streamlearn.candidates.joint import stored_joint_features
 from streamlearn.candidates.sets import gather_segments
-from streamlearn.candidates.slates import deployed_slot_probs, slot_terms, slot_values
+from streamlearn.candidates.slates import deployed_slot_probs, slot_terms, slot_values, slot_weights
 from streamlearn.durability.experience import ExperienceRows, read_experience
 from streamlearn.durability.recorder import REQUESTS_DIR
 from streamlearn.errors import ConfigError, DataError
+from streamlearn.evaluation.bounds import interval_of_mean
+from streamlearn.evaluation.offpolicy import effective_sample_size
 from streamlearn.evaluation.policies import holdout_mask
 from streamlearn.features import hash_strings
 from streamlearn.rankers.base import Ranker
@@ -57,7 +59,8 @@ from streamlearn.rankers.metrics import auc, ndcg
 from streamlearn.retrain.artifact import artifact_name, make_ranker, save_artifact
 from streamlearn.retrain.promotion import challenger_alpha, judge_weighted
 
-__all__ = ["LoggedRequests", "candidate_queries", "logged_requests", "run_candidate_retrain"]
+__all__ = ["LoggedRequests", "candidate_queries", "heldout_requests", "logged_requests",
+           "run_candidate_retrain"]
 
 
 @dataclass
@@ -73,19 +76,45 @@ class LoggedRequests:
     slot_probs: np.ndarray
     rewards: np.ndarray
     gamma: np.ndarray
+    segments: tuple[int, int] | None = None  # the request log's segments read
 
     def __len__(self) -> int:
         return len(self.request_ids)
 
+    def deployed(self, ranker: Ranker) -> np.ndarray:
+        """(B, k) the ranker deployed on these requests as the loop deploys it (1 − γ on its
+        best-scored candidate not yet placed, γ spread over those): its probability of each
+        logged candidate given the logged prefix."""
+        scores = np.asarray(ranker.score(self.phi), dtype=np.float64)
+        return deployed_slot_probs(scores, self.offsets, self.logged, self.gamma)
+
+    def uniform(self) -> np.ndarray:
+        """(B, k) a uniformly random pick among the candidates not yet placed, given the
+        logged prefix (a ranker deployed with γ = 1)."""
+        return deployed_slot_probs(np.zeros(len(self.phi)), self.offsets, self.logged,
+                                   np.ones(len(self)))
+
     def judge(self, ranker: Ranker, alpha: float) -> dict[str, Any]:
         """The ranker deployed on these requests: its value per slot given the logged prefix,
         and the gate's verdict against the logger (both at ``alpha``)."""
-        scores = np.asarray(ranker.score(self.phi), dtype=np.float64)
-        target = deployed_slot_probs(scores, self.offsets, self.logged, self.gamma)
+        return self.judge_target(self.deployed(ranker), alpha)
+
+    def judge_target(self, target: np.ndarray, alpha: float) -> dict[str, Any]:
+        """:meth:`judge` of a target's (B, k) probabilities of the logged candidates."""
         slots = slot_values(self.rewards, self.logged, self.slot_probs, target, alpha)
+        weights = slot_weights(self.logged, self.slot_probs, target)
+        used = self.logged >= 0
         return {**judge_weighted(*slot_terms(self.rewards, self.logged, self.slot_probs, target),
                                  alpha),
-                "slots": [iv.as_dict() for iv in slots]}
+                "slots": [{**iv.as_dict(), "ess": effective_sample_size(weights[used[:, s], s])}
+                          for s, iv in enumerate(slots)]}
+
+    def logger_intervals(self, alpha: float) -> list[dict[str, Any]]:
+        """What placed the logged slots (on-policy): its mean reward at each slot with a
+        confidence sequence (each side at α/2)."""
+        used = self.logged >= 0
+        return [{**interval_of_mean(self.rewards[used[:, s], s], alpha).as_dict(),
+                 "ess": float(used[:, s].sum())} for s in range(used.shape[1])]
 
     def take(self, requests: np.ndarray) -> LoggedRequests:
         """The given requests (in that order)."""
@@ -95,7 +124,7 @@ class LoggedRequests:
         logged = remap[self.logged[requests]]  # −1 stays −1 (the extra last entry)
         return LoggedRequests([self.request_ids[i] for i in requests.tolist()], self.phi[rows],
                               offsets, logged, self.slot_probs[requests],
-                              self.rewards[requests], self.gamma[requests])
+                              self.rewards[requests], self.gamma[requests], self.segments)
 
     def logger_slots(self) -> list[float]:
         """The logger's mean reward at each slot (on-policy)."""
@@ -149,7 +178,7 @@ def logged_requests(requests: ExperienceRows, learned: ExperienceRows, d_x: int,
     X = np.asarray(requests.X[rows], dtype=np.float64)
     return LoggedRequests([str(uniq[i]) for i in order.tolist()],
                           stored_joint_features(X, d_x, d_c), offsets, logged, slot_probs,
-                          slot_rewards, gamma)
+                          slot_rewards, gamma, requests.segments)
 
 
 def candidate_queries(rows: ExperienceRows, d_x: int, d_c: int,
@@ -187,10 +216,13 @@ def _heldout_quality(scores: np.ndarray, rewards: np.ndarray, qid: np.ndarray,
     return out
 
 
-def _heldout_requests(log_dir: Path, learned: ExperienceRows, d_x: int, d_c: int,
-                      fraction: float, watermark: float | None, since: float | None,
-                      max_rows: int | None) -> LoggedRequests | str:
-    """The held-out requests of the request log, whole (or why there are none to judge on)."""
+def heldout_requests(log_dir: Path, learned: ExperienceRows, d_x: int, d_c: int,
+                     fraction: float, watermark: float | None, since: float | None,
+                     max_rows: int | None, segments: list[int] | None = None,
+                     ) -> LoggedRequests | str:
+    """The held-out requests of the request log, whole (or why there are none to judge on):
+    read from its ``segments`` [first, last] (default: all), the newest 50 × ``max_rows``
+    rows of them when ``max_rows`` is given."""
     directory = log_dir / REQUESTS_DIR
     if not directory.is_dir():
         return "no request log (written by serve in candidate mode)"
@@ -199,7 +231,8 @@ def _heldout_requests(log_dir: Path, learned: ExperienceRows, d_x: int, d_c: int
         return (f"rewards outside [0, 1] (range [{rewards.min():g}, {rewards.max():g}]): the "
                 "bounds need rewards in [0, 1]")
     # a request's candidates are many rows: read enough for the learned rows' requests
-    requests = read_experience(directory, None, None, None if max_rows is None else 50 * max_rows)
+    first, last = segments if segments is not None else (None, None)
+    requests = read_experience(directory, first, last, None if max_rows is None else 50 * max_rows)
     whole = logged_requests(requests, learned, d_x, d_c, watermark, since)
     held = np.flatnonzero(holdout_mask(whole.request_ids, fraction))
     if not len(held):
@@ -245,8 +278,8 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     learner_quality = {"ndcg": _heldout_quality(-slot[test], rewards[test], qid[test],
                                                 weights[test])["ndcg"]}  # its slot order
     level = float(spec.get("level", 0.95))
-    judged = _heldout_requests(Path(log_dir), rows, d_x, d_c, fraction, spec.get("watermark"),
-                               spec.get("since"), spec.get("max_rows"))
+    judged = heldout_requests(Path(log_dir), rows, d_x, d_c, fraction, spec.get("watermark"),
+                              spec.get("since"), spec.get("max_rows"))
     report: dict[str, Any] = {}
     for name_spec, ranker in zip(names, rankers, strict=True):
         name = artifact_name(name_spec)
@@ -274,8 +307,12 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         "heldout_queries": len(np.unique(qid[test])),
         "documents_per_query": len(train) / max(train_queries, 1),
         "clip": clip, "holdout_fraction": fraction, "learner": learner_quality,
+        "max_rows": spec.get("max_rows"), "watermark": spec.get("watermark"),
+        "since": spec.get("since"), "level": level,
         "offpolicy": ({"requests": len(judged), "alpha": 1.0 - level,
-                       "learner_slots": judged.logger_slots()}
+                       "learner_slots": judged.logger_slots(),
+                       "request_segments": None if judged.segments is None
+                       else list(judged.segments)}
                       if isinstance(judged, LoggedRequests) else {"skipped": judged}),
         "challenger_index": index,
         "rankers": report, "duration_seconds": time.perf_counter() - started,

@@ -142,5 +142,10 @@ def candidate_entry(result: dict[str, Any], best: str | None, started: float,
             "held_out": result.get("heldout_rows"), "ranker": best, "promoted": False,
             "reason": "measured on the logged slates (retrain.policy = learner: not served)",
             "learner": result.get("learner"), "offpolicy": result.get("offpolicy"),
-            "rankers": {n: {k: i.get(k) for k in ("ndcg", "auc", "fit_seconds", "offpolicy")}
+            # the window, so that `streamlearn evaluate --retrain V` reads it again
+            "candidates": result.get("candidates"), "max_rows": result.get("max_rows"),
+            "watermark": result.get("watermark"), "since": result.get("since"),
+            "holdout_fraction": result.get("holdout_fraction"), "level": result.get("level"),
+            "rankers": {n: {k: i.get(k) for k in ("ndcg", "auc", "fit_seconds", "offpolicy",
+                                                  "artifact")}
                         for n, i in rankers.items()}}

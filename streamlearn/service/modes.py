@@ -34,6 +34,7 @@ import orjson
 
 from streamlearn.actions import exploration_rates
 from streamlearn.candidates.learners import CANDIDATE_LEARNERS, CandidateLearner
+from streamlearn.candidates.slates import serving_scores
 from streamlearn.durability.checkpoint import CheckpointMismatch, JournaledDecision, Restored
 from streamlearn.engine import BASELINE, DecisionCore, Engine
 from streamlearn.engine.candidates import SLOT_COLUMNS, CandidateEngine, Journaled
@@ -254,10 +255,10 @@ class CandidateSets:
                  for i, j in reused.items()}
         engine = cast(CandidateEngine, daemon.engine)
         scorer = daemon.retraining.scorer if daemon.retraining is not None else None
+        mixture = None if scorer is None else scorer.slate_mixture(batch.sets)
         decided = engine.decide(batch.ids, batch.sets, batch.candidate_ids, batch.slots,
                                 batch.partitions, wall, known, daemon.counters.model_version,
-                                event_ts=batch.ts,
-                                mixture=None if scorer is None else scorer.slate_mixture(batch.sets))
+                                event_ts=batch.ts, mixture=mixture)
         if daemon.retraining is not None:  # every candidate, for off-policy estimates
             daemon.retraining.experience.record_requests(
                 batch.ids, batch.candidate_ids, batch.sets, decided.chosen, decided.slot_probs,
@@ -265,10 +266,14 @@ class CandidateSets:
                 self.journal_width)
         values = _reused_values(batch.ids, reused)
         fresh = decided.fresh
+        # the ranking and `explored` describe what placed the first slot (learner or ranker)
+        scores, best = serving_scores(decided.scores, decided.exploit, decided.served_by[:, 0],
+                                      mixture, batch.sets.offsets)
+        explored = decided.chosen[:, 0] != best
         if len(fresh):
             sets, cids = batch.sets, batch.candidate_ids
-            key = np.where(np.isnan(decided.scores), -np.inf, decided.scores)
-            key[decided.exploit] = np.inf
+            key = np.where(np.isnan(scores), -np.inf, scores)
+            key[best] = np.inf
             order = np.lexsort((-key, sets.request_of))
             ranked_ids = np.asarray(cids, dtype=object)[order]  # each request's slice, in order
             model = f"{daemon.model_name}-v{daemon.counters.model_version}"
@@ -284,7 +289,7 @@ class CandidateSets:
                                                in zip(placed, probs, servers, strict=True)],
                                 "prob": float(np.prod(probs)),
                                 "ranking": ranked_ids[start:stop].tolist(),
-                                "explored": bool(placed[0] != decided.exploit[j]),
+                                "explored": bool(explored[j]),
                                 "model": model, "ts": wall})
                 baseline = int(batch.baselines[j])
                 if baseline >= 0:  # recorded as the caller gave it (candidates are not served by it)
@@ -292,7 +297,7 @@ class CandidateSets:
             daemon.journal_and_encode(values, fresh, records, decided.slot_probs[fresh],
                                       {"served_by": decided.served_by[fresh]})
         first = decided.slot_probs[fresh, 0]
-        return Published(values, fresh, int(decided.explored.sum()), np.zeros(0, np.int64),
+        return Published(values, fresh, int(explored.sum()), np.zeros(0, np.int64),
                          float(np.mean(1.0 - first)) if len(first) else 0.0)
 
     def freeze(self, engine: CandidateEngine, tracker: OnlineErrorTracker, counters: Counters,

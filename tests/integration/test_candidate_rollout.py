@@ -14,6 +14,7 @@ tests wait on the ranker history, not on a stream being long enough.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -22,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 from daemon_harness import REPO, STARTED, wait_until
 
+from streamlearn.commands.evaluate import evaluate
 from streamlearn.durability.experience import read_experience
 from streamlearn.retrain.store import read_ranker_state
 
@@ -76,6 +79,51 @@ def test_a_planted_better_ranker_is_promoted_and_takes_slots(tmp_path: Path) -> 
         rewards[by_ranker].mean(), rewards[by_learner].mean())
     checks = [h for h in history if h.get("rollout") == "consistency"]
     assert all(h["reason"] == "inside" for h in checks), checks
+    _decisions_describe_what_served_them(ckpt)
+    _evaluate_reproduces_the_loops_verdicts(ckpt, history)
+
+
+def _decisions_describe_what_served_them(ckpt: Path) -> None:
+    """A decision whose first slot the oracle placed ranks by the oracle and is `explored`
+    only where the oracle explored (γ of a few %), not wherever it disagrees with the
+    learner (about half of the requests)."""
+    served = []
+    for path in sorted(ckpt.glob("journal-*.jsonl")):
+        for line in path.read_bytes().splitlines():
+            try:
+                decision = orjson.loads(line)["d"]
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line
+            if "policy" in decision["candidates"][0]:
+                served.append(decision)
+    assert len(served) >= 50, f"{len(served)} journaled decisions led by the oracle"
+    explored = np.mean([d["explored"] for d in served])
+    assert explored < 0.15, f"{explored:.2%} of the oracle's decisions say explored"
+    for d in served:  # its best candidate leads the ranking; placed first unless explored
+        assert (d["ranking"][0] == d["candidates"][0]["id"]) is (not d["explored"]), d
+
+
+def _evaluate_reproduces_the_loops_verdicts(ckpt: Path, history: list[dict[str, Any]]) -> None:
+    """`streamlearn evaluate --retrain V` on the candidate log: the loop's per-slot values
+    and verdicts of retrain V, to 1e-12."""
+    judged = [h for h in history if any((i or {}).get("offpolicy")
+                                        for i in (h.get("rankers") or {}).values())]
+    assert judged, history
+    entry = judged[-1]
+    args = argparse.Namespace(log_dir=str(ckpt / "experience"), policy=None, estimator=None,
+                              segments=None, max_rows=None, holdout_only=False,
+                              holdout_fraction=0.2, clip=None, level=0.95, artifacts=None,
+                              json=True, retrain=entry["version"])
+    report = evaluate(args)
+    assert report["mode"] == "candidates" and report["retrain"] == entry["version"]
+    for name, info in entry["rankers"].items():
+        recorded, got = info["offpolicy"], report["estimates"][f"ranker:{name}"]
+        assert got["verdict"]["passed"] == recorded["passed"]
+        assert got["verdict"]["advantage_lower"] == pytest.approx(recorded["advantage_lower"],
+                                                                  abs=1e-12)
+        for mine, theirs in zip(got["slots"], recorded["slots"], strict=True):
+            for key in ("low", "high", "mean"):
+                assert mine[key] == pytest.approx(theirs[key], abs=1e-12), (name, key)
 
 
 def test_a_planted_worse_ranker_is_never_promoted(tmp_path: Path) -> None:
