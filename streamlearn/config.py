@@ -303,6 +303,7 @@ def load_config(
     path: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
     cli: Mapping[str, Any] | None = None,
+    cli_spellings: Mapping[str, str] | None = None,
 ) -> Config:
     """Build and validate the configuration.
 
@@ -314,6 +315,9 @@ def load_config(
         The environment; ``None`` reads ``os.environ`` (the only place that does).
     cli : mapping, optional
         ``"section.field" -> value`` given on the command line (strings or typed values).
+    cli_spellings : mapping, optional
+        ``"section.field" -> how the command line spells it`` where that is more than
+        ``--section-field`` (an alias: ``"--rollout-mode or --rollout"``), for errors.
     """
     env = dict(os.environ if environ is None else environ)
     cli = dict(cli or {})
@@ -333,7 +337,8 @@ def load_config(
             *(((file_values[fs.section][fs.name], str(file_path), False),)
               if fs.name in file_values.get(fs.section, {}) else ()),
             *(((env[env_key], env_key, True),) if env_key in env else ()),
-            *(((cli[key], flag_name(fs.section, fs.name), True),)
+            *(((cli[key], (cli_spellings or {}).get(key, flag_name(fs.section, fs.name)),
+                True),)
               if key in cli and cli[key] is not None else ())]
         values = [convert(fs, raw, origin, text) for raw, origin, text in sources]
         sections[fs.section][fs.name] = values[-1] if values else fs.default

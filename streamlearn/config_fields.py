@@ -395,4 +395,7 @@ def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
         if fs.kind == "dir" and (why := _directory_problem(path)):
             raise _fail(fs, raw, origin, why)
         return path
+    why = fs.check(value) if fs.check is not None else ""
+    if why:
+        raise _fail(fs, raw, origin, why)
     return value

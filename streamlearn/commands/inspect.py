@@ -61,11 +61,26 @@ def snapshots_in(path: Path) -> list[Path]:
 
 
 def _learner_meta(meta: dict[str, Any]) -> dict[str, Any] | None:
-    """Where the learner's own metadata sits: top level, or under a 'learner' key."""
+    """Where the learner's own metadata sits: top level, or under a 'learner' key; a
+    candidate-set learner's (its dimensions and hyperparameters) in the same shape."""
     for candidate in (meta.get("learner"), meta):
         if isinstance(candidate, dict) and "class" in candidate and "params" in candidate:
             return candidate
+    learner = meta.get("learner")
+    if isinstance(learner, dict) and "class" in learner and "hyperparameters" in learner:
+        return {"class": learner["class"],
+                "params": {"d_x": learner.get("d_x"), "d_c": learner.get("d_c"),
+                           "seed": learner.get("seed"), **(learner["hyperparameters"] or {})},
+                "counters": {"requests": learner.get("n_requests")}}
     return None
+
+
+def _shown_settings(settings: Any) -> Any:
+    """The settings as a reader needs them: in candidate mode the fixed-action learner's
+    section (unused there; the candidate learner is under ``candidates``) is left out."""
+    if isinstance(settings, dict) and (settings.get("candidates") or {}).get("enabled"):
+        return {k: v for k, v in settings.items() if k != "learner"}
+    return settings
 
 
 def describe(path: Path) -> dict[str, Any]:
@@ -101,7 +116,8 @@ def describe(path: Path) -> dict[str, Any]:
     skip = {"format_version", "package_version", "arrays_sha256", "kind", "seq", "offsets",
             "learner", "rollout", "adoption"} | ({"class", "params", "counters", "exploration_state"}
                                      if learner is meta else set())
-    extra = {k: v for k, v in meta.items() if k not in skip}
+    extra = {k: _shown_settings(v) if k == "settings" else v
+             for k, v in meta.items() if k not in skip}
     if extra:
         info["other"] = extra
     info["arrays"] = [{"name": name, "shape": list(a.shape), "dtype": str(a.dtype)}
@@ -192,7 +208,9 @@ def _print_text(info: dict[str, Any]) -> None:
     if "pending_joins" in info:
         print(f"pending joins   {info['pending_joins']:,}")
     if "rollout" in info:
-        _print_rollout(info["rollout"])
+        settings = (info.get("other") or {}).get("settings") or {}
+        candidates = bool((settings.get("candidates") or {}).get("enabled"))
+        _print_rollout(info["rollout"], "slots" if candidates else "events")
     if "adoption" in info:
         _print_adoption(info["adoption"])
     other = info.get("other") or {}
@@ -217,21 +235,26 @@ def describe_rankers(rankers_dir: Path) -> dict[str, Any] | None:
         raise StateError(f"{state_file} is not valid JSON: {exc}") from exc
     promoted = state.get("promoted") or []
     history = state.get("history") or []
-    return {"live": state.get("live"), "promoted": promoted[-1] if promoted else None,
+    return {"live": state.get("live"), "best_measured": state.get("best_measured"),
+            "promoted": promoted[-1] if promoted else None,
             "rollback_to": promoted[-2] if len(promoted) > 1 else None,
             "rollbacks": sum(1 for e in history
                              if e.get("rollout") == "rolled_back" or "rolled_back" in e),
+            # candidate mode (its retrains measure queries) rolls out slots, not events
+            "unit": "slots" if state.get("best_measured") or any("queries" in e for e in history)
+            else "events",
             "history": history}
 
 
-def _print_rollout(rollout: dict[str, Any]) -> None:
+def _print_rollout(rollout: dict[str, Any], unit: str = "events") -> None:
+    """Who serves which share; ``unit``: what a share is of (candidate mode: slots)."""
     parts = []
     for role in ("live", "candidate"):
         arm = rollout.get(role)
         if arm:
             stage = f", stage {rollout['stage']}" if role == "candidate" else ""
             parts.append(f"{role} {arm['ranker']} v{arm['version']} {100 * (arm['share'] or 0):.0f} %"
-                         f"{stage} ({arm['served'] or 0:,} learned events served)")
+                         f"{stage} ({arm['served'] or 0:,} learned {unit} served)")
     parts.append(f"learner {100 * (rollout.get('learner_share') or 0):.0f} %")
     print(f"serving         {'; '.join(parts)}")
 
@@ -241,9 +264,15 @@ def _print_adoption(adoption: dict[str, Any]) -> None:
     since = "" if configured == adoption["mode"] else f" (configured {configured})"
     share = adoption.get("learner_share")
     agreement = adoption.get("agreement")
-    print(f"rollout mode    {adoption['mode']}{since}; the learner serves "
-          f"{'-' if share is None else f'{100 * float(share):.0f} %'}; agreement with the "
-          f"baseline {'-' if agreement is None else f'{float(agreement):.3f}'}")
+    if adoption["mode"] == "online":  # no baseline serves: who does is the 'serving' line
+        print(f"rollout mode    online{since}: the caller's baseline serves nothing"
+              + ("" if agreement is None else
+                 f"; agreement with the baseline {float(agreement):.3f}"))
+    else:
+        print(f"rollout mode    {adoption['mode']}{since}; the learner serves "
+              f"{'-' if share is None else f'{100 * float(share):.0f} %'} (the baseline the "
+              f"rest); agreement with the baseline "
+              f"{'-' if agreement is None else f'{float(agreement):.3f}'}")
     if adoption["mode"] != "online":
         sides = [f"{side} {v['mean']:.4f} [{v['low']:.4f}, {v['high']:.4f}] on {v['events']:,}"
                  for side, v in adoption["live_value"].items() if v["events"]]
@@ -255,21 +284,28 @@ def _print_adoption(adoption: dict[str, Any]) -> None:
 
 
 def _print_rankers(rankers: dict[str, Any]) -> None:
-    print(f"newest ranker   {rankers['live'] or '-'}")
+    if rankers.get("best_measured"):  # candidate mode
+        print(f"best measured   {rankers['best_measured']} (the newest retrain's best held-out "
+              "NDCG; measured only: a ranker places slots once promoted)")
+    else:
+        print(f"newest ranker   {rankers['live'] or '-'}")
     print(f"promoted        {rankers['promoted'] or '- (the online learner decides)'}")
     history = rankers["history"]
     print(f"rollbacks       {rankers['rollbacks']}")
     print(f"history         {len(history)} event(s), newest last")
     for entry in history[-20:]:
-        print(f"  {_history_line(entry)}")
+        print(f"  {_history_line(entry, rankers.get('unit', 'events'))}")
 
 
-def _history_line(entry: dict[str, Any]) -> str:
-    """One history entry in words: a retrain's verdict, a rollout step, a rollback, a check."""
+def _history_line(entry: dict[str, Any], unit: str = "events") -> str:
+    """One history entry in words: a retrain's verdict, a rollout step, a rollback, a check;
+    ``unit``: what a share is of (candidate mode: slots)."""
     kind = entry.get("rollout")
     who = f"{entry.get('ranker')} v{entry.get('ranker_version')}"
     if kind == "advanced":
-        return f"rollout {who}: now {100 * float(entry.get('share', 0)):.0f} % of the events"
+        return f"rollout {who}: now {100 * float(entry.get('share', 0)):.0f} % of the {unit}"
+    if kind == "replaced":
+        return f"rollout {who}: ended, {entry.get('reason')}"
     if kind == "completed":
         return f"rollout {who}: complete, it serves all but the learner's holdback"
     if kind == "rolled_back":
@@ -281,7 +317,7 @@ def _history_line(entry: dict[str, Any]) -> str:
     if kind == "consistency":
         iv = entry.get("interval") or {}
         return (f"check {who}: earned {entry.get('realised', float('nan')):.4f} on "
-                f"{entry.get('events', 0):,} events, {entry.get('reason')} its off-policy "
+                f"{entry.get('events', 0):,} {unit}, {entry.get('reason')} its off-policy "
                 f"interval [{iv.get('low', float('nan')):.4f}, {iv.get('high', float('nan')):.4f}]")
     if "rolled_back" in entry:
         return f"rolled back {entry['rolled_back']} -> {entry.get('promoted_now') or 'learner'}"

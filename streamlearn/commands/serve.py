@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from streamlearn.service.metrics import Observer
 
 __all__ = ["add_config_arguments", "add_logging_arguments", "add_parser", "cli_overrides",
-           "configure_logging", "run", "serve"]
+           "cli_spellings", "configure_logging", "run", "serve"]
 
 #: Short spellings for the most used settings (the long --<section>-<field> forms also work);
 #: --data-dir is the spelling every command that reads a dataset shares.
@@ -63,6 +63,12 @@ ALIASES = {"kafka.bootstrap": ["--bootstrap"], "learner.name": ["--learner"],
            "exploration.name": ["--exploration"], "exploration.gamma": ["--gamma"],
            "learner.seed": ["--seed"], "embedded.data_dir": ["--data-dir"],
            "rollout.mode": ["--rollout"]}
+def cli_spellings() -> dict[str, str]:
+    """How the command line spells each setting that has an alias (for errors)."""
+    return {key: " or ".join([flag_name(*key.split(".", 1)), *aliases])
+            for key, aliases in ALIASES.items()}
+
+
 #: Flags without a value that set a boolean setting to true (as replay's and bench's --fetch).
 SWITCHES = {"embedded.fetch": "--fetch"}
 #: What ``serve --help`` shows: the options a first run needs (``--help-all``: every one).
@@ -229,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
         if not 0 <= seconds <= _MAX_SECONDS:  # NaN fails too
             raise ConfigError(f"{flag} must be a number of seconds in [0, {_MAX_SECONDS:g}]. "
                               f"Got {seconds}.")
-    config = load_config(args.config, cli=cli_overrides(args))
+    config = load_config(args.config, cli=cli_overrides(args), cli_spellings=cli_spellings())
     if args.print_config:
         print(to_toml(config), end="")
         return 0
@@ -313,6 +319,12 @@ def _candidate_dimensions(config: Config, transport: Transport) -> tuple[int, in
             raise ConfigError(f"embedded.dataset must be a candidate-set stream "
                               f"({', '.join(sorted(CANDIDATE_STREAMS))}) when candidates.enabled "
                               f"is true. Got '{config.embedded.dataset}'.")
+        if config.embedded_mode and "embedded.slots" in config.origins:
+            raise ConfigError(f"embedded.slots applies to the candidate-set streams "
+                              f"({', '.join(sorted(CANDIDATE_STREAMS))}). Got "
+                              f"{config.embedded.slots} with the fixed-action dataset "
+                              f"'{config.embedded.dataset}' (from "
+                              f"{config.origin('embedded.slots')}).")
         return (c.shared_features, c.candidate_features) if c.enabled else None
     if config.embedded.slots > c.max_slots:  # every request would be dead-lettered
         raise ConfigError(f"embedded.slots must be at most candidates.max_slots "
@@ -602,6 +614,14 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
                       "constant:A): events that carry no \"baseline\" of their own are served "
                       "by the learner alone, whatever the mode", file=out, flush=True)
         retraining = daemon.retraining
+        idle = [key for key in ("retrain.policy", "retrain.rankers", "retrain.rollout_stages")
+                if key in config.origins]
+        if idle and (retraining is None or not retraining.enabled):
+            verb = "has" if len(idle) == 1 else "have"
+            print(f"streamlearn serve: warning: {', '.join(idle)} (from "
+                  f"{', '.join(config.origin(k) for k in idle)}) {verb} no effect: retraining is "
+                  f"off (--retrain-every-events N or --retrain-every-seconds S turns it on)",
+                  file=out, flush=True)
         if retraining is not None and retraining.enabled:
             print(f"streamlearn serve: retraining {', '.join(settings.retrain_ranker_names())} "
                   f"(experience log {retraining.log.directory}); SIGUSR1 rolls the promoted "

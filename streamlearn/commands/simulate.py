@@ -31,6 +31,7 @@ from streamlearn.commands.serve import (
     add_config_arguments,
     add_logging_arguments,
     cli_overrides,
+    cli_spellings,
     configure_logging,
 )
 from streamlearn.commands.stream_options import integer, number
@@ -131,7 +132,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    config = load_config(args.config, cli=cli_overrides(args))
+    config = load_config(args.config, cli=cli_overrides(args), cli_spellings=cli_spellings())
     if config.kafka.bootstrap is None:
         raise ConfigError("kafka.bootstrap must be HOST:PORT[,HOST:PORT...] for simulate. Got "
                           "nothing (use --bootstrap or STREAMLEARN_KAFKA_BOOTSTRAP).")

@@ -22,6 +22,7 @@ directory is trusted like code, and the class must subclass ``Ranker``.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import re
@@ -94,8 +95,12 @@ def _qid_error(what: str) -> ConfigError:
 def _import_class(spec: str) -> type[Ranker]:
     module_name, _, qualname = spec.partition(":")
     if not module_name or not qualname:
-        raise ConfigError(f"Expected a ranker name in {sorted(RANKERS)} or package.module:ClassName. "
-                          f"Got {spec!r}.")
+        names = sorted([*RANKERS, *_LISTWISE])
+        close = difflib.get_close_matches(spec.lower().replace("-", "_"), names, n=1, cutoff=0.6)
+        raise ConfigError(f"Expected a ranker name in {sorted(RANKERS)} (for any stream), "
+                          f"{sorted(_LISTWISE)} (candidate sets only) or "
+                          f"package.module:ClassName. Got {spec!r}"
+                          + (f": did you mean {close[0]!r}?" if close else "."))
     try:
         obj: Any = importlib.import_module(module_name)
         for part in qualname.split("."):

@@ -126,6 +126,12 @@ class LoggedRequests:
                               offsets, logged, self.slot_probs[requests],
                               self.rewards[requests], self.gamma[requests], self.segments)
 
+    def logger_pooled(self, alpha: float) -> dict[str, Any]:
+        """What placed the logged slots, every slot pooled (request after request): its mean
+        reward per slot with a confidence sequence (each side at α/2)."""
+        used = self.logged >= 0
+        return interval_of_mean(self.rewards[used], alpha).as_dict()
+
     def logger_slots(self) -> list[float]:
         """The logger's mean reward at each slot (on-policy)."""
         used = self.logged >= 0
@@ -311,6 +317,7 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         "since": spec.get("since"), "level": level,
         "offpolicy": ({"requests": len(judged), "alpha": 1.0 - level,
                        "learner_slots": judged.logger_slots(),
+                       "logged": judged.logger_pooled(1.0 - level),
                        "request_segments": None if judged.segments is None
                        else list(judged.segments)}
                       if isinstance(judged, LoggedRequests) else {"skipped": judged}),

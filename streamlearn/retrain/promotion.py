@@ -211,6 +211,9 @@ def candidate_promotion(result: dict[str, Any], trial: bool) -> dict[str, Any]:
                     **info["offpolicy"]}
                    for name, info in rankers.items() if info.get("offpolicy", {}).get("rows")]
     decision = promotion_decision({"challengers": challengers})
+    if not challengers:  # say why no ranker was judged (no request log, none held out yet)
+        skipped = (result.get("offpolicy") or {}).get("skipped")
+        decision["reason"] = f"no ranker judged off-policy: {skipped or 'no held-out slot'}"
     if decision["promote"] or not trial:
         return decision
     learner = (result.get("learner") or {}).get("ndcg")

@@ -261,8 +261,10 @@ class Adoption:
             return
         if self.mode == "apprentice" and \
                 learner.lower() >= (1.0 - self.settings.alpha) * base.upper():
+            alpha = self.settings.alpha
             self._switch("conservative", f"the learner's lower bound {learner.lower():.4f} >= "
-                         f"(1 - alpha) x the baseline's upper bound {base.upper():.4f}")
+                         f"(1 - alpha) x the baseline's upper bound = {1.0 - alpha:g} x "
+                         f"{base.upper():.4f} = {(1.0 - alpha) * base.upper():.4f}")
         elif self.mode == "conservative" and learner.lower() > base.upper():
             self._switch("online", f"the learner's lower bound {learner.lower():.4f} > the "
                          f"baseline's upper bound {base.upper():.4f}")

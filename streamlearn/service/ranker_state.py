@@ -72,7 +72,7 @@ class RankerState:
             self.rollout.restore_live(self._arm_of(self.promoted))
         self._load_serving()
         served = self.rollout.serving()
-        self.observer.on_ranker_version(self.serving.version if self.serving else 0)
+        self._report_version()
         self._report_shares()
         if served:
             log.info("serving %s", ", ".join(f"{a.name} v{a.version}" for a in served))
@@ -144,8 +144,7 @@ class RankerState:
             if artifact is not None:
                 self.live = artifact  # the swap: one reference assignment
                 self.state["live"] = best["artifact"]
-                if self.serving is not None:
-                    self.observer.on_ranker_version(self.serving.version)
+                self._report_version()
                 info = result["rankers"].get(best["name"], {})
                 for metric in ("auc", "ndcg"):
                     if info.get(metric) is not None:
@@ -176,7 +175,7 @@ class RankerState:
             self.arms[artifact.version] = artifact
             self.rollout.promote(self._arm_of(artifact, decision.get("value")))
             self._report_shares()
-        self.observer.on_ranker_version(artifact.version)
+        self._report_version()
 
     def _new_epoch(self) -> None:
         """What is live changed: the challengers judged against the old one are dropped and
@@ -192,8 +191,8 @@ class RankerState:
                                  "artifact": arm.artifact, "reason": event.reason or None,
                                  **event.detail}
         if event.kind == "advanced":
-            log.info("rollout of %s v%d: now %.0f %% of the events", arm.name, arm.version,
-                     100 * event.detail["share"])
+            log.info("rollout of %s v%d: now %.0f %% of the %s", arm.name, arm.version,
+                     100 * event.detail["share"], self.rollout.settings.unit)
         elif event.kind == "completed":
             log.info("rollout of %s v%d complete: it serves %.0f %% (the learner keeps %.0f %%)",
                      arm.name, arm.version, 100 * (1 - self.settings.retrain.holdback),
@@ -210,8 +209,8 @@ class RankerState:
             entry.update(rolled_back=arm.artifact, promoted_now=stack[-1] if stack else None)
             self.observer.on_rollback(event.reason)
             self.observer.on_promotion("rolled_back")
-            log.warning("rolled back %s v%d (%s) after %d events served; now %s", arm.name,
-                        arm.version, event.reason, arm.served,
+            log.warning("rolled back %s v%d (%s) after %d %s served; now %s", arm.name,
+                        arm.version, event.reason, arm.served, self.rollout.settings.unit,
                         ", ".join(f"{a.name} v{a.version}" for a in self.rollout.serving())
                         or "the online learner")
             self._new_epoch()
@@ -219,12 +218,14 @@ class RankerState:
             inside = event.reason == "inside"
             self.observer.on_ope_check(inside)
             (log.info if inside else log.warning)(
-                "%s v%d earned %.4f on %d events; its off-policy interval at promotion was "
+                "%s v%d earned %.4f on %d %s; its off-policy interval at promotion was "
                 "[%.4f, %.4f]: %s", arm.name, arm.version, event.detail["realised"],
-                event.detail["events"], arm.interval["low"] if arm.interval else math.nan,
+                event.detail["events"], self.rollout.settings.unit,
+                arm.interval["low"] if arm.interval else math.nan,
                 arm.interval["high"] if arm.interval else math.nan,
                 "inside" if inside else "OUTSIDE (miscalibrated)")
         self._report_shares()
+        self._report_version()
         self.store.record(entry)
 
     def roles(self) -> dict[str, float]:
@@ -238,6 +239,10 @@ class RankerState:
             roles["candidate"] = shares.get(self.rollout.candidate.version, 0.0)
         return roles
 
+    def _report_version(self) -> None:
+        """streamlearn_ranker_version: the ranker whose ranking decisions carry (0: none)."""
+        self.observer.on_ranker_version(self.serving.version if self.serving else 0)
+
     def _report_shares(self) -> None:
         if self.policy == "ranker":
             self.observer.on_rollout(self.roles())
@@ -250,6 +255,15 @@ class RankerState:
         entering as a trial) takes its share of the slots through the same guarded
         :class:`~streamlearn.service.rollout.Rollout` as fixed actions."""
         rankers = result.get("rankers", {})
+        # the value per slot (every slot pooled, given the logged prefix): what was live, on
+        # policy, and each ranker as deployed, with its confidence sequence
+        pooled = {"logged": (result.get("offpolicy") or {}).get("logged")} | {
+            f"ranker:{name}": (info.get("offpolicy") or {}).get("value")
+            for name, info in rankers.items()}
+        for policy, iv in pooled.items():
+            if iv:
+                self.observer.on_policy_value(policy, "bound", *(
+                    math.nan if iv.get(k) is None else float(iv[k]) for k in ("mean", "low", "high")))
         scored = [(info["ndcg"], name) for name, info in rankers.items()
                   if info.get("ndcg") is not None]
         best = max(scored)[1] if scored else next(iter(rankers), None)
@@ -259,8 +273,8 @@ class RankerState:
             for metric in ("auc", "ndcg"):
                 if info.get(metric) is not None:
                     self.observer.on_ranker_metric(metric, float(info[metric]))
-            self.state["live"] = entry["artifact"] = info["artifact"]
-            self.observer.on_ranker_version(int(result.get("version", 0)))
+            # measured, not serving: a ranker places slots only once promoted
+            self.state["best_measured"] = entry["artifact"] = info["artifact"]
         log.info("retrain %s on %s logged slates: best ranker %s (held-out NDCG %s; the "
                  "learner's slot order %s)", result.get("version"), result.get("train_queries"),
                  best, None if best is None else rankers[best].get("ndcg"),
@@ -277,8 +291,11 @@ class RankerState:
                 self.state["challenger_index"] = int(result.get("challenger_index") or 0)
             outcome = "promoted" if entry["promoted"] else "rejected"
             self.observer.on_promotion(outcome)
-            log.info("retrain %s: ranker %s %s (%s)", result.get("version"),
-                     decision.get("ranker"), outcome, decision.get("reason"))
+            named = decision.get("ranker")
+            log.info("retrain %s: %s (%s)", result.get("version"),
+                     f"ranker {named} {outcome}" if named else "no ranker promoted",
+                     decision.get("reason"))
+        self._report_version()
         self.store.record(entry)
 
     def _trial_allowed(self, result: dict[str, Any]) -> bool:
@@ -343,8 +360,11 @@ class RankerState:
     @property
     def serving(self) -> RankerArtifact | None:
         """The ranker whose ranking decisions carry: the live one of the rollout, else the
-        promoted one, else the newest."""
+        promoted one, else the newest. In candidate mode each decision is ranked by what
+        placed its first slot, so only the rollout's live ranker counts (None: the learner)."""
         live = self.rollout.live
         if live is not None and live.version in self.arms:
             return self.arms[live.version]
+        if self.settings.candidates.enabled:
+            return None
         return self.promoted if self.promoted is not None else self.live

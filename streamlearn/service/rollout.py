@@ -79,6 +79,7 @@ class RolloutSettings:
     holdback: float = 0.05
     tolerance: float = 0.02
     alpha: float = 0.05  # the guardrail's miss probability per comparison
+    unit: str = "events"  # what a share is of, in log lines (candidate mode: slots)
 
     def __post_init__(self) -> None:
         if not self.stages or any(not 0 < s < 1 for s in self.stages) or \
@@ -221,8 +222,8 @@ class Rollout:
         self.candidate = arm
         self.stage, self.stage_start, self.stage_looks = 0, 0, 0
         self._restart_comparisons()
-        log.info("rollout of %s v%d: %.0f %% of the events", arm.name, arm.version,
-                 100 * self.shares()[arm.version])
+        log.info("rollout of %s v%d: %.0f %% of the %s", arm.name, arm.version,
+                 100 * self.shares()[arm.version], self.settings.unit)
 
     def roll_back(self, reason: str) -> Arm | None:
         """Revert the newest change: the candidate if one is rolling out, else the live

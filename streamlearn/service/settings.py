@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamlearn.config_fields import parse_weights, spec
+from streamlearn.config_fields import decimal_float, parse_weights, spec
 from streamlearn.errors import ConfigError
 from streamlearn.events import DecodeLimits
 from streamlearn.join.aggregate import POLICIES, weights_problem
@@ -37,6 +37,30 @@ __all__ = ["DAEMON_GC_THRESHOLDS", "CandidatesConfig", "CheckpointConfig", "Daem
 #: every few thousand: 9 % of the daemon's time under a backlog (docs/performance.md). Cycles
 #: are still collected, after 10,000 allocations instead of 700.
 DAEMON_GC_THRESHOLDS = (10_000, 10, 10)
+
+
+def parse_stages(text: str) -> tuple[float, ...]:
+    """``retrain.rollout_stages`` as shares: increasing, each in (0, 1); ValueError else."""
+    stages = tuple(decimal_float(v) for v in text.split(","))
+    if not stages or any(not 0 < v < 1 for v in stages) or list(stages) != sorted(set(stages)):
+        raise ValueError("not increasing shares in (0, 1)")
+    return stages
+
+
+def stages_problem(text: str) -> str:
+    """Why ``text`` is no ``retrain.rollout_stages`` ('' when it is one)."""
+    try:
+        parse_stages(text)
+    except ValueError:
+        return "expected increasing shares in (0, 1), comma-separated, e.g. '0.02,0.1,0.3,0.6'"
+    return ""
+
+
+def names_problem(text: str) -> str:
+    """Why ``text`` is no comma-separated list of names ('' when it is one)."""
+    if any(not part.strip() for part in text.split(",")):
+        return "a name is empty (two commas, or one at either end)"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -173,9 +197,12 @@ class RetrainConfig:
     """Periodic IPS-weighted retraining of batch rankers (docs/daemon.md §8); off by default."""
 
     rankers: str | None = spec(None, "comma-separated rankers to retrain (rankboost, logistic, "
-                               "rocchio, lda, roger, nroger, network or package.module:Class); "
+                               "rocchio, lda, roger, nroger, network, in candidate mode also "
+                               "adarank and ndcg_boost, or package.module:Class); "
                                "every_events or every_seconds alone trains rankboost and "
-                               "logistic (rocchio instead of logistic when d·K > 1000)")
+                               "logistic (rocchio instead of logistic when d·K > 1000; in "
+                               "candidate mode rankboost, adarank and ndcg_boost)",
+                               check=names_problem)
     every_events: int | None = spec(None, "retrain after this many learned decisions", ge=1)
     every_seconds: float | None = spec(None, "retrain at least this often", gt=0)
     window_rows: int = spec(20_000, "train on the newest rows of the log, at most this many "
@@ -201,7 +228,8 @@ class RetrainConfig:
     level: float = spec(0.95, "confidence of the promotion gate, the guardrail and the reported "
                         "bounds (1 - level: their miss probability)", gt=0.5, le=0.999)
     rollout_stages: str = spec("0.02,0.1,0.3,0.6", "shares a promoted ranker serves in turn before "
-                               "it serves all but the holdback (comma-separated, increasing)")
+                               "it serves all but the holdback (comma-separated, increasing)",
+                               check=stages_problem)
     rollout_stage_events: int = spec(500, "learned events a promoted ranker serves at one share "
                                      "before it may take the next", ge=1)
     holdback: float = spec(0.05, "share of the events the learner keeps while a ranker serves "
@@ -305,9 +333,9 @@ class DaemonSettings:
         """How a promoted ranker takes traffic (``retrain.rollout_*``, ``retrain.holdback``)."""
         r = self.retrain
         try:
-            stages = tuple(float(v) for v in r.rollout_stages.split(",") if v.strip())
-            return RolloutSettings(stages, r.rollout_stage_events, r.holdback,
-                                   alpha=1.0 - r.level)
+            return RolloutSettings(parse_stages(r.rollout_stages), r.rollout_stage_events,
+                                   r.holdback, alpha=1.0 - r.level,
+                                   unit="slots" if self.candidates.enabled else "events")
         except ValueError as exc:
             raise ConfigError(f"retrain.rollout_stages must be increasing shares in (0, 1), "
                               f"e.g. '0.02,0.1,0.3,0.6'. Got {r.rollout_stages!r} "

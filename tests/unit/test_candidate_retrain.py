@@ -226,3 +226,48 @@ def test_a_trial_replaces_only_the_learner_and_waits_longer_after_each_failure(
     assert state.state["trial_after"] == 6 + 4
     history = [h for h in state.state["history"] if "trial" in h]
     assert [h["version"] for h in history if h["trial"]] == [1, 5]
+
+
+def test_candidate_mode_exports_per_slot_values_and_the_live_rankers_version(
+        tmp_path: Path) -> None:
+    """A candidate retrain's pooled per-slot values reach streamlearn_policy_value (logged
+    and each ranker), and streamlearn_ranker_version names only a ranker live in the
+    rollout: a trial at 2 % leaves it at 0 (the learner ranks the other 98 %)."""
+    from loop_helpers import settings_of
+
+    from streamlearn.retrain.artifact import save_artifact
+    from streamlearn.service.metrics import Observer
+    from streamlearn.service.ranker_state import RankerState
+
+    class Recorder(Observer):
+        def __init__(self) -> None:
+            self.values: dict[str, tuple[float, float, float]] = {}
+            self.versions: list[int] = []
+
+        def on_policy_value(self, policy: str, estimator: str, value: float, low: float,
+                            high: float) -> None:
+            assert estimator == "bound"
+            self.values[policy] = (value, low, high)
+
+        def on_ranker_version(self, version: int) -> None:
+            self.versions.append(version)
+
+    observer = Recorder()
+    state = RankerState(settings_of(retrain_every_events=300, retrain_policy="ranker",
+                                    retrain_rankers="rocchio", candidates_enabled=True),
+                        observer, tmp_path / "rankers", lambda: 0.0)
+    state.open()
+    ranker = make_ranker("rocchio")
+    ranker.fit(np.eye(4), np.array([1.0, 0.0, 1.0, 0.0]))
+    version = state.take_version()
+    path = save_artifact(tmp_path / "rankers", "rocchio", version, ranker, 1, 4)
+    verdict = {**_verdict(False, -0.3, 0.9), "value": {"mean": 0.6, "low": 0.3, "high": 0.9}}
+    state.apply_candidates({"version": version, "learner": {"ndcg": 0.8},
+                            "offpolicy": {"learner_slots": [0.5],
+                                          "logged": {"mean": 0.5, "low": 0.45, "high": 0.55}},
+                            "rankers": {"rocchio": {"artifact": str(path), "ndcg": 0.95,
+                                                    "offpolicy": verdict}}}, 0.0)
+    assert observer.values == {"logged": (0.5, 0.45, 0.55), "ranker:rocchio": (0.6, 0.3, 0.9)}
+    assert state.rollout.candidate is not None  # a trial at the first share ...
+    assert set(observer.versions) == {0}  # ... is not what ranks the decisions
+    assert state.state["best_measured"] == str(path) and not state.state.get("live")

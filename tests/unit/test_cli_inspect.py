@@ -146,8 +146,8 @@ def test_the_rollout_mode_and_its_switches_from_the_checkpoint(
                    {"learner": meta, "seq": 1, "adoption": meta_adoption})
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert ("rollout mode    apprentice; the learner serves 20 %; agreement with the baseline "
-            "0.750") in out
+    assert ("rollout mode    apprentice; the learner serves 20 % (the baseline the rest); "
+            "agreement with the baseline 0.750") in out
     assert "  earned        baseline 0.6667 [0.0000, 1.0000] on 3; learner 1.0000 [0.0000, " \
         "1.0000] on 1" in out  # each side's interval: three events say little
     assert "  switches      0\n" in out

@@ -52,7 +52,7 @@ def test_help_documents_every_config_field_in_groups() -> None:
     (["--metrics-port", "-5"], "metrics.port must be an integer in [-1, 65535]"),
     (["--learner", "nope"], "learner.name must be one of 'banditron', 'pnorm', 'eg', "
                             "'epsilon-greedy', 'squarecb', 'bag', 'linucb', 'lints', 'newtron', "
-                            "'soba'. Got 'nope' (from --learner-name)."),
+                            "'soba'. Got 'nope' (from --learner-name or --learner)."),
     (["--learner", "banditron", "--learner-eta", "0.5", "--max-events", "1"],
      "Learner 'banditron' does not take ['eta']"),
     (["--max-events", "0"], "--max-events must be an integer >= 1. Got 0."),
