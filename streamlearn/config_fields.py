@@ -396,6 +396,6 @@ def convert(fs: FieldSpec, raw: Any, origin: str, text: bool = True) -> Any:
             raise _fail(fs, raw, origin, why)
         return path
     why = fs.check(value) if fs.check is not None else ""
-    if why:
-        raise _fail(fs, raw, origin, why)
+    if why:  # the check says what was expected: "a non-empty string" would mislead
+        raise ConfigError(f"{fs.key}: {why}. Got {raw!r} (from {origin}).")
     return value

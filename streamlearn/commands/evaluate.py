@@ -68,6 +68,8 @@ __all__ = ["add_parser", "parse_segments", "run"]
 
 POLICY_FORMS = "logged, learner, uniform, best_constant, constant:A, ranker:NAME or ranker:PATH"
 ALL_ESTIMATORS = (*ESTIMATORS, "bound")
+DEFAULT_LEVEL = 0.95
+DEFAULT_HOLDOUT_FRACTION = 0.2  # as retrain.holdout_fraction
 
 
 def add_parser(subparsers: Any) -> None:
@@ -88,17 +90,19 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--holdout-only", action="store_true",
                         help="evaluate the retrainer's held-out slice only")
     parser.add_argument("--holdout-fraction", type=number_in(0.0, 1.0, low_open=True, high_open=True),
-                        default=0.2,
-                        help="size of the held-out slice (as retrain.holdout_fraction)")
+                        default=None,
+                        help="size of the held-out slice (as retrain.holdout_fraction; default "
+                             f"{DEFAULT_HOLDOUT_FRACTION})")
     parser.add_argument("--clip", type=number_in(1.0, 1e12), default=None,
                         help="clip the point estimates' weights at this value (default: "
                              "unclipped; clipping biases them towards the logger)")
     parser.add_argument("--level", type=number_in(0.0, 1.0, low_open=True, high_open=True),
-                        default=0.95, help="confidence level")
+                        default=None, help=f"confidence level (default {DEFAULT_LEVEL}; with "
+                                           "--retrain on a candidate-mode log, the retrain's)")
     parser.add_argument("--artifacts", default=None, metavar="DIR",
                         help="where ranker:NAME is looked up (default: LOG_DIR/../rankers)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    parser.add_argument("--retrain", type=int, default=None, metavar="V",
+    parser.add_argument("--retrain", type=int_at_least(1), default=None, metavar="V",
                         help="the window and held-out slice of the daemon's retrain V "
                              "(from <artifacts>/state.json)")
     parser.set_defaults(run=run)
@@ -122,11 +126,13 @@ def parse_segments(text: str | None) -> tuple[int | None, int | None]:
     return low, high
 
 
-def _estimators(text: str) -> list[str]:
+def _estimators(text: str, allowed: tuple[str, ...] = ALL_ESTIMATORS,
+                where: str = "") -> list[str]:
     names = [e.strip().lower() for e in text.split(",") if e.strip()]
-    bad = [e for e in names if e not in ALL_ESTIMATORS]
+    bad = [e for e in names if e not in allowed]
     if bad or not names:
-        raise ConfigError(f"Expected --estimator among {', '.join(ALL_ESTIMATORS)}. Got {text!r}.")
+        raise ConfigError(f"Expected --estimator among {', '.join(allowed)}{where}. "
+                          f"Got {text!r}.")
     return list(dict.fromkeys(names))
 
 
@@ -203,11 +209,12 @@ def _rows(args: argparse.Namespace, entry: dict[str, Any] | None
         first, last = entry["segments"]
         rows = read_window(log_dir, first, last, entry.get("max_rows") or entry["rows"],
                            entry.get("watermark"))
-        fraction = float(entry.get("holdout_fraction") or args.holdout_fraction)
+        fraction = float(entry.get("holdout_fraction") or args.holdout_fraction
+                         or DEFAULT_HOLDOUT_FRACTION)
     else:
         first_, last_ = parse_segments(args.segments)
         rows = read_window(log_dir, first_, last_, args.max_rows, None)
-        fraction = args.holdout_fraction
+        fraction = args.holdout_fraction or DEFAULT_HOLDOUT_FRACTION
     if len(rows) == 0:
         raise DataError(f"Expected logged rows in {log_dir}. Got none.")
     train, held, cut = split_in_time(rows, fraction)
@@ -223,12 +230,25 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     artifacts = Path(args.artifacts) if args.artifacts else log_dir.parent / "rankers"
     entry = _retrain_entry(args, artifacts) if getattr(args, "retrain", None) is not None else None
     if is_candidate_log(log_dir):
-        if args.clip is not None:
-            raise ConfigError("Expected no --clip on a candidate-mode log: its per-slot bounds "
-                              "take the weights unclipped. Got --clip.")
-        return evaluate_candidates(
-            log_dir, args.policy, _estimators(args.estimator or ",".join(CANDIDATE_ESTIMATORS)),
-            parse_segments(args.segments), args.max_rows, args.level, artifacts, entry)
+        for given, option, why in (
+                (args.clip is not None, "--clip", "its per-slot bounds take the weights unclipped"),
+                (args.holdout_only or args.holdout_fraction is not None,
+                 "--holdout-only or --holdout-fraction", "its request log keeps only the "
+                 "held-out requests (retrain.holdout_fraction of the daemon), and all of them "
+                 "are judged"),
+                (entry is not None and args.level is not None, "--level with --retrain",
+                 "the retrain's rankers are judged at the miss probability the loop spent on "
+                 "each, and the rest at the retrain's level")):
+            if given:
+                raise ConfigError(f"Expected no {option} on a candidate-mode log: {why}. "
+                                  f"Got {option}.")
+        level = float((entry or {}).get("level") or args.level or DEFAULT_LEVEL)
+        estimators = _estimators(args.estimator or ",".join(CANDIDATE_ESTIMATORS),
+                                 CANDIDATE_ESTIMATORS, " on a candidate-mode log (per-slot values)")
+        return evaluate_candidates(log_dir, args.policy, estimators,
+                                   parse_segments(args.segments), args.max_rows, level,
+                                   artifacts, entry)
+    args.level = DEFAULT_LEVEL if args.level is None else args.level
     estimators = _estimators(args.estimator or "bound,ips,snips,dr")
     rows, train, held, cut = _rows(args, entry)
     holdout_only = bool(args.holdout_only or entry is not None)

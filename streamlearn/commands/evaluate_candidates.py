@@ -126,13 +126,11 @@ def evaluate_candidates(log_dir: Path, names: list[str] | None, estimators: list
                         level: float, artifacts: Path, entry: dict[str, Any] | None
                         ) -> dict[str, Any]:
     """The JSON report of ``streamlearn evaluate`` on a candidate-mode log (module doc)."""
-    bad = [e for e in estimators if e not in CANDIDATE_ESTIMATORS]
-    if bad:
-        raise ConfigError(f"Expected --estimator among {', '.join(CANDIDATE_ESTIMATORS)} on a "
-                          f"candidate-mode log (per-slot values). Got {', '.join(bad)}.")
     judged, (d_x, d_c) = _judged(entry, log_dir, segments, max_rows)
     ranked = [n for n in ((entry or {}).get("rankers") or {})]
-    names = list(names or ["logged", "uniform", *(f"ranker:{n}" for n in ranked)])
+    # default: what the retrain judged (with --retrain), else logged and uniform
+    names = list(names or (["logged", *(f"ranker:{n}" for n in ranked)] if entry is not None
+                           else ["logged", "uniform"]))
     pinned = {n: str(info["artifact"]) for n, info in ((entry or {}).get("rankers") or {}).items()
               if (info or {}).get("artifact")}
     alphas = _alphas(entry, names, level)
@@ -177,11 +175,15 @@ def _fmt(value: float | None) -> str:
 
 def print_candidate_table(report: dict[str, Any]) -> None:
     """The candidate-mode report for people."""
+    levels = f"level {report['level']}" if "retrain" not in report else (
+        f"retrain {report['retrain']}: logged at level {report['level']}, each ranker at the "
+        "alpha the loop spent on it (its verdict's line)")
     print(f"candidate log {report['log_dir']}  {report['requests']:,} whole requests (the "
-          f"request log's held-out ones)  {report['slots']} slots  level {report['level']}")
+          f"request log's held-out ones)  {report['slots']} slots  {levels}")
     print("Each slot's value given the slots placed before it (what the loop judges rankers "
           "on): 'low'..'high' a confidence sequence, 'value' its IPS mean; 'logged' is "
-          "on-policy.")
+          "on-policy. On few effective rows the IPS mean is noisy (it can exceed 1 or lie "
+          "outside the interval): read the interval.")
     width = max(len("policy"), *(len(p) for p in report["estimates"]))
     show_bound = "bound" in report["estimators"]
     print(f"{'policy':<{width}}  slot  {'value':>8}"
@@ -189,7 +191,7 @@ def print_candidate_table(report: dict[str, Any]) -> None:
     for policy, e in report["estimates"].items():
         for s, iv in enumerate(e["slots"], start=1):
             bound = f"  {_fmt(iv['low']):>8}  {_fmt(iv['high']):>8}" if show_bound else ""
-            note = f"value not to be trusted: {iv['ess']:.0f} effective rows (read the bound)" \
+            note = f"value not to be trusted: {iv['ess']:.1f} effective rows (read the bound)" \
                 if iv["ess"] < MIN_ESS else ""
             print(f"{policy:<{width}}  {s:>4}  {_fmt(iv['mean']):>8}{bound}  {iv['n']:>8,}  "
                   f"{iv['ess']:>8,.0f}  {note}".rstrip())

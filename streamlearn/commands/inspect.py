@@ -284,9 +284,11 @@ def _print_adoption(adoption: dict[str, Any]) -> None:
 
 
 def _print_rankers(rankers: dict[str, Any]) -> None:
-    if rankers.get("best_measured"):  # candidate mode
-        print(f"best measured   {rankers['best_measured']} (the newest retrain's best held-out "
-              "NDCG; measured only: a ranker places slots once promoted)")
+    best = rankers.get("best_measured")
+    if best:  # candidate mode
+        status = "promoted: see the serving line" if best == rankers["promoted"] else \
+            "measured only: a ranker places slots once promoted"
+        print(f"best measured   {best} (the newest retrain's best held-out NDCG; {status})")
     else:
         print(f"newest ranker   {rankers['live'] or '-'}")
     print(f"promoted        {rankers['promoted'] or '- (the online learner decides)'}")

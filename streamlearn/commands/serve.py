@@ -45,7 +45,7 @@ from streamlearn.config import (
 from streamlearn.errors import ConfigError
 from streamlearn.service.http import MetricsServer
 from streamlearn.service.metrics import PrometheusObserver
-from streamlearn.service.settings import DAEMON_GC_THRESHOLDS
+from streamlearn.service.settings import DAEMON_GC_THRESHOLDS, DaemonSettings
 from streamlearn.transport.lag import LagTracker
 from streamlearn.transport.protocol import Transport
 
@@ -328,7 +328,8 @@ def _candidate_dimensions(config: Config, transport: Transport) -> tuple[int, in
         return (c.shared_features, c.candidate_features) if c.enabled else None
     if config.embedded.slots > c.max_slots:  # every request would be dead-lettered
         raise ConfigError(f"embedded.slots must be at most candidates.max_slots "
-                          f"({c.max_slots}). Got {config.embedded.slots}.")
+                          f"({c.max_slots}). Got {config.embedded.slots} (from "
+                          f"{config.origin('embedded.slots')}).")
     defaults = type(c)()
     for name, got, want, default in (
             ("shared_features", c.shared_features, dims[0], defaults.shared_features),
@@ -354,6 +355,7 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
         learner = build_learner(config, n_actions, n_features)
         settings = dataclasses.replace(config.to_daemon_settings(), learner=dataclasses.replace(
             config.learner, n_actions=n_actions, n_features=n_features))
+        _check_with_sources(config, settings)
         return Daemon(settings, wrapped, learner, observer)
     from streamlearn.candidates.learners import CANDIDATE_LEARNERS
 
@@ -364,7 +366,32 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
     learner_class = CANDIDATE_LEARNERS[config.candidates.learner]
     settings = dataclasses.replace(config.to_daemon_settings(), candidates=dataclasses.replace(
         config.candidates, enabled=True, shared_features=d_x, candidate_features=d_c))
+    _check_with_sources(config, settings)
     return Daemon(settings, wrapped, learner_class(d_x, d_c, seed=config.learner.seed), observer)
+
+
+def _check_with_sources(config: Config, settings: DaemonSettings) -> None:
+    """What only the daemon's shape can judge (the rankers to retrain, the rollout mode in
+    candidate mode), refused with the setting and where it came from."""
+    from streamlearn.service.retrain_scheduler import check_rankers
+
+    def rankers() -> None:
+        if settings.retrain_enabled:
+            check_rankers(settings)
+
+    def rollout() -> None:
+        settings.adoption_settings()
+
+    checks: list[tuple[str, Callable[[], None]]] = [("retrain.rankers", rankers),
+                                                    ("rollout.mode", rollout)]
+    for key, check in checks:
+        try:
+            check()
+        except ConfigError as exc:
+            text = str(exc).rstrip(".")
+            named = next((k for k in (key, "rollout.baseline") if text.startswith(k)), None)
+            raise ConfigError(f"{text if named else f'{key}: {text}'} (from "
+                              f"{config.origin(named or key)}).") from None
 
 
 def build_learner(config: Config, n_actions: int, n_features: int) -> Learner:

@@ -125,6 +125,12 @@ class ExperienceRecorder:
                         None if baseline is None else pick(baseline))
         return rows
 
+    def flush(self) -> None:
+        """Write what both logs buffer (a retrain is about to read them)."""
+        self.log.flush()
+        if self.requests is not None:
+            self.requests.flush()
+
     def position(self) -> dict[str, Any]:
         """Flush the logs; their position for the checkpoint's metadata."""
         self.log.flush()

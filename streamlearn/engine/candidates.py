@@ -96,7 +96,7 @@ class Journaled:
 
 #: the per-slot column of the candidate engine's pending joins (and of the experience log):
 #: who placed the slot, 0 for the learner, else the version of the ranker that did
-SLOT_COLUMNS: dict[str, type] = {"served_by": np.int64}
+SLOT_COLUMNS: dict[str, type] = {"served_by": np.int64, "gamma": np.float64}
 
 
 @dataclass
@@ -191,7 +191,7 @@ class CandidateEngine:
             gamma[fresh], served_by[fresh, :width] = decision.gamma, decision.served_by
         self.learner.n_requests_ += int(reused.sum())
         self._add_pending(ids, sets, candidate_ids, chosen, slot_probs, exploit, partitions,
-                          decided_at, wall, model_version, event_ts, served_by)
+                          decided_at, wall, model_version, event_ts, served_by, gamma)
         return CandidateDecided(chosen, slot_probs, exploit, scores, fresh, decided_at, gamma,
                                 served_by)
 
@@ -223,7 +223,7 @@ class CandidateEngine:
                      candidate_ids: Sequence[str], chosen: np.ndarray, slot_probs: np.ndarray,
                      exploit: np.ndarray, partitions: np.ndarray, decided_at: np.ndarray,
                      wall: float, model_version: int, event_ts: np.ndarray | None,
-                     served_by: np.ndarray) -> None:
+                     served_by: np.ndarray, gamma: np.ndarray) -> None:
         request, slot = np.nonzero(chosen >= 0)  # by request, then slot
         rows = chosen[request, slot]
         pids = [pair_id(ids[r], candidate_ids[c])
@@ -235,7 +235,8 @@ class CandidateEngine:
                                  decided_at[request], np.asarray(partitions)[request], wall,
                                  model_version,
                                  None if event_ts is None else np.asarray(event_ts)[request],
-                                 columns={"served_by": served_by[request, slot]})
+                                 columns={"served_by": served_by[request, slot],
+                                          "gamma": gamma[request]})  # the learner's, per request
         for pid, r, c in zip(pids, request.tolist(), rows.tolist(), strict=True):
             self._remember(pid, ids[r], candidate_ids[c])
         if self.joins.early:  # feedback that came before its request: event after event

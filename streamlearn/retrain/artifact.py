@@ -297,6 +297,9 @@ def resolve_artifact(target: str, directory: str | os.PathLike[str]) -> RankerAr
     if Path(target).is_dir():
         return load_artifact(target)
     if "/" in target or "\\" in target:
+        here = Path(directory) / Path(target).name
+        if not Path(target).is_absolute() and here.is_dir():
+            return load_artifact(here)  # recorded relative to where serve once started
         raise ConfigError(f"Expected an artifact NAME or PATH. {target!r} is not a directory.")
     return load_artifact(find_artifact(directory, target))
 

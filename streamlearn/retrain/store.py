@@ -77,6 +77,9 @@ class RankerStore:
         """The artifact at ``path``, or None (logged) when there is none or it cannot load."""
         if not path:
             return None
+        if not Path(path).is_absolute() and not Path(path).is_dir():
+            # written relative to where serve once started: the artifact of that name here
+            path = str(self.directory / Path(path).name)
         try:
             return load_artifact(path)
         except (StateError, OSError, ValueError) as exc:

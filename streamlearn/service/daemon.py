@@ -192,8 +192,11 @@ class Daemon:
         checkpoint."""
         self.restore()
         self.started_at_instances = self.instance_messages
-        self.observer.on_start(type(self.learner).__name__, repr(self.learner.exploration),
-                               type(self.transport).__name__)
+        exploration = self.learner.exploration
+        transport = getattr(self.transport, "inner", self.transport)  # past the lag tracker
+        self.observer.on_start(type(self.learner).__name__,
+                               exploration if isinstance(exploration, str) else repr(exploration),
+                               type(transport).__name__)
         self.ready = True
         try:
             with blas_threads(self.settings.blas_threads):

@@ -56,8 +56,9 @@ RANKER_METRICS = ("auc", "ndcg", "map", "precision")
 PROMOTION_OUTCOMES = ("promoted", "rejected", "rolled_back")
 #: why a promoted ranker stopped serving: credibly worse than the policy it would replace
 #: (guardrail), than the learner's holdback (holdback), no better after ten stages' worth of
-#: events (stalled), replaced by a newer promotion (replaced), or asked for (manual)
-ROLLBACK_REASONS = ("guardrail", "holdback", "stalled", "replaced", "manual")
+#: events (stalled), replaced by a newer promotion (replaced), asked for (manual), or whose
+#: artifact no longer loads at a restart (unloadable)
+ROLLBACK_REASONS = ("guardrail", "holdback", "stalled", "replaced", "manual", "unloadable")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 DELAY_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)

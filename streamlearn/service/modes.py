@@ -296,9 +296,10 @@ class CandidateSets:
                     records[-1]["baseline"] = cids[start + baseline]
             daemon.journal_and_encode(values, fresh, records, decided.slot_probs[fresh],
                                       {"served_by": decided.served_by[fresh]})
-        first = decided.slot_probs[fresh, 0]
+        # γ: the learner's exploration at each request (not 1 − the placed slot's propensity,
+        # near 1 wherever a slot explored or a ranker placed it)
         return Published(values, fresh, int(explored.sum()), np.zeros(0, np.int64),
-                         float(np.mean(1.0 - first)) if len(first) else 0.0)
+                         float(decided.gamma[fresh].mean()) if len(fresh) else 0.0)
 
     def freeze(self, engine: CandidateEngine, tracker: OnlineErrorTracker, counters: Counters,
                settings: DaemonSettings) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -85,8 +85,8 @@ class RankerState:
         self.arms = {}
         for arm in self.rollout.serving():
             artifact = self.store.load(arm.artifact)
-            if artifact is None:
-                self.rollout.roll_back("manual")
+            if artifact is None:  # logged by the store; this arm, not the newest change
+                self.rollout.roll_back("unloadable", arm)
                 continue
             self.arms[arm.version] = artifact
 
@@ -199,7 +199,8 @@ class RankerState:
                      100 * self.settings.retrain.holdback)
             self._new_epoch()
         elif event.kind == "rolled_back":
-            self._trial_rolled_back(arm)
+            if event.reason != "unloadable":  # a missing file says nothing of the ranker
+                self._trial_rolled_back(arm)
             self.arms.pop(arm.version, None)
             stack = self.store.promoted
             if arm.artifact in stack:

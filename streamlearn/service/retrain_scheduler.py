@@ -26,7 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from streamlearn.durability.experience import ExperienceLog
-from streamlearn.errors import DataError
+from streamlearn.errors import ConfigError, DataError
 from streamlearn.retrain.promotion import MAX_EVIDENCE_WINDOWS
 from streamlearn.service.metrics import Observer
 from streamlearn.service.ranker_state import RankerState
@@ -39,20 +39,31 @@ log = logging.getLogger("streamlearn.retrain")
 
 
 def check_rankers(settings: DaemonSettings) -> None:
-    """Make each ranker to retrain once: a bad name is a config error at start."""
-    from streamlearn.retrain.artifact import make_ranker
+    """Make each ranker to retrain once: a bad name is a config error at start, and so are
+    two that would write the same artifact (each retrain's ``<name>-v<version>``)."""
+    from streamlearn.retrain.artifact import artifact_name, make_ranker
 
-    for spec in settings.retrain_ranker_names():
+    names = settings.retrain_ranker_names()
+    for spec in names:
         make_ranker(spec, queries=settings.candidates.enabled)
+    artifacts = [artifact_name(spec) for spec in names]
+    twice = sorted({a for a in artifacts if artifacts.count(a) > 1})
+    if twice:
+        raise ConfigError(f"Expected rankers with distinct artifact names. Got "
+                          f"{', '.join(twice)} more than once in {', '.join(names)}.")
 
 
 class RetrainScheduler:
     """The schedule of the retrain jobs and the worker that runs them (module doc)."""
 
     def __init__(self, settings: DaemonSettings, observer: Observer, log: ExperienceLog,
-                 rankers: RankerState, wall_clock: Callable[[], float] = time.time) -> None:
+                 rankers: RankerState, wall_clock: Callable[[], float] = time.time,
+                 flush: Callable[[], None] | None = None) -> None:
+        """``flush`` writes what the logs buffer before a job reads them (default: ``log``'s
+        flush; in candidate mode the request log's too)."""
         self.settings, self.observer, self.wall_clock = settings, observer, wall_clock
         self.log, self.rankers = log, rankers
+        self.flush = flush or log.flush
         self.enabled = settings.retrain_enabled
         self.worker = RetrainWorker(settings.retrain.worker, settings.retrain.worker_nice)
         self.since_last = 0  # learned decisions since the last retrain started
@@ -100,7 +111,7 @@ class RetrainScheduler:
             self._start(now, min(watermark(), now))
 
     def _start(self, now: float, watermark: float) -> None:
-        self.log.flush()
+        self.flush()  # every log the job reads: the request log too, in candidate mode
         if not self.log.segments():
             return
         s = self.settings

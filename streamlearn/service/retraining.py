@@ -55,13 +55,16 @@ class Retraining:
     def __init__(self, settings: DaemonSettings, observer: Observer,
                  wall_clock: Callable[[], float] = time.time) -> None:
         self._temporary: Path | None = None
+        # absolute: artifact paths in rankers/state.json must not depend on the directory
+        # serve (or evaluate) was started in
         if settings.checkpoint.dir:
-            base = Path(settings.checkpoint.dir)
+            base = Path(settings.checkpoint.dir).absolute()
         elif settings.experience.dir:
-            base = Path(settings.experience.dir).parent
+            base = Path(settings.experience.dir).absolute().parent
         else:  # nothing is kept across runs: a temporary directory, removed on close
             base = self._temporary = Path(tempfile.mkdtemp(prefix="streamlearn-experience-"))
-        log_dir = Path(settings.experience.dir) if settings.experience.dir else base / "experience"
+        log_dir = Path(settings.experience.dir).absolute() if settings.experience.dir \
+            else base / "experience"
         def experience_log(directory: Path) -> ExperienceLog:
             e = settings.experience
             return ExperienceLog(directory, e.segment_rows, e.segment_seconds, e.retention_bytes,
@@ -75,7 +78,7 @@ class Retraining:
             check_rankers(settings)
         self.rankers = RankerState(settings, observer, base / "rankers", wall_clock)
         self.scheduler = RetrainScheduler(settings, observer, self.experience.log, self.rankers,
-                                          wall_clock)
+                                          wall_clock, flush=self.experience.flush)
         self.scorer = Scorer(self.rankers, settings.learner.n_actions)
 
     # the parts' state, as the daemon, ``serve`` and the tests read it

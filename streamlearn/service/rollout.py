@@ -225,12 +225,13 @@ class Rollout:
         log.info("rollout of %s v%d: %.0f %% of the %s", arm.name, arm.version,
                  100 * self.shares()[arm.version], self.settings.unit)
 
-    def roll_back(self, reason: str) -> Arm | None:
+    def roll_back(self, reason: str, arm: Arm | None = None) -> Arm | None:
         """Revert the newest change: the candidate if one is rolling out, else the live
-        ranker (the learner then serves). Returns the arm rolled back."""
-        if self.candidate is not None:
+        ranker (the learner then serves); with ``arm``, that arm (candidate or live). Returns
+        the arm rolled back."""
+        if self.candidate is not None and (arm is None or arm is self.candidate):
             return self._end_candidate("rolled_back", reason)
-        if self.live is not None:
+        if self.live is not None and (arm is None or arm is self.live):
             arm, self.live = self.live, None
             compared = self.compared()
             self._consistency(arm, final=True)

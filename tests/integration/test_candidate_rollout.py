@@ -112,7 +112,7 @@ def _evaluate_reproduces_the_loops_verdicts(ckpt: Path, history: list[dict[str, 
     entry = judged[-1]
     args = argparse.Namespace(log_dir=str(ckpt / "experience"), policy=None, estimator=None,
                               segments=None, max_rows=None, holdout_only=False,
-                              holdout_fraction=0.2, clip=None, level=0.95, artifacts=None,
+                              holdout_fraction=None, clip=None, level=None, artifacts=None,
                               json=True, retrain=entry["version"])
     report = evaluate(args)
     assert report["mode"] == "candidates" and report["retrain"] == entry["version"]

@@ -271,3 +271,35 @@ def test_candidate_mode_exports_per_slot_values_and_the_live_rankers_version(
     assert state.rollout.candidate is not None  # a trial at the first share ...
     assert set(observer.versions) == {0}  # ... is not what ranks the decisions
     assert state.state["best_measured"] == str(path) and not state.state.get("live")
+
+
+def test_a_retrain_starts_on_flushed_logs_the_request_log_included(tmp_path: Path) -> None:
+    """The rows a retrain judges on are on disk when its job is handed over: the request log
+    is flushed with the experience log (it used to wait for a checkpoint or 50,000 rows, so
+    early retrains found no whole request to judge on)."""
+    from loop_helpers import settings_of
+
+    from streamlearn.candidates.sets import CandidateSets
+    from streamlearn.service.metrics import Observer
+    from streamlearn.service.retraining import Retraining
+
+    retraining = Retraining(settings_of(retrain_every_events=10, candidates_enabled=True,
+                                        candidates_shared_features=D_X,
+                                        candidates_candidate_features=D_C,
+                                        retrain_holdout_fraction=0.9,
+                                        checkpoint_dir=str(tmp_path)), Observer())
+    recorder = retraining.experience
+    recorder.open(None, restored=False)
+    sets = CandidateSets(np.zeros((4, D_X)), np.ones((12, D_C)), np.arange(0, 13, 3))
+    chosen = np.array([[0, 1], [3, 4], [6, 7], [9, 10]])
+    recorder.record_requests([f"r{i}" for i in range(4)], [f"c{i}" for i in range(12)], sets,
+                             chosen, np.full((4, 2), 0.5), np.full(4, 0.1), np.arange(4.0), 0, 2)
+    recorder.log.append([pair_id("r0", "c0")], np.zeros((1, D_X + 2 * D_C)), np.array([0]),
+                        np.array([[0.5, 0.0]]), np.array([1.0]), np.full(1, -1),
+                        np.zeros(1, int), np.zeros(1))
+    assert recorder.requests is not None and not recorder.requests.segments()  # buffered
+    submitted: list[Any] = []
+    retraining.scheduler.worker.submit = lambda job, spec: submitted.append(spec)  # type: ignore[method-assign]
+    retraining.scheduler._start(1.0, 10.0)
+    assert submitted and recorder.requests.segments() and recorder.log.segments()
+    retraining.close()

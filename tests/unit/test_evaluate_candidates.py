@@ -106,6 +106,10 @@ def test_the_table(world: tuple[Path, Any, dict[str, Any]],
     (["--clip", "20"], "Expected no --clip on a candidate-mode log"),
     (["--policy", "ranker:nosuch"], "Expected an artifact nosuch"),
     (["--retrain", "7"], "one of [1]"),
+    (["--holdout-only"], "Expected no --holdout-only or --holdout-fraction"),
+    (["--holdout-fraction", "0.5"], "Expected no --holdout-only or --holdout-fraction"),
+    (["--retrain", "1", "--level", "0.8"], "Expected no --level with --retrain"),
+    (["--estimator", "bogus"], "Expected --estimator among bound, ips on a candidate-mode"),
 ])
 def test_what_does_not_apply_to_candidate_sets_is_one_line_and_exit_2(
         world: tuple[Path, Any, dict[str, Any]], capsys: pytest.CaptureFixture[str],
@@ -134,3 +138,12 @@ def test_artifacts_of_the_other_shape_and_old_entries_are_refused(
     assert "to record its window" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "nosuch")]) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_a_retrain_that_is_no_number_is_argparses_error(
+        world: tuple[Path, Any, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
+    root, _, _ = world
+    with pytest.raises(SystemExit) as exited:
+        main(["evaluate", str(root / "experience"), "--retrain", "x"])
+    assert exited.value.code == 2
+    assert "argument --retrain: expected an integer >= 1, got 'x'" in capsys.readouterr().err
