@@ -79,6 +79,9 @@ def test_a_planted_better_ranker_is_promoted_and_takes_slots(tmp_path: Path) -> 
         rewards[by_ranker].mean(), rewards[by_learner].mean())
     checks = [h for h in history if h.get("rollout") == "consistency"]
     assert all(h["reason"] == "inside" for h in checks), checks
+    # γ logged per slot is the learner's exploration at its request (CandidateLinUCB's ε =
+    # 0.01 spread: a few %), not 1 − the placed propensity (~1 wherever the oracle placed it)
+    assert np.percentile(np.asarray(rows.gamma), 95) < 0.2, np.percentile(rows.gamma, [50, 95])
     _decisions_describe_what_served_them(ckpt)
     _evaluate_reproduces_the_loops_verdicts(ckpt, history)
 

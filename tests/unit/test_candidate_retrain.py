@@ -299,7 +299,54 @@ def test_a_retrain_starts_on_flushed_logs_the_request_log_included(tmp_path: Pat
                         np.zeros(1, int), np.zeros(1))
     assert recorder.requests is not None and not recorder.requests.segments()  # buffered
     submitted: list[Any] = []
-    retraining.scheduler.worker.submit = lambda job, spec: submitted.append(spec)  # type: ignore[method-assign]
+    retraining.scheduler.worker.submit = lambda job, spec: submitted.append(spec)  # type: ignore[method-assign, assignment]
     retraining.scheduler._start(1.0, 10.0)
     assert submitted and recorder.requests.segments() and recorder.log.segments()
     retraining.close()
+
+
+def test_an_artifact_that_no_longer_loads_is_rolled_back_by_name_not_as_a_failed_trial(
+        tmp_path: Path) -> None:
+    """A restart finds the rolled-out trial's artifact gone: that arm is rolled back with
+    reason 'unloadable' (not 'manual', not a failed trial); a path recorded relative to
+    another working directory is found by name in the rankers directory."""
+    import shutil
+
+    from loop_helpers import settings_of
+
+    from streamlearn.retrain.artifact import save_artifact
+    from streamlearn.retrain.store import RankerStore
+    from streamlearn.service.metrics import Observer
+    from streamlearn.service.ranker_state import RankerState
+
+    class Rollbacks(Observer):
+        def __init__(self) -> None:
+            self.reasons: list[str] = []
+
+        def on_rollback(self, reason: str) -> None:
+            self.reasons.append(reason)
+
+    settings = settings_of(retrain_every_events=300, retrain_policy="ranker",
+                           retrain_rankers="rocchio", candidates_enabled=True)
+    state = RankerState(settings, Observer(), tmp_path / "rankers", lambda: 0.0)
+    state.open()
+    ranker = make_ranker("rocchio")
+    ranker.fit(np.eye(4), np.array([1.0, 0.0, 1.0, 0.0]))
+    version = state.take_version()
+    path = save_artifact(tmp_path / "rankers", "rocchio", version, ranker, 1, 4)
+    state.apply_candidates({"version": version, "learner": {"ndcg": 0.8},
+                            "offpolicy": {"learner_slots": [0.5]},
+                            "rankers": {"rocchio": {"artifact": str(path), "ndcg": 0.95,
+                                                    "offpolicy": _verdict(False, -0.3, 0.9)}}},
+                           0.0)
+    assert state.rollout.candidate is not None  # a trial
+    store = RankerStore(tmp_path / "rankers")
+    store.open()
+    assert store.load(f"../elsewhere/rankers/{path.name}") is not None  # found by its name
+    rollout = state.rollout.export()
+    shutil.rmtree(path)
+    observer = Rollbacks()
+    again = RankerState(settings, observer, tmp_path / "rankers", lambda: 0.0)
+    again.open(rollout)
+    assert observer.reasons == ["unloadable"] and again.rollout.candidate is None
+    assert "trial_after" not in again.state  # not counted as a failed trial

@@ -69,6 +69,20 @@ def test_help_documents_every_config_field_in_groups() -> None:
     (["--rollout-baseline", " CONSTANT:12", "--max-events", "1"],  # K known at serve: 9
      "rollout.baseline must be 'constant:A' with an action A in [0, 9) (the embedded dataset "
      "'synnonsep' has 9 actions). Got 'constant:12' (from --rollout-baseline)."),
+    (["--retrain-every-events", "100", "--retrain-rankers", "rankboost,rankboost",
+      "--max-events", "1"],
+     "retrain.rankers: Expected rankers with distinct artifact names. Got rankboost more than "
+     "once in rankboost, rankboost (from --retrain-rankers)."),
+    (["--retrain-every-events", "100", "--retrain-rankers", "ndcg-boost", "--max-events", "1"],
+     "did you mean 'ndcg_boost'? (from --retrain-rankers)."),
+    (["--retrain-rankers", "rankboost,,logistic", "--max-events", "1"],
+     "retrain.rankers: a name is empty (two commas, or one at either end). Got "
+     "'rankboost,,logistic' (from --retrain-rankers)."),
+    (["--retrain-rollout-stages", "0.5,0.2", "--max-events", "1"],
+     "retrain.rollout_stages: expected increasing shares in (0, 1)"),
+    (["--embedded-slots", "3", "--max-events", "1"],
+     "embedded.slots applies to the candidate-set streams"),
+    (["--rollout", "apprentic", "--max-events", "1"], "(from --rollout-mode or --rollout)."),
 ])
 def test_bad_value_is_one_line_error_exit_2(argv: list[str], expected: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
