@@ -172,3 +172,17 @@ class RelevanceAntiOracle(RelevanceOracle):
     """The irrelevant candidates first: a policy worse than any learner."""
 
     sign: ClassVar[float] = -1.0
+
+
+class KeepsNothing(Ranker):
+    """A fit that kept nothing (AdaRank with no eligible round): the same score for every
+    candidate."""
+
+    def __init__(self) -> None:
+        pass
+
+    def _fit(self, data: FitData) -> None:
+        self.level_ = np.zeros(1)
+
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        return np.zeros(len(X))

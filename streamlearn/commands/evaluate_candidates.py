@@ -157,6 +157,8 @@ def evaluate_candidates(log_dir: Path, names: list[str] | None, estimators: list
         verdict = judged.judge_target(target, alphas[name])
         estimates[name] = {"slots": verdict.pop("slots"),
                            "verdict": {**verdict, "alpha": alphas[name]}}
+        if kind == "ranker":  # NAME is the newest artifact of that name: say which
+            estimates[name]["artifact"] = str(artifact.path)
     report: dict[str, Any] = {
         "log_dir": str(log_dir), "mode": "candidates", "d_x": d_x, "d_c": d_c,
         "requests": len(judged), "slots": int(judged.logged.shape[1]), "level": level,
@@ -200,6 +202,8 @@ def print_candidate_table(report: dict[str, Any]) -> None:
         if v is None:
             continue
         low = v["advantage_lower"]
+        if e.get("artifact"):
+            print(f"{policy} is {e['artifact']}")
         print(f"{policy}: {'passed' if v['passed'] else 'did not pass'} against what placed "
               f"the logged slots (advantage per slot >= "
               f"{'—' if low is None else f'{low:+.4f}'} on {v['rows']:,} slots, ESS "

@@ -321,6 +321,8 @@ def _history_line(entry: dict[str, Any], unit: str = "events") -> str:
         return (f"check {who}: earned {entry.get('realised', float('nan')):.4f} on "
                 f"{entry.get('events', 0):,} {unit}, {entry.get('reason')} its off-policy "
                 f"interval [{iv.get('low', float('nan')):.4f}, {iv.get('high', float('nan')):.4f}]")
+    if entry.get("abandoned"):
+        return f"retrain v{entry.get('version')}: abandoned ({entry.get('reason')})"
     if "rolled_back" in entry:
         return f"rolled back {entry['rolled_back']} -> {entry.get('promoted_now') or 'learner'}"
     verdict = f"PROMOTED {entry.get('ranker')}" if entry.get("promoted") else "none promoted"
@@ -333,8 +335,11 @@ def _held_out_quality(entry: dict[str, Any]) -> str:
     rankers = entry.get("rankers")
     if not isinstance(rankers, dict):
         return ""
-    shown = [f"{name} {info['ndcg']:.4f}" for name, info in rankers.items()
-             if isinstance(info, dict) and isinstance(info.get("ndcg"), float)]
+    shown = [f"{name} {info['ndcg']:.4f}" if isinstance(info.get("ndcg"), float)
+             else f"{name} - (constant scores: the fit kept nothing)"
+             for name, info in rankers.items()
+             if isinstance(info, dict) and (isinstance(info.get("ndcg"), float)
+                                            or info.get("degenerate"))]
     learner = (entry.get("learner") or {}).get("ndcg")
     if isinstance(learner, float):
         shown.append(f"the learner's slot order {learner:.4f}")

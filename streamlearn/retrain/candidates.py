@@ -35,6 +35,7 @@ serves last changed (``challenger_index`` + j) is judged at
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.metrics import auc, ndcg
 from streamlearn.retrain.artifact import artifact_name, make_ranker, save_artifact
 from streamlearn.retrain.promotion import challenger_alpha, judge_weighted
+
+log = logging.getLogger("streamlearn.retrain")
 
 __all__ = ["LoggedRequests", "candidate_queries", "heldout_requests", "logged_requests",
            "run_candidate_retrain"]
@@ -300,6 +303,14 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         report[name] = {"spec": name_spec, "artifact": str(path), "fit_seconds": fit_seconds,
                         **_heldout_quality(np.asarray(ranker.score(phi[test])), rewards[test],
                                            qid[test], weights[test])}
+        if np.ptp(np.asarray(ranker.score(phi[train]), dtype=np.float64)) == 0.0:
+            # a fit that kept nothing (AdaRank with no eligible round): every candidate ties,
+            # and the tie-break by row order would pass the learner's own order off as its
+            report[name].update(ndcg=None, auc=None, degenerate=(
+                "its scores are constant on the training rows (the fit kept nothing): not "
+                "measured, not judged"))
+            log.warning("retrain %d: %s %s", version, name, report[name]["degenerate"])
+            continue
         if isinstance(judged, LoggedRequests):
             index += 1
             report[name]["offpolicy"] = judged.judge(ranker, challenger_alpha(1.0 - level, index))

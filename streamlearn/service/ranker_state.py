@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,9 @@ class RankerState:
                  "learner's slot order %s)", result.get("version"), result.get("train_queries"),
                  best, None if best is None else rankers[best].get("ndcg"),
                  (result.get("learner") or {}).get("ndcg"))
+        # the miss probability spent so far since what serves last changed (also when the
+        # verdicts are only reported: each one is a look that must stay within level)
+        self.state["challenger_index"] = int(result.get("challenger_index") or 0)
         if self.policy == "ranker":
             decision = candidate_promotion(result, trial=self._trial_allowed(result))
             entry.update(promoted=bool(decision.get("promote")), reason=decision.get("reason"),
@@ -287,9 +291,7 @@ class RankerState:
             if decision.get("trial"):
                 self.state["trial_artifact"] = decision["artifact"]
             if decision.get("promote"):
-                self._promote(decision, entry)
-            else:
-                self.state["challenger_index"] = int(result.get("challenger_index") or 0)
+                self._promote(decision, entry)  # a new epoch: the spending starts afresh
             outcome = "promoted" if entry["promoted"] else "rejected"
             self.observer.on_promotion(outcome)
             named = decision.get("ranker")
@@ -298,6 +300,15 @@ class RankerState:
                      decision.get("reason"))
         self._report_version()
         self.store.record(entry)
+
+    def abandon(self, version: int, why: str) -> None:
+        """Retrain ``version`` will not finish (the daemon stops while it runs): its
+        artifacts, never judged, are removed and the history says why its number is skipped."""
+        for path in self.store.directory.glob(f"*-v{version:08d}"):
+            shutil.rmtree(path, ignore_errors=True)
+        self.store.record({"version": version, "at": self.wall_clock(), "abandoned": True,
+                           "reason": why})
+        log.info("retrain %d abandoned (%s)", version, why)
 
     def _trial_allowed(self, result: dict[str, Any]) -> bool:
         """A trial only replaces the learner (nothing else is rolled out or live: against a

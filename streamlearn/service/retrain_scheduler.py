@@ -70,8 +70,18 @@ class RetrainScheduler:
         self._last_start = wall_clock()
         self._overrun_reported = False
         self.failures = 0
+        self.running_version: int | None = None  # the newest job's (running while busy)
         self.retrains = 0
         self.skipped = 0
+
+    def close(self) -> None:
+        """Stop the worker; a retrain it was running is abandoned (its files removed, the
+        history says so)."""
+        running = self.worker.job is not None  # running, or finished and not yet harvested
+        self.worker.stop()
+        if running and self.running_version is not None:
+            self.rankers.abandon(self.running_version, "the daemon stopped while it ran; its "
+                                 "rankers were not judged")
 
     def start(self) -> None:
         """Start the worker (when retraining is on); its imports run while the loop serves."""
@@ -115,7 +125,7 @@ class RetrainScheduler:
         if not self.log.segments():
             return
         s = self.settings
-        version = self.rankers.take_version()
+        version = self.running_version = self.rankers.take_version()
         spec: dict[str, Any] = {
             "log_dir": str(self.log.directory), "segments": None, "max_rows": s.retrain_window(),
             "rankers": list(s.retrain_ranker_names()),

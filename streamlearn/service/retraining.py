@@ -186,6 +186,6 @@ class Retraining:
         return self.experience.position()
 
     def close(self) -> None:
-        self.scheduler.worker.stop()
+        self.scheduler.close()
         if self._temporary is not None:
             shutil.rmtree(self._temporary, ignore_errors=True)

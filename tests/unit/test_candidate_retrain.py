@@ -350,3 +350,60 @@ def test_an_artifact_that_no_longer_loads_is_rolled_back_by_name_not_as_a_failed
     again.open(rollout)
     assert observer.reasons == ["unloadable"] and again.rollout.candidate is None
     assert "trial_after" not in again.state  # not counted as a failed trial
+
+
+def test_a_ranker_whose_fit_kept_nothing_is_flagged_not_measured_or_judged(
+        tmp_path: Path) -> None:
+    """Constant scores tie every candidate, and the tie-break by row order would report the
+    learner's own slot order as the ranker's NDCG: such a ranker is flagged, and spends no
+    share of the miss probability."""
+    logged_world(tmp_path / "log", 800, seed=6)
+    result = run_candidate_retrain({
+        "log_dir": str(tmp_path / "log"), "artifact_dir": str(tmp_path / "rankers"),
+        "rankers": ["planted:KeepsNothing", "logistic"], "version": 1,
+        "candidates": {"d_x": D_X, "d_c": D_C}, "holdout_fraction": 0.3})
+    flat = result["rankers"]["keepsnothing"]
+    assert flat["ndcg"] is None and "constant" in flat["degenerate"] and "offpolicy" not in flat
+    assert result["rankers"]["logistic"]["offpolicy"]["alpha"] == pytest.approx(0.05 / 2)
+    assert result["challenger_index"] == 1  # only logistic was judged
+
+
+def test_reported_verdicts_spend_the_miss_probability_too(tmp_path: Path) -> None:
+    """retrain.policy = learner in candidate mode: nothing is promoted, yet every verdict is
+    a look, so the spending carries over from one retrain to the next."""
+    from loop_helpers import settings_of
+
+    from streamlearn.service.metrics import Observer
+    from streamlearn.service.ranker_state import RankerState
+
+    state = RankerState(settings_of(retrain_every_events=300, candidates_enabled=True),
+                        Observer(), tmp_path / "rankers", lambda: 0.0)
+    state.open()
+    state.apply_candidates({"version": state.take_version(), "challenger_index": 3,
+                            "rankers": {}}, 0.0)
+    assert state.challengers()[1] == 3
+
+
+def test_a_retrain_running_when_the_daemon_stops_is_abandoned_and_its_files_removed(
+        tmp_path: Path) -> None:
+    from concurrent.futures import Future
+
+    from loop_helpers import settings_of
+
+    from streamlearn.retrain.artifact import save_artifact
+    from streamlearn.service.metrics import Observer
+    from streamlearn.service.retraining import Retraining
+
+    retraining = Retraining(settings_of(retrain_every_events=10,
+                                        checkpoint_dir=str(tmp_path)), Observer())
+    retraining.rankers.open()
+    version = retraining.rankers.take_version()
+    ranker = make_ranker("rocchio")
+    ranker.fit(np.eye(4), np.array([1.0, 0.0, 1.0, 0.0]))
+    path = save_artifact(tmp_path / "rankers", "rocchio", version, ranker, 1, 4)
+    retraining.scheduler.running_version = version
+    retraining.scheduler.worker.job = Future()  # still running
+    retraining.close()
+    assert not path.exists()
+    entry = retraining.rankers.state["history"][-1]
+    assert entry["version"] == version and entry["abandoned"] and "stopped" in entry["reason"]
