@@ -77,7 +77,10 @@ class AdaRank(Ranker):
         features: list[int] = []
         alphas: list[float] = []
         train: list[float] = []
-        current = float(u @ query_measure(y, F, groups, self.measure, self.k) / u.sum())
+        # F = 0 ties every document, and ties break by row order: measuring it would credit
+        # the rows' given order (a logged slate's) to the empty model, and the guard below
+        # would then refuse every first round that does not beat that order
+        current = -np.inf
         eligible = np.ones(X.shape[1], dtype=bool)
         while len(features) < self.n_rounds:
             gain = np.where(eligible, P @ E0, -np.inf)

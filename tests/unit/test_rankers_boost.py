@@ -235,3 +235,16 @@ def test_rank_letor_cli_json(tmp_path, capsys) -> None:
         assert 0.0 <= entry["mean"]["MAP"] <= 1.0 and len(entry["curve"]) == 10
         assert 1 <= entry["folds"][0]["selected"]["rounds"] <= 20
     assert main(["rank", "letor", str(tmp_path), "--folds", "7"]) == 2
+
+
+def test_adarank_learns_from_rows_already_in_their_best_order() -> None:
+    """Logged slates come in the logger's order, often a good one. The empty model ties
+    every row, and its tie-break by row order must not count as a model to beat: AdaRank
+    used to keep no round at all here (constant scores)."""
+    rng = np.random.default_rng(0)
+    n_q, per = 200, 3
+    y = np.tile([1.0, 0.0, 0.0], n_q)  # the relevant document first in every query
+    X = np.column_stack([y + rng.normal(0, 0.7, n_q * per), rng.normal(size=n_q * per)])
+    qid = np.repeat(np.arange(n_q), per)
+    model = AdaRank(n_rounds=10).fit(X, y, qid)
+    assert len(model.features_) >= 1 and np.ptp(model.score(X)) > 0
