@@ -240,6 +240,7 @@ def describe_rankers(rankers_dir: Path) -> dict[str, Any] | None:
             "rollback_to": promoted[-2] if len(promoted) > 1 else None,
             "rollbacks": sum(1 for e in history
                              if e.get("rollout") == "rolled_back" or "rolled_back" in e),
+            "abandoned": list(state.get("abandoned") or []),
             # candidate mode (its retrains measure queries) rolls out slots, not events
             "unit": "slots" if state.get("best_measured") or any("queries" in e for e in history)
             else "events",
@@ -294,6 +295,11 @@ def _print_rankers(rankers: dict[str, Any]) -> None:
     print(f"promoted        {rankers['promoted'] or '- (the online learner decides)'}")
     history = rankers["history"]
     print(f"rollbacks       {rankers['rollbacks']}")
+    abandoned = rankers.get("abandoned") or []
+    if abandoned:
+        versions = ", ".join(f"v{entry.get('version')}" for entry in abandoned)
+        print(f"abandoned       retrain {versions} (the daemon stopped while it ran; its "
+              "artifacts were removed)")
     print(f"history         {len(history)} event(s), newest last")
     for entry in history[-20:]:
         print(f"  {_history_line(entry, rankers.get('unit', 'events'))}")
@@ -321,8 +327,6 @@ def _history_line(entry: dict[str, Any], unit: str = "events") -> str:
         return (f"check {who}: earned {entry.get('realised', float('nan')):.4f} on "
                 f"{entry.get('events', 0):,} {unit}, {entry.get('reason')} its off-policy "
                 f"interval [{iv.get('low', float('nan')):.4f}, {iv.get('high', float('nan')):.4f}]")
-    if entry.get("abandoned"):
-        return f"retrain v{entry.get('version')}: abandoned ({entry.get('reason')})"
     if "rolled_back" in entry:
         return f"rolled back {entry['rolled_back']} -> {entry.get('promoted_now') or 'learner'}"
     verdict = f"PROMOTED {entry.get('ranker')}" if entry.get("promoted") else "none promoted"

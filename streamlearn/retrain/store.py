@@ -14,6 +14,8 @@ rename) holds
 * ``history`` — the last :data:`HISTORY_KEPT` retrains, promotions, rollout steps and
   rollbacks, each with its figures (``streamlearn inspect`` shows them; a retrain's
   entry is :func:`retrain_entry`, in candidate mode :func:`candidate_entry`);
+* ``abandoned`` — retrains that never finished (the daemon stopped while one ran): their
+  versions, when and why; their artifacts were removed;
 * ``next_version``.
 """
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from streamlearn.retrain.artifact import RankerArtifact
 from streamlearn.retrain.promotion import candidate_promotion, promotion_decision, still_judged
-from streamlearn.retrain.store import RankerStore, candidate_entry, retrain_entry
+from streamlearn.retrain.store import HISTORY_KEPT, RankerStore, candidate_entry, retrain_entry
 from streamlearn.service.metrics import Observer
 from streamlearn.service.rollout import Arm, Rollout, RolloutEvent
 from streamlearn.service.settings import DaemonSettings
@@ -303,11 +303,15 @@ class RankerState:
 
     def abandon(self, version: int, why: str) -> None:
         """Retrain ``version`` will not finish (the daemon stops while it runs): its
-        artifacts, never judged, are removed and the history says why its number is skipped."""
+        artifacts, never judged, are removed, and ``abandoned`` in the state says why its
+        number is skipped."""
         for path in self.store.directory.glob(f"*-v{version:08d}"):
             shutil.rmtree(path, ignore_errors=True)
-        self.store.record({"version": version, "at": self.wall_clock(), "abandoned": True,
-                           "reason": why})
+        # beside the history, not in it: a history entry is a retrain that was applied
+        kept = list(self.state.get("abandoned") or [])
+        self.state["abandoned"] = [*kept, {"version": version, "at": self.wall_clock(),
+                                           "reason": why}][-HISTORY_KEPT:]
+        self.store.save()
         log.info("retrain %d abandoned (%s)", version, why)
 
     def _trial_allowed(self, result: dict[str, Any]) -> bool:
