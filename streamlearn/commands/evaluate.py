@@ -20,6 +20,9 @@ window, watermark and held-out slice, from ``rankers/state.json`` beside the log
 judges its challengers again: its estimates, bounds and promotion verdicts are the
 ones the loop acted on.
 
+A candidate-mode log (one with a request log) is evaluated per slot, as the loop judges
+rankers there: :mod:`streamlearn.commands.evaluate_candidates`.
+
 Rows: by default every row of the chosen segments; with ``--holdout-only`` the
 retrainer's held-out slice (the newest ``--holdout-fraction`` of the rows, in time).
 DR's reward model is never fitted on the rows it evaluates: it is fitted on the
@@ -79,7 +82,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("log_dir", metavar="LOG_DIR", help="the experience log directory")
     parser.add_argument("--policy", action="append", default=None, metavar="POLICY",
                         help=f"{POLICY_FORMS} (repeatable; default: logged, learner and "
-                             "uniform; with --retrain the policies the retrain evaluated)")
+                             "uniform; with --retrain the policies the retrain evaluated; on a "
+                             "candidate-mode log logged, uniform and ranker:NAME|PATH only)")
     parser.add_argument("--estimator", default=None,
                         help="comma-separated estimators among bound, ips, snips, dr (default: "
                              "all; on a candidate-mode log bound and ips, per slot)")
