@@ -81,7 +81,14 @@ class AdaRank(Ranker):
         # the rows' given order (a logged slate's) to the empty model, and the guard below
         # would then refuse every first round that does not beat that order
         current = -np.inf
-        eligible = np.ones(X.shape[1], dtype=bool)
+        # a feature that never varies inside a query ranks nothing: its measure would be the
+        # rows' given order (ties break by row order), a logged slate's on the daemon's logs
+        starts = groups.starts
+        varies = np.zeros(X.shape[1], dtype=bool)
+        if len(starts):
+            spread = np.maximum.reduceat(X, starts, axis=0) - np.minimum.reduceat(X, starts, axis=0)
+            varies = np.asarray((spread > 0).any(axis=0), dtype=bool)
+        eligible = varies.copy()
         while len(features) < self.n_rounds:
             gain = np.where(eligible, P @ E0, -np.inf)
             j = int(np.argmax(gain))
@@ -101,7 +108,7 @@ class AdaRank(Ranker):
             features.append(j)
             alphas.append(alpha)
             train.append(value)
-            eligible[:] = True
+            eligible[:] = varies
             eligible[j] = False  # never the same feature twice in a row
         self.features_ = np.asarray(features, dtype=np.int64)
         self.alphas_ = np.asarray(alphas, dtype=np.float64)

@@ -244,7 +244,9 @@ def test_adarank_learns_from_rows_already_in_their_best_order() -> None:
     rng = np.random.default_rng(0)
     n_q, per = 200, 3
     y = np.tile([1.0, 0.0, 0.0], n_q)  # the relevant document first in every query
-    X = np.column_stack([y + rng.normal(0, 0.7, n_q * per), rng.normal(size=n_q * per)])
+    X = np.column_stack([y + rng.normal(0, 0.7, n_q * per), rng.normal(size=n_q * per),
+                         np.ones(n_q * per)])  # the joint features' constant term
     qid = np.repeat(np.arange(n_q), per)
     model = AdaRank(n_rounds=10).fit(X, y, qid)
     assert len(model.features_) >= 1 and np.ptp(model.score(X)) > 0
+    assert 2 not in model.features_.tolist()  # a feature constant in every query ranks nothing
