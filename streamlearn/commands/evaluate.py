@@ -43,6 +43,7 @@ from streamlearn.commands.evaluate_candidates import (
     CANDIDATE_ESTIMATORS,
     MIN_ESS,
     evaluate_candidates,
+    format_value,
     is_candidate_log,
     print_candidate_table,
 )
@@ -306,10 +307,6 @@ def _all_rows_estimates(rows: ExperienceRows, n_train: int, policies: dict[str, 
     return estimates_on(rows, policies, estimators, level, clip, model)
 
 
-def _fmt(value: float | None) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{value:.4f}"
-
-
 def _note(name: str, e: dict[str, Any]) -> str:
     """What a reader should know about one estimate."""
     ess, n = e.get("ess"), e.get("n") or 0
@@ -337,8 +334,9 @@ def _print_table(report: dict[str, Any]) -> None:
     for policy, ests in report["estimates"].items():
         for name, e in ests.items():
             ess = e.get("ess")
-            print(f"{policy:<{width}}  {name:<9}  {_fmt(e['value']):>8}  {_fmt(e['low']):>8}  "
-                  f"{_fmt(e['high']):>8}  {'—' if ess is None else f'{ess:,.0f}':>8}  "
+            print(f"{policy:<{width}}  {name:<9}  {format_value(e['value']):>8}  "
+                  f"{format_value(e['low']):>8}  {format_value(e['high']):>8}  "
+                  f"{'—' if ess is None else f'{ess:,.0f}':>8}  "
                   f"{_note(name, e)}".rstrip())
     for c in report.get("challengers") or []:
         verdict = "passed" if c["passed"] else "did not pass"

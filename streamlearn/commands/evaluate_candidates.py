@@ -37,7 +37,7 @@ from streamlearn.retrain.artifact import resolve_artifact
 from streamlearn.retrain.candidates import LoggedRequests, heldout_requests
 
 __all__ = ["CANDIDATE_ESTIMATORS", "CANDIDATE_POLICY_FORMS", "MIN_ESS", "evaluate_candidates",
-           "is_candidate_log", "print_candidate_table"]
+           "format_value", "is_candidate_log", "print_candidate_table"]
 
 CANDIDATE_POLICY_FORMS = "logged, uniform, ranker:NAME or ranker:PATH"
 CANDIDATE_ESTIMATORS = ("bound", "ips")  # the per-slot confidence sequence and its IPS mean
@@ -171,7 +171,8 @@ def evaluate_candidates(log_dir: Path, names: list[str] | None, estimators: list
     return report
 
 
-def _fmt(value: float | None) -> str:
+def format_value(value: float | None) -> str:
+    """An estimate as the tables print it: 4 decimals, '—' when there is none."""
     return "—" if value is None or not math.isfinite(value) else f"{value:.4f}"
 
 
@@ -192,10 +193,10 @@ def print_candidate_table(report: dict[str, Any]) -> None:
           + (f"  {'low':>8}  {'high':>8}" if show_bound else "") + f"  {'rows':>8}  {'ESS':>8}  note")
     for policy, e in report["estimates"].items():
         for s, iv in enumerate(e["slots"], start=1):
-            bound = f"  {_fmt(iv['low']):>8}  {_fmt(iv['high']):>8}" if show_bound else ""
+            bound = f"  {format_value(iv['low']):>8}  {format_value(iv['high']):>8}" if show_bound else ""
             note = f"value not to be trusted: {iv['ess']:.1f} effective rows (read the bound)" \
                 if iv["ess"] < MIN_ESS else ""
-            print(f"{policy:<{width}}  {s:>4}  {_fmt(iv['mean']):>8}{bound}  {iv['n']:>8,}  "
+            print(f"{policy:<{width}}  {s:>4}  {format_value(iv['mean']):>8}{bound}  {iv['n']:>8,}  "
                   f"{iv['ess']:>8,.0f}  {note}".rstrip())
     for policy, e in report["estimates"].items():
         v = e.get("verdict")
