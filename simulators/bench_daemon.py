@@ -17,9 +17,13 @@ Three measurements, each on fresh topics (2 partitions):
    decision's broker timestamp. The ratio to (1) is the daemon's efficiency.
 3. **Latency at a fixed offered load**: instances are produced at ``--rate``
    events/s while a caller answers every decision with feedback (the full
-   loop: decide, publish, join, learn, checkpoint); latency = decision's
-   timestamp − instance's timestamp (both set by the producing clients on this
-   machine), reported as p50 / p99 / max after a warm-up.
+   loop: decide, publish, join, learn, checkpoint), reported as p50 / p99 / max
+   after a warm-up, three ways: from the broker's append of the instance (the
+   instances topic stamps ``LogAppendTime``) to the decision's send by the daemon
+   (its ``CreateTime``): the daemon's own part; from the caller's ``send()`` (adds
+   the caller's producer linger, 5 ms as the Java client's default, and its trip to
+   the broker); and until the caller read the decision (adds the daemon's linger
+   and the caller's fetch).
 
 The stream is SynNonSep instances (d = 400, K = 9) for the Banditron, or with
 ``--candidates N`` candidate-set requests of N candidates for the daemon's default
@@ -100,8 +104,14 @@ def make_topics(bootstrap: str, partitions: int = 2) -> dict[str, str]:
     run = uuid.uuid4().hex[:8]
     names = {"instances": f"bench-in-{run}", "feedback": f"bench-fb-{run}",
              "decisions": f"bench-dec-{run}", "dead_letter": f"bench-dlq-{run}"}
+    # The broker stamps each instance when it appends it, so the latency can be split into
+    # the caller's part (its producer's linger and the trip to the broker) and the daemon's
+    # (from the append to the decision's send). The decisions keep the daemon's CreateTime.
+    append_time = {"message.timestamp.type": "LogAppendTime"}
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(n, partitions, 1) for n in names.values()], timeout_ms=30_000)
+    admin.create_topics([NewTopic(n, partitions, 1,
+                                  topic_configs=append_time if key == "instances" else {})
+                         for key, n in names.items()], timeout_ms=30_000)
     admin.close()
     time.sleep(1.0)
     return names
@@ -267,7 +277,8 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     proc = serve(bootstrap, topics, ckpt, load.serve_args, extra)
     time.sleep(5.0)  # let the daemon start before the clock runs
     cpu_from, machine_from = cpu_seconds(proc.pid), machine_busy()
-    sent_ms: dict[str, int] = {}
+    sent_ms: dict[str, int] = {}  # the broker's append time of each instance
+    called_ms: dict[str, float] = {}  # when the caller called send()
     decided_ms: dict[str, int] = {}
     received_ms: dict[str, float] = {}  # when the caller had the decision
     done = threading.Event()
@@ -311,6 +322,7 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
             pause = due - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
+            called_ms[key.decode()] = time.time() * 1000.0
             prod.send(topics["instances"], key=key, value=value).add_callback(sent(key.decode()))
         n = len(load.keys)
         offered = n / (time.perf_counter() - start)
@@ -334,12 +346,15 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     proc.wait(60)
     ids = [key.decode() for key in load.keys[warmup:]]
     lat = np.array([decided_ms[i] - sent_ms[i] for i in ids if i in decided_ms]) / 1000.0
-    seen = np.array([received_ms[i] - sent_ms[i] for i in ids if i in received_ms]) / 1000.0
+    seen = np.array([received_ms[i] - called_ms[i] for i in ids if i in received_ms]) / 1000.0
+    from_call = np.array([decided_ms[i] - called_ms[i] for i in ids if i in decided_ms]) / 1000.0
     history = ckpt / "rankers" / "state.json"
     retrains = len(orjson.loads(history.read_bytes()).get("history", [])) if history.exists() else 0
     quarters = np.array_split(lat, 4)  # in send order: does the tail grow with uptime?
     return {"offered": offered, "decided": len(decided_ms), "p50": float(np.percentile(lat, 50)),
             "p99": float(np.percentile(lat, 99)), "max": float(lat.max()), "n": len(lat),
+            "call_p50": float(np.percentile(from_call, 50)),
+            "call_p99": float(np.percentile(from_call, 99)),
             "seen_p50": float(np.percentile(seen, 50)), "seen_p99": float(np.percentile(seen, 99)),
             "retrains": retrains, "cpu": cpu, "machine_busy": busy[0] / busy[1],
             "quarter_p99": [float(np.percentile(q, 99)) for q in quarters],
@@ -419,11 +434,14 @@ def compare(bootstrap: str, load: Workload, args: argparse.Namespace, work: Path
     for _ in range(args.repeats):
         for label, extra in configs.items():
             res = latency(bootstrap, load.head(n), args.rate, work, n // 10, extra)
-            for key in ("p50", "p99", "max", "seen_p50", "seen_p99", "cpu", "machine_busy"):
+            for key in ("p50", "p99", "max", "call_p50", "call_p99", "seen_p50", "seen_p99",
+                        "cpu", "machine_busy"):
                 lat[label].setdefault(key, []).append(res[key])
             print(f"latency     [{label}] offered {res['offered']:,.0f} {unit}, "
-                  f"{res['decided']:,} decided; instance→decision p50 {res['p50'] * 1e3:.1f} ms, "
-                  f"p99 {res['p99'] * 1e3:.1f} ms, max {res['max'] * 1e3:.1f} ms; as the caller "
+                  f"{res['decided']:,} decided; instance appended → decision sent p50 "
+                  f"{res['p50'] * 1e3:.1f} ms, p99 {res['p99'] * 1e3:.1f} ms, max "
+                  f"{res['max'] * 1e3:.1f} ms; from the caller's send() p50 "
+                  f"{res['call_p50'] * 1e3:.1f} ms, p99 {res['call_p99'] * 1e3:.1f} ms; as the caller "
                   f"read it p50 {res['seen_p50'] * 1e3:.1f} ms, p99 {res['seen_p99'] * 1e3:.1f} ms; "
                   f"daemon {res['cpu'] * 1e6:.0f} µs CPU per event, machine "
                   f"{res['machine_busy']:.0%} busy (after {n // 10:,} warm-up events, "
@@ -450,8 +468,10 @@ def compare(bootstrap: str, load: Workload, args: argparse.Namespace, work: Path
               f"relay {', '.join(f'{x:.2f}' for x in to_relay)} (median "
               f"{np.median(to_relay):.2f}); daemon / [{first}] daemon "
               f"{', '.join(f'{x:.2f}' for x in to_first)} (median {np.median(to_first):.2f}); "
-              f"p50 {ms['p50']} ms (median {med['p50']:.1f}), p99 {ms['p99']} ms (median "
-              f"{med['p99']:.1f}); as read by the caller p50 median {med['seen_p50']:.1f}, p99 "
+              f"appended → sent p50 {ms['p50']} ms (median {med['p50']:.1f}), p99 {ms['p99']} "
+              f"ms (median {med['p99']:.1f}); from the caller's send() p50 {ms['call_p50']} ms "
+              f"(median {med['call_p50']:.1f}), p99 {ms['call_p99']} ms (median "
+              f"{med['call_p99']:.1f}); as read by the caller p50 median {med['seen_p50']:.1f}, p99 "
               f"median {med['seen_p99']:.1f} ms" + cpu)
     print(f"  bare kafka-python relay {np.median(rates['relay']):,.0f} {unit}"
           + (f", bare confluent relay {np.median(rates['confluent relay']):,.0f} {unit}"
