@@ -350,8 +350,7 @@ class PendingJoins:
             return
         self.clocks.observe_pair(partitions, decided_at, feedback_ts)
         B = len(ids)
-        versions = (np.full(B, model_version, dtype=np.int64) if isinstance(model_version, int)
-                    else np.broadcast_to(np.asarray(model_version, dtype=np.int64), (B,)))
+        versions = _column(model_version, np.int64, B)
         self._joined_on_arrival.append(Closed(
             ids=list(ids), X=X, actions=np.asarray(actions), probs=np.asarray(probs),
             rewards=np.asarray(rewards, dtype=np.float64), labels=np.asarray(labels),
@@ -366,8 +365,7 @@ class PendingJoins:
         out = {}
         for name, dtype in self.column_types.items():
             given = None if columns is None else columns.get(name)
-            out[name] = (np.zeros(n, dtype=dtype) if given is None
-                         else np.broadcast_to(np.asarray(given, dtype=dtype), (n,)).copy())
+            out[name] = np.zeros(n, dtype=dtype) if given is None else _column(given, dtype, n)
         return out
 
     def _shed(self, n: int, now: float) -> None:
@@ -718,3 +716,12 @@ def _per_partition(now: float | Mapping[int, float], partitions: np.ndarray) -> 
     uniq, inverse = np.unique(partitions, return_inverse=True)
     return np.array([now.get(int(p), -np.inf) for p in uniq], dtype=np.float64)[inverse]
 
+
+
+def _column(given: Any, dtype: Any, n: int) -> np.ndarray:
+    """A fresh ``n``-row column of ``dtype`` from one value or ``n`` values (a micro-batch of
+    one to eight pays ~5 µs per ``np.broadcast_to``: it is only the fallback here)."""
+    values = np.asarray(given, dtype=dtype)
+    if values.shape == (n,):
+        return values.copy()
+    return np.broadcast_to(values, (n,)).copy()

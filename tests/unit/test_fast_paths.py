@@ -171,14 +171,19 @@ def test_rows_put_dense_come_back_with_exactly_their_values(seed: int, n: int, d
 
 
 def test_the_dense_matrix_keeps_its_rows_when_it_grows() -> None:
+    """Allocated once at its limit (address space; pages are backed as rows are written),
+    never copied as the store grows, and every dense row below the limit stays dense."""
     rng = np.random.default_rng(5)
     store = RowStore(3)
     store.grow(1024)
-    X = rng.normal(size=(1024, 3))
-    store.put(np.arange(1024), X)
+    X = rng.normal(size=(4096, 3))
+    store.put(np.arange(1024), X[:1024])
+    matrix = store.dense
+    assert matrix is not None and len(matrix) == store.dense_limit
     store.grow(4096)
-    assert store.dense is not None and len(store.dense) == 4096
-    assert np.array_equal(store.take(np.arange(1024)), X)
+    store.put(np.arange(1024, 4096), X[1024:])
+    assert store.dense is matrix and not store.is_sparse[:4096].any()
+    assert np.array_equal(store.take(np.arange(4096)), X)
 
 
 def test_a_learner_with_its_own_distribution_still_gets_checked_rows() -> None:
@@ -245,3 +250,23 @@ def test_an_all_sparse_batch_decodes_as_the_mixed_path_does(
     np.testing.assert_array_equal(fast.indptr, mixed.indptr[1:] - skip)
     np.testing.assert_array_equal(fast.indices, mixed.indices[skip:])
     np.testing.assert_array_equal(fast.values, mixed.values[skip:])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 12), st.integers(1, 9), st.floats(0.0, 1.0), st.integers(0, 2**32 - 1))
+def test_as_sparse_is_the_rows_nonzeros_in_order(n: int, d: int, density: float, seed: int) -> None:
+    """CSR from one flat scan equals its definition: per row, the non-zero columns in
+    increasing order with their values (NaN and -0.0 as numpy's ``!= 0`` says)."""
+    rng = np.random.default_rng(seed)
+    X = np.where(rng.random((n, d)) < density, rng.normal(size=(n, d)), 0.0)
+    if n and d:
+        X[rng.integers(n), rng.integers(d)] = rng.choice([np.nan, -0.0, np.inf])
+    csr = rows_module.as_sparse(X)
+    assert csr.indptr.tolist() == [0, *np.cumsum([np.count_nonzero(r) for r in X]).tolist()]
+    assert csr.indices.dtype == np.int64
+    for i, row in enumerate(X):
+        cols = [j for j in range(d) if row[j] != 0]
+        got = slice(csr.indptr[i], csr.indptr[i + 1])
+        assert csr.indices[got].tolist() == cols
+        assert np.array_equal(csr.values[got], row[cols], equal_nan=True)
+    assert np.array_equal(csr.to_dense(), X, equal_nan=True)
