@@ -38,6 +38,7 @@ from streamlearn.events.raw import (
     RawMessage,
     Reject,
     Rejection,
+    check_depth,
     event_id_of,
     parse_object,
     timestamp_of,
@@ -137,9 +138,37 @@ def _candidate_list(obj: dict[str, Any], event_id: str, max_candidates: int) -> 
     return candidates
 
 
+_PLAIN_REQUEST_KEYS = frozenset({"id", "ts", "x", "candidates", "slots", "baseline"})
+_PLAIN_CANDIDATE_KEYS = frozenset({"id", "x"})
+_PLAIN_DEPTH = 4  # request {"candidates": [{"x": [numbers]}]}
+
+
+def _is_plain(obj: dict[str, Any], limits: DecodeLimits) -> bool:
+    """Whether the parsed request nests at most ``_PLAIN_DEPTH`` deep once its feature lists
+    convert to numbers: only the known keys, scalars where scalars belong, lists of dense
+    features and candidate objects of ``{"id", "x"}``. Counting the brackets of a 60 KB
+    request (``check_depth``) cost ~50-120 µs, a tenth of its whole decode; these checks
+    cost a few. A request whose features do not convert is counted before it is explained."""
+    candidates = obj.get("candidates")
+    if limits.max_depth < _PLAIN_DEPTH or not obj.keys() <= _PLAIN_REQUEST_KEYS or \
+            type(candidates) is not list or set(map(type, candidates)) != {dict}:
+        return False
+    scalars = (obj.get("id"), obj.get("ts"), obj.get("slots"), obj.get("baseline"))
+    return set(map(type, scalars)) <= _SCALAR_TYPES and \
+        type(obj.get("x", [])) is list and \
+        set(chain.from_iterable(candidates)) <= _PLAIN_CANDIDATE_KEYS and \
+        set(type(c.get("id")) for c in candidates) <= _SCALAR_TYPES and \
+        set(type(c.get("x")) for c in candidates) == {list}
+
+
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
 def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
              max_candidates: int, max_slots: int) -> _Request:
-    obj = parse_object(msg, limits)
+    obj = parse_object(msg, limits, count_depth=False)
+    if not _is_plain(obj, limits):
+        check_depth(msg.value or b"", limits)
     event_id = event_id_of(obj, limits)
     ts = timestamp_of(obj, msg, event_id)
     shared = None
@@ -244,6 +273,11 @@ def _decode_chunk(
         context = np.zeros((len(kept), 0))
     for i in np.flatnonzero(~ok).tolist():
         r = kept[i]
+        try:  # a plain request was not counted: a non-number entry may nest deep (repr below)
+            check_depth(r.msg.value or b"", limits)
+        except Reject as err:
+            rejections.append(Reject(err.reason, err.detail, r.event_id).of(r.msg))
+            continue
         bad = [k for k in range(sizes[i]) if not ok_items[starts[i] + k]]
         if bad:
             reason, detail = explain(*r.forms()[bad[0]], d_c, limits)

@@ -135,22 +135,31 @@ def check_depth(value: bytes, limits: DecodeLimits) -> None:
         raise Reject("nesting_too_deep", f"expected nesting depth <= {limits.max_depth}")
 
 
-def parse_object(msg: RawMessage, limits: DecodeLimits) -> dict[str, Any]:
-    """The message's JSON object (a JSON ``null`` or any other non-object is ``not_object``)."""
+def parse_object(msg: RawMessage, limits: DecodeLimits, count_depth: bool = True) -> dict[str, Any]:
+    """The message's JSON object (a JSON ``null`` or any other non-object is ``not_object``).
+
+    ``count_depth=False``: the caller counts the nesting (``check_depth``) itself unless it
+    finds the object plain, before anything can ``repr`` a part of it; this function then
+    counts only before it refuses the message, so that ``nesting_too_deep`` keeps its
+    precedence over the other reasons.
+    """
     value = msg.value
     if value is None:
         raise Reject("invalid_json", "expected a JSON object, got an empty (null) message value")
     if len(value) > limits.max_message_bytes:
         raise Reject("too_large", f"expected at most {limits.max_message_bytes} bytes, "
                                   f"got {len(value)}")
-    check_depth(value, limits)
+    if count_depth:
+        check_depth(value, limits)
     try:
         obj = orjson.loads(value)
     except orjson.JSONDecodeError as exc:  # orjson names UTF-8 problems (also surrogates)
+        check_depth(value, limits)
         if "UTF-8" not in str(exc):
             raise Reject("invalid_json", str(exc)[:200]) from None
         raise Reject("invalid_utf8", _utf8_problem(value) or str(exc)[:200]) from None
     if not isinstance(obj, dict):
+        check_depth(value, limits)
         got = "null" if obj is None else type(obj).__name__
         raise Reject("not_object", f"expected a JSON object, got {got}")
     return obj

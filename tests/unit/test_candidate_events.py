@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamlearn.events.candidates import decode_candidate_requests
+from streamlearn.events.raw import DecodeLimits
 from streamlearn.transport.protocol import Message
 
 D_X, D_C = 2, 3
@@ -225,3 +226,77 @@ def test_a_candidate_baseline_must_be_one_of_the_requests_candidate_ids(baseline
     assert bad[0].event_id == "r9" and bad[0].value == orjson.dumps(value)
     ok, _ = decode_candidate_requests([message({**good(9), "baseline": "item-2"})], D_X, D_C)
     assert np.asarray(ok.baselines).tolist() == [2]
+
+
+def plain(i: int, n: int = 3) -> dict[str, Any]:
+    """A request of the shape recommenders send: every candidate dense."""
+    return {"id": f"r{i}", "x": [1.0, float(i)], "slots": 1,
+            "candidates": [{"id": f"item-{k}", "x": [0.5, float(k), 2.0]} for k in range(n)]}
+
+
+def _deep(levels: int) -> bytes:
+    return b"[" * levels + b"]" * levels
+
+
+@pytest.mark.parametrize("where", ["candidate entry", "shared entry", "candidate extra key",
+                                   "request extra key", "slots", "hidden by a string"])
+def test_deep_nesting_anywhere_in_a_request_is_refused_and_the_others_decode(where: str) -> None:
+    """A plain request is not counted bracket by bracket (the count cost a tenth of its
+    decode): whatever makes it not plain, or an entry that does not convert, is counted
+    before anything can repr it. 1,010 levels pass orjson (it accepts 1,024) and would
+    overflow Python's recursion limit in a rejection's repr."""
+    deep = _deep(1010)
+    head, tail = b'{"id":"r1","slots":1,', b"}"
+    cand = b'{"id":"a","x":[0.5,1.0,2.0]}'
+    if where == "candidate entry":
+        body = b'"x":[1.0,2.0],"candidates":[' + cand + b',{"id":"b","x":[0.5,' + deep + b',2.0]}]'
+    elif where == "shared entry":
+        body = b'"x":[1.0,' + deep + b'],"candidates":[' + cand + b"]"
+    elif where == "candidate extra key":
+        body = b'"x":[1.0,2.0],"candidates":[{"id":"a","x":[0.5,1.0,2.0],"m":' + deep + b"}]"
+    elif where == "request extra key":
+        body = b'"x":[1.0,2.0],"m":' + deep + b',"candidates":[' + cand + b"]"
+    elif where == "slots":
+        head = b'{"id":"r1","slots":' + deep + b","
+        body = b'"x":[1.0,2.0],"candidates":[' + cand + b"]"
+    else:  # closing brackets in the id cannot cancel the count
+        head = b'{"id":"' + b"]" * 200 + b'","slots":1,'
+        body = b'"x":[1.0,2.0],"candidates":[' + cand + b',{"id":"b","x":[0.5,' + deep + b',2.0]}]'
+    batch, bad = decode_candidate_requests(
+        [message(plain(0)), message(head + body + tail, 1), message(plain(2), 2)], D_X, D_C)
+    assert [r.reason for r in bad] == ["nesting_too_deep"]
+    assert batch.ids == ["r0", "r2"]
+    assert batch.sets.items.tolist() == [[0.5, float(k), 2.0] for k in range(3)] * 2
+
+
+def test_a_million_levels_are_refused() -> None:
+    _, bad = decode_candidate_requests([message(_deep(1_000_000))], D_X, D_C,
+                                       DecodeLimits(max_message_bytes=1 << 22))
+    assert [r.reason for r in bad] == ["nesting_too_deep"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 40), st.integers(0, 40), st.sampled_from(["candidate", "shared", "key"]))
+def test_the_depth_limit_holds_on_plain_and_counted_requests_alike(
+        limit: int, levels: int, where: str) -> None:
+    """Refused exactly when the request nests deeper than the limit, whichever path
+    (uncounted plain request or bracket count) decodes it."""
+    nested: Any = 1.0
+    for _ in range(levels):
+        nested = [nested]
+    request = plain(0)
+    if where == "candidate":
+        request["candidates"][1]["x"][1] = nested
+    elif where == "shared":
+        request["x"][1] = nested
+    else:
+        request["meta"] = nested
+    depth = max(4, {"candidate": 4, "shared": 2, "key": 1}[where] + levels)
+    _, bad = decode_candidate_requests([message(request)], D_X, D_C, DecodeLimits(max_depth=limit))
+    reasons = [r.reason for r in bad]
+    if depth > limit:
+        assert reasons == ["nesting_too_deep"], (depth, limit)
+    elif levels == 0 or where == "key":  # an unknown key is not read
+        assert reasons == []
+    else:
+        assert reasons == ["bad_features"]
