@@ -178,6 +178,7 @@ class Engine:
         self.learner = learner
         self.joins = joins if joins is not None else PendingJoins(
             learner.n_actions, learner.n_features, settings, columns=DECISION_COLUMNS)
+        self._nothing_learned: Learned | None = None  # what learn() returns when nothing closed
 
     def decide(self, ids: Sequence[Any], X: Batch, mask: np.ndarray | None, *, labels: np.ndarray,
                ts: np.ndarray, partitions: np.ndarray, wall: float, keys: object = None,
@@ -327,6 +328,10 @@ class Engine:
     def learn(self) -> Learned:
         """Apply every decision closed since the last call, in updates of at most
         :data:`LEARN_CHUNK` rows."""
+        if not self.joins.anything_closed:  # the common case of a small batch: one cheap check
+            if self._nothing_learned is None:
+                self._nothing_learned = Learned(self.joins.drain(), np.zeros(0, np.int64), 0)
+            return self._nothing_learned
         closed = self.joins.drain()
         rows = np.arange(len(closed)) if closed.learn.all() else np.flatnonzero(closed.learn)
         skipped = 0

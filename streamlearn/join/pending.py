@@ -512,6 +512,11 @@ class PendingJoins:
         self.recent.add(ids, outcome.tolist(), now)
         self._closing.append((slots, outcome))
 
+    @property
+    def anything_closed(self) -> bool:
+        """Whether a :meth:`drain` now would return any decision."""
+        return bool(self._closing or self._joined_on_arrival)
+
     def drain(self) -> Closed:
         """Collect every decision closed since the last drain and free their slots."""
         parts = self._joined_on_arrival
