@@ -33,6 +33,7 @@ Usage::
 
     python -m simulators.bench_daemon [--bootstrap HOST:PORT] [--events 30000] [--rate 2000]
     python -m simulators.bench_daemon --candidates 100 --events 5000 --rate 200
+    python -m simulators.bench_daemon --compare-with /tmp/old   # a checkout of another commit
 
 Without ``--bootstrap`` a broker is started with deploy/kafka/kafka.sh in a
 temporary directory and stopped at the end.
@@ -138,15 +139,22 @@ def consumer_for(bootstrap: str, topic: str) -> Any:
     return c
 
 
+#: An entry of a configuration's serve options that is not one: the checkout to run that
+#: daemon from (``--compare-with DIR``); every other daemon runs from this one.
+TREE_MARK = "tree="
+
+
 def serve(bootstrap: str, topics: dict[str, str], ckpt: Path, mode: tuple[str, ...],
           extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    tree = next((Path(e[len(TREE_MARK):]) for e in extra if e.startswith(TREE_MARK)), REPO)
+    extra = tuple(e for e in extra if not e.startswith(TREE_MARK))
     args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
             "--topics-instances", topics["instances"], "--topics-feedback", topics["feedback"],
             "--topics-decisions", topics["decisions"],
             "--topics-dead-letter", topics["dead_letter"], "--checkpoint-dir", str(ckpt),
             "--metrics-port", "-1", "--progress-seconds", "0", *mode, *extra]
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": path},
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen(args, cwd=tree, env={**os.environ, "PYTHONPATH": path},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -409,6 +417,9 @@ def configurations(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
     for variant in args.variant:
         label, _, options = variant.partition("=")
         configs[label] = tuple(shlex.split(options))
+    if args.compare_with:  # the first client's daemon, run from the other checkout
+        configs[f"at {args.compare_with}"] = (f"{TREE_MARK}{args.compare_with}",
+                                              *next(iter(configs.values())))
     return configs
 
 
@@ -506,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=OPTIONS",
                         help="one more daemon to compare, with these serve options (e.g. "
                              "'linger0=--kafka-linger-seconds 0'); repeatable")
+    parser.add_argument("--compare-with", metavar="DIR",
+                        help="one more daemon: the first --kafka-client's, run from this "
+                             "checkout (e.g. an older commit), in turn with the others")
     parser.add_argument("--in-memory", action="store_true",
                         help="only time the loop on the in-memory transport (no broker), with "
                              "one BLAS thread and with the library's default")
