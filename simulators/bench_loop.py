@@ -29,17 +29,20 @@ Usage::
 
     python -m simulators.bench_loop [--events 50000] [--repeats 3] [--compare-with /tmp/old]
     python -m simulators.bench_loop --candidates 100 --events 5000   # requests of 100 candidates
+    python -m simulators.bench_loop --events 6000 --arrivals 4   # micro-batches of 4 messages
     python -m simulators.bench_loop --caller-only --events 200000   # serve's simulated caller alone
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,18 +159,36 @@ def bare_relay(messages: list[tuple[str, bytes, bytes, int]]) -> float:
     return len(decisions) / (time.perf_counter() - started)
 
 
-def loop_rate(messages: list[tuple[str, bytes, bytes, int]]) -> float:
-    """Events/s of ``Daemon.step`` over the whole stream (works on old and new commits alike)."""
+def loop_rate(messages: list[tuple[str, bytes, bytes, int]], arrivals: int = 0) -> float:
+    """Events/s of ``Daemon.step`` over the whole stream (works on old and new commits alike).
+
+    ``arrivals`` > 0: the messages reach the transport that many at a time and the loop
+    steps until it has consumed them before the next arrive (only the steps are timed):
+    the micro-batches of ordinary load, where each step's fixed costs count."""
     from streamlearn.learners.banditron import Banditron
     from streamlearn.learners.exploration import FixedGamma
     from streamlearn.service.daemon import Daemon, DaemonSettings
     from streamlearn.service.settings import JoinConfig, LearnerConfig, LimitsConfig
+    from streamlearn.transport.memory import InMemoryTransport
 
     settings = DaemonSettings(learner=LearnerConfig(n_actions=K, n_features=D),
                               join=JoinConfig(window_seconds=1e9),
                               limits=LimitsConfig(poll_timeout_seconds=0.0))
-    return _drained_rate(Daemon(settings, _in_memory(messages),
-                                Banditron(K, D, FixedGamma(0.05), seed=1)), len(messages))
+    learner = Banditron(K, D, FixedGamma(0.05), seed=1)
+    if not arrivals:
+        return _drained_rate(Daemon(settings, _in_memory(messages), learner), len(messages))
+    transport = InMemoryTransport(partitions=1)
+    daemon = Daemon(settings, transport, learner)
+    spent = 0.0
+    for at in range(0, len(messages), arrivals):
+        for topic, key, value, ts in messages[at:at + arrivals]:
+            transport.broker.append(topic, key, value, 0, ts)
+        started = time.perf_counter()
+        while daemon.counters.messages < min(at + arrivals, len(messages)):
+            daemon.step()
+        spent += time.perf_counter() - started
+    assert daemon.counters.feedback["joined"] == len(messages) // 2, daemon.counters.feedback
+    return float(daemon.counters.instances / spent)
 
 
 def caller_rate(n: int) -> float:
@@ -190,11 +211,11 @@ def caller_rate(n: int) -> float:
 THIS_CHECKOUT = str(Path(__file__).resolve().parents[1])
 
 
-def _measured(directory: str, events: int, candidates: int) -> dict[str, float]:
+def _measured(directory: str, events: int, candidates: int, arrivals: int) -> dict[str, float]:
     """{"relay", "loop"} rates of a fresh process on ``directory``'s code (see the module doc)."""
     env = {**os.environ, "PYTHONPATH": directory, "OPENBLAS_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, __file__, "--events", str(events), "--loop-only",
-                           "--candidates", str(candidates)],
+                           "--candidates", str(candidates), "--arrivals", str(arrivals)],
                           capture_output=True, text=True, env=env, check=True, cwd=directory)
     rates = json.loads(done.stdout.strip().splitlines()[-1])
     return {"relay": float(rates["relay"]), "loop": float(rates["loop"])}
@@ -208,6 +229,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="a checkout of another commit to measure the same loop on")
     parser.add_argument("--candidates", type=int, default=0, metavar="N",
                         help="candidate mode: requests of N candidates (0: fixed actions)")
+    parser.add_argument("--arrivals", type=int, default=0, metavar="N",
+                        help="fixed actions: messages reach the loop N at a time (instances "
+                             "and feedback alike) and it steps until it has read them: the "
+                             "micro-batches of ordinary load (0: the whole stream at once)")
     parser.add_argument("--loop-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--caller-only", action="store_true",
                         help="time only the simulated caller of `serve`'s embedded default "
@@ -221,13 +246,23 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.candidates < 0:
         parser.error(f"argument --candidates: expected an integer >= 0, got {args.candidates}")
+    if args.arrivals < 0 or (args.arrivals and args.candidates):
+        parser.error(f"argument --arrivals: expected an integer >= 0 with fixed actions, got "
+                     f"{args.arrivals}" + (" with --candidates" if args.candidates else ""))
+    relay: Callable[[list[tuple[str, bytes, bytes, int]]], float]
+    loop: Callable[[list[tuple[str, bytes, bytes, int]]], float]
     if args.candidates:
         messages = candidate_stream(args.events, args.candidates)
         relay, loop = candidate_bare_relay, candidate_loop_rate
     else:
         messages = stream(args.events)[0]
-        relay, loop = bare_relay, loop_rate
+        relay, loop = bare_relay, functools.partial(loop_rate, arrivals=args.arrivals)
     if args.loop_only:  # one measuring process: warm up, then time each once
+        try:  # as `serve` runs (a checkout from before it had this runs without it, as it did)
+            from streamlearn.service.settings import without_hugepage_advice
+            without_hugepage_advice()
+        except ImportError:
+            pass
         relay(messages)
         loop(messages)
         print(json.dumps({"relay": relay(messages), "loop": loop(messages)}))
@@ -236,12 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_with:
         rows["loop at --compare-with"] = []
     for r in range(args.repeats):
-        here = _measured(THIS_CHECKOUT, args.events, args.candidates)
+        here = _measured(THIS_CHECKOUT, args.events, args.candidates, args.arrivals)
         rows["bare relay"].append(here["relay"])
         rows["loop"].append(here["loop"])
         if args.compare_with:
             rows["loop at --compare-with"].append(
-                _measured(args.compare_with, args.events, args.candidates)["loop"])
+                _measured(args.compare_with, args.events, args.candidates, args.arrivals)["loop"])
         print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(
             f"{k} {v[-1]:,.0f}/s" for k, v in rows.items()), file=sys.stderr, flush=True)
     med: dict[str, Any] = {k: float(np.median(v)) for k, v in rows.items()}

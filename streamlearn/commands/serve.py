@@ -45,7 +45,11 @@ from streamlearn.config import (
 from streamlearn.errors import ConfigError
 from streamlearn.service.http import MetricsServer
 from streamlearn.service.metrics import PrometheusObserver
-from streamlearn.service.settings import DAEMON_GC_THRESHOLDS, DaemonSettings
+from streamlearn.service.settings import (
+    DAEMON_GC_THRESHOLDS,
+    DaemonSettings,
+    without_hugepage_advice,
+)
 from streamlearn.transport.lag import LagTracker
 from streamlearn.transport.protocol import Transport
 
@@ -241,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     configure_logging(args.log_level, args.library_log_level)
     gc.set_threshold(*DAEMON_GC_THRESHOLDS)  # the process is the daemon's: see there
+    without_hugepage_advice()  # likewise
     return serve(config, max_events=args.max_events, progress_s=args.progress_seconds,
                  linger_s=args.linger_seconds)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ from streamlearn.service.rollout import RolloutSettings
 
 __all__ = ["DAEMON_GC_THRESHOLDS", "CandidatesConfig", "CheckpointConfig", "DaemonSettings",
            "ExperienceConfig", "JoinConfig", "LearnerConfig", "LimitsConfig", "MetricsConfig",
-           "RetrainConfig", "RolloutConfig", "blas_threads"]
+           "RetrainConfig", "RolloutConfig", "blas_threads", "without_hugepage_advice"]
 
 #: CPython's cyclic collector thresholds for a ``streamlearn serve`` process (the default is 700, 10, 10).
 #: The loop allocates about ten short-lived containers per event (parsed JSON, rows, decision
@@ -37,6 +39,28 @@ __all__ = ["DAEMON_GC_THRESHOLDS", "CandidatesConfig", "CheckpointConfig", "Daem
 #: every few thousand: 9 % of the daemon's time under a backlog (docs/performance.md). Cycles
 #: are still collected, after 10,000 allocations instead of 700.
 DAEMON_GC_THRESHOLDS = (10_000, 10, 10)
+
+
+def without_hugepage_advice() -> bool:
+    """Stop NumPy advising the kernel to back each new array of 4 MB or more with transparent
+    huge pages (``madvise(MADV_HUGEPAGE)``), unless ``NUMPY_MADVISE_HUGEPAGE`` is set (then it
+    decides); whether the advice was turned off.
+
+    Where the kernel's THP ``defrag`` setting is ``madvise`` (a common default), a first
+    touch of advised memory may compact memory to find a free 2 MB page: on the development
+    machine a fresh 32 MB array took 294 ms to fill with the advice and 22 ms without, and
+    the loop meets such first touches whenever its join store or a buffer reaches new
+    memory (micro-batches of 16 messages: 13 % faster without, docs/performance.md). The
+    daemon's arrays are a few MB, read in small slices: huge pages buy it little.
+    """
+    if "NUMPY_MADVISE_HUGEPAGE" in os.environ:
+        return False
+    try:  # the setter behind NUMPY_MADVISE_HUGEPAGE (read only when numpy is imported)
+        setter = importlib.import_module("numpy._core.multiarray")._set_madvise_hugepage
+    except (ImportError, AttributeError):
+        return False  # another NumPy: its default stays
+    setter(False)
+    return True
 
 
 def parse_stages(text: str) -> tuple[float, ...]:

@@ -17,6 +17,14 @@ def test_the_loop_benchmark_prints_both_rates_and_their_ratio(
     assert "loop / bare relay = " in out
 
 
+def test_the_loop_can_read_its_messages_a_few_at_a_time(capsys: pytest.CaptureFixture[str]) -> None:
+    """--arrivals: the loop steps until it has read each arrival (and joins every feedback)."""
+    assert bench_loop.loop_rate(bench_loop.stream(300)[0], arrivals=3) > 0
+    with pytest.raises(SystemExit):
+        bench_loop.main(["--arrivals", "4", "--candidates", "5"])
+    assert "with --candidates" in capsys.readouterr().err
+
+
 def test_a_negative_candidate_count_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         bench_loop.main(["--candidates", "-1"])

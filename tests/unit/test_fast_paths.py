@@ -10,6 +10,7 @@ from unittest.mock import patch
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -270,3 +271,22 @@ def test_as_sparse_is_the_rows_nonzeros_in_order(n: int, d: int, density: float,
         assert csr.indices[got].tolist() == cols
         assert np.array_equal(csr.values[got], row[cols], equal_nan=True)
     assert np.array_equal(csr.to_dense(), X, equal_nan=True)
+
+
+def test_serving_turns_numpys_hugepage_advice_off_unless_the_environment_says(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    from streamlearn.service.settings import without_hugepage_advice
+
+    setter = importlib.import_module("numpy._core.multiarray")._set_madvise_hugepage
+    before = setter(True)
+    try:
+        monkeypatch.setenv("NUMPY_MADVISE_HUGEPAGE", "1")
+        assert not without_hugepage_advice()
+        assert setter(True) is True  # left as the environment asked
+        monkeypatch.delenv("NUMPY_MADVISE_HUGEPAGE")
+        assert without_hugepage_advice()
+        assert setter(True) is False  # it was off
+    finally:
+        setter(before)
