@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -75,13 +76,46 @@ def _seed_mix(seed: int) -> np.uint64:
     return np.uint64(splitmix64(np.array([seed], dtype=np.uint64))[0])
 
 
+_MASK64 = (1 << 64) - 1
+#: Up to this many keys are mixed with Python integers: the seven numpy operations of
+#: :func:`splitmix64` cost ~10 µs whatever the size, which a micro-batch of one to eight
+#: events paid on every decide (docs/performance.md). The same arithmetic, bit for bit.
+_MIX_IN_PYTHON_UP_TO = 24
+
+
+def _splitmix64_int(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
 def uniforms(seed: int, keys: object) -> np.ndarray:
     """Uniform [0, 1) draws, one per key, determined by (seed, key) alone."""
-    bits = splitmix64(hash_keys(keys) ^ _seed_mix(seed))
+    hashed = hash_keys(keys)
+    if len(hashed) <= _MIX_IN_PYTHON_UP_TO:
+        mix = int(_seed_mix(seed))
+        return np.array([(_splitmix64_int(h ^ mix) >> 11) * _UNIT for h in hashed.tolist()],
+                        dtype=np.float64)
+    bits = splitmix64(hashed ^ _seed_mix(seed))
     bits >>= _S11
     u = bits.astype(np.float64)
     u *= _UNIT
     return u
+
+
+#: Up to this many probabilities (rows × actions) are sampled in Python: the same sums in
+#: the same order as ``cumsum``, so the same action, without numpy's per-call costs.
+_SAMPLE_IN_PYTHON_UP_TO = 64
+
+
+def _sample_row(row: list[float], u: float) -> int:
+    cdf, running = [], 0.0
+    for p in row:
+        running += p
+        cdf.append(running)
+    threshold = min(u * running, math.nextafter(running, 0.0))
+    return next((a for a, c in enumerate(cdf) if c > threshold), 0)
 
 
 def sample(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -91,7 +125,11 @@ def sample(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
     action never raises the CDF, so it can never be that first index. The
     threshold is kept strictly below the total so rounding cannot run past the end.
     """
-    cdf = np.asarray(probs).cumsum(axis=1)
+    probs = np.asarray(probs)
+    if probs.size <= _SAMPLE_IN_PYTHON_UP_TO and probs.ndim == 2 and probs.shape[1]:
+        return np.array([_sample_row(row, x) for row, x in zip(probs.tolist(), u.tolist(),
+                                                               strict=True)], dtype=np.int64)
+    cdf = probs.cumsum(axis=1)
     total = cdf[:, -1]
     threshold = u * total
     np.minimum(threshold, np.nextafter(total, 0.0), out=threshold)

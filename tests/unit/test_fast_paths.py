@@ -290,3 +290,21 @@ def test_serving_turns_numpys_hugepage_advice_off_unless_the_environment_says(
         assert setter(True) is False  # it was off
     finally:
         setter(before)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 8), st.integers(0, 2**32 - 1), st.floats(0.0, 1.0))
+def test_few_rows_sample_alike_in_python_and_in_numpy(rows: int, actions: int, seed: int,
+                                                      zeros: float) -> None:
+    """Up to 64 probabilities are sampled with Python floats: the same action as numpy's
+    cumsum path for every row, zero-probability actions and u at the edges included."""
+    rng = np.random.default_rng(seed)
+    probs = rng.random((rows, actions)) * (rng.random((rows, actions)) >= zeros)
+    probs[rng.random(rows) < 0.2] /= 3.0  # rows that do not sum to one
+    u = rng.choice([0.0, 1.0 - 2**-53, *rng.random(4)], size=rows)
+    got = randomness.sample(probs, u)
+    with patch.object(randomness, "_SAMPLE_IN_PYTHON_UP_TO", 0):
+        expected = randomness.sample(probs, u)
+    assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
+    nonzero = probs.sum(axis=1) > 0
+    assert (probs[np.arange(rows), got] > 0)[nonzero].all()
