@@ -141,6 +141,7 @@ def _candidate_list(obj: dict[str, Any], event_id: str, max_candidates: int) -> 
 _PLAIN_REQUEST_KEYS = frozenset({"id", "ts", "x", "candidates", "slots", "baseline"})
 _PLAIN_CANDIDATE_KEYS = frozenset({"id", "x"})
 _PLAIN_DEPTH = 4  # request {"candidates": [{"x": [numbers]}]}
+_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
 def _is_plain(obj: dict[str, Any], limits: DecodeLimits) -> bool:
@@ -159,9 +160,6 @@ def _is_plain(obj: dict[str, Any], limits: DecodeLimits) -> bool:
         set(chain.from_iterable(candidates)) <= _PLAIN_CANDIDATE_KEYS and \
         set(type(c.get("id")) for c in candidates) <= _SCALAR_TYPES and \
         set(type(c.get("x")) for c in candidates) == {list}
-
-
-_SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
 def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,

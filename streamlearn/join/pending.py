@@ -722,7 +722,6 @@ def _per_partition(now: float | Mapping[int, float], partitions: np.ndarray) -> 
     return np.array([now.get(int(p), -np.inf) for p in uniq], dtype=np.float64)[inverse]
 
 
-
 def _column(given: Any, dtype: Any, n: int) -> np.ndarray:
     """A fresh ``n``-row column of ``dtype`` from one value or ``n`` values (a micro-batch of
     one to eight pays ~5 µs per ``np.broadcast_to``: it is only the fallback here)."""

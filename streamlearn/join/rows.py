@@ -30,8 +30,9 @@ __all__ = ["RowStore", "as_sparse", "concat_rows", "segment_gather"]
 # when the first dense row arrives and never copied: the allocation is address space only,
 # and the operating system backs each page when a row is first written there, so a store
 # that never holds more than a few rows costs a few pages. (Growing it by doubling copied
-# every row and touched every page twice: on the development machine, a VM, touching fresh
-# memory costs ~8 ms per MB, and growing to 32 MB cost 0.2-0.4 s on the hot path.)
+# every row and touched every page twice; with NumPy's hugepage advice, which `serve` turns
+# off (settings.without_hugepage_advice), a first touch cost up to ~9 ms per MB on the
+# development machine, and growing to 32 MB cost 0.2-0.4 s on the hot path.)
 DENSE_MAX_BYTES = 32 << 20
 
 
