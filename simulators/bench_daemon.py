@@ -401,7 +401,8 @@ def retrain_latency(bootstrap: str, load: Workload, args: argparse.Namespace,
         for name, extra in configs.items():
             res = latency(bootstrap, load.head(n), args.rate, work, n // 10, extra)
             p99[name].append(res["p99"])
-            print(f"{name:<22} offered {res['offered']:,.0f}/s: p50 {res['p50'] * 1e3:.1f} ms, "
+            print(f"{name:<22} offered {res['offered']:,.0f}/s: appended → sent p50 "
+                  f"{res['p50'] * 1e3:.1f} ms, "
                   f"p99 {res['p99'] * 1e3:.1f} ms, max {res['max'] * 1e3:.1f} ms, "
                   f"{res['retrains']} retrains", flush=True)
     base = float(np.median(p99["no retraining"]))
@@ -411,7 +412,8 @@ def retrain_latency(bootstrap: str, load: Workload, args: argparse.Namespace,
 
 
 def configurations(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
-    """The daemons to compare, by label: one per ``--kafka-client``, then one per ``--variant``."""
+    """The daemons to compare, by label: one per ``--kafka-client``, then one per ``--variant``,
+    then the ``--compare-with`` checkout's."""
     configs: dict[str, tuple[str, ...]] = {
         client: ("--kafka-client", client) for client in args.kafka_client.split(",")}
     for variant in args.variant:
