@@ -144,28 +144,31 @@ _PLAIN_DEPTH = 4  # request {"candidates": [{"x": [numbers]}]}
 _SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
 
-def _is_plain(obj: dict[str, Any], limits: DecodeLimits) -> bool:
-    """Whether the parsed request nests at most ``_PLAIN_DEPTH`` deep once its feature lists
-    convert to numbers: only the known keys, scalars where scalars belong, lists of dense
-    features and candidate objects of ``{"id", "x"}``. Counting the brackets of a 60 KB
-    request (``check_depth``) cost ~50-120 µs, a tenth of its whole decode; these checks
-    cost a few. A request whose features do not convert is counted before it is explained."""
+def _plain_candidates(obj: dict[str, Any], d_c: int,
+                      limits: DecodeLimits) -> tuple[list[Any], list[Any]] | None:
+    """:func:`_dense_candidates` of a request that nests at most ``_PLAIN_DEPTH`` deep once
+    its feature lists convert to numbers — only the known keys, scalars where scalars
+    belong, dense feature lists, candidate objects of ``{"id", "x"}`` — else None. Counting
+    the brackets of a 60 KB request (``check_depth``) cost ~50-120 µs, a tenth of its whole
+    decode; these checks cost a few. A request whose features do not convert is counted
+    before it is explained."""
     candidates = obj.get("candidates")
     if limits.max_depth < _PLAIN_DEPTH or not obj.keys() <= _PLAIN_REQUEST_KEYS or \
             type(candidates) is not list or set(map(type, candidates)) != {dict}:
-        return False
+        return None
     scalars = (obj.get("id"), obj.get("ts"), obj.get("slots"), obj.get("baseline"))
-    return set(map(type, scalars)) <= _SCALAR_TYPES and \
-        type(obj.get("x", [])) is list and \
-        set(chain.from_iterable(candidates)) <= _PLAIN_CANDIDATE_KEYS and \
-        set(type(c.get("id")) for c in candidates) <= _SCALAR_TYPES and \
-        set(type(c.get("x")) for c in candidates) == {list}
+    if not (set(map(type, scalars)) <= _SCALAR_TYPES and type(obj.get("x", [])) is list
+            and set(chain.from_iterable(candidates)) <= _PLAIN_CANDIDATE_KEYS):
+        return None
+    ids, dense = _dense_candidates(candidates, d_c, limits.max_id_length)
+    return None if dense is None else (ids, dense)
 
 
 def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
              max_candidates: int, max_slots: int) -> _Request:
     obj = parse_object(msg, limits, count_depth=False)
-    if not _is_plain(obj, limits):
+    plain = _plain_candidates(obj, d_c, limits)
+    if plain is None:
         check_depth(msg.value or b"", limits)
     event_id = event_id_of(obj, limits)
     ts = timestamp_of(obj, msg, event_id)
@@ -176,7 +179,8 @@ def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
         raise Reject("wrong_dimension", "expected no shared 'x' (this deployment has no shared "
                                         "context features), got one", event_id)
     candidates = _candidate_list(obj, event_id, max_candidates)
-    ids, dense = _dense_candidates(candidates, d_c, limits.max_id_length)
+    ids, dense = plain if plain is not None else _dense_candidates(candidates, d_c,
+                                                                   limits.max_id_length)
     forms: list[tuple[str, Any]] = []
     # one candidate at a time only off the fast path: other forms, or a bad candidate to name
     for k, candidate in enumerate(candidates if dense is None else ()):
