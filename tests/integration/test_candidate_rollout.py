@@ -38,6 +38,9 @@ def _serve(ckpt: Path, log: Path, ranker: str) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "streamlearn", "serve",
             "--embedded-dataset", "ohsumed-candidates", "--embedded-slots", "3",
             "--max-events", "1000000", "--checkpoint-dir", str(ckpt),
+            # every snapshot of the run kept, so the journal keeps every decision: with the
+            # default 2 a snapshot just before the stop left a journal of a few decisions
+            "--checkpoint-keep", "1000",
             "--metrics-port", "-1", "--progress-seconds", "0",
             "--retrain-every-events", "3000", "--retrain-policy", "ranker",
             "--retrain-rankers", f"planted:{ranker}"]
