@@ -141,6 +141,8 @@ class TopicsConfig:
     dead_letter: str = spec("streamlearn.dead-letter", "topic for rejected events")
     models: str = spec("streamlearn.models", "compacted topic the replicas of a group merge "
                        "their models through (kafka.membership = group)")
+    changelog: str = spec("streamlearn.changelog", "compacted topic holding each partition's "
+                          "checkpoints and decision journal (checkpoint.changelog)")
     partitions: int = spec(1, "partitions per topic when streamlearn creates topics", ge=1)
 
 
@@ -406,14 +408,20 @@ def _check_consistency(config: Config) -> None:
         raise ConfigError("kafka.ssl_certfile and kafka.ssl_keyfile must be given together. "
                           "Got only one of them.")
     names = [config.topics.instances, config.topics.feedback, config.topics.decisions,
-             config.topics.dead_letter, config.topics.models]
+             config.topics.dead_letter, config.topics.models, config.topics.changelog]
     if len(set(names)) != len(names):
-        raise ConfigError(f"topics.instances, feedback, decisions and dead_letter must be four "
-                          f"different topics. Got {names}.")
+        raise ConfigError(f"topics.instances, feedback, decisions, dead_letter, models and "
+                          f"changelog must be six different topics. Got {names}.")
     if config.kafka.membership == "group" and (config.checkpoint.dir is None
                                                or config.kafka.bootstrap is None):
         raise ConfigError("kafka.membership = group needs kafka.bootstrap and checkpoint.dir (the "
                           "partitions' state, on storage every replica reaches). Got "
+                          f"bootstrap {config.kafka.bootstrap!r}, checkpoint.dir "
+                          f"{config.checkpoint.dir!r}.")
+    if config.checkpoint.changelog and (config.checkpoint.dir is None
+                                        or config.kafka.bootstrap is None):
+        raise ConfigError("checkpoint.changelog needs kafka.bootstrap and checkpoint.dir (the "
+                          "changelog mirrors the checkpoints of that directory). Got "
                           f"bootstrap {config.kafka.bootstrap!r}, checkpoint.dir "
                           f"{config.checkpoint.dir!r}.")
     if config.exploration.name == "fixed" and config.exploration.gamma is None:

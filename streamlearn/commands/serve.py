@@ -54,6 +54,7 @@ from streamlearn.transport.lag import LagTracker
 from streamlearn.transport.protocol import Transport
 
 if TYPE_CHECKING:
+    from streamlearn.durability.changelog import Changelog
     from streamlearn.learners.base import Learner
     from streamlearn.service.daemon import Daemon
     from streamlearn.service.metrics import Observer
@@ -345,10 +346,30 @@ def _candidate_dimensions(config: Config, transport: Transport) -> tuple[int, in
     return int(dims[0]), int(dims[1])
 
 
+def open_changelog(config: Config, partition: int) -> Changelog | None:
+    """The changelog of one partition's state (``checkpoint.changelog``; None: off), its
+    topic created if missing (compacted, as many partitions as the input topics). Opening
+    it fences the partition's previous writer."""
+    if not config.checkpoint.changelog:
+        return None
+    from streamlearn.durability.changelog import Changelog
+    from streamlearn.transport.kafka import ensure_topics
+    from streamlearn.transport.keyed_log import CHANGELOG_TOPIC_CONFIGS, KafkaKeyedLog
+
+    k, t = config.kafka, config.topics
+    assert k.bootstrap is not None  # checked by load_config
+    options = k.client_options()
+    counts = ensure_topics(k.bootstrap, [t.instances], t.partitions, client_options=options)
+    ensure_topics(k.bootstrap, [t.changelog], counts[t.instances], client_options=options,
+                  topic_configs=CHANGELOG_TOPIC_CONFIGS)
+    return Changelog(KafkaKeyedLog(k.bootstrap, t.changelog, partition, k.group_id, options))
+
+
 def build_daemon(config: Config, transport: Transport, wrapped: Transport,
-                 observer: Observer) -> Daemon:
+                 observer: Observer, partition: int = 0) -> Daemon:
     """The fixed-action daemon, or the candidate-mode one (``candidates.enabled``, or an
-    embedded candidate-set dataset)."""
+    embedded candidate-set dataset); with ``checkpoint.changelog``, its state is mirrored to
+    partition ``partition`` of the changelog topic."""
     from streamlearn.service.daemon import Daemon
 
     dims = _candidate_dimensions(config, transport)
@@ -361,7 +382,8 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
         settings = dataclasses.replace(config.to_daemon_settings(), learner=dataclasses.replace(
             config.learner, n_actions=n_actions, n_features=n_features))
         _check_with_sources(config, settings)
-        return Daemon(settings, wrapped, learner, observer)
+        return Daemon(settings, wrapped, learner, observer,
+                      changelog=open_changelog(config, partition))
     from streamlearn.candidates.learners import CANDIDATE_LEARNERS
 
     d_x, d_c = dims
@@ -372,7 +394,8 @@ def build_daemon(config: Config, transport: Transport, wrapped: Transport,
     settings = dataclasses.replace(config.to_daemon_settings(), candidates=dataclasses.replace(
         config.candidates, enabled=True, shared_features=d_x, candidate_features=d_c))
     _check_with_sources(config, settings)
-    return Daemon(settings, wrapped, learner_class(d_x, d_c, seed=config.learner.seed), observer)
+    return Daemon(settings, wrapped, learner_class(d_x, d_c, seed=config.learner.seed), observer,
+                  changelog=open_changelog(config, partition))
 
 
 def _check_with_sources(config: Config, settings: DaemonSettings) -> None:

@@ -56,7 +56,7 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
             config, checkpoint=dataclasses.replace(
                 config.checkpoint, dir=state_dir / f"partition-{partition}"),
             limits=dataclasses.replace(config.limits, poll_timeout_seconds=poll_s))
-        return build_daemon(own, transport, transport, observer)
+        return build_daemon(own, transport, transport, observer, partition)
 
     def make_membership(**handlers: Any) -> GroupMembership:
         return GroupMembership(bootstrap, t.instances, k.group_id, **handlers,

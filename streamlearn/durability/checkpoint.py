@@ -61,6 +61,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -71,6 +72,7 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
+from streamlearn.durability.changelog import Changelog, write_or_warn
 from streamlearn.errors import StateError, TransportError
 from streamlearn.snapshot import read_snapshot, write_snapshot
 from streamlearn.transport.protocol import Transport
@@ -212,6 +214,11 @@ class DecisionJournal:
         self.fsync = fsync
         self._file: IO[bytes] | None = None
         self.segment = -1
+        # the changelog's journal (durability/changelog.py): each batch is written there, and
+        # acknowledged, before the local append; None: local only
+        self.mirror: Callable[[int, bytes], None] | None = None
+        # journal lines a restore from the changelog found, by segment (read by load)
+        self.restored: dict[int, list[bytes]] = {}
 
     def open_segment(self, seq: int) -> None:
         """Append further decisions to ``journal-<seq>.jsonl``."""
@@ -241,6 +248,8 @@ class DecisionJournal:
         else:
             lines = b"".join(orjson.dumps({"p": p, "d": m}) + b"\n"
                              for p, m in zip(rows, messages, strict=True))
+        if self.mirror is not None:
+            self.mirror(self.segment, lines)
         self._file.write(lines)
         self._file.flush()
         if self.fsync:
@@ -267,35 +276,47 @@ class DecisionJournal:
             except OSError as exc:
                 raise StateError(f"cannot read the journal segment {path}: "
                                  f"{exc.strerror or exc}") from exc
-            bad: list[tuple[int, str]] = []
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    if number < len(lines):  # the last one is a torn append: not published yet
-                        bad.append((number, "not valid JSON (a torn append?)"))
-                    continue
-                problem = journal_record_problem(rec, n_actions)
-                if problem is not None:
-                    bad.append((number, problem))
-                    continue
-                d = rec["d"]
-                kept = rec.get("c")
-                found.setdefault(d["id"], JournaledDecision(
-                    d.get("action", -1), rec["p"], d,
-                    {k: float(v) for k, v in kept.items() if _is_number(v)}
-                    if isinstance(kept, dict) else {}))
-            if bad:
-                log.warning("journal segment %s: %d damaged line(s) skipped, their decisions are "
-                            "not reused; line %d: %s", path, len(bad), *bad[0])
+            _parse_journal(lines, str(path), found, n_actions)
+        for seq, batches in sorted(self.restored.items()):
+            if seq >= from_seq:
+                for number, batch in enumerate(batches, 1):
+                    _parse_journal(batch.split(b"\n"), f"changelog journal {seq}/{number}",
+                                   found, n_actions)
         return found if n_actions is not None else _of_the_usual_width(found)
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _parse_journal(lines: list[bytes], where: str, found: dict[str, JournaledDecision],
+                   n_actions: int | None) -> None:
+    """Add the valid decisions among ``lines`` to ``found`` (the first of an id wins); the
+    damaged ones are named on one WARNING."""
+    bad: list[tuple[int, str]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            if number < len(lines):  # the last one is a torn append: not published yet
+                bad.append((number, "not valid JSON (a torn append?)"))
+            continue
+        problem = journal_record_problem(rec, n_actions)
+        if problem is not None:
+            bad.append((number, problem))
+            continue
+        d = rec["d"]
+        kept = rec.get("c")
+        found.setdefault(d["id"], JournaledDecision(
+            d.get("action", -1), rec["p"], d,
+            {k: float(v) for k, v in kept.items() if _is_number(v)}
+            if isinstance(kept, dict) else {}))
+    if bad:
+        log.warning("journal segment %s: %d damaged line(s) skipped, their decisions are "
+                    "not reused; line %d: %s", where, len(bad), *bad[0])
 
 
 def _reason(exc: Exception) -> str:
@@ -428,7 +449,7 @@ class Checkpointer:
 
     def __init__(self, directory: str | os.PathLike[str], keep: int = 2,
                  every_events: int = 10_000, every_s: float = 30.0,
-                 fsync_journal: bool = False) -> None:
+                 fsync_journal: bool = False, changelog: Changelog | None = None) -> None:
         if keep < 1 or every_events < 1 or every_s <= 0:
             raise StateError(f"Checkpointer needs keep >= 1, every_events >= 1, every_s > 0. "
                              f"Got {keep}, {every_events}, {every_s}.")
@@ -436,6 +457,10 @@ class Checkpointer:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep, self.every_events, self.every_s = keep, every_events, every_s
         self.journal = DecisionJournal(self.directory, fsync_journal)
+        self.changelog = changelog
+        if changelog is not None:
+            self.journal.mirror = changelog.journal
+        self.restored_from = "none"  # where the last restore found its state: local, changelog
         numbers = [seq for pattern in (_CKPT, _JOURNAL) for seq, _ in _numbered(self.directory, pattern)]
         self.seq = max(numbers, default=0)  # never reuse a number (see the module docstring)
         self._writer: ThreadPoolExecutor | None = None
@@ -455,6 +480,10 @@ class Checkpointer:
         (``corrupt-ckpt-<seq>-<time>``), each on one ERROR line. When snapshots exist but
         none is usable, none is moved and ``StateError`` names each one's problem.
         """
+        if self.changelog is not None:
+            from_changelog = self._restore_changelog(accept, topics)
+            if from_changelog is not None:
+                return from_changelog
         restored = None
         unusable: list[tuple[Path, Exception]] = []
         for seq, path in reversed(_numbered(self.directory, _CKPT)):
@@ -484,6 +513,51 @@ class Checkpointer:
             os.rename(path, aside)
         # decisions made after the restored snapshot go on in its journal segment
         self.journal.open_segment(restored.seq if restored else 0)
+        self.restored_from = "local" if restored is not None else "none"
+        return restored
+
+    def _restore_changelog(self, accept: Callable[[Restored], object] | None,
+                           topics: Collection[str] | None) -> Restored | None:
+        """The changelog's newest checkpoint, unless the local newest snapshot is it (then None:
+        the local one is restored, with the changelog's journal lines added) or the changelog
+        holds none (None: whatever is local is restored, then published)."""
+        assert self.changelog is not None
+        local = _numbered(self.directory, _CKPT)
+        hint: dict[str, Any] = {}
+        if local:
+            try:
+                hint = orjson.loads((local[-1][1] / "meta.json").read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                hint = {}
+        state_id = hint.get("changelog_state") if isinstance(hint, dict) else None
+        start = hint.get("changelog_from", 0) if isinstance(hint, dict) else 0
+        found = self.changelog.restore(state_id if isinstance(state_id, str) else None,
+                                       start if is_count(start) else 0)
+        self.journal.restored = found.journal
+        log.info("changelog read: %d records, %.1f MB in %.2f s", found.records,
+                 found.bytes_read / 1e6, found.seconds)
+        if found.manifest is None or not found.arrays:
+            return None  # nothing there, or the local copy is current
+        seq = found.seq
+        try:
+            restored = Restored(seq, found.arrays, found.meta,
+                                offsets_from_json(found.meta.get("offsets"), topics))
+            if accept is not None:
+                accept(restored)
+        except CheckpointMismatch:
+            raise
+        except Exception as exc:
+            raise StateError(f"the changelog's checkpoint {seq} does not restore: "
+                             f"{_reason(exc)}") from exc
+        # the local snapshots and journal are an older owner's: a stale cache, dropped
+        for pattern in (_CKPT, _JOURNAL):
+            for _, path in _numbered(self.directory, pattern):
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else \
+                    path.unlink(missing_ok=True)
+        self.seq = max(self.seq, seq)
+        self.offsets = ConsumedOffsets(restored.offsets)
+        self.journal.open_segment(seq)
+        self.restored_from = "changelog"
         return restored
 
     @staticmethod
@@ -526,6 +600,9 @@ class Checkpointer:
                                 np.array([c.probs for c in carried]), [c.message for c in carried])
         path = self.directory / f"ckpt-{seq:08d}"
         full_meta = {**meta, "seq": seq, "offsets": offsets_to_json(offsets)}
+        if self.changelog is not None:  # which changelog checkpoint the local one is
+            full_meta["changelog_state"] = uuid.uuid4().hex
+            full_meta["changelog_from"] = self.changelog.resume_offset
         self.seq = seq
         self.events_since = 0
         self.last_time = time.monotonic()
@@ -534,11 +611,20 @@ class Checkpointer:
             detached = orjson.loads(orjson.dumps(full_meta, option=orjson.OPT_SERIALIZE_NUMPY))
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(1, thread_name_prefix="streamlearn-snapshot")
-            self._in_flight = (seq, offsets, self._writer.submit(write_snapshot, path, frozen, detached))
+            self._in_flight = (seq, offsets, self._writer.submit(self._write, seq, path, frozen,
+                                                                 detached))
             return seq
-        write_snapshot(path, arrays, full_meta)
+        self._write(seq, path, arrays, full_meta)
         self._written(transport, seq, offsets, wait_for_commit=True)
         return seq
+
+    def _write(self, seq: int, path: Path, arrays: dict[str, np.ndarray],
+               meta: dict[str, Any]) -> None:
+        """The snapshot on disk, then in the changelog (if any: a broker away leaves it local
+        only, the next one is published; a fenced changelog raises Fenced)."""
+        write_snapshot(path, arrays, meta)
+        if self.changelog is not None:
+            write_or_warn(self.changelog, seq, arrays, meta)
 
     def settle(self, transport: Transport, block: bool = True) -> int | None:
         """Finish the snapshot written in the background, if any (wait for it unless not
@@ -587,3 +673,5 @@ class Checkpointer:
             if written.exception() is not None:
                 log.warning("snapshot %d could not be written: %s", seq, written.exception())
         self.journal.close()
+        if self.changelog is not None:
+            self.changelog.close()

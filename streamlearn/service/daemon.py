@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from streamlearn.durability.changelog import Changelog
 from streamlearn.durability.checkpoint import (
     Checkpointer,
     ConsumedOffsets,
@@ -70,6 +71,7 @@ from streamlearn.service.outputs import Outputs, dead_letter_value
 from streamlearn.service.retraining import Retraining
 from streamlearn.service.settings import DaemonSettings, blas_threads
 from streamlearn.transport.align import InputAligner
+from streamlearn.transport.keyed_log import Fenced
 from streamlearn.transport.protocol import Message, Transport
 
 __all__ = ["Daemon", "DaemonSettings", "dead_letter_value"]
@@ -113,7 +115,7 @@ class Daemon:
     def __init__(self, settings: DaemonSettings, transport: Transport, learner: Any,
                  observer: Observer | None = None,
                  wall_clock: Callable[[], float] = time.time,
-                 mode: ServingMode | None = None) -> None:
+                 mode: ServingMode | None = None, changelog: Changelog | None = None) -> None:
         self.settings = settings
         self.transport = transport
         self.observer = observer if observer is not None else Observer()
@@ -126,7 +128,7 @@ class Daemon:
         self.checkpointer = (Checkpointer(settings.checkpoint.dir, settings.checkpoint.keep,
                                           settings.checkpoint.every_events,
                                           settings.checkpoint.every_seconds,
-                                          settings.checkpoint.fsync_journal)
+                                          settings.checkpoint.fsync_journal, changelog)
                              if settings.checkpoint.dir else None)
         self.offsets = (self.checkpointer.offsets if self.checkpointer is not None
                         else ConsumedOffsets())
@@ -350,10 +352,28 @@ class Daemon:
             raise OwnershipLost(f"{self.transport.instances_topic}: another replica claimed "
                                 "this partition; its decisions are not journaled here")
         if self.checkpointer is not None:
-            self.checkpointer.journal.append([r["id"] for r in records], probs, records, columns)
+            self._append_journal([r["id"] for r in records], probs, records, columns)
         for j, record in zip(fresh.tolist(), records, strict=True):
             values[j] = orjson.dumps(record)
         return values
+
+    def _append_journal(self, ids: list[str], probs: np.ndarray, records: list[dict[str, Any]],
+                        columns: dict[str, np.ndarray] | None) -> None:
+        """Journal a batch; while the changelog's broker is away, wait and retry (nothing of
+        the batch is published before it is journaled)."""
+        assert self.checkpointer is not None
+        while True:
+            try:
+                self.checkpointer.journal.append(ids, probs, records, columns)
+                return
+            except Fenced as exc:
+                raise OwnershipLost(f"{self.transport.instances_topic}: {exc}") from exc
+            except TransportError as exc:
+                if self._stop.is_set():
+                    raise
+                log.warning("cannot journal decisions in the changelog, retrying in %.1f s: %s",
+                            self.settings.retry_seconds, exc)
+                self._stop.wait(self.settings.retry_seconds)
 
     def _join(self, messages: list[Message], wall: float) -> None:
         """Decode and join the feedback; duplicates and unknown ids are dead-lettered."""
@@ -514,6 +534,8 @@ class Daemon:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,
                                          carry=self._journaled.values(), background=background)
+        except Fenced as exc:
+            raise OwnershipLost(f"{self.transport.instances_topic}: {exc}") from exc
         except TransportError as exc:  # the flush failed: nothing written, nothing committed
             log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
             self._retry_checkpoint_at = wall + self.settings.retry_seconds
@@ -527,7 +549,10 @@ class Daemon:
     def _settle_checkpoint(self, block: bool) -> None:
         """Commit and count the snapshot written in the background once it is written."""
         assert self.checkpointer is not None
-        seq = self.checkpointer.settle(self.transport, block=block)
+        try:
+            seq = self.checkpointer.settle(self.transport, block=block)
+        except Fenced as exc:
+            raise OwnershipLost(f"{self.transport.instances_topic}: {exc}") from exc
         if seq is not None:
             started, wall = self._written_at.pop(seq)
             self.observer.on_checkpoint(time.perf_counter() - started, wall)

@@ -148,6 +148,8 @@ class Replica:
         try:
             if checkpoint and (self.claims is None or self.claims.holds(partition)):
                 daemon.checkpoint(final=True)
+        except OwnershipLost as exc:  # fenced by the changelog: the state is another's now
+            log.warning("partition %d: no final checkpoint (%s)", partition, exc)
         finally:
             daemon.close()
             daemon.transport.close()

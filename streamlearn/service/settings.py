@@ -163,6 +163,10 @@ class CheckpointConfig:
     keep: int = spec(2, "snapshots kept", ge=1)
     fsync_journal: bool = spec(False, "fsync the decision journal after every batch (survives "
                                "power loss, costs latency)")
+    changelog: bool = spec(False, "mirror the checkpoints and the decision journal to the "
+                           "compacted topic topics.changelog, fenced per partition: a replica "
+                           "with an empty checkpoint.dir restores from Kafka, and the directory "
+                           "is a cache (docs/operations.md)")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,196 @@
+"""The changelog: content-defined chunks, incremental checkpoints, fencing, restores from it alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from loop_helpers import Clock, decisions_by_id
+from test_daemon_fake import BLOCK, Caller, N, direct_weights, learner, lockstep, weights_of
+from test_daemon_fake import settings as daemon_settings
+
+from streamlearn.durability.changelog import MAX_CHUNK, MIN_CHUNK, Changelog, content_cuts
+from streamlearn.service.claims import OwnershipLost
+from streamlearn.service.counters import id_checksum
+from streamlearn.service.daemon import Daemon
+from streamlearn.transport.keyed_log import Fenced, MemoryKeyedLogs
+from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(0, 1_500_000), st.integers(0, 5000))
+def test_cuts_cover_the_bytes_in_bounded_chunks_placed_by_content(seed: int, n: int,
+                                                                  shift: int) -> None:
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, n, dtype=np.uint8)
+    if n and seed % 3 == 0:  # long runs of one byte, as zero-filled arrays have
+        data[rng.integers(0, n): rng.integers(0, n)] = 0
+    cuts = content_cuts(data)
+    sizes = np.diff(np.r_[0, cuts])
+    assert (int(cuts[-1]) if len(cuts) else 0) == n
+    assert (sizes > 0).all() and (sizes <= MAX_CHUNK).all()
+    # a chunk under MIN_CHUNK is the last one, or the rest of one split every MAX_CHUNK
+    small = np.flatnonzero(sizes[:-1] < MIN_CHUNK)
+    assert all(i > 0 and sizes[i - 1] == MAX_CHUNK for i in small.tolist())
+    # content decides: the same bytes after a prefix are cut at the same places but near
+    # the start (and where a MAX_CHUNK split was needed)
+    moved = content_cuts(np.r_[rng.integers(0, 256, shift, dtype=np.uint8), data]) - shift
+    kept = len(set(cuts.tolist()) & set(moved.tolist()))
+    forced = int((np.diff(np.r_[0, cuts]) == MAX_CHUNK).sum())
+    assert kept >= len(cuts) - 2 - 2 * forced
+
+
+ARRAY_SHAPES = st.sampled_from([(0,), (7,), (50_000,), (3000, 17), (20_000, 9)])
+DTYPES = st.sampled_from(["<f8", "<i8", "|u1", "|b1", "<f4"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(ARRAY_SHAPES, DTYPES), min_size=1, max_size=4),
+       st.integers(0, 2**32 - 1), st.booleans())
+def test_any_arrays_restore_bit_for_bit_after_compaction(specs: list[tuple[tuple[int, ...], str]],
+                                                          seed: int, compact: bool) -> None:
+    rng = np.random.default_rng(seed)
+    logs = MemoryKeyedLogs()
+    writer = Changelog(logs.open("state", 0))
+    versions = []
+    for seq in (1, 2, 3):
+        arrays = {f"a{i}": (rng.random(shape) * 1000).astype(dtype)
+                  for i, (shape, dtype) in enumerate(specs)}
+        writer.publish(seq, arrays, {"seq": seq, "note": "ü" * seq})
+        versions.append(arrays)
+    if compact:
+        logs.compact("state", 0)
+    found = Changelog(logs.open("state", 0)).restore()
+    assert found.seq == 3 and found.meta["note"] == "üüü"
+    for name, array in versions[-1].items():
+        assert found.arrays[name].dtype == array.dtype
+        np.testing.assert_array_equal(found.arrays[name], array)
+
+
+def test_a_checkpoint_writes_only_the_chunks_that_changed_and_compaction_keeps_one() -> None:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 256, 10_000_000, dtype=np.uint8)  # ~ 400,000 closed ids' bytes
+    rows = rng.standard_normal((20_000, 16))
+    logs = MemoryKeyedLogs()
+    writer = Changelog(logs.open("state", 0))
+    writer.publish(1, {"ids": ids, "rows": rows}, {"seq": 1})
+    first = writer.bytes_written
+    assert first >= ids.nbytes + rows.nbytes
+    # 2,000 ids closed since (appended), 100 rows closed and 100 added
+    ids2 = np.r_[ids, rng.integers(0, 256, 50_000, dtype=np.uint8)]
+    rows2 = np.r_[np.delete(rows, rng.choice(20_000, 100, replace=False), axis=0),
+                  rng.standard_normal((100, 16))]
+    writer.publish(2, {"ids": ids2, "rows": rows2}, {"seq": 2})
+    second = writer.bytes_written - first
+    # the ids: only their new tail (~50 KB, plus the chunk it joins); the rows: each removal
+    # changes the chunk it was in, and 100 spread over 40 chunks change most of them
+    assert second < rows2.nbytes + 300_000, second  # not the 12.6 MB of a full snapshot
+    writer.publish(3, {"ids": np.r_[ids2, ids2[:1000]], "rows": rows2}, {"seq": 3})
+    assert writer.bytes_written - first - second < 300_000
+    logs.compact("state", 0)
+    kept = sum(len(v or b"") for _, k, v in logs.partitions[("state", 0)] if k.startswith(b"c/"))
+    assert kept < 1.1 * (ids2.nbytes + rows2.nbytes)  # the first checkpoint's chunks are gone
+
+
+def test_a_manifest_with_missing_chunks_falls_back_to_the_one_before() -> None:
+    logs = MemoryKeyedLogs()
+    writer = Changelog(logs.open("state", 0))
+    writer.publish(1, {"w": np.arange(10.0)}, {"seq": 1})
+    writer.publish(2, {"w": np.arange(10.0) + 1}, {"seq": 2})
+    # killed before checkpoint 2 committed (its tombstones never written), and the log
+    # cleaner dropped one chunk of that aborted transaction
+    records = logs.partitions[("state", 0)]
+    manifest_2 = max(offset for offset, key, _ in records if key == b"m")
+    new_chunk = next(k for o, k, v in reversed(records)
+                     if o < manifest_2 and k.startswith(b"c/") and v is not None)
+    logs.partitions[("state", 0)] = [r for r in records
+                                     if r[1] != new_chunk and r[0] <= manifest_2]
+    found = Changelog(logs.open("state", 0)).restore()
+    assert found.seq == 1 and found.arrays["w"].tolist() == list(np.arange(10.0))
+
+
+def test_a_fenced_writer_can_write_nothing() -> None:
+    logs = MemoryKeyedLogs()
+    old = Changelog(logs.open("state", 0))
+    old.journal(1, b"line\n")
+    new = Changelog(logs.open("state", 0))
+    with pytest.raises(Fenced):
+        old.journal(1, b"zombie\n")
+    with pytest.raises(Fenced):
+        old.publish(2, {"w": np.zeros(3)}, {"seq": 2})
+    assert new.restore().journal == {1: [b"line\n"]}
+
+
+# ------------------------------------------------------------------- the daemon on it
+def make_daemon(broker: InMemoryBroker, logs: MemoryKeyedLogs, tmp: Path, clock: Clock,
+                **kw: Any) -> Daemon:
+    transport = InMemoryTransport(broker=broker, partitions=2)
+    daemon = Daemon(daemon_settings(tmp, **kw), transport, learner(), wall_clock=clock,
+                    changelog=Changelog(logs.open("changelog", 0)))
+    daemon.restore()
+    return daemon
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_a_replacement_with_an_empty_disk_re_emits_identical_decisions_and_applies_feedback_once(
+        tmp_path: Path, compact: bool) -> None:
+    broker, clock, logs = InMemoryBroker(2), Clock(), MemoryKeyedLogs()
+    caller = Caller(broker)
+    daemon = make_daemon(broker, logs, tmp_path / "first", clock, checkpoint_every_events=300)
+
+    def replacement() -> Daemon:  # a new machine: an empty disk, a while later
+        clock.t += 5.0  # a decision made anew would differ (its ts): only the journal's match
+        if compact:
+            logs.compact("changelog", 0)
+        return make_daemon(broker, logs, tmp_path / "second", clock, checkpoint_every_events=300)
+
+    daemon = lockstep(broker, daemon, caller, clock, range(N // BLOCK), crash_at=8,
+                      restart=replacement)
+    assert daemon.checkpointer is not None and daemon.checkpointer.restored_from == "changelog"
+    decisions = decisions_by_id(broker)
+    assert sorted(decisions) == sorted(f"e{i}" for i in range(N))
+    repeated = {k: v for k, v in decisions.items() if len(v) > 1}
+    assert repeated  # the replacement re-read input the old one had decided
+    assert all(all(d == v[0] for d in v) for v in repeated.values())
+    daemon.checkpoint(final=True)
+    restored = make_daemon(broker, logs, tmp_path / "third", clock)
+    c = restored.counters
+    assert c.feedback["joined"] == len(caller.feedback_ids) == N
+    assert c.applied_checksum == id_checksum(caller.feedback_ids)
+    weights, _ = direct_weights()
+    np.testing.assert_allclose(weights_of(restored.learner), weights, rtol=0, atol=1e-9)
+
+
+def test_a_restart_on_its_own_disk_reads_only_the_changelog_tail(tmp_path: Path) -> None:
+    broker, clock, logs = InMemoryBroker(2), Clock(), MemoryKeyedLogs()
+    caller = Caller(broker)
+    daemon = make_daemon(broker, logs, tmp_path, clock, checkpoint_every_events=300)
+    lockstep(broker, daemon, caller, clock, range(6))
+    daemon.checkpoint(final=True)
+    again = Daemon(daemon_settings(tmp_path), InMemoryTransport(broker=broker, partitions=2),
+                   learner(), wall_clock=clock, changelog=Changelog(logs.open("changelog", 0)))
+    again.restore()
+    assert again.checkpointer is not None and again.checkpointer.restored_from == "local"
+    assert again.counters.instances == daemon.counters.instances
+
+
+def test_a_daemon_whose_changelog_was_taken_stops_before_publishing(tmp_path: Path) -> None:
+    broker, clock, logs = InMemoryBroker(2), Clock(), MemoryKeyedLogs()
+    caller = Caller(broker)
+    daemon = make_daemon(broker, logs, tmp_path / "a", clock)
+    caller.publish(0, 50, ts=1.0)
+    daemon.step()
+    published = len(broker.messages("decisions"))
+    make_daemon(broker, logs, tmp_path / "b", clock)  # another replica takes the partition
+    caller.publish(50, 100, ts=2.0)
+    with pytest.raises(OwnershipLost):
+        for _ in range(5):
+            daemon.step()
+    assert len(broker.messages("decisions")) == published
+    assert {orjson.loads(m.value or b"")["id"] for m in broker.messages("decisions")} \
+        == {f"e{i}" for i in range(50)}
