@@ -415,7 +415,8 @@ def _check_consistency(config: Config) -> None:
     if config.kafka.membership == "group" and (config.checkpoint.dir is None
                                                or config.kafka.bootstrap is None):
         raise ConfigError("kafka.membership = group needs kafka.bootstrap and checkpoint.dir (the "
-                          "partitions' state, on storage every replica reaches). Got "
+                          "partitions' state: a local cache of the changelog with "
+                          "checkpoint.changelog, else storage every replica reaches). Got "
                           f"bootstrap {config.kafka.bootstrap!r}, checkpoint.dir "
                           f"{config.checkpoint.dir!r}.")
     if config.checkpoint.changelog and (config.checkpoint.dir is None

@@ -78,7 +78,9 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
 
     return Replica(make_daemon, make_membership, poll_timeout_s=config.limits.poll_timeout_seconds,
                    round_s=k.round_seconds, on_owned=observer.on_owned_partitions, hub=hub,
-                   claims=PartitionClaims(state_dir, replica_id), on_close=close_clients)
+                   # the changelog fences by Kafka; claims need one directory every replica sees
+                   claims=None if config.checkpoint.changelog
+                   else PartitionClaims(state_dir, replica_id), on_close=close_clients)
 
 
 def serve_replica(replica: Replica, max_events: int | None, out: Any,

@@ -61,8 +61,8 @@ Record = tuple[int, bytes, bytes | None]
 #: cleaned), and records up to 2 MB (a chunk is at most 256 KiB, a manifest a few hundred KiB).
 CHANGELOG_TOPIC_CONFIGS = {
     "cleanup.policy": "compact",
-    "segment.bytes": str(64 * 2**20),
-    "segment.ms": str(10 * 60_000),
+    "segment.bytes": str(16 * 2**20),
+    "segment.ms": str(5 * 60_000),
     "min.cleanable.dirty.ratio": "0.2",
     "max.message.bytes": str(2 * 2**20),
 }
@@ -171,7 +171,8 @@ class KafkaKeyedLog:
     def __init__(self, bootstrap_servers: str, topic: str, partition: int,
                  transactional_prefix: str = "streamlearn",
                  client_options: Mapping[str, object] | None = None,
-                 transaction_timeout_s: float = 600.0, timeout_s: float = 30.0) -> None:
+                 transaction_timeout_s: float = 600.0, timeout_s: float = 30.0,
+                 write: bool = True) -> None:
         from kafka import KafkaConsumer, KafkaProducer
         from kafka.errors import KafkaError
 
@@ -185,6 +186,9 @@ class KafkaKeyedLog:
                             and k not in ("transactional_id", "acks", "enable_idempotence",
                                           "max_request_size", "linger_ms")}
         self._lock = threading.Lock()  # commit excludes sends: Kafka refuses a send while committing
+        self._producer: Any = None
+        if not write:  # a reader (inspection, tests): fences nobody, writes nothing
+            return
         try:
             self._producer = KafkaProducer(
                 **{"client_id": "streamlearn-changelog", **producer_options},
@@ -270,6 +274,8 @@ class KafkaKeyedLog:
             consumer.close(autocommit=False)
 
     def close(self) -> None:
+        if self._producer is None:
+            return
         try:
             self._producer.close(timeout=5)
         except Exception as exc:  # closing a fenced producer may complain; nothing is lost

@@ -1,24 +1,28 @@
 """Acceptance of scale-out: replicas in one consumer group, state that moves with its
-partitions (docs/operations.md).
+partitions through the changelog topic (docs/operations.md).
 
-Three ``streamlearn serve --kafka-membership group`` processes share a group on
-6-partition topics while 60,000 instances stream in, with feedback delayed by
-an exponential 0.3 s. One replica is SIGKILLed mid-stream (its partitions go to
-the others after the session timeout, restored from its last checkpoints and
-journals); a fourth joins later (the cooperative rebalance moves partitions to
-it: their owners hand them over with a final checkpoint). At the end every
-replica is stopped with SIGTERM and the six partitions' final checkpoints are
-read: every id was decided, every feedback applied exactly once across the
-group (count and id checksum), nothing expired, duplicated or lost in the
-moves, and every re-emitted decision is byte-identical to the first. Every
-decision names the merged model it was made with, and after the stream every
-live replica serves the newest merged model of the models topic.
+Three ``streamlearn serve --kafka-membership group --checkpoint-changelog true``
+processes share a group on 6-partition topics while 60,000 instances stream in,
+with feedback delayed by an exponential 0.3 s. Each has a checkpoint directory of
+its own, shared with nobody. One replica is SIGKILLed mid-stream and its directory
+wiped (a machine that is gone: its partitions go to the others after the session
+timeout, restored from the changelog alone); one is paused past its session
+timeout (its partitions move; woken, it may publish nothing more for them); a
+fourth joins later with an empty directory (the cooperative rebalance moves
+partitions to it: their owners hand them over with a final checkpoint). At the
+end every replica is stopped with SIGTERM and the six partitions' final
+checkpoints are read from the changelog: every id was decided, every feedback
+applied exactly once across the group (count and id checksum), nothing expired,
+duplicated or lost in the moves, and every re-emitted decision is byte-identical
+to the first. Every decision names the merged model it was made with, and after
+the stream every live replica serves the newest merged model of the models topic.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,16 +30,16 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import orjson
 import pytest
 from daemon_harness import CLIENTS, REPO, Caller, make_topics, read_all, start_publisher, wait_until
 from kafka import KafkaConsumer, TopicPartition
 
 from streamlearn.datasets.synthetic import synthetic_stream
+from streamlearn.durability.changelog import Changelog, ChangelogState
 from streamlearn.service.counters import id_checksum
-from streamlearn.snapshot import read_snapshot
 from streamlearn.sync.codec import parse
+from streamlearn.transport.keyed_log import KafkaKeyedLog
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +50,8 @@ SYNC_S = 0.5
 
 
 def replica(bootstrap: str, topics: dict[str, str], group: str, name: str, state: Path,
-            log: Path, client: str = "kafka-python") -> subprocess.Popen[bytes]:
+            log: Path, client: str = "kafka-python",
+            changelog: str | None = None) -> subprocess.Popen[bytes]:
     args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
             "--topics-instances", topics["instances_topic"],
             "--topics-feedback", topics["feedback_topic"],
@@ -60,6 +65,8 @@ def replica(bootstrap: str, topics: dict[str, str], group: str, name: str, state
             "--gamma", "0.05", "--seed", "5", "--join-window-seconds", "3600",
             "--topics-models", f"models-{group}", "--sync-every-seconds", str(SYNC_S),
             "--kafka-client", client]
+    if changelog is not None:
+        args += ["--checkpoint-changelog", "true", "--topics-changelog", changelog]
     with open(log, "ab") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -77,33 +84,53 @@ def committed(bootstrap: str, topics: dict[str, str], group: str) -> bool:
         consumer.close()
 
 
+def final_state(bootstrap: str, changelog: str, partition: int) -> ChangelogState:
+    """A partition's newest checkpoint in the changelog (read only: fences nobody)."""
+    return Changelog(KafkaKeyedLog(bootstrap, changelog, partition, write=False)).restore()
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
         kafka_bootstrap: str, tmp_path: Path, client: str) -> None:
     X, y = synthetic_stream(N, noise=0.05, seed=12)
     topics = make_topics(kafka_bootstrap, partitions=PARTITIONS)
-    group, state = f"scale-{uuid.uuid4().hex[:6]}", tmp_path / "state"
-    models = f"models-{group}"
-    logs = {name: tmp_path / f"{name}.log" for name in ("r1", "r2", "r3", "r4")}
+    group = f"scale-{uuid.uuid4().hex[:6]}"
+    models, changelog = f"models-{group}", f"changelog-{group}"
+    names = ("r1", "r2", "r3", "r4")
+    logs = {name: tmp_path / f"{name}.log" for name in names}
+    disks = {name: tmp_path / f"disk-{name}" for name in names}  # shared with nobody
     caller = Caller(kafka_bootstrap, topics, y, delay_mean_s=0.3)
     caller.start()
-    procs = {name: replica(kafka_bootstrap, topics, group, name, state, logs[name], client)
-             for name in ("r1", "r2", "r3")}
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        return replica(kafka_bootstrap, topics, group, name, disks[name], logs[name], client,
+                       changelog)
+
+    procs = {name: start(name) for name in ("r1", "r2", "r3")}
 
     def tails() -> str:
         return "\n".join(f"--- {n}\n{p.read_text()[-1500:]}" for n, p in logs.items()
                          if p.exists())
 
+    def started() -> set[str]:
+        return {d.name for d in tmp_path.glob("disk-*/partition-*")}
+
     try:  # from the first replica on: a failure anywhere stops them all
-        wait_until(lambda: len(list(state.glob("partition-*"))) == PARTITIONS, 60,
+        wait_until(lambda: len(started()) == PARTITIONS, 60,
                    "the group to assign every partition", tails)
         publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
         wait_until(lambda: len(caller.first) >= 0.3 * N, 120, "the stream to progress", tails)
         procs["r2"].send_signal(signal.SIGKILL)  # mid-stream; its partitions move after 6 s
         procs["r2"].wait(30)
+        shutil.rmtree(disks["r2"])  # the machine is gone: only the changelog has its state
         killed_at = len(caller.first)
+        wait_until(lambda: len(caller.first) >= 0.45 * N, 180, "the stream to go on", tails)
+        procs["r3"].send_signal(signal.SIGSTOP)  # past the session timeout: evicted
+        time.sleep(15)
+        procs["r3"].send_signal(signal.SIGCONT)
+        paused_at = len(caller.first)
         wait_until(lambda: len(caller.first) >= 0.6 * N, 180, "the stream to go on", tails)
-        procs["r4"] = replica(kafka_bootstrap, topics, group, "r4", state, logs["r4"], client)
+        procs["r4"] = start("r4")
         added_at = len(caller.first)
         publisher.join(120)
         wait_until(lambda: len(caller.first) == N, 300, "a decision for every id",
@@ -115,37 +142,41 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
         moved = "partitions [" in logs["r4"].read_text()
     finally:
         for proc in procs.values():
+            proc.send_signal(signal.SIGCONT)  # a failure while one was paused
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         codes = {name: proc.wait(60) for name, proc in procs.items()}
         caller.stop()
     assert codes == {"r1": 0, "r2": -signal.SIGKILL, "r3": 0, "r4": 0}, tails()
     assert caller.error is None
-    print(f"killed r2 at {killed_at} decided ids, added r4 at {added_at}; "
-          f"{caller.n_decisions} decision messages for {N} ids")
-    assert killed_at < N and added_at < N and moved, tails()  # both moves hit a live stream
+    print(f"killed r2 at {killed_at} decided ids, paused r3 until {paused_at}, added r4 at "
+          f"{added_at}; {caller.n_decisions} decision messages for {N} ids")
+    assert killed_at < paused_at < added_at < N and moved, tails()  # every move hit a live stream
+    restored = sum(logs[n].read_text().count("restored checkpoint") for n in ("r1", "r3", "r4"))
+    assert restored > 0, tails()
 
     assert sorted(caller.first) == sorted(f"e{i}" for i in range(N))
     assert caller.mismatches == []  # re-emitted decisions identical, wherever they were made
 
-    # every feedback applied exactly once across the group: the partitions' final checkpoints
+    # every feedback applied exactly once across the group: the partitions' final checkpoints,
+    # as the changelog holds them
     feedback = [orjson.loads(r.value)["id"] for r in read_all(kafka_bootstrap,
                                                               topics["feedback_topic"])]
     assert len(feedback) == len(set(feedback)) == N
     joined = instances = 0
     checksum = 0
     for p in range(PARTITIONS):
-        newest = sorted((state / f"partition-{p}").glob("ckpt-*"))[-1]
-        _arrays, meta = read_snapshot(newest)
-        counters = meta["counters"]
+        state = final_state(kafka_bootstrap, changelog, p)
+        assert state.manifest is not None, p
+        counters = state.meta["counters"]
         joined += counters["feedback"]["joined"]
         instances += counters["instances"]
         checksum = (checksum + int(counters["applied_checksum"])) % (1 << 64)
         for outcome in ("late", "expired", "unknown", "duplicate"):
             assert counters["feedback"][outcome] == 0, (p, counters)
         assert counters["invalid"] == {}
-        assert meta["join"]["early"] == []
-        assert np.asarray(_arrays.get("pending.action", [])).size == 0  # nothing left pending
+        assert state.meta["join"]["early"] == []
+        assert state.arrays["pending.action"].size == 0  # nothing left pending
     assert joined == instances == N
     assert checksum == id_checksum(feedback)
     for name in ("r1", "r3", "r4"):

@@ -143,7 +143,7 @@ def test_ssl_files_are_checked_and_paired(tmp_path: Path) -> None:
 
 
 def test_topics_must_differ() -> None:
-    with pytest.raises(ConfigError, match="four different topics"):
+    with pytest.raises(ConfigError, match="six different topics"):
         load_config(environ={}, cli={"topics.feedback": "streamlearn.instances"})
 
 
