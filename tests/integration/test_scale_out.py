@@ -119,17 +119,18 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
         wait_until(lambda: len(started()) == PARTITIONS, 60,
                    "the group to assign every partition", tails)
         publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
-        wait_until(lambda: len(caller.first) >= 0.3 * N, 120, "the stream to progress", tails)
+        wait_until(lambda: len(caller.first) >= 0.2 * N, 120, "the stream to progress", tails)
         procs["r2"].send_signal(signal.SIGKILL)  # mid-stream; its partitions move after 6 s
         procs["r2"].wait(30)
         shutil.rmtree(disks["r2"])  # the machine is gone: only the changelog has its state
         killed_at = len(caller.first)
-        wait_until(lambda: len(caller.first) >= 0.45 * N, 180, "the stream to go on", tails)
-        procs["r3"].send_signal(signal.SIGSTOP)  # past the session timeout: evicted
-        time.sleep(15)
+        wait_until(lambda: len(caller.first) >= 0.35 * N, 180, "the stream to go on", tails)
+        procs["r3"].send_signal(signal.SIGSTOP)  # past the 6 s session timeout: evicted
+        time.sleep(10)
         procs["r3"].send_signal(signal.SIGCONT)
         paused_at = len(caller.first)
-        wait_until(lambda: len(caller.first) >= 0.6 * N, 180, "the stream to go on", tails)
+        wait_until(lambda: len(caller.first) >= paused_at + 1000, 180, "the stream to go on",
+                   tails)
         procs["r4"] = start("r4")
         added_at = len(caller.first)
         publisher.join(120)
