@@ -148,6 +148,8 @@ def serve(bootstrap: str, topics: dict[str, str], ckpt: Path, mode: tuple[str, .
           extra: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
     tree = next((Path(e[len(TREE_MARK):]) for e in extra if e.startswith(TREE_MARK)), REPO)
     extra = tuple(e for e in extra if not e.startswith(TREE_MARK))
+    if "--checkpoint-changelog" in extra:  # a changelog of this run's own
+        extra = (*extra, "--topics-changelog", f"{topics['instances']}-changelog")
     args = [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap,
             "--topics-instances", topics["instances"], "--topics-feedback", topics["feedback"],
             "--topics-decisions", topics["decisions"],
