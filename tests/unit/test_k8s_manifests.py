@@ -60,3 +60,21 @@ def test_the_pod_monitor_selects_the_pods() -> None:
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     ports = {p["name"] for c in pods["spec"]["containers"] for p in c.get("ports", [])}
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
+
+
+def test_replicas_with_volumes_of_their_own_keep_their_state_on_kafka() -> None:
+    """More than one replica, each with a ReadWriteOnce volume: the partitions' state must
+    move through the changelog topic (a replica taking a partition finds nothing of it on its
+    own volume), and each pod is a static member named after itself."""
+    import tomllib
+
+    docs = {doc["kind"]: doc for _, doc in documents()}
+    config = tomllib.loads(docs["ConfigMap"]["data"]["streamlearn.toml"])
+    stateful = docs["StatefulSet"]
+    assert stateful["spec"]["replicas"] > 1
+    assert config["kafka"]["membership"] == "group"
+    assert config["checkpoint"]["changelog"] is True
+    env = {e["name"]: e for c in stateful["spec"]["template"]["spec"]["containers"]
+           for e in c.get("env", [])}
+    member = env["STREAMLEARN_KAFKA_GROUP_INSTANCE_ID"]
+    assert member["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
