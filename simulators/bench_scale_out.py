@@ -39,14 +39,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 def batch_totals(state: Path) -> tuple[int, int]:
-    """(instances, instance batches) summed over the partitions' newest checkpoints."""
+    """(instances, instance batches) summed over the partitions' newest checkpoints (on the
+    shared directory, or the newest of each partition over the replicas' own)."""
+    newest: dict[str, tuple[int, Path]] = {}
+    for part in [*state.glob("partition-*"), *state.glob("r*/partition-*")]:
+        for ckpt in part.glob("ckpt-*"):
+            seq = int(ckpt.name.split("-")[1])
+            if seq > newest.get(part.name, (-1, ckpt))[0]:
+                newest[part.name] = (seq, ckpt)
     instances = batches = 0
-    for part in state.glob("partition-*"):
-        newest = sorted(part.glob("ckpt-*"))
-        if newest:
-            counters = orjson.loads((newest[-1] / "meta.json").read_bytes())["counters"]
-            instances += int(counters["instances"])
-            batches += int(counters["instance_batches"])
+    for _, ckpt in newest.values():
+        counters = orjson.loads((ckpt / "meta.json").read_bytes())["counters"]
+        instances += int(counters["instances"])
+        batches += int(counters["instance_batches"])
     return instances, batches
 
 
@@ -78,17 +83,22 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
     procs = []
     for r in range(replicas):
         log = open(state / f"r{r}.log", "wb")  # noqa: SIM115
+        # --changelog: each replica's own directory, the state on the changelog topic
+        own = (["--checkpoint-dir", str(state / f"r{r}"), "--checkpoint-changelog", "true",
+                "--topics-changelog", f"c-{tag}"] if args.changelog
+               else ["--checkpoint-dir", str(state)])
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "streamlearn", "serve", "--bootstrap", bootstrap, *topics,
              "--kafka-membership", "group", "--kafka-group-id", f"g-{tag}",
-             "--kafka-group-instance-id", f"r{r}", "--checkpoint-dir", str(state),
+             "--kafka-group-instance-id", f"r{r}", *own,
              "--metrics-port", "-1", "--progress-seconds", "0", "--learner", args.learner,
              "--join-window-seconds", "3600", "--sync-every-seconds", str(args.sync_seconds),
              "--kafka-round-seconds", str(args.round_seconds),
              *dims],
             stdout=log, stderr=subprocess.STDOUT, env=env))
     deadline = time.monotonic() + 120
-    while len(list(state.glob("partition-*/owner"))) < partitions:
+    while len({p.name for p in [*state.glob("partition-*/owner"), *state.glob("r*/partition-*")]}
+              ) < partitions:
         if time.monotonic() > deadline:
             raise SystemExit(f"the group did not assign every partition; see {state}")
         time.sleep(0.2)
@@ -142,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="topics with this many partitions per replica (instead of 6 for "
                         "every count): with --per-replica-rate, each replica then has the same "
                         "load, partitions and batch sizes whatever the count")
+    parser.add_argument("--changelog", action="store_true",
+                        help="each replica with a directory of its own and the partitions' state "
+                        "on a changelog topic (checkpoint.changelog), as on Kubernetes")
     parser.add_argument("--idle-seconds", type=float, default=0.0,
                         help="instead of a stream: the replicas' CPU over this many idle seconds")
     parser.add_argument("--repeats", type=int, default=1,
