@@ -22,13 +22,18 @@ from typing import Any
 import numpy as np
 import orjson
 
-from streamlearn.commands.inspect_group import describe_group, is_group_state, print_group
+from streamlearn.commands.inspect_group import (
+    describe_changelog,
+    describe_group,
+    is_group_state,
+    print_group,
+)
 from streamlearn.commands.readable import spec_text
-from streamlearn.errors import StateError
+from streamlearn.errors import ConfigError, StateError
 from streamlearn.service.rollout import ArmStats
 from streamlearn.snapshot import ARRAYS_FILE, META_FILE, read_snapshot
 
-__all__ = ["add_parser", "describe", "run", "snapshots_in"]
+__all__ = ["add_parser", "describe", "describe_state", "run", "snapshots_in"]
 
 _CKPT = re.compile(r"^ckpt-(\d+)$")
 
@@ -37,8 +42,12 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "inspect", help="show what a checkpoint or saved learner holds",
         description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("path", metavar="PATH",
+    parser.add_argument("path", metavar="PATH", nargs="?",
                         help="a snapshot directory, or a checkpoint directory (newest shown)")
+    parser.add_argument("--changelog", metavar="TOPIC",
+                        help="instead of PATH: every partition's newest checkpoint in this "
+                        "changelog topic (checkpoint.changelog), read only; needs --bootstrap")
+    parser.add_argument("--bootstrap", metavar="HOST:PORT", help="Kafka, for --changelog")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--all", action="store_true",
                         help="every snapshot of a checkpoint directory, oldest first")
@@ -86,9 +95,15 @@ def _shown_settings(settings: Any) -> Any:
 def describe(path: Path) -> dict[str, Any]:
     """A JSON-ready summary of one snapshot (raises StateError when it is corrupt)."""
     arrays, meta = read_snapshot(path)
+    return describe_state(str(path), arrays, meta)
+
+
+def describe_state(where: str, arrays: dict[str, np.ndarray], meta: dict[str, Any]
+                   ) -> dict[str, Any]:
+    """A JSON-ready summary of a snapshot's arrays and metadata, read from ``where``."""
     learner = _learner_meta(meta)
     info: dict[str, Any] = {
-        "path": str(path),
+        "path": where,
         "kind": meta.get("kind", "checkpoint" if "offsets" in meta else "unknown"),
         "format_version": meta.get("format_version"),
         "package_version": meta.get("package_version"),
@@ -374,6 +389,17 @@ def _restorable(paths: list[Path]) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.changelog is not None or args.path is None:
+        if args.changelog is None or args.bootstrap is None or args.path is not None:
+            raise ConfigError("inspect needs a PATH, or --changelog TOPIC with --bootstrap "
+                              f"HOST:PORT. Got path {args.path!r}, --changelog "
+                              f"{args.changelog!r}, --bootstrap {args.bootstrap!r}.")
+        group = describe_changelog(args.bootstrap, args.changelog)
+        if args.json:
+            print(orjson.dumps(group, option=orjson.OPT_INDENT_2, default=_json_default).decode())
+        else:
+            print_group(group)
+        return 0
     path = Path(args.path)
     if is_group_state(path) and not any(_CKPT.match(p.name) for p in path.iterdir()):
         group = describe_group(path)

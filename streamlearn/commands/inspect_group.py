@@ -1,15 +1,18 @@
-"""``streamlearn inspect STATE_DIR`` of a scaled-out group (``kafka.membership = group``).
+"""``streamlearn inspect STATE_DIR`` of a scaled-out group (``kafka.membership = group``),
+or ``streamlearn inspect --changelog TOPIC --bootstrap HOST:PORT``.
 
-The state directory holds ``partition-<p>`` checkpoint directories. For each
-partition: who claims it (replica, epoch), its newest checkpoint, the offsets
-it has consumed, its pending joins and its exact counters; then the group's
-totals (instances, joined feedback, and the id checksum of applied feedback,
-summed over the partitions as the crash tests compare them).
+The state directory holds ``partition-<p>`` checkpoint directories; the changelog topic
+holds each partition's checkpoints (``checkpoint.changelog``). For each
+partition: who claims it (replica, epoch; on the changelog: when its newest checkpoint
+was written), its newest checkpoint, the offsets it has consumed, its pending joins and
+its exact counters; then the group's totals (instances, joined feedback, and the id
+checksum of applied feedback, summed over the partitions as the crash tests compare them).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +40,6 @@ def describe_group(path: Path) -> dict[str, Any]:
     from streamlearn.commands.inspect import describe, snapshots_in
 
     rows = []
-    totals = {"instances": 0, "joined": 0, "expired": 0, "pending_joins": 0}
-    checksum = 0
     for partition, directory in _partitions(path):
         row: dict[str, Any] = {"partition": partition}
         owner = directory / "owner"
@@ -52,32 +53,78 @@ def describe_group(path: Path) -> dict[str, Any]:
         except StateError:
             rows.append({**row, "checkpoint": None})
             continue
-        info = describe(snapshot)
-        counters = info.get("other", {}).get("counters", {})
-        feedback = counters.get("feedback", {})
-        row.update(checkpoint=info.get("seq"), offsets=info.get("offsets"),
-                   pending_joins=info.get("pending_joins", 0),
-                   instances=counters.get("instances", 0), joined=feedback.get("joined", 0),
-                   expired=feedback.get("expired", 0),
-                   applied_checksum=counters.get("applied_checksum", "0"))
+        rows.append(_row(row, describe(snapshot)))
+    return {"path": str(path), "partitions": rows, "totals": _totals(rows)}
+
+
+def describe_changelog(bootstrap: str, topic: str) -> dict[str, Any]:
+    """:func:`describe_group` of the newest checkpoint of each partition of a changelog topic
+    (read only: no writer is fenced)."""
+    from kafka import KafkaConsumer
+
+    from streamlearn.commands.inspect import describe_state
+    from streamlearn.durability.changelog import Changelog
+    from streamlearn.transport.kafka import check_reachable
+    from streamlearn.transport.keyed_log import KafkaKeyedLog
+
+    check_reachable(bootstrap)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, allow_auto_create_topics=False)
+    try:
+        partitions = sorted(consumer.partitions_for_topic(topic) or [])
+    finally:
+        consumer.close()
+    if not partitions:
+        raise StateError(f"there is no topic {topic!r} on {bootstrap}.")
+    rows = []
+    for partition in partitions:
+        found = Changelog(KafkaKeyedLog(bootstrap, topic, partition, write=False)).restore()
+        row: dict[str, Any] = {"partition": partition}
+        if found.manifest is None:
+            rows.append({**row, "checkpoint": None})
+            continue
+        row["written_at"] = found.manifest.get("written_at")
+        rows.append(_row(row, describe_state(f"{topic}[{partition}]", found.arrays, found.meta)))
+    return {"path": f"changelog {topic} on {bootstrap}", "partitions": rows,
+            "totals": _totals(rows)}
+
+
+def _row(row: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """One partition's row from its newest checkpoint's summary."""
+    counters = info.get("other", {}).get("counters", {})
+    feedback = counters.get("feedback", {})
+    row.update(checkpoint=info.get("seq"), offsets=info.get("offsets"),
+               pending_joins=info.get("pending_joins", 0),
+               instances=counters.get("instances", 0), joined=feedback.get("joined", 0),
+               expired=feedback.get("expired", 0),
+               applied_checksum=counters.get("applied_checksum", "0"))
+    return row
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    totals = {"instances": 0, "joined": 0, "expired": 0, "pending_joins": 0}
+    checksum = 0
+    for row in rows:
+        if row.get("checkpoint") is None:
+            continue
         for key in totals:
             totals[key] += int(row.get(key) or 0)
         checksum = (checksum + int(row["applied_checksum"])) % (1 << 64)
-        rows.append(row)
-    return {"path": str(path), "partitions": rows,
-            "totals": {**totals, "applied_checksum": str(checksum)}}
+    return {**totals, "applied_checksum": str(checksum)}
 
 
 def print_group(info: dict[str, Any]) -> None:
     print(f"group state     {info['path']} ({len(info['partitions'])} partitions)")
-    print(f"  {'p':>3}  {'owner':<18}{'ckpt':>6}{'instances':>11}{'joined':>9}{'expired':>9}"
+    owner_head = "written (UTC)" if any("written_at" in r for r in info["partitions"]) else "owner"
+    print(f"  {'p':>3}  {owner_head:<20}{'ckpt':>6}{'instances':>11}{'joined':>9}{'expired':>9}"
           f"{'pending':>9}  offsets (next to read)")
     for row in info["partitions"]:
         owner = row.get("owner") or {}
         who = f"{owner.get('replica', '-')}@{owner.get('epoch', '-')}"
+        if row.get("written_at") is not None:  # the changelog: when, not who
+            who = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["written_at"]))
         offsets = ", ".join(f"{o['topic']}[{o['partition']}] {o['next_offset']:,}"
                             for o in row.get("offsets") or [])
-        print(f"  {row['partition']:>3}  {who:<18}{row.get('checkpoint') or '-':>6}"
+        print(f"  {row['partition']:>3}  {who:<20}{row.get('checkpoint') or '-':>6}"
               f"{row.get('instances', 0):>11,}{row.get('joined', 0):>9,}"
               f"{row.get('expired', 0):>9,}{row.get('pending_joins', 0):>9,}  {offsets}")
     t = info["totals"]

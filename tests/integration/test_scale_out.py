@@ -180,6 +180,13 @@ def test_replicas_share_the_partitions_and_lose_nothing_when_they_move(
         assert state.arrays["pending.action"].size == 0  # nothing left pending
     assert joined == instances == N
     assert checksum == id_checksum(feedback)
+    # ... and as an operator reads it
+    shown = subprocess.run([sys.executable, "-m", "streamlearn", "inspect", "--changelog",
+                            changelog, "--bootstrap", kafka_bootstrap, "--json"],
+                           capture_output=True, text=True, check=True, cwd=REPO)
+    totals = orjson.loads(shown.stdout)["totals"]
+    assert (totals["instances"], totals["joined"], totals["pending_joins"]) == (N, N, 0)
+    assert int(totals["applied_checksum"]) == id_checksum(feedback)
     for name in ("r1", "r3", "r4"):
         assert "Traceback" not in logs[name].read_text(), tails()
 

@@ -174,3 +174,13 @@ def test_the_rollout_mode_and_its_switches_from_the_checkpoint(
     assert [h["to"] for h in info["adoption"]["history"]] == ["conservative", "online",
                                                                "conservative"]
     assert "adoption" not in info.get("other", {})
+
+
+@pytest.mark.parametrize("argv", [[], ["--changelog", "t"], ["--bootstrap", "h:1"],
+                                  ["some/dir", "--changelog", "t", "--bootstrap", "h:1"]])
+def test_a_path_or_a_changelog_with_its_broker(argv: list[str],
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "needs a PATH, or --changelog TOPIC with --bootstrap" in err
+    assert len(err.strip().splitlines()) == 1
