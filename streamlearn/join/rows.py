@@ -201,6 +201,8 @@ class RowStore:
         both = concat_rows([as_sparse(dense), csr])
         assert isinstance(both, SparseBatch)
         dense_at, sparse_at = np.flatnonzero(~sparse), np.flatnonzero(sparse)
+        if not sparse[:len(dense_at)].any():  # the dense rows first, as an export in slot
+            return both                       # order has them: nothing to reorder
         order = np.empty(len(sparse), dtype=np.int64)
         order[np.concatenate([dense_at, sparse_at])] = np.arange(len(sparse))
         return both.take(order)

@@ -308,3 +308,24 @@ def test_few_rows_sample_alike_in_python_and_in_numpy(rows: int, actions: int, s
     assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
     nonzero = probs.sum(axis=1) > 0
     assert (probs[np.arange(rows), got] > 0)[nonzero].all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, n=st.integers(1, 80), d=st.integers(1, 20), density=st.floats(0.0, 1.0),
+       first=st.integers(0, 1500), in_slot_order=st.booleans())
+def test_exported_rows_import_in_the_saved_order(seed: int, n: int, d: int, density: float,
+                                                 first: int, in_slot_order: bool) -> None:
+    """Rows exported in slot order (the dense rows first: imported without a reorder) or in any
+    order (dense and sparse interleaved: reordered) come back as they were put."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < density)
+    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):  # the dense matrix: 1,024 rows
+        store = RowStore(d)
+        store.grow(4096)
+        slots = first + rng.permutation(n)
+        store.put(slots, X)
+        order = np.sort(slots) if in_slot_order else slots
+        back = RowStore.imported(store.export(order), d)
+    want = X[np.argsort(slots)] if in_slot_order else X
+    got = back.to_dense() if isinstance(back, SparseBatch) else back
+    assert np.array_equal(got, want)
