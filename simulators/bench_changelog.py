@@ -29,6 +29,7 @@ import numpy as np
 from simulators.bench_daemon import start_broker
 from streamlearn.durability.changelog import Changelog
 from streamlearn.join.pending import JoinSettings, PendingJoins
+from streamlearn.service.settings import without_hugepage_advice
 from streamlearn.snapshot import read_snapshot, write_snapshot
 from streamlearn.transport.kafka import ensure_topics
 from streamlearn.transport.keyed_log import CHANGELOG_TOPIC_CONFIGS, KafkaKeyedLog
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--close-order", choices=("fifo", "random"), default="fifo",
                         help="which pending decisions close: the oldest, or any")
     args = parser.parse_args(argv)
+    without_hugepage_advice()  # as serve runs (docs/daemon.md §7)
     with ExitStack() as stack:
         bootstrap = args.bootstrap or start_broker(stack)
         topic = f"bench-changelog-{uuid.uuid4().hex[:8]}"
