@@ -32,7 +32,7 @@ from streamlearn.join.pending import JoinSettings, PendingJoins
 from streamlearn.service.settings import without_hugepage_advice
 from streamlearn.snapshot import read_snapshot, write_snapshot
 from streamlearn.transport.kafka import ensure_topics
-from streamlearn.transport.keyed_log import CHANGELOG_TOPIC_CONFIGS, KafkaKeyedLog
+from streamlearn.transport.keyed_log import CHANGELOG_TOPIC_CONFIGS, LANES, KafkaKeyedLog
 
 
 def build_state(pending: int, closed: int, d: int, k: int, seed: int = 0) -> PendingJoins:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     with ExitStack() as stack:
         bootstrap = args.bootstrap or start_broker(stack)
         topic = f"bench-changelog-{uuid.uuid4().hex[:8]}"
-        ensure_topics(bootstrap, [topic], 1, topic_configs=CHANGELOG_TOPIC_CONFIGS)
+        ensure_topics(bootstrap, [topic], LANES, topic_configs=CHANGELOG_TOPIC_CONFIGS)
         print(f"building {args.pending:,} pending decisions (d={args.features}, "
               f"K={args.actions}) and {args.closed:,} recently closed ids ...", flush=True)
         store = build_state(args.pending, args.closed, args.features, args.actions)

@@ -65,7 +65,7 @@ def describe_changelog(bootstrap: str, topic: str) -> dict[str, Any]:
     from streamlearn.commands.inspect import describe_state
     from streamlearn.durability.changelog import Changelog
     from streamlearn.transport.kafka import check_reachable
-    from streamlearn.transport.keyed_log import KafkaKeyedLog
+    from streamlearn.transport.keyed_log import LANES, KafkaKeyedLog
 
     check_reachable(bootstrap)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, allow_auto_create_topics=False)
@@ -76,7 +76,7 @@ def describe_changelog(bootstrap: str, topic: str) -> dict[str, Any]:
     if not partitions:
         raise StateError(f"there is no topic {topic!r} on {bootstrap}.")
     rows = []
-    for partition in partitions:
+    for partition in range(len(partitions) // LANES):  # the input partition of each slot
         found = Changelog(KafkaKeyedLog(bootstrap, topic, partition, write=False)).restore()
         row: dict[str, Any] = {"partition": partition}
         if found.manifest is None:

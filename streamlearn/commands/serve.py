@@ -348,20 +348,25 @@ def _candidate_dimensions(config: Config, transport: Transport) -> tuple[int, in
 
 def open_changelog(config: Config, partition: int) -> Changelog | None:
     """The changelog of one partition's state (``checkpoint.changelog``; None: off), its
-    topic created if missing (compacted, as many partitions as the input topics). Opening
-    it fences the partition's previous writer."""
+    topic created if missing (compacted, two partitions per input partition: the state's and
+    the journal's). Opening it fences the partition's previous writer."""
     if not config.checkpoint.changelog:
         return None
     from streamlearn.durability.changelog import Changelog
     from streamlearn.transport.kafka import ensure_topics
-    from streamlearn.transport.keyed_log import CHANGELOG_TOPIC_CONFIGS, KafkaKeyedLog
+    from streamlearn.transport.keyed_log import CHANGELOG_TOPIC_CONFIGS, LANES, KafkaKeyedLog
 
     k, t = config.kafka, config.topics
     assert k.bootstrap is not None  # checked by load_config
     options = k.client_options()
     counts = ensure_topics(k.bootstrap, [t.instances], t.partitions, client_options=options)
-    ensure_topics(k.bootstrap, [t.changelog], counts[t.instances], client_options=options,
-                  topic_configs=CHANGELOG_TOPIC_CONFIGS)
+    want = LANES * counts[t.instances]  # a state and a journal partition per input partition
+    have = ensure_topics(k.bootstrap, [t.changelog], want, client_options=options,
+                         topic_configs=CHANGELOG_TOPIC_CONFIGS)[t.changelog]
+    if have < want:
+        raise ConfigError(f"topics.changelog {t.changelog!r} must have {want} partitions (two "
+                          f"per partition of {t.instances!r}). Got {have}; create it anew, or "
+                          f"name another (it is created when missing).")
     return Changelog(KafkaKeyedLog(k.bootstrap, t.changelog, partition, k.group_id, options))
 
 

@@ -20,9 +20,10 @@ still the newest one in the changelog restores from disk.
   id, and for every array its dtype, shape and chunk digests (the snapshot's JSON is
   one of the arrays). It is written after all its chunks, in the same partition, so
   a manifest in the log has every chunk it names before it.
-* ``j/<seq>/<n>`` — **journal** records: the decision journal's lines (the same
-  JSON lines as ``journal-<seq>.jsonl``), each batch written and acknowledged
-  *before* its decisions are published. A restore from checkpoint ``s`` reuses the
+* ``j/<seq>/<n>`` — **journal** records, on the log's journal lane (its own Kafka
+  partition, so that their acknowledgement never waits behind chunks): the decision
+  journal's lines (the same JSON lines as ``journal-<seq>.jsonl``), each batch
+  written and acknowledged *before* its decisions are published. A restore from checkpoint ``s`` reuses the
   journaled decisions of ``seq >= s``, so a new owner re-emits what the previous one
   published, byte for byte.
 
@@ -178,12 +179,13 @@ class Changelog:
         self.stored: set[bytes] = set()  # chunk keys in the log: the last manifest's + unsure
         self.journal_keys: dict[int, list[bytes]] = {}  # journal records written, by seq
         self._journal_count = 0
-        self._garbage: set[bytes] = set()  # keys a restore found that nothing needs
+        self._garbage: set[bytes] = set()  # chunk keys a restore found that nothing needs
+        self._old_journal: set[bytes] = set()  # journal keys a restore found that nothing needs
         self.last_state: str | None = None
         self.chunks_written = 0
         self.bytes_written = 0
-        # an offset at or before every record written from now on (a restore's tail scan of
-        # the local copy's checkpoint starts there): after the newest acknowledged record
+        # an offset of the state lane at or before every record written there from now on (a
+        # restore's tail scan of the local copy's checkpoint starts there)
         self.resume_offset = 0
         self._lock = threading.Lock()  # journal_keys: the serving thread and the writer's
 
@@ -193,10 +195,9 @@ class Changelog:
         have it (before the decisions are published); Fenced when another writer owns it."""
         self._journal_count += 1
         key = f"j/{seq}/{self._journal_count}".encode("ascii")
-        offset = self.log.send_and_wait(key, lines)
+        self.log.send_and_wait(key, lines, journal=True)
         with self._lock:
             self.journal_keys.setdefault(seq, []).append(key)
-            self.resume_offset = max(self.resume_offset, offset + 1)
 
     def publish(self, seq: int, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Write checkpoint ``seq``: the chunks the log does not hold, the manifest, commit;
@@ -228,15 +229,19 @@ class Changelog:
             described[name] = {"dtype": np.asarray(array).dtype.str,
                                "shape": list(np.asarray(array).shape), "chunks": digests}
         manifest = {"seq": seq, "state": state, "arrays": described, "written_at": time.time()}
-        self.log.send(MANIFEST_KEY, orjson.dumps(manifest))
+        at = self.log.send_and_wait(MANIFEST_KEY, orjson.dumps(manifest))
         self.log.commit()
+        self.resume_offset = at + 1  # the next checkpoint's records all come after
         self.bytes_written += new_bytes
         obsolete = (self.stored | self._garbage) - needed
         with self._lock:
-            obsolete |= {k for s, keys in self.journal_keys.items() if s < seq for k in keys}
+            old_journal = {k for s, keys in self.journal_keys.items() if s < seq for k in keys}
             self.journal_keys = {s: keys for s, keys in self.journal_keys.items() if s >= seq}
         for key in sorted(obsolete):  # in the next transaction: this manifest is committed
             self.log.send(key, None)
+        for key in sorted(old_journal | self._old_journal):
+            self.log.send(key, None, journal=True)
+        self._old_journal = set()
         self.stored, self._garbage, self.last_state = needed, set(), state
         log.debug("changelog checkpoint %d: %d new chunks (%d bytes), %d tombstones", seq,
                   self.chunks_written, new_bytes, len(obsolete))
@@ -261,6 +266,8 @@ class Changelog:
                                for d in a["chunks"]}
                 self.journal_keys = {s: [k for k, _ in keys] for s, keys in tail[2].items()
                                      if s >= state.seq}
+                self._old_journal = {k for s, keys in tail[2].items() if s < state.seq
+                                     for k, _ in keys}
                 self.last_state = local_state
                 return state
         manifests, chunks, journal, records, read, seconds = self._scan(0, fetch_chunks=True)
@@ -283,8 +290,8 @@ class Changelog:
         needed = set() if state.manifest is None else {
             _chunk_key(d) for a in state.manifest["arrays"].values() for d in a["chunks"]}
         self.stored = needed
-        self._garbage = (set(chunks) - needed) | {
-            k for s, keys in journal.items() if s < seq for k, _ in keys}
+        self._garbage = set(chunks) - needed
+        self._old_journal = {k for s, keys in journal.items() if s < seq for k, _ in keys}
         self.journal_keys = {s: [k for k, _ in keys] for s, keys in journal.items() if s >= seq}
         self.last_state = state.state_id
         state.seconds = seconds + time.perf_counter() - started
@@ -319,11 +326,13 @@ class Changelog:
                     chunks.pop(key, None)
                 elif fetch_chunks:
                     chunks[key] = value
+        for _offset, key, value in self.log.records(journal=True):  # small: read it all
+            records += 1
+            read += len(value or b"")
+            if value is None:
+                journal.pop(key, None)
             elif key.startswith(b"j/"):
-                if value is None:
-                    journal.pop(key, None)
-                else:
-                    journal[key] = value
+                journal[key] = value
         by_seq: dict[int, list[tuple[bytes, bytes]]] = {}
         for key, value in journal.items():
             parts = key.split(b"/")

@@ -1,17 +1,23 @@
-"""One partition of a compacted, keyed log written by one fenced writer: a changelog's storage.
+"""One slot of a compacted, keyed log written by one fenced writer: a changelog's storage.
 
-:class:`KeyedLog` is what :mod:`streamlearn.durability.changelog` needs from Kafka:
+:class:`KeyedLog` is what :mod:`streamlearn.durability.changelog` needs from Kafka. A
+slot has two **lanes**: the *state* lane (large records: checkpoint chunks and
+manifests) and the *journal* lane (small records the serving loop waits for). On
+Kafka, slot ``p`` is partitions ``2p`` (state) and ``2p + 1`` (journal) of the
+topic, so that a journal record's acknowledgement never queues behind megabytes of
+chunks bound for the same partition. What the log offers:
 
-* **one writer at a time.** Opening a log for ``(topic, partition)`` fences the
-  previous writer of that partition: from then on every write of the old one fails
+* **one writer at a time.** Opening a log for ``(topic, slot)`` fences the
+  previous writer of that slot: from then on every write of the old one fails
   with :class:`Fenced`, whatever it believes. On Kafka this is a transactional
-  producer whose ``transactional.id`` names the partition: ``init_transactions``
+  producer whose ``transactional.id`` names the slot: ``init_transactions``
   bumps the producer epoch, the broker refuses the old epoch, and the old writer's
   open transaction is aborted.
 * **writes in transactions.** :meth:`KeyedLog.send` queues a record in the open
   transaction, :meth:`KeyedLog.send_and_wait` also waits until the broker has it
   (it is in the log, not yet committed), :meth:`KeyedLog.commit` commits the
-  transaction and opens the next one.
+  transaction and opens the next one. Both lanes are written in the same
+  transactions by the same (fenced) writer.
 * **reads of everything in the log**, committed or not (``read_uncommitted``):
   a writer that was killed leaves its last transaction aborted, and the records in
   it (the decisions it journaled and may have published) are still what the next
@@ -28,14 +34,16 @@ the Kafka one (kafka-python, whichever client serves the input).
 >>> old = logs.open("changelog", 0)
 >>> old.send_and_wait(b"k", b"v1")
 0
+>>> old.send_and_wait(b"j", b"line", journal=True)
+0
 >>> new = logs.open("changelog", 0)  # fences the old writer
 >>> try:
 ...     old.send(b"k", b"zombie")
 ... except Fenced as exc:
 ...     print("fenced")
 fenced
->>> [(offset, key, value) for offset, key, value in new.records()]
-[(0, b'k', b'v1')]
+>>> list(new.records()), list(new.records(journal=True))
+([(0, b'k', b'v1')], [(0, b'j', b'line')])
 """
 
 from __future__ import annotations
@@ -48,13 +56,16 @@ from typing import Any, Protocol
 
 from streamlearn.errors import StreamlearnError, TransportError
 
-__all__ = ["CHANGELOG_TOPIC_CONFIGS", "Fenced", "KafkaKeyedLog", "KeyedLog", "MemoryKeyedLog",
-           "MemoryKeyedLogs", "Record"]
+__all__ = ["CHANGELOG_TOPIC_CONFIGS", "LANES", "Fenced", "KafkaKeyedLog", "KeyedLog",
+           "MemoryKeyedLog", "MemoryKeyedLogs", "Record"]
 
 log = logging.getLogger("streamlearn.changelog")
 
 Record = tuple[int, bytes, bytes | None]
 """(offset, key, value); value ``None`` is a tombstone."""
+
+#: Kafka partitions per slot: the state lane, then the journal lane.
+LANES = 2
 
 #: Topic settings of a changelog topic created by streamlearn: compacted, segments small and
 #: young enough that the cleaner gets to them within minutes (the active segment is never
@@ -69,24 +80,24 @@ CHANGELOG_TOPIC_CONFIGS = {
 
 
 class Fenced(StreamlearnError):
-    """Another writer opened this log partition: this one may write nothing more to it (not a
+    """Another writer opened this log slot: this one may write nothing more to it (not a
     TransportError: retrying cannot help, the partition is another replica's now)."""
 
 
 class KeyedLog(Protocol):
-    """One partition of a compacted log, written in transactions by a fenced writer."""
+    """One slot (two lanes) of a compacted log, written in transactions by a fenced writer."""
 
-    def send(self, key: bytes, value: bytes | None) -> None:
-        """Queue a record (``None``: a tombstone) in the open transaction."""
+    def send(self, key: bytes, value: bytes | None, journal: bool = False) -> None:
+        """Queue a record (``None``: a tombstone) on a lane, in the open transaction."""
 
-    def send_and_wait(self, key: bytes, value: bytes | None) -> int:
-        """Write a record and wait until the broker has it; its offset."""
+    def send_and_wait(self, key: bytes, value: bytes | None, journal: bool = False) -> int:
+        """Write a record on a lane and wait until the broker has it; its offset there."""
 
     def commit(self) -> None:
         """Commit the open transaction (every record sent is in the log) and open the next."""
 
-    def records(self, start: int = 0) -> Iterator[Record]:
-        """Every record from offset ``start`` to the end of the log as of this call."""
+    def records(self, start: int = 0, journal: bool = False) -> Iterator[Record]:
+        """Every record of a lane from offset ``start`` to its end as of this call."""
 
     def close(self) -> None:
         """Abort nothing, commit nothing: the next writer's open aborts an open transaction."""
@@ -98,25 +109,27 @@ class MemoryKeyedLogs:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.partitions: dict[tuple[str, int], list[Record]] = {}
-        self.epochs: dict[tuple[str, int], int] = {}
+        self.partitions: dict[tuple[str, int], list[Record]] = {}  # (topic, Kafka partition)
+        self.epochs: dict[tuple[str, int], int] = {}  # (topic, slot)
 
-    def open(self, topic: str, partition: int) -> MemoryKeyedLog:
-        """The writer of ``topic[partition]``; every earlier writer is fenced."""
+    def open(self, topic: str, slot: int) -> MemoryKeyedLog:
+        """The writer of ``topic``'s slot ``slot``; every earlier writer is fenced."""
         with self.lock:
-            where = (topic, partition)
+            where = (topic, slot)
             self.epochs[where] = self.epochs.get(where, 0) + 1
-            self.partitions.setdefault(where, [])
+            for lane in range(LANES):
+                self.partitions.setdefault((topic, LANES * slot + lane), [])
             return MemoryKeyedLog(self, where, self.epochs[where])
 
-    def compact(self, topic: str, partition: int) -> None:
-        """What the log cleaner does: keep the newest record per key, drop tombstoned keys
-        (offsets are kept)."""
+    def compact(self, topic: str, slot: int) -> None:
+        """What the log cleaner does to both lanes: keep the newest record per key, drop
+        tombstoned keys (offsets are kept)."""
         with self.lock:
-            records = self.partitions[(topic, partition)]
-            newest = {key: offset for offset, key, _ in records}
-            self.partitions[(topic, partition)] = [
-                r for r in records if newest[r[1]] == r[0] and r[2] is not None]
+            for lane in range(LANES):
+                records = self.partitions[(topic, LANES * slot + lane)]
+                newest = {key: offset for offset, key, _ in records}
+                self.partitions[(topic, LANES * slot + lane)] = [
+                    r for r in records if newest[r[1]] == r[0] and r[2] is not None]
 
 
 class MemoryKeyedLog:
@@ -129,15 +142,18 @@ class MemoryKeyedLog:
     def _check(self) -> None:
         if self.logs.epochs[self.where] != self.epoch:
             raise Fenced(f"{self.where[0]}[{self.where[1]}]: another writer opened this "
-                         "changelog partition")
+                         "changelog slot")
 
-    def send(self, key: bytes, value: bytes | None) -> None:
-        self.send_and_wait(key, value)
+    def _lane(self, journal: bool) -> list[Record]:
+        return self.logs.partitions[(self.where[0], LANES * self.where[1] + int(journal))]
 
-    def send_and_wait(self, key: bytes, value: bytes | None) -> int:
+    def send(self, key: bytes, value: bytes | None, journal: bool = False) -> None:
+        self.send_and_wait(key, value, journal)
+
+    def send_and_wait(self, key: bytes, value: bytes | None, journal: bool = False) -> int:
         with self.logs.lock:
             self._check()
-            records = self.logs.partitions[self.where]
+            records = self._lane(journal)
             offset = records[-1][0] + 1 if records else 0
             records.append((offset, key, value))
             return offset
@@ -147,9 +163,9 @@ class MemoryKeyedLog:
             self._check()
         self.commits += 1
 
-    def records(self, start: int = 0) -> Iterator[Record]:
+    def records(self, start: int = 0, journal: bool = False) -> Iterator[Record]:
         with self.logs.lock:
-            records = list(self.logs.partitions[self.where])
+            records = list(self._lane(journal))
         return (r for r in records if r[0] >= start)
 
     def close(self) -> None:
@@ -164,11 +180,12 @@ def _fenced(exc: BaseException) -> bool:
 
 
 class KafkaKeyedLog:
-    """A :class:`KeyedLog` on Kafka: a transactional kafka-python producer whose
-    ``transactional.id`` is ``<transactional_prefix>.<topic>.<partition>``, and a consumer
-    reading ``read_uncommitted`` (see the module docstring)."""
+    """A :class:`KeyedLog` on Kafka: slot ``slot`` is partitions ``2 slot`` (state) and
+    ``2 slot + 1`` (journal), written by a transactional kafka-python producer whose
+    ``transactional.id`` is ``<transactional_prefix>.<topic>.<slot>``, read by a consumer
+    ``read_uncommitted`` (see the module docstring)."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, partition: int,
+    def __init__(self, bootstrap_servers: str, topic: str, slot: int,
                  transactional_prefix: str = "streamlearn",
                  client_options: Mapping[str, object] | None = None,
                  transaction_timeout_s: float = 600.0, timeout_s: float = 30.0,
@@ -176,7 +193,7 @@ class KafkaKeyedLog:
         from kafka import KafkaConsumer, KafkaProducer
         from kafka.errors import KafkaError
 
-        self.topic, self.partition, self.timeout_s = topic, partition, timeout_s
+        self.topic, self.slot, self.timeout_s = topic, slot, timeout_s
         self._bootstrap = bootstrap_servers
         options = dict(client_options or {})
         self._consumer_options = {k: v for k, v in options.items()
@@ -193,20 +210,23 @@ class KafkaKeyedLog:
             self._producer = KafkaProducer(
                 **{"client_id": "streamlearn-changelog", **producer_options},
                 bootstrap_servers=bootstrap_servers,
-                transactional_id=f"{transactional_prefix}.{topic}.{partition}",
+                transactional_id=f"{transactional_prefix}.{topic}.{slot}",
                 transaction_timeout_ms=round(transaction_timeout_s * 1000),
                 enable_idempotence=True, acks="all", linger_ms=0,
                 max_request_size=4 * 2**20)
-            self._producer.init_transactions()  # fences every earlier writer of the partition
+            self._producer.init_transactions()  # fences every earlier writer of the slot
             self._producer.begin_transaction()
         except KafkaError as exc:
-            raise TransportError(f"cannot open the changelog {topic}[{partition}] for writing: "
+            raise TransportError(f"cannot open the changelog {topic} slot {slot} for writing: "
                                  f"{exc}") from exc
 
+    def _partition(self, journal: bool) -> int:
+        return LANES * self.slot + int(journal)
+
     def _failed(self, exc: BaseException, what: str) -> Fenced | TransportError:
-        where = f"{self.topic}[{self.partition}]"
+        where = f"{self.topic} slot {self.slot}"
         if _fenced(exc):
-            return Fenced(f"{where}: another writer opened this changelog partition; {what} "
+            return Fenced(f"{where}: another writer opened this changelog slot; {what} "
                           f"refused ({type(exc).__name__})")
         self._abort()
         return TransportError(f"{where}: {what} failed: {exc!r}")
@@ -218,34 +238,38 @@ class KafkaKeyedLog:
             self._producer.abort_transaction()
             self._producer.begin_transaction()
         except Exception as exc:  # the next send fails again and says why
-            log.warning("changelog %s[%d]: could not abort the failed transaction: %r",
-                        self.topic, self.partition, exc)
+            log.warning("changelog %s slot %d: could not abort the failed transaction: %r",
+                        self.topic, self.slot, exc)
 
-    def send(self, key: bytes, value: bytes | None) -> None:
+    def send(self, key: bytes, value: bytes | None, journal: bool = False) -> None:
         try:
             with self._lock:
-                self._producer.send(self.topic, key=key, value=value, partition=self.partition)
+                self._producer.send(self.topic, key=key, value=value,
+                                    partition=self._partition(journal))
         except Exception as exc:
             raise self._failed(exc, "a write") from exc
 
-    def send_and_wait(self, key: bytes, value: bytes | None) -> int:
+    def send_and_wait(self, key: bytes, value: bytes | None, journal: bool = False) -> int:
         try:
             with self._lock:
                 future = self._producer.send(self.topic, key=key, value=value,
-                                             partition=self.partition)
+                                             partition=self._partition(journal))
             return int(future.get(timeout=self.timeout_s).offset)
         except Exception as exc:
             raise self._failed(exc, "a write") from exc
 
     def commit(self) -> None:
         try:
+            # everything sent is acknowledged first, with the lock free: the serving thread's
+            # journal writes go on meanwhile; the commit itself is then short
+            self._producer.flush(timeout=self.timeout_s)
             with self._lock:
                 self._producer.commit_transaction()
                 self._producer.begin_transaction()
         except Exception as exc:
             raise self._failed(exc, "a commit") from exc
 
-    def records(self, start: int = 0) -> Iterator[Record]:
+    def records(self, start: int = 0, journal: bool = False) -> Iterator[Record]:
         from kafka import KafkaConsumer, TopicPartition
 
         consumer = KafkaConsumer(
@@ -255,7 +279,7 @@ class KafkaKeyedLog:
             check_crcs=False,  # every chunk is checked against its BLAKE2 digest instead
             fetch_max_bytes=64 * 2**20, max_partition_fetch_bytes=32 * 2**20)
         try:
-            tp = TopicPartition(self.topic, self.partition)
+            tp = TopicPartition(self.topic, self._partition(journal))
             consumer.assign([tp])
             end = consumer.end_offsets([tp])[tp]
             consumer.seek(tp, start)
@@ -265,7 +289,7 @@ class KafkaKeyedLog:
                 if got:
                     deadline = time.monotonic() + self.timeout_s
                 elif time.monotonic() > deadline:
-                    raise TransportError(f"reading the changelog {self.topic}[{self.partition}] "
+                    raise TransportError(f"reading the changelog {self.topic}[{tp.partition}] "
                                          f"stalled at offset {consumer.position(tp)} of {end}")
                 for r in got:
                     if r.offset < end:
@@ -282,11 +306,3 @@ class KafkaKeyedLog:
             log.debug("closing the changelog producer: %r", exc)
 
 
-def changelog_log_opener(bootstrap_servers: str, topic: str, transactional_prefix: str,
-                         client_options: Mapping[str, Any] | None = None
-                         ) -> Any:
-    """A function ``partition -> KafkaKeyedLog`` for ``topic``."""
-    def open_log(partition: int) -> KafkaKeyedLog:
-        return KafkaKeyedLog(bootstrap_servers, topic, partition, transactional_prefix,
-                             client_options)
-    return open_log
