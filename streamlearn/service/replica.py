@@ -6,11 +6,15 @@ which instances partitions this replica owns; for each owned partition ``p``
 the replica runs a :class:`~streamlearn.service.daemon.Daemon` that reads
 partition ``p`` of both input topics and keeps *all* its state — learner,
 pending joins, journal, offsets, counters — in its own checkpoint directory
-``<checkpoint.dir>/partition-<p>``, on storage every replica can reach.
+``<checkpoint.dir>/partition-<p>``: with ``checkpoint.changelog`` a local cache of
+the partition's changelog (:mod:`streamlearn.durability.changelog`, which also
+fences a replica that lost the partition), else on storage every replica can
+reach (fenced by :mod:`streamlearn.service.claims`).
 
 **State moves with its partition.** When ``p`` is revoked (a rebalance moves
 it), its daemon writes a final checkpoint and closes before the revocation
-completes; the replica that gets ``p`` restores that checkpoint and seeks to
+completes; the replica that gets ``p`` restores that checkpoint (from the
+changelog when its own copy is not the newest) and seeks to
 its offsets before it reads any record of ``p``. When the owner is killed, the
 new owner restores the last periodic checkpoint and the journal, so the
 daemon's crash guarantees hold across the move: every feedback is applied
