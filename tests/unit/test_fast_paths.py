@@ -151,12 +151,10 @@ def test_string_ids_hash_alike_on_the_few_ids_path_and_the_vectorised_one(string
             == vectorised[start:start + 7].tolist()
 
 
-@settings(max_examples=40, deadline=None)
-@given(seed=seeds, n=st.integers(1, 60), d=st.integers(1, 30), density=st.floats(0.0, 1.0),
-       first=st.integers(0, 2000))
-def test_rows_put_dense_come_back_with_exactly_their_values(seed: int, n: int, d: int,
-                                                            density: float, first: int) -> None:
-    """Also across the end of the dense matrix (the slots past it keep their rows sparse)."""
+def filled_store(seed: int, n: int, d: int, density: float,
+                 first: int) -> tuple[np.ndarray, RowStore, np.ndarray]:
+    """``n`` rows of ``d`` features put at slots ``first`` on, shuffled, in a store whose dense
+    matrix holds 1,024 rows (the slots past it keep their rows sparse)."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d)) * (rng.random((n, d)) < density)
     with patch.object(rows_module, "DENSE_MAX_BYTES", 0):  # the dense matrix: 1,024 rows
@@ -164,6 +162,17 @@ def test_rows_put_dense_come_back_with_exactly_their_values(seed: int, n: int, d
         store.grow(4096)
         slots = first + rng.permutation(n)
         store.put(slots, X)
+    return X, store, slots
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, n=st.integers(1, 60), d=st.integers(1, 30), density=st.floats(0.0, 1.0),
+       first=st.integers(0, 2000))
+def test_rows_put_dense_come_back_with_exactly_their_values(seed: int, n: int, d: int,
+                                                            density: float, first: int) -> None:
+    """Also across the end of the dense matrix (the slots past it keep their rows sparse)."""
+    X, store, slots = filled_store(seed, n, d, density, first)
+    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):
         got = store.take(slots)
         assert store.dense_rows == 1024
         assert np.array_equal(store.is_sparse[slots], slots >= store.dense_rows)
@@ -317,13 +326,8 @@ def test_exported_rows_import_in_the_saved_order(seed: int, n: int, d: int, dens
                                                  first: int, in_slot_order: bool) -> None:
     """Rows exported in slot order (the dense rows first: imported without a reorder) or in any
     order (dense and sparse interleaved: reordered) come back as they were put."""
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < density)
-    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):  # the dense matrix: 1,024 rows
-        store = RowStore(d)
-        store.grow(4096)
-        slots = first + rng.permutation(n)
-        store.put(slots, X)
+    X, store, slots = filled_store(seed, n, d, density, first)
+    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):
         order = np.sort(slots) if in_slot_order else slots
         back = RowStore.imported(store.export(order), d)
     want = X[np.argsort(slots)] if in_slot_order else X
