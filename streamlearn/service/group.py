@@ -83,6 +83,7 @@ class GroupMembership:
         from kafka.errors import KafkaError
 
         self.topic = instances_topic
+        self.session_timeout_s = session_timeout_ms / 1000
         self.handlers = {"assigned": on_assigned, "revoked": on_revoked, "lost": on_lost}
         self._changes: queue.Queue[tuple[str, list[int], threading.Event]] = queue.Queue()
         self._closed = threading.Event()
@@ -224,6 +225,13 @@ class GroupMembership:
                 kind, parts, done = self._changes.get_nowait()
             except queue.Empty:
                 return
+
+    def assigned(self) -> set[int]:
+        """The instances partitions the group assigns this member, as its client last heard."""
+        try:
+            return {tp.partition for tp in self.consumer.assignment() if tp.topic == self.topic}
+        except Exception:  # a consumer being replaced (see _reopen): nothing is known now
+            return set()
 
     def close(self) -> None:
         """Leave the group (a static member keeps its slot for the session timeout); pending

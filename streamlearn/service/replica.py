@@ -92,6 +92,9 @@ class Replica:
         self.daemons: dict[int, Daemon] = {}
         self.on_owned = on_owned or (lambda n, moves: None)
         self._retired = 0  # instances decided by partition daemons this replica has stopped
+        # partitions dropped because another replica fenced them (OwnershipLost), and when:
+        # one the group still assigns here a session timeout later is taken back (_recover)
+        self._fenced: dict[int, float] = {}
         self.learner: Learner | None = None
         self._stop = threading.Event()
         self.moves = 0  # partitions started here after the first assignment
@@ -181,8 +184,11 @@ class Replica:
                 log.warning("partition %d was claimed by another replica during a step: "
                             "dropped before journaling its decisions", p)
                 self._lost([p])
+                self._fenced[p] = time.monotonic()
                 continue
             filled |= daemon.counters.messages - before >= daemon.settings.limits.poll_max_records
+        if self._fenced:
+            self._recover()
         if self.hub is not None:
             self.hub.tick(self.daemons)
             if self.daemons:  # an adopted model replaced the shared learner
@@ -190,6 +196,24 @@ class Replica:
         rest = self.round_s - (time.monotonic() - started)
         if self.daemons and not filled and rest > 0:
             self.membership.poll(rest)  # a rebalance during the wait is applied at once
+
+    def _recover(self) -> None:
+        """A partition dropped because another writer fenced it is normally another replica's
+        by then, and this one's client hears of it within a session timeout (the partition
+        leaves its assignment). One the group still assigns here after twice that was fenced
+        by something else (an error the changelog's producer cannot recover from): take it
+        back, restoring it as a moved partition is."""
+        wait = 2 * getattr(self.membership, "session_timeout_s", 10.0)
+        assigned = self.membership.assigned()
+        now = time.monotonic()
+        for p, since in list(self._fenced.items()):
+            if p not in assigned or p in self.daemons:
+                del self._fenced[p]
+            elif now - since > wait:
+                del self._fenced[p]
+                log.warning("partition %d is still assigned to this replica %.0f s after it was "
+                            "fenced: taking it back", p, now - since)
+                self._assigned([p])
 
     def run(self, max_instances: int | None = None) -> None:
         """Serve the owned partitions until :meth:`request_stop` (or ``max_instances``)."""

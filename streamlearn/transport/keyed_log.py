@@ -179,6 +179,26 @@ def _fenced(exc: BaseException) -> bool:
         or "fenced" in str(exc).lower()
 
 
+def _no_epoch_bump(producer: Any) -> None:
+    """Make a refused producer epoch fatal, as the Java client does for a transactional
+    producer. kafka-python 3.0.12 treats a produce refused with INVALID_PRODUCER_EPOCH as
+    recoverable (KIP-360): it asks the coordinator for a new epoch of the same
+    ``transactional.id`` — and so fences the replica that fenced it, which then gets the same
+    error: two replicas taking one partition from each other (seen in the scale-out test when
+    a paused replica came back). Without the bump the error is fatal and the writer stops."""
+    manager = getattr(producer, "_transaction_manager", None)
+    if manager is not None and hasattr(manager, "_supports_epoch_bump"):
+        manager._supports_epoch_bump = lambda: False
+
+
+def _unusable(producer: Any) -> bool:
+    """Whether the producer is in its fatal state (fenced, or an error it cannot recover
+    from): it writes nothing more, so the slot is another writer's now."""
+    manager = getattr(producer, "_transaction_manager", None)
+    state = getattr(manager, "_current_state", None)
+    return getattr(state, "name", "") == "FATAL_ERROR"
+
+
 class KafkaKeyedLog:
     """A :class:`KeyedLog` on Kafka: slot ``slot`` is partitions ``2 slot`` (state) and
     ``2 slot + 1`` (journal), written by a transactional kafka-python producer whose
@@ -215,6 +235,7 @@ class KafkaKeyedLog:
                 enable_idempotence=True, acks="all", linger_ms=0,
                 max_request_size=4 * 2**20)
             self._producer.init_transactions()  # fences every earlier writer of the slot
+            _no_epoch_bump(self._producer)
             self._producer.begin_transaction()
         except KafkaError as exc:
             raise TransportError(f"cannot open the changelog {topic} slot {slot} for writing: "
@@ -225,7 +246,7 @@ class KafkaKeyedLog:
 
     def _failed(self, exc: BaseException, what: str) -> Fenced | TransportError:
         where = f"{self.topic} slot {self.slot}"
-        if _fenced(exc):
+        if _fenced(exc) or _unusable(self._producer):
             return Fenced(f"{where}: another writer opened this changelog slot; {what} "
                           f"refused ({type(exc).__name__})")
         self._abort()

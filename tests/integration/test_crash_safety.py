@@ -129,3 +129,60 @@ def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path:
         assert counters["feedback"][outcome] == 0, counters
     assert counters["invalid"] == {}
     assert "Traceback" not in log.read_text()
+
+
+def test_a_replacement_machine_restores_from_the_changelog_alone(kafka_bootstrap: str,
+                                                                 tmp_path: Path) -> None:
+    """``checkpoint.changelog``: at every SIGKILL the checkpoint directory is wiped (the
+    machine is gone); the next daemon restores from the changelog topic alone, and still
+    every id is decided once (re-emits byte-identical) and every feedback applied once."""
+    n, kills = 40_000, 3
+    X, y = synthetic_stream(n, noise=0.05, seed=9)
+    topics = make_topics(kafka_bootstrap)
+    changelog = f"{topics['instances_topic']}-changelog"
+    log = tmp_path / "serve.log"
+    caller = Caller(kafka_bootstrap, topics, y)
+    caller.start()
+    publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
+    rng = np.random.default_rng(20261204)
+
+    def machine(k: int) -> subprocess.Popen[bytes]:
+        return serve_crashable(kafka_bootstrap, topics, tmp_path / f"disk-{k}", log,
+                               "--checkpoint-changelog", "true", "--topics-changelog", changelog)
+
+    proc = machine(0)
+    kill_log = []
+    for k, mark in enumerate(np.sort(rng.uniform(0.1, 0.85, size=kills)) * n, 1):
+        wait_until(lambda mark=mark: len(caller.first) >= mark, 120, "the stream to progress",
+                   lambda: log.read_text()[-2000:])
+        seen = caller.n_decisions
+        wait_until(lambda seen=seen: caller.n_decisions > seen + 200, 60, "the daemon to serve",
+                   lambda: log.read_text()[-2000:])
+        time.sleep(float(rng.uniform(0.0, 1.5)))
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        kill_log.append(len(caller.first))
+        proc = machine(k)  # an empty directory of its own
+    publisher.join(120)
+    code = drain_and_stop(proc, caller, kafka_bootstrap, topics, n, log)
+    assert code == 0, log.read_text()[-3000:]
+    assert caller.error is None
+    assert min(kill_log) < n
+    assert log.read_text().count("restored checkpoint") >= kills, log.read_text()[-3000:]
+    assert caller.mismatches == [] and caller.n_decisions > n
+
+    from streamlearn.durability.changelog import Changelog
+    from streamlearn.transport.keyed_log import KafkaKeyedLog
+
+    final = Changelog(KafkaKeyedLog(kafka_bootstrap, changelog, 0, write=False)).restore()
+    counters = final.meta["counters"]
+    feedback = [orjson.loads(r.value)["id"] for r in read_all(kafka_bootstrap,
+                                                              topics["feedback_topic"])]
+    assert len(feedback) == len(set(feedback)) == n
+    assert counters["feedback"]["joined"] == n
+    assert int(counters["applied_checksum"]) == id_checksum(feedback)
+    assert counters["instances"] == counters["decisions"] == n
+    for outcome in ("late", "expired", "unknown", "duplicate"):
+        assert counters["feedback"][outcome] == 0, counters
+    assert "Traceback" not in log.read_text()

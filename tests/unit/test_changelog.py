@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,45 @@ def test_a_daemon_whose_changelog_was_taken_stops_before_publishing(tmp_path: Pa
     assert len(broker.messages("decisions")) == published
     assert {orjson.loads(m.value or b"")["id"] for m in broker.messages("decisions")} \
         == {f"e{i}" for i in range(50)}
+
+
+def test_a_fenced_partition_is_taken_back_only_if_the_group_still_assigns_it(
+        tmp_path: Path) -> None:
+    """A replica fenced on a partition drops it; a session timeout later it takes it back if
+    its client still hears the group assign it there (the fence came from elsewhere), and
+    leaves it alone once the group moved it (it was a zombie)."""
+    from test_replica import FakeMembership
+
+    from streamlearn.service.replica import Replica
+
+    for still_assigned in (True, False):
+        broker, clock, logs = InMemoryBroker(2), Clock(), MemoryKeyedLogs()
+        caller = Caller(broker)
+
+        def make_daemon(p: int, broker: InMemoryBroker = broker, clock: Clock = clock,
+                        logs: MemoryKeyedLogs = logs, name: str = str(still_assigned)) -> Daemon:
+            transport = InMemoryTransport(broker=broker, partitions=2, only=[p])
+            return Daemon(daemon_settings(tmp_path / name / f"partition-{p}"), transport,
+                          learner(), wall_clock=clock,
+                          changelog=Changelog(logs.open("changelog", p)))
+
+        replica = Replica(make_daemon, FakeMembership)
+        membership = replica.membership
+        assert isinstance(membership, FakeMembership)
+        membership.assignment, membership.session_timeout_s = {0, 1}, 0.05
+        membership.handlers["on_assigned"]([0, 1])
+        caller.publish(0, 40, ts=clock.t)
+        replica.step()
+        Changelog(logs.open("changelog", 0))  # another writer fences partition 0
+        caller.publish(40, 80, ts=clock.t)
+        replica.step()
+        assert sorted(replica.daemons) == [1]
+        if not still_assigned:
+            membership.assignment = {1}  # the group moved it: this replica was the zombie
+        replica.step()
+        assert sorted(replica.daemons) == [1]  # not before twice the session timeout
+        time.sleep(0.15)
+        replica.step()
+        assert sorted(replica.daemons) == ([0, 1] if still_assigned else [1])
+        replica.request_stop()
+        replica.run()

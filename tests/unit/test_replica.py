@@ -38,9 +38,14 @@ class FakeMembership:
     def __init__(self, **handlers: Any) -> None:
         self.handlers = handlers
         self.closed = False
+        self.session_timeout_s = 0.0
+        self.assignment: set[int] = set()  # what the group assigns, as the client heard
 
     def poll(self, timeout_s: float = 0.0) -> None:
         pass
+
+    def assigned(self) -> set[int]:
+        return set(self.assignment)
 
     def close(self) -> None:
         self.closed = True
@@ -147,7 +152,8 @@ def test_partitions_move_between_replicas_and_every_feedback_is_applied_once(
     assert group["totals"]["joined"] == group["totals"]["instances"] == N
     assert int(group["totals"]["applied_checksum"]) == id_checksum(fed)
     assert group["totals"]["pending_joins"] == 0
-    args = argparse.Namespace(path=str(tmp_path), json=False, all=False)
+    args = argparse.Namespace(path=str(tmp_path), json=False, all=False, changelog=None,
+                              bootstrap=None)
     assert run_inspect(args) == 0
     text = capsys.readouterr().out
     assert f"instances {N:,}, joined {N:,}" in text and "partition" not in text.split("\n")[0][:5]
