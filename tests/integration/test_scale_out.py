@@ -32,7 +32,16 @@ from pathlib import Path
 
 import orjson
 import pytest
-from daemon_harness import CLIENTS, REPO, Caller, make_topics, read_all, start_publisher, wait_until
+from daemon_harness import (
+    CLIENTS,
+    REPO,
+    STARTED,
+    Caller,
+    make_topics,
+    read_all,
+    start_publisher,
+    wait_until,
+)
 from kafka import KafkaConsumer, TopicPartition
 
 from streamlearn.datasets.synthetic import synthetic_stream
@@ -68,8 +77,10 @@ def replica(bootstrap: str, topics: dict[str, str], group: str, name: str, state
     if changelog is not None:
         args += ["--checkpoint-changelog", "true", "--topics-changelog", changelog]
     with open(log, "ab") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
                                 env={**os.environ, "PYTHONPATH": str(REPO)})
+    STARTED.append(proc)  # killed after the test if it is still running (a failed test)
+    return proc
 
 
 def committed(bootstrap: str, topics: dict[str, str], group: str) -> bool:
