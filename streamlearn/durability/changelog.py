@@ -20,7 +20,7 @@ still the newest one in the changelog restores from disk.
   id, and for every array its dtype, shape and chunk digests (the snapshot's JSON is
   one of the arrays). It is written after all its chunks, in the same partition, so
   a manifest in the log has every chunk it names before it.
-* ``j/<seq>/<n>`` — **journal** records, on the log's journal lane (its own Kafka
+* ``j/<seq>/<writer>-<n>`` — **journal** records, on the log's journal lane (its own Kafka
   partition, so that their acknowledgement never waits behind chunks): the decision
   journal's lines (the same JSON lines as ``journal-<seq>.jsonl``), each batch
   written and acknowledged *before* its decisions are published. A restore from checkpoint ``s`` reuses the
@@ -179,6 +179,9 @@ class Changelog:
         self.stored: set[bytes] = set()  # chunk keys in the log: the last manifest's + unsure
         self.journal_keys: dict[int, list[bytes]] = {}  # journal records written, by seq
         self._journal_count = 0
+        # in every journal key: the next owner appends to the same checkpoint's journal, and
+        # must never replace a record of this one (compaction keeps one value per key)
+        self._writer = uuid.uuid4().hex[:12]
         self._garbage: set[bytes] = set()  # chunk keys a restore found that nothing needs
         self._old_journal: set[bytes] = set()  # journal keys a restore found that nothing needs
         self.last_state: str | None = None
@@ -194,7 +197,7 @@ class Changelog:
         """Write one batch of journal lines for checkpoint ``seq`` and wait for the broker to
         have it (before the decisions are published); Fenced when another writer owns it."""
         self._journal_count += 1
-        key = f"j/{seq}/{self._journal_count}".encode("ascii")
+        key = f"j/{seq}/{self._writer}-{self._journal_count}".encode("ascii")
         self.log.send_and_wait(key, lines, journal=True)
         with self._lock:
             self.journal_keys.setdefault(seq, []).append(key)

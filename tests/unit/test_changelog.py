@@ -127,6 +127,21 @@ def test_a_fenced_writer_can_write_nothing() -> None:
     assert new.restore().journal == {1: [b"line\n"]}
 
 
+def test_owners_that_journal_into_the_same_checkpoint_keep_each_others_records() -> None:
+    """A new owner appends to the journal of the checkpoint it restored; a third, after both
+    were killed, finds every record of both (and after compaction too)."""
+    logs = MemoryKeyedLogs()
+    first = Changelog(logs.open("state", 0))
+    first.publish(5, {"w": np.zeros(3)}, {"seq": 5})
+    first.journal(5, b"a1\n")
+    first.journal(5, b"a2\n")
+    second = Changelog(logs.open("state", 0))
+    assert second.restore().journal == {5: [b"a1\n", b"a2\n"]}
+    second.journal(5, b"b1\n")
+    logs.compact("state", 0)
+    assert Changelog(logs.open("state", 0)).restore().journal == {5: [b"a1\n", b"a2\n", b"b1\n"]}
+
+
 # ------------------------------------------------------------------- the daemon on it
 def make_daemon(broker: InMemoryBroker, logs: MemoryKeyedLogs, tmp: Path, clock: Clock,
                 **kw: Any) -> Daemon:
