@@ -346,6 +346,12 @@ def _candidate_dimensions(config: Config, transport: Transport) -> tuple[int, in
     return int(dims[0]), int(dims[1])
 
 
+def _changelog_note(config: Config) -> str:
+    """How the startup line names the changelog (nothing when it is off)."""
+    return (f" (a cache of the changelog {config.topics.changelog!r})"
+            if config.checkpoint.changelog else "")
+
+
 def open_changelog(config: Config, partition: int) -> Changelog | None:
     """The changelog of one partition's state (``checkpoint.changelog``; None: off), its
     topic created if missing (compacted, two partitions per input partition: the state's and
@@ -656,7 +662,8 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
         mode = ("embedded simulator (" + config.embedded.dataset + ")" if config.embedded_mode
                 else f"Kafka {config.kafka.bootstrap}")
         print(f"streamlearn serve: {type(daemon.learner).__name__} ({shape}) on "
-              f"{mode}; checkpoints: {config.checkpoint.dir or 'off'}", file=out, flush=True)
+              f"{mode}; checkpoints: {config.checkpoint.dir or 'off'}{_changelog_note(config)}",
+              file=out, flush=True)
         if config.metrics.port >= 0:
             server = MetricsServer(registry, config.metrics.host, config.metrics.port,
                                    readiness=tracker.readiness)
@@ -723,7 +730,8 @@ def _serve_group(config: Config, max_events: int | None, progress_s: float,
         replica = build_replica(config, observer)
         print(f"streamlearn serve: replica of group {config.kafka.group_id!r} on Kafka "
               f"{config.kafka.bootstrap} (learner {config.learner.name}); partition state in "
-              f"{config.checkpoint.dir}/partition-<p>", file=out, flush=True)
+              f"{config.checkpoint.dir}/partition-<p>{_changelog_note(config)}", file=out,
+              flush=True)
         if config.metrics.port >= 0:
             server = MetricsServer(registry, config.metrics.host, config.metrics.port,
                                    readiness=lambda: (replica.ready and bool(replica.daemons),
