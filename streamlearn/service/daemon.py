@@ -241,8 +241,9 @@ class Daemon:
         self._journaled = self.checkpointer.journal.load(restored.seq, self.mode.journal_width)
         assigned = self.transport.assignment()
         self.transport.seek({k: v for k, v in self.offsets.snapshot().items() if k in assigned})
-        log.info("restored checkpoint %d (%d pending joins, %d journaled decisions)",
-                 restored.seq, len(self.join), len(self._journaled))
+        log.info("restored checkpoint %d from %s (%d pending joins, %d journaled decisions)",
+                 restored.seq, "the changelog" if self.checkpointer.restored_from == "changelog"
+                 else "disk", len(self.join), len(self._journaled))
 
     def _thaw(self, restored: Restored) -> None:
         """Replace the engine and counters by the restored snapshot's."""

@@ -167,7 +167,7 @@ def test_weighted_sums_of_typed_feedback_survive_a_sigkill_exactly_once(
         caller.stop()
     assert code == 0, log.read_text()[-3000:]
     assert caller.error is None and caller.mismatches == []
-    restored = re.search(r"restored checkpoint \d+ \((\d+) pending joins", log.read_text())
+    restored = re.search(r"restored checkpoint \d+ from [a-z ]+ \((\d+) pending joins", log.read_text())
     assert restored is not None and int(restored.group(1)) > 0  # partial sums were restored
     assert killed_at < N  # the kill hit a live stream
 
