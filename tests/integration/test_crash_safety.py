@@ -14,6 +14,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,28 @@ def committed_everything(bootstrap: str, topics: dict[str, str]) -> bool:
         consumer.close()
 
 
+def kill_at(marks: np.ndarray, start: Callable[[int], subprocess.Popen[bytes]], caller: Caller,
+            log: Path, rng: np.random.Generator) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """Start ``serve`` (``start(0)``), SIGKILL it at each mark and start the next
+    (``start(k)``); the last one started and the decided ids at each kill."""
+    proc = start(0)
+    kill_log = []
+    for k, mark in enumerate(marks, 1):
+        # kill while it is deciding: past the mark, once it emits new decisions, after a delay
+        wait_until(lambda mark=mark: len(caller.first) >= mark, 120, "the stream to progress",
+                   lambda: log.read_text()[-2000:])
+        seen = caller.n_decisions
+        wait_until(lambda seen=seen: caller.n_decisions > seen + 200, 60, "the daemon to serve",
+                   lambda: log.read_text()[-2000:])
+        time.sleep(float(rng.uniform(0.0, 1.5)))
+        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        kill_log.append(len(caller.first))
+        proc = start(k)
+    return proc, kill_log
+
+
 def drain_and_stop(proc: subprocess.Popen[bytes], caller: Caller, bootstrap: str,
                    topics: dict[str, str], n: int, log: Path) -> int:
     """Wait until every id is decided and answered and all input is committed; then stop
@@ -86,22 +109,9 @@ def test_sigkill_at_random_moments_loses_nothing(kafka_bootstrap: str, tmp_path:
 
     publisher = start_publisher(kafka_bootstrap, topics["instances_topic"], X, y, RATE)
     rng = np.random.default_rng(20261130)
-    proc = serve(kafka_bootstrap, topics, ckpt, log, client)
-    kill_log = []
     marks = np.sort(rng.uniform(0.05, 0.9, size=KILLS)) * N  # spread over the whole stream
-    for mark in marks:
-        # kill while it is deciding: past the mark, once it emits new decisions, after a delay
-        wait_until(lambda mark=mark: len(caller.first) >= mark, 120, "the stream to progress",
-                   lambda: log.read_text()[-2000:])
-        seen = caller.n_decisions
-        wait_until(lambda seen=seen: caller.n_decisions > seen + 200, 60, "the daemon to serve",
-                   lambda: log.read_text()[-2000:])
-        time.sleep(float(rng.uniform(0.0, 1.5)))
-        assert proc.poll() is None, log.read_text()[-3000:]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-        kill_log.append(len(caller.first))
-        proc = serve(kafka_bootstrap, topics, ckpt, log, client)
+    proc, kill_log = kill_at(marks, lambda k: serve(kafka_bootstrap, topics, ckpt, log, client),
+                             caller, log, rng)
     publisher.join(120)
     code = drain_and_stop(proc, caller, kafka_bootstrap, topics, N, log)
     assert code == 0, log.read_text()[-3000:]
@@ -150,20 +160,9 @@ def test_a_replacement_machine_restores_from_the_changelog_alone(kafka_bootstrap
         return serve_crashable(kafka_bootstrap, topics, tmp_path / f"disk-{k}", log,
                                "--checkpoint-changelog", "true", "--topics-changelog", changelog)
 
-    proc = machine(0)
-    kill_log = []
-    for k, mark in enumerate(np.sort(rng.uniform(0.1, 0.85, size=kills)) * n, 1):
-        wait_until(lambda mark=mark: len(caller.first) >= mark, 120, "the stream to progress",
-                   lambda: log.read_text()[-2000:])
-        seen = caller.n_decisions
-        wait_until(lambda seen=seen: caller.n_decisions > seen + 200, 60, "the daemon to serve",
-                   lambda: log.read_text()[-2000:])
-        time.sleep(float(rng.uniform(0.0, 1.5)))
-        assert proc.poll() is None, log.read_text()[-3000:]
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-        kill_log.append(len(caller.first))
-        proc = machine(k)  # an empty directory of its own
+    # each restart an empty directory of its own
+    proc, kill_log = kill_at(np.sort(rng.uniform(0.1, 0.85, size=kills)) * n, machine, caller,
+                             log, rng)
     publisher.join(120)
     code = drain_and_stop(proc, caller, kafka_bootstrap, topics, n, log)
     assert code == 0, log.read_text()[-3000:]
