@@ -75,6 +75,10 @@ def describe_changelog(bootstrap: str, topic: str) -> dict[str, Any]:
         consumer.close()
     if not partitions:
         raise StateError(f"there is no topic {topic!r} on {bootstrap}.")
+    if len(partitions) % LANES:
+        raise StateError(f"{topic!r} is not a changelog topic: a changelog has {LANES} "
+                         f"partitions per input partition (an even count). Got "
+                         f"{len(partitions)}.")
     rows = []
     for partition in range(len(partitions) // LANES):  # the input partition of each slot
         found = Changelog(KafkaKeyedLog(bootstrap, topic, partition, write=False)).restore()
@@ -84,8 +88,12 @@ def describe_changelog(bootstrap: str, topic: str) -> dict[str, Any]:
             continue
         row["written_at"] = found.manifest.get("written_at")
         rows.append(_row(row, describe_state(f"{topic}[{partition}]", found.arrays, found.meta)))
-    return {"path": f"changelog {topic} on {bootstrap}", "partitions": rows,
+    info = {"path": f"changelog {topic} on {bootstrap}", "partitions": rows,
             "totals": _totals(rows)}
+    if all(row.get("checkpoint") is None for row in rows):
+        info["note"] = (f"no partition of {topic!r} holds a checkpoint: a changelog no daemon "
+                        "has checkpointed to yet, or not a changelog topic")
+    return info
 
 
 def _row(row: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
@@ -127,6 +135,8 @@ def print_group(info: dict[str, Any]) -> None:
         print(f"  {row['partition']:>3}  {who:<20}{row.get('checkpoint') or '-':>6}"
               f"{row.get('instances', 0):>11,}{row.get('joined', 0):>9,}"
               f"{row.get('expired', 0):>9,}{row.get('pending_joins', 0):>9,}  {offsets}")
+    if "note" in info:
+        print(f"  note: {info['note']}")
     t = info["totals"]
     print(f"  total: instances {t['instances']:,}, joined {t['joined']:,}, expired "
           f"{t['expired']:,}, pending {t['pending_joins']:,}, applied checksum "

@@ -360,7 +360,12 @@ def open_changelog(config: Config, partition: int) -> Changelog | None:
         return None
     from streamlearn.durability.changelog import Changelog
     from streamlearn.transport.kafka import ensure_topics
-    from streamlearn.transport.keyed_log import CHANGELOG_TOPIC_CONFIGS, LANES, KafkaKeyedLog
+    from streamlearn.transport.keyed_log import (
+        CHANGELOG_TOPIC_CONFIGS,
+        LANES,
+        KafkaKeyedLog,
+        cleanup_policy,
+    )
 
     k, t = config.kafka, config.topics
     assert k.bootstrap is not None  # checked by load_config
@@ -373,6 +378,12 @@ def open_changelog(config: Config, partition: int) -> Changelog | None:
         raise ConfigError(f"topics.changelog {t.changelog!r} must have {want} partitions (two "
                           f"per partition of {t.instances!r}). Got {have}; create it anew, or "
                           f"name another (it is created when missing).")
+    policy = cleanup_policy(k.bootstrap, t.changelog, options)
+    if policy is not None and "compact" not in policy.split(","):
+        raise ConfigError(f"topics.changelog {t.changelog!r} must be compacted (cleanup.policy "
+                          f"= compact: time-based retention would delete chunks the newest "
+                          f"checkpoint still needs). Got cleanup.policy = {policy}; create it "
+                          f"anew, or name another (it is created when missing).")
     return Changelog(KafkaKeyedLog(k.bootstrap, t.changelog, partition, k.group_id, options))
 
 

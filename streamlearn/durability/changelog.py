@@ -75,6 +75,10 @@ MIN_CHUNK = 16 * 1024
 MAX_CHUNK = 256 * 1024
 _SCAN_BLOCK = 8 * 2**20  # bytes hashed per numpy pass (bounds the temporaries)
 MANIFEST_KEY = b"m"
+#: A journal record's largest size: well under the topic's 2 MB message limit (a batch of
+#: 500 decisions over 2,000 actions is ~5.6 MB of lines; one record refused as too large
+#: stopped the loop, found by an outside test)
+JOURNAL_RECORD_BYTES = 512 * 1024
 META_ARRAY = "__meta__"  # the snapshot's JSON, stored as one more array
 
 
@@ -195,12 +199,14 @@ class Changelog:
     # ------------------------------------------------------------------ writing
     def journal(self, seq: int, lines: bytes) -> None:
         """Write one batch of journal lines for checkpoint ``seq`` and wait for the broker to
-        have it (before the decisions are published); Fenced when another writer owns it."""
-        self._journal_count += 1
-        key = f"j/{seq}/{self._writer}-{self._journal_count}".encode("ascii")
-        self.log.send_and_wait(key, lines, journal=True)
-        with self._lock:
-            self.journal_keys.setdefault(seq, []).append(key)
+        have it (before the decisions are published); Fenced when another writer owns it. A
+        batch larger than JOURNAL_RECORD_BYTES goes in several records, cut between lines."""
+        for part in _record_parts(lines, JOURNAL_RECORD_BYTES):
+            self._journal_count += 1
+            key = f"j/{seq}/{self._writer}-{self._journal_count}".encode("ascii")
+            self.log.send_and_wait(key, part, journal=True)
+            with self._lock:
+                self.journal_keys.setdefault(seq, []).append(key)
 
     def publish(self, seq: int, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Write checkpoint ``seq``: the chunks the log does not hold, the manifest, commit;
@@ -318,10 +324,13 @@ class Changelog:
                 if value is not None:
                     try:
                         manifest = orjson.loads(value)
-                        if not _manifest_ok(manifest):
-                            raise ValueError("not a manifest")
-                    except (orjson.JSONDecodeError, ValueError):
-                        log.warning("changelog: a damaged manifest record skipped")
+                    except orjson.JSONDecodeError:
+                        manifest = None
+                    if not _manifest_ok(manifest):
+                        log.warning("changelog: the record at offset %d is not a manifest (expected "
+                                    "JSON with an int seq, a string state and the arrays, "
+                                    "%s among them; got %r): skipped", offset, META_ARRAY,
+                                    value[:80])
                         continue
                     manifests.append(manifest)
             elif key.startswith(b"c/"):
@@ -345,6 +354,25 @@ class Changelog:
 
     def close(self) -> None:
         self.log.close()
+
+
+def _record_parts(lines: bytes, limit: int) -> list[bytes]:
+    """``lines`` (newline-terminated) in pieces of at most ``limit`` bytes, cut after a newline
+    (a single longer line is a piece of its own).
+
+    >>> _record_parts(b"aa\\nbb\\ncc\\n", 6)
+    [b'aa\\nbb\\n', b'cc\\n']
+    """
+    parts, start = [], 0
+    while len(lines) - start > limit:
+        cut = lines.rfind(b"\n", start, start + limit) + 1
+        if cut <= start:  # one line longer than the limit
+            cut = lines.find(b"\n", start + limit) + 1 or len(lines)
+        parts.append(lines[start:cut])
+        start = cut
+    if start < len(lines) or not parts:
+        parts.append(lines[start:])
+    return parts
 
 
 def _manifest_ok(manifest: Any) -> bool:

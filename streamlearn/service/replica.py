@@ -180,9 +180,10 @@ class Replica:
             before = daemon.counters.messages
             try:
                 daemon.step()
-            except OwnershipLost:
-                log.warning("partition %d was claimed by another replica during a step: "
-                            "dropped before journaling its decisions", p)
+            except OwnershipLost as exc:
+                log.warning("partition %d was claimed by another replica during a step, or its "
+                            "changelog refused this replica's writes: dropped before journaling "
+                            "its decisions (%s)", p, exc)
                 self._lost([p])
                 self._fenced[p] = time.monotonic()
                 continue

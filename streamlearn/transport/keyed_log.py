@@ -57,7 +57,7 @@ from typing import Any, Protocol
 from streamlearn.errors import StreamlearnError, TransportError
 
 __all__ = ["CHANGELOG_TOPIC_CONFIGS", "LANES", "Fenced", "KafkaKeyedLog", "KeyedLog",
-           "MemoryKeyedLog", "MemoryKeyedLogs", "Record"]
+           "MemoryKeyedLog", "MemoryKeyedLogs", "Record", "cleanup_policy"]
 
 log = logging.getLogger("streamlearn.changelog")
 
@@ -179,6 +179,29 @@ def _fenced(exc: BaseException) -> bool:
         or "fenced" in str(exc).lower()
 
 
+def cleanup_policy(bootstrap_servers: str, topic: str,
+                   client_options: Mapping[str, object] | None = None) -> str | None:
+    """The ``cleanup.policy`` of an existing topic (None when the broker does not say)."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    options = {k: v for k, v in (client_options or {}).items()
+               if k in KafkaAdminClient.DEFAULT_CONFIG}
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, **options)
+    try:
+        described = admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"cleanup.policy": None})],
+            config_filter="all")
+    finally:
+        admin.close()
+    for by_name in (described or {}).values():
+        entry = (by_name.get(topic) or {}).get("cleanup.policy") if isinstance(by_name, dict) \
+            else None
+        if isinstance(entry, dict) and entry.get("value") is not None:
+            return str(entry["value"])
+    return None
+
+
 def _no_epoch_bump(producer: Any) -> None:
     """Make a refused producer epoch fatal, as the Java client does for a transactional
     producer. kafka-python 3.0.12 treats a produce refused with INVALID_PRODUCER_EPOCH as
@@ -246,9 +269,13 @@ class KafkaKeyedLog:
 
     def _failed(self, exc: BaseException, what: str) -> Fenced | TransportError:
         where = f"{self.topic} slot {self.slot}"
-        if _fenced(exc) or _unusable(self._producer):
+        if _fenced(exc):
             return Fenced(f"{where}: another writer opened this changelog slot; {what} "
                           f"refused ({type(exc).__name__})")
+        if _unusable(self._producer):  # e.g. sequence errors after a refused record
+            last = getattr(self._producer._transaction_manager, "last_error", None)
+            return Fenced(f"{where}: the changelog's writer failed for good ({last!r}); {what} "
+                          f"refused ({type(exc).__name__}), and no other write is possible")
         self._abort()
         return TransportError(f"{where}: {what} failed: {exc!r}")
 

@@ -343,3 +343,29 @@ def test_whoever_takes_over_restores_the_newest_checkpoint_and_every_journal_lin
                 assert np.array_equal(found.arrays["rows"], published[seq])
             want = sorted(line for tag, line in lines if tag >= seq)
             assert sorted(line for batch in found.journal.values() for line in batch) == want
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=60), st.integers(1, 4000))
+def test_a_journal_batch_is_cut_between_lines_into_records_under_the_limit(
+        lengths: list[int], limit: int) -> None:
+    from streamlearn.durability.changelog import _record_parts
+
+    lines = b"".join(b"x" * n + b"\n" for n in lengths)
+    parts = _record_parts(lines, limit)
+    assert b"".join(parts) == lines
+    assert all(p.endswith(b"\n") for p in parts)
+    assert all(len(p) <= limit or p.count(b"\n") == 1 for p in parts)
+
+
+def test_a_journal_batch_larger_than_a_record_is_written_in_several() -> None:
+    from streamlearn.durability.changelog import JOURNAL_RECORD_BYTES
+
+    logs = MemoryKeyedLogs()
+    writer = Changelog(logs.open("state", 0))
+    batch = b"".join(b'{"d": %d, "p": [%s]}\n' % (i, b"0.0005," * 2000) for i in range(500))
+    assert len(batch) > 5 * JOURNAL_RECORD_BYTES
+    writer.journal(1, batch)
+    records = list(logs.open("state", 0).records(journal=True))
+    assert len(records) >= 6 and max(len(v or b"") for _, _, v in records) <= JOURNAL_RECORD_BYTES
+    assert b"".join(Changelog(logs.open("state", 0)).restore().journal[1]) == batch
