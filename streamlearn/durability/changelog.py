@@ -171,6 +171,25 @@ class ChangelogState:
         return None if self.manifest is None else str(self.manifest["state"])
 
 
+@dataclass
+class _Scan:
+    """What a read of the log found."""
+
+    manifests: list[dict[str, Any]]  # in log order
+    chunks: dict[bytes, bytes]  # by key (empty when the chunks were not fetched)
+    journal: dict[int, list[tuple[bytes, bytes]]]  # (key, lines) by checkpoint
+    records: int
+    bytes_read: int
+    seconds: float
+
+
+def _chunk_keys(manifest: dict[str, Any] | None) -> set[bytes]:
+    """The keys of every chunk ``manifest`` names."""
+    if manifest is None:
+        return set()
+    return {_chunk_key(d) for spec in manifest["arrays"].values() for d in spec["chunks"]}
+
+
 class Changelog:
     """One partition's checkpoints and journal on a :class:`KeyedLog` (module docstring).
 
@@ -188,7 +207,6 @@ class Changelog:
         self._writer = uuid.uuid4().hex[:12]
         self._garbage: set[bytes] = set()  # chunk keys a restore found that nothing needs
         self._old_journal: set[bytes] = set()  # journal keys a restore found that nothing needs
-        self.last_state: str | None = None
         self.chunks_written = 0
         self.bytes_written = 0
         # an offset of the state lane at or before every record written there from now on (a
@@ -251,7 +269,7 @@ class Changelog:
         for key in sorted(old_journal | self._old_journal):
             self.log.send(key, None, journal=True)
         self._old_journal = set()
-        self.stored, self._garbage, self.last_state = needed, set(), state
+        self.stored, self._garbage = needed, set()
         log.debug("changelog checkpoint %d: %d new chunks (%d bytes), %d tombstones", seq,
                   self.chunks_written, new_bytes, len(obsolete))
 
@@ -266,25 +284,18 @@ class Changelog:
         """
         if local_state is not None:
             tail = self._scan(local_from, fetch_chunks=False)
-            manifests = tail[0]
-            if manifests and manifests[-1]["state"] == local_state:
-                state = ChangelogState(manifests[-1], journal=_journal_from(tail[2],
-                                       int(manifests[-1]["seq"])), records=tail[3],
-                                       bytes_read=tail[4], seconds=tail[5])
-                self.stored = {_chunk_key(d) for a in manifests[-1]["arrays"].values()
-                               for d in a["chunks"]}
-                self.journal_keys = {s: [k for k, _ in keys] for s, keys in tail[2].items()
-                                     if s >= state.seq}
-                self._old_journal = {k for s, keys in tail[2].items() if s < state.seq
-                                     for k, _ in keys}
-                self.last_state = local_state
-                return state
-        manifests, chunks, journal, records, read, seconds = self._scan(0, fetch_chunks=True)
+            if tail.manifests and tail.manifests[-1]["state"] == local_state:
+                newest = tail.manifests[-1]
+                self._adopt(newest, set(), tail.journal)
+                return ChangelogState(newest, journal=_journal_from(tail.journal, int(newest["seq"])),
+                                      records=tail.records, bytes_read=tail.bytes_read,
+                                      seconds=tail.seconds)
+        scan = self._scan(0, fetch_chunks=True)
         started = time.perf_counter()
-        state = ChangelogState(journal={}, records=records, bytes_read=read)
-        for manifest in reversed(manifests):  # the newest one whose chunks are all there
+        state = ChangelogState(records=scan.records, bytes_read=scan.bytes_read)
+        for manifest in reversed(scan.manifests):  # the newest one whose chunks are all there
             try:
-                arrays = {name: _assemble(name, spec, chunks)
+                arrays = {name: _assemble(name, spec, scan.chunks)
                           for name, spec in manifest["arrays"].items()}
             except StateError as exc:
                 log.warning("changelog checkpoint %s is incomplete, trying an older one: %s",
@@ -294,23 +305,25 @@ class Changelog:
             state.manifest, state.arrays = manifest, arrays
             state.meta = orjson.loads(meta_array.tobytes())
             break
-        seq = state.seq
-        state.journal = _journal_from(journal, seq)
-        needed = set() if state.manifest is None else {
-            _chunk_key(d) for a in state.manifest["arrays"].values() for d in a["chunks"]}
-        self.stored = needed
-        self._garbage = set(chunks) - needed
-        self._old_journal = {k for s, keys in journal.items() if s < seq for k, _ in keys}
-        self.journal_keys = {s: [k for k, _ in keys] for s, keys in journal.items() if s >= seq}
-        self.last_state = state.state_id
-        state.seconds = seconds + time.perf_counter() - started
+        self._adopt(state.manifest, set(scan.chunks), scan.journal)
+        state.journal = _journal_from(scan.journal, state.seq)
+        state.seconds = scan.seconds + time.perf_counter() - started
         return state
 
-    def _scan(self, start: int, fetch_chunks: bool) -> tuple[
-            list[dict[str, Any]], dict[bytes, bytes], dict[int, list[tuple[bytes, bytes]]],
-            int, int, float]:
-        """(manifests in log order, chunks by key, journal records by seq, records, bytes,
-        seconds) of the log from ``start``; a tombstone removes its key."""
+    def _adopt(self, manifest: dict[str, Any] | None, chunks_seen: set[bytes],
+               journal: dict[int, list[tuple[bytes, bytes]]]) -> None:
+        """Take over the log as a restore found it: the chunks ``manifest`` names are stored;
+        the other ``chunks_seen`` and the journal records of older checkpoints are garbage,
+        tombstoned after this writer's first checkpoint."""
+        seq = int(manifest["seq"]) if manifest is not None else 0
+        self.stored = _chunk_keys(manifest)
+        self._garbage = chunks_seen - self.stored
+        self._old_journal = {k for s, keys in journal.items() if s < seq for k, _ in keys}
+        self.journal_keys = {s: [k for k, _ in keys] for s, keys in journal.items() if s >= seq}
+
+    def _scan(self, start: int, fetch_chunks: bool) -> _Scan:
+        """The state lane from ``start`` and the whole journal lane; a tombstone removes its
+        key."""
         began = time.perf_counter()
         manifests: list[dict[str, Any]] = []
         chunks: dict[bytes, bytes] = {}
@@ -350,7 +363,7 @@ class Changelog:
             parts = key.split(b"/")
             if len(parts) == 3 and parts[1].isdigit():
                 by_seq.setdefault(int(parts[1]), []).append((key, value))
-        return manifests, chunks, by_seq, records, read, time.perf_counter() - began
+        return _Scan(manifests, chunks, by_seq, records, read, time.perf_counter() - began)
 
     def close(self) -> None:
         self.log.close()
