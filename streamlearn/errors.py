@@ -10,6 +10,7 @@ __all__ = [
     "ConfigError",
     "DataError",
     "InvalidEventError",
+    "OwnershipLost",
     "StateError",
     "StreamlearnError",
     "TransportError",
@@ -43,3 +44,9 @@ class InvalidEventError(StreamlearnError):
 
 class TransportError(StreamlearnError):
     """The message transport (Kafka or embedded) failed."""
+
+
+class OwnershipLost(StreamlearnError):
+    """This process may no longer write a partition's decisions or state: another replica
+    claimed it (service/claims.py), or its changelog writer was fenced (transport/keyed_log.py).
+    """

@@ -44,15 +44,11 @@ from pathlib import Path
 
 import orjson
 
-from streamlearn.errors import StreamlearnError
+from streamlearn.errors import OwnershipLost
 
 __all__ = ["OwnershipLost", "PartitionClaims"]
 
 RELEASE_POLL_S = 0.02
-
-
-class OwnershipLost(StreamlearnError):
-    """Raised before a replica journals decisions for a partition another replica claimed."""
 
 
 class PartitionClaims:

@@ -71,7 +71,6 @@ from streamlearn.service.outputs import Outputs, dead_letter_value
 from streamlearn.service.retraining import Retraining
 from streamlearn.service.settings import DaemonSettings, blas_threads
 from streamlearn.transport.align import InputAligner
-from streamlearn.transport.keyed_log import Fenced
 from streamlearn.transport.protocol import Message, Transport
 
 __all__ = ["Daemon", "DaemonSettings", "dead_letter_value"]
@@ -367,9 +366,7 @@ class Daemon:
             try:
                 self.checkpointer.journal.append(ids, probs, records, columns)
                 return
-            except Fenced as exc:
-                raise OwnershipLost(f"{self.transport.instances_topic}: {exc}") from exc
-            except TransportError as exc:
+            except TransportError as exc:  # not Fenced, an OwnershipLost: that propagates
                 if self._stop.is_set():
                     raise
                 log.warning("cannot journal decisions in the changelog, retrying in %.1f s: %s",
@@ -535,8 +532,6 @@ class Daemon:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,
                                          carry=self._journaled.values(), background=background)
-        except Fenced as exc:
-            raise OwnershipLost(f"{self.transport.instances_topic}: {exc}") from exc
         except TransportError as exc:  # the flush failed: nothing written, nothing committed
             log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
             self._retry_checkpoint_at = wall + self.settings.retry_seconds
@@ -550,10 +545,7 @@ class Daemon:
     def _settle_checkpoint(self, block: bool) -> None:
         """Commit and count the snapshot written in the background once it is written."""
         assert self.checkpointer is not None
-        try:
-            seq = self.checkpointer.settle(self.transport, block=block)
-        except Fenced as exc:
-            raise OwnershipLost(f"{self.transport.instances_topic}: {exc}") from exc
+        seq = self.checkpointer.settle(self.transport, block=block)  # Fenced: OwnershipLost
         if seq is not None:
             started, wall = self._written_at.pop(seq)
             self.observer.on_checkpoint(time.perf_counter() - started, wall)

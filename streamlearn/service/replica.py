@@ -204,7 +204,7 @@ class Replica:
         leaves its assignment). One the group still assigns here after twice that was fenced
         by something else (an error the changelog's producer cannot recover from): take it
         back, restoring it as a moved partition is."""
-        wait = 2 * getattr(self.membership, "session_timeout_s", 10.0)
+        wait = 2 * self.membership.session_timeout_s
         assigned = self.membership.assigned()
         now = time.monotonic()
         for p, since in list(self._fenced.items()):

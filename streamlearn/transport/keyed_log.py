@@ -54,7 +54,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
-from streamlearn.errors import StreamlearnError, TransportError
+from streamlearn.errors import OwnershipLost, TransportError
 
 __all__ = ["CHANGELOG_TOPIC_CONFIGS", "LANES", "Fenced", "KafkaKeyedLog", "KeyedLog",
            "MemoryKeyedLog", "MemoryKeyedLogs", "Record", "cleanup_policy"]
@@ -79,7 +79,7 @@ CHANGELOG_TOPIC_CONFIGS = {
 }
 
 
-class Fenced(StreamlearnError):
+class Fenced(OwnershipLost):
     """Another writer opened this log slot: this one may write nothing more to it (not a
     TransportError: retrying cannot help, the partition is another replica's now)."""
 
@@ -289,20 +289,21 @@ class KafkaKeyedLog:
             log.warning("changelog %s slot %d: could not abort the failed transaction: %r",
                         self.topic, self.slot, exc)
 
+    def _queue(self, key: bytes, value: bytes | None, journal: bool) -> Any:
+        """Queue a record on its lane (not while a commit runs); its future."""
+        with self._lock:
+            return self._producer.send(self.topic, key=key, value=value,
+                                       partition=self._partition(journal))
+
     def send(self, key: bytes, value: bytes | None, journal: bool = False) -> None:
         try:
-            with self._lock:
-                self._producer.send(self.topic, key=key, value=value,
-                                    partition=self._partition(journal))
+            self._queue(key, value, journal)
         except Exception as exc:
             raise self._failed(exc, "a write") from exc
 
     def send_and_wait(self, key: bytes, value: bytes | None, journal: bool = False) -> int:
         try:
-            with self._lock:
-                future = self._producer.send(self.topic, key=key, value=value,
-                                             partition=self._partition(journal))
-            return int(future.get(timeout=self.timeout_s).offset)
+            return int(self._queue(key, value, journal).get(timeout=self.timeout_s).offset)
         except Exception as exc:
             raise self._failed(exc, "a write") from exc
 
