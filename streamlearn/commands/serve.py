@@ -359,13 +359,27 @@ def open_changelog(config: Config, partition: int) -> Changelog | None:
     if not config.checkpoint.changelog:
         return None
     from streamlearn.durability.changelog import Changelog
+    from streamlearn.transport.keyed_log import KafkaKeyedLog
+
+    k, t = config.kafka, config.topics
+    assert k.bootstrap is not None  # checked by load_config
+    options = k.client_options()
+    if (k.bootstrap, t.changelog) not in _CHECKED_CHANGELOGS:
+        _check_changelog_topic(config)
+        _CHECKED_CHANGELOGS.add((k.bootstrap, t.changelog))
+    return Changelog(KafkaKeyedLog(k.bootstrap, t.changelog, partition, k.group_id, options))
+
+
+#: (bootstrap, topic) of the changelog topics this process has created or checked: a replica
+#: opens one changelog per partition it takes, the topic needs checking once
+_CHECKED_CHANGELOGS: set[tuple[str, str]] = set()
+
+
+def _check_changelog_topic(config: Config) -> None:
+    """Create the changelog topic if missing; refuse one of another partition count, or one
+    that is not compacted."""
     from streamlearn.transport.kafka import ensure_topics
-    from streamlearn.transport.keyed_log import (
-        CHANGELOG_TOPIC_CONFIGS,
-        LANES,
-        KafkaKeyedLog,
-        cleanup_policy,
-    )
+    from streamlearn.transport.keyed_log import CHANGELOG_TOPIC_CONFIGS, LANES, cleanup_policy
 
     k, t = config.kafka, config.topics
     assert k.bootstrap is not None  # checked by load_config
@@ -384,7 +398,6 @@ def open_changelog(config: Config, partition: int) -> Changelog | None:
                           f"= compact: time-based retention would delete chunks the newest "
                           f"checkpoint still needs). Got cleanup.policy = {policy}; create it "
                           f"anew, or name another (it is created when missing).")
-    return Changelog(KafkaKeyedLog(k.bootstrap, t.changelog, partition, k.group_id, options))
 
 
 def build_daemon(config: Config, transport: Transport, wrapped: Transport,
