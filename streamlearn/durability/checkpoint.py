@@ -55,6 +55,7 @@ power loss at a cost per batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -523,14 +524,13 @@ class Checkpointer:
         holds none (None: whatever is local is restored, then published)."""
         assert self.changelog is not None
         local = _numbered(self.directory, _CKPT)
-        hint: dict[str, Any] = {}
+        hint: Any = {}
         if local:
-            try:
+            with contextlib.suppress(OSError, orjson.JSONDecodeError):
                 hint = orjson.loads((local[-1][1] / "meta.json").read_bytes())
-            except (OSError, orjson.JSONDecodeError):
-                hint = {}
-        state_id = hint.get("changelog_state") if isinstance(hint, dict) else None
-        start = hint.get("changelog_from", 0) if isinstance(hint, dict) else 0
+        if not isinstance(hint, dict):
+            hint = {}
+        state_id, start = hint.get("changelog_state"), hint.get("changelog_from", 0)
         found = self.changelog.restore(state_id if isinstance(state_id, str) else None,
                                        start if is_count(start) else 0)
         self.journal.restored = found.journal
@@ -552,7 +552,9 @@ class Checkpointer:
         # the local snapshots and journal are an older owner's: a stale cache, dropped
         for pattern in (_CKPT, _JOURNAL):
             for _, path in _numbered(self.directory, pattern):
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else \
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
                     path.unlink(missing_ok=True)
         self.seq = max(self.seq, seq)
         self.offsets = ConsumedOffsets(restored.offsets)
