@@ -21,7 +21,6 @@ Single-threaded, like the transports: the replica steps its daemons in turn.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -30,13 +29,6 @@ from streamlearn.transport.kafka import open_clients, to_message
 from streamlearn.transport.protocol import ClientTuning, Message
 
 __all__ = ["SharedKafkaClients"]
-
-#: A zero-wait fill this soon after a fill that brought everything fetched (fewer records
-#: than its cap) is skipped. The partition daemons of one round take in turn, each filling
-#: when its own buffers are empty; the fills after the first find nothing the first did not
-#: bring (a kafka-python poll returns completed fetches only), and each costs about 1 CPU-ms
-#: (hand-offs to the client's IO thread): half the polls of an idle replica with 2 partitions.
-REFILL_AFTER_S = 0.002
 
 
 class SharedKafkaClients:
@@ -59,7 +51,6 @@ class SharedKafkaClients:
         self.fetch_max_records = fetch_max_records
         self._partitions = PartitionBuffers()
         self._closed = False
-        self._drained_at = -1.0  # when the last fill brought all the client had fetched
 
     def attach(self, partitions: Mapping[Partition, Any]) -> None:
         """Add a transport's partitions to the consumer's assignment."""
@@ -86,14 +77,9 @@ class SharedKafkaClients:
         return self._partitions.take(partitions, max_records, lambda: self._fill(timeout_s))
 
     def _fill(self, timeout_s: float) -> None:
-        now = time.monotonic()
-        if timeout_s <= 0 and now - self._drained_at < REFILL_AFTER_S:
-            return
         batches = self.consumer.poll(timeout_ms=int(timeout_s * 1000),
                                      max_records=self.fetch_max_records)
-        messages = [to_message(r) for records in batches.values() for r in records]
-        self._partitions.put(messages)
-        self._drained_at = now if len(messages) < self.fetch_max_records else -1.0
+        self._partitions.put(to_message(r) for records in batches.values() for r in records)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Close both clients (after the transports: their ``close`` flushes)."""
