@@ -462,6 +462,9 @@ class Checkpointer:
         if changelog is not None:
             self.journal.mirror = changelog.journal
         self.restored_from = "none"  # where the last restore found its state: local, changelog
+        # checkpoints written to disk but not to the changelog (its broker away); counted on
+        # the snapshot thread, read by the serving thread
+        self.local_only = 0
         numbers = [seq for pattern in (_CKPT, _JOURNAL) for seq, _ in _numbered(self.directory, pattern)]
         self.seq = max(numbers, default=0)  # never reuse a number (see the module docstring)
         self._writer: ThreadPoolExecutor | None = None
@@ -625,8 +628,8 @@ class Checkpointer:
         """The snapshot on disk, then in the changelog (if any: a broker away leaves it local
         only, the next one is published; a fenced changelog raises Fenced)."""
         write_snapshot(path, arrays, meta)
-        if self.changelog is not None:
-            write_or_warn(self.changelog, seq, arrays, meta)
+        if self.changelog is not None and not write_or_warn(self.changelog, seq, arrays, meta):
+            self.local_only += 1
 
     def settle(self, transport: Transport, block: bool = True) -> int | None:
         """Finish the snapshot written in the background, if any (wait for it unless not

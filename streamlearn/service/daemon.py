@@ -138,6 +138,7 @@ class Daemon:
                                settings.limits.dead_letter_max_bytes)
         self._retry_checkpoint_at = 0.0
         self._written_at: dict[int, tuple[float, float]] = {}  # background snapshots: when begun
+        self._local_only_seen = 0  # checkpoints kept off the changelog, counted in the metrics
         self.started_at_instances = 0
         self.polling_seconds = 0.0  # spent in poll: waiting for input (and, embedded, making it)
         self._drifts_seen = learner.drift_detections_
@@ -221,8 +222,12 @@ class Daemon:
     def restore(self) -> None:
         """Load the newest good checkpoint, seek the transport to its offsets."""
         topics = (self.transport.instances_topic, self.transport.feedback_topic)
+        started = time.perf_counter()
         restored = (self.checkpointer.restore(accept=self._thaw, topics=topics)
                     if self.checkpointer is not None else None)
+        if self.checkpointer is not None:
+            self.observer.on_restore(self.checkpointer.restored_from,
+                                     time.perf_counter() - started)
         if self.retraining is not None:
             self.retraining.open(restored.meta.get("experience") if restored else None,
                                  restored is not None, _rollout_state(restored))
@@ -371,6 +376,7 @@ class Daemon:
                     raise
                 log.warning("cannot journal decisions in the changelog, retrying in %.1f s: %s",
                             self.settings.retry_seconds, exc)
+                self.observer.on_changelog_trouble("journal_retry")
                 self._stop.wait(self.settings.retry_seconds)
 
     def _join(self, messages: list[Message], wall: float) -> None:
@@ -539,8 +545,17 @@ class Daemon:
         if background:
             self._written_at[seq] = (started, wall)
         else:
-            self.observer.on_checkpoint(time.perf_counter() - started, wall)
+            self._checkpointed(started, wall)
         return seq
+
+    def _checkpointed(self, started: float, wall: float) -> None:
+        """Count a checkpoint written (and the changelog writes that failed meanwhile)."""
+        assert self.checkpointer is not None
+        self.observer.on_checkpoint(time.perf_counter() - started, wall)
+        local_only = self.checkpointer.local_only - self._local_only_seen
+        if local_only:
+            self.observer.on_changelog_trouble("checkpoint_local_only", local_only)
+            self._local_only_seen += local_only
 
     def _settle_checkpoint(self, block: bool) -> None:
         """Commit and count the snapshot written in the background once it is written."""
@@ -548,7 +563,7 @@ class Daemon:
         seq = self.checkpointer.settle(self.transport, block=block)  # Fenced: OwnershipLost
         if seq is not None:
             started, wall = self._written_at.pop(seq)
-            self.observer.on_checkpoint(time.perf_counter() - started, wall)
+            self._checkpointed(started, wall)
 
 
 def _rollout_state(restored: Restored | None) -> tuple[dict[str, np.ndarray], dict[str, Any]] | None:

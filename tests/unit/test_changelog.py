@@ -12,13 +12,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from loop_helpers import Clock, decisions_by_id
+from prometheus_client import CollectorRegistry
 from test_daemon_fake import BLOCK, Caller, N, direct_weights, learner, lockstep, weights_of
 from test_daemon_fake import settings as daemon_settings
 
 from streamlearn.durability.changelog import MAX_CHUNK, MIN_CHUNK, Changelog, content_cuts
+from streamlearn.errors import TransportError
 from streamlearn.service.claims import OwnershipLost
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.daemon import Daemon
+from streamlearn.service.metrics import PrometheusObserver
 from streamlearn.transport.keyed_log import Fenced, MemoryKeyedLogs
 from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
@@ -369,3 +372,70 @@ def test_a_journal_batch_larger_than_a_record_is_written_in_several() -> None:
     records = list(logs.open("state", 0).records(journal=True))
     assert len(records) >= 6 and max(len(v or b"") for _, _, v in records) <= JOURNAL_RECORD_BYTES
     assert b"".join(Changelog(logs.open("state", 0)).restore().journal[1]) == batch
+
+
+class _Unreachable:
+    """A KeyedLog whose broker refuses the next ``journal`` / ``state`` writes (as many as
+    given) with a TransportError, then accepts them again."""
+
+    def __init__(self, inner: Any, journal: int = 0, state: int = 0) -> None:
+        self.inner, self.refuse = inner, {True: journal, False: state}
+
+    def _gate(self, journal: bool) -> None:
+        if self.refuse[journal] > 0:
+            self.refuse[journal] -= 1
+            raise TransportError("the changelog's broker is away (test)")
+
+    def send(self, key: bytes, value: bytes | None, journal: bool = False) -> None:
+        self._gate(journal)
+        self.inner.send(key, value, journal)
+
+    def send_and_wait(self, key: bytes, value: bytes | None, journal: bool = False) -> int:
+        self._gate(journal)
+        return int(self.inner.send_and_wait(key, value, journal))
+
+    def commit(self) -> None:
+        self.inner.commit()
+
+    def records(self, start: int = 0, journal: bool = False) -> Any:
+        return self.inner.records(start, journal)
+
+    def close(self) -> None:
+        pass
+
+
+def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_the_metrics_count_restores_by_source_and_every_changelog_write_refused(
+        tmp_path: Path) -> None:
+    broker, clock, logs = InMemoryBroker(2), Clock(), MemoryKeyedLogs()
+    caller = Caller(broker)
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+    unreachable = _Unreachable(logs.open("changelog", 0), journal=2, state=1)
+    daemon = Daemon(daemon_settings(tmp_path / "first", retry_seconds=0.01),
+                    InMemoryTransport(broker=broker, partitions=2), learner(), observer,
+                    wall_clock=clock, changelog=Changelog(unreachable))
+    daemon.restore()
+    assert _sample(registry, "streamlearn_restore_duration_seconds_count", source="none") == 1
+    lockstep(broker, daemon, caller, clock, range(2))
+    # the first two journal records were refused and retried: every decision still went out
+    assert _sample(registry, "streamlearn_changelog_failures_total", kind="journal_retry") == 2
+    assert sorted(decisions_by_id(broker)) == sorted(f"e{i}" for i in range(2 * BLOCK))
+    assert daemon.checkpoint(final=True) is not None  # on disk; the changelog refused it
+    assert _sample(registry, "streamlearn_changelog_failures_total",
+                   kind="checkpoint_local_only") == 1
+    assert daemon.checkpoint(final=True) is not None  # the broker is back: written to both
+    assert _sample(registry, "streamlearn_changelog_failures_total",
+                   kind="checkpoint_local_only") == 1
+    # a replacement machine: an empty disk, the state from the changelog alone
+    again = Daemon(daemon_settings(tmp_path / "second"),
+                   InMemoryTransport(broker=broker, partitions=2), learner(), observer,
+                   wall_clock=clock, changelog=Changelog(logs.open("changelog", 0)))
+    again.restore()
+    assert _sample(registry, "streamlearn_restore_duration_seconds_count",
+                   source="changelog") == 1
+    assert again.counters.instances == daemon.counters.instances
