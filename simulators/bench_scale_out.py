@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from streamlearn.config import SyncConfig
+
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 6
 
@@ -142,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=2000.0)
     parser.add_argument("--delay-mean", type=float, default=0.3)
     parser.add_argument("--replicas", default="1,3")
-    parser.add_argument("--sync-seconds", type=float, default=0.25)
+    parser.add_argument("--sync-seconds", type=float, default=SyncConfig().every_seconds,
+                        help="serve --sync-every-seconds (default: serve's own)")
     parser.add_argument("--round-seconds", type=float, default=0.1,
                         help="serve --kafka-round-seconds (the shortest round of a replica)")
     parser.add_argument("--per-replica-rate", type=float, default=0.0,

@@ -163,9 +163,9 @@ class ExplorationConfig:
 class SyncConfig:
     """Model synchronisation of a scaled-out group (kafka.membership = group)."""
 
-    every_seconds: float = spec(0.25, "each replica publishes its learner, and the merger "
-                                "merges them, this often (shorter: closer to one learner; "
-                                "docs/operations.md)", gt=0)
+    every_seconds: float = spec(0.5, "each replica publishes its learner, and the merger "
+                                "merges them, this often (shorter: closer to one learner, "
+                                "more CPU per replica; docs/operations.md)", gt=0)
     early_fraction: float = spec(0.05, "also publish (and merge) as soon as the new examples "
                                  "reach this fraction of those the model holds: frequent syncs "
                                  "while a young model changes fast (0: on the interval only)",
