@@ -376,7 +376,7 @@ class Daemon:
                     raise
                 log.warning("cannot journal decisions in the changelog, retrying in %.1f s: %s",
                             self.settings.retry_seconds, exc)
-                self.observer.on_changelog_trouble("journal_retry")
+                self.observer.on_changelog_failure("journal_retry")
                 self._stop.wait(self.settings.retry_seconds)
 
     def _join(self, messages: list[Message], wall: float) -> None:
@@ -554,7 +554,7 @@ class Daemon:
         self.observer.on_checkpoint(time.perf_counter() - started, wall)
         local_only = self.checkpointer.local_only - self._local_only_seen
         if local_only:
-            self.observer.on_changelog_trouble("checkpoint_local_only", local_only)
+            self.observer.on_changelog_failure("checkpoint_local_only", local_only)
             self._local_only_seen += local_only
 
     def _settle_checkpoint(self, block: bool) -> None:

@@ -188,7 +188,7 @@ class Observer:
         """A partition's state was restored (``source``: local, changelog or none) in
         ``duration_s``."""
 
-    def on_changelog_trouble(self, kind: str, n: int = 1) -> None:
+    def on_changelog_failure(self, kind: str, n: int = 1) -> None:
         """The changelog refused a write: ``journal_retry`` (the loop waits and retries a
         batch's journal record) or ``checkpoint_local_only`` (a checkpoint kept on disk only)."""
 
@@ -388,7 +388,7 @@ class PrometheusObserver(Observer):
             "streamlearn_restore_duration_seconds", "Time to restore a partition's state, by "
             "where it came from (local, changelog, none).", ["source"],
             buckets=DURATION_BUCKETS, registry=r)
-        self.changelog_trouble = Counter(
+        self.changelog_failures = Counter(
             "streamlearn_changelog_failures", "Changelog writes that failed: journal_retry (the "
             "serving loop waits and retries), checkpoint_local_only (kept on disk only).",
             ["kind"], registry=r)
@@ -415,7 +415,7 @@ class PrometheusObserver(Observer):
         for outcome in FEEDBACK_OUTCOMES:  # every outcome visible at 0 from the start
             self.feedback.labels(outcome=outcome)
         for kind in ("journal_retry", "checkpoint_local_only"):
-            self.changelog_trouble.labels(kind=kind)
+            self.changelog_failures.labels(kind=kind)
         for label in TYPE_LABELS:  # the configured types appear as the daemon starts
             self.feedback_events.labels(type=label)
 
@@ -508,8 +508,8 @@ class PrometheusObserver(Observer):
     def on_restore(self, source: str, duration_s: float) -> None:
         self.restore_duration.labels(source=source).observe(duration_s)
 
-    def on_changelog_trouble(self, kind: str, n: int = 1) -> None:
-        self.changelog_trouble.labels(kind=kind).inc(n)
+    def on_changelog_failure(self, kind: str, n: int = 1) -> None:
+        self.changelog_failures.labels(kind=kind).inc(n)
 
     def on_retrain(self, duration_s: float) -> None:
         self.retrain_duration.observe(duration_s)
