@@ -222,10 +222,10 @@ class Daemon:
     def restore(self) -> None:
         """Load the newest good checkpoint, seek the transport to its offsets."""
         topics = (self.transport.instances_topic, self.transport.feedback_topic)
-        started = time.perf_counter()
-        restored = (self.checkpointer.restore(accept=self._thaw, topics=topics)
-                    if self.checkpointer is not None else None)
+        restored = None
         if self.checkpointer is not None:
+            started = time.perf_counter()
+            restored = self.checkpointer.restore(accept=self._thaw, topics=topics)
             self.observer.on_restore(self.checkpointer.restored_from,
                                      time.perf_counter() - started)
         if self.retraining is not None:
