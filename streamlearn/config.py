@@ -392,6 +392,11 @@ def _meant_setting(key: str) -> str:
             f"{', '.join(env_name(section, n) for n in own)})")
 
 
+def _shown(path: Path | None) -> str:
+    """A path as messages quote it ('/var/lib/x', not PosixPath('/var/lib/x'))."""
+    return repr(None if path is None else str(path))
+
+
 def _check_consistency(config: Config) -> None:
     """Rules that involve more than one field."""
     kafka = config.kafka
@@ -418,13 +423,13 @@ def _check_consistency(config: Config) -> None:
                           "partitions' state: a local cache of the changelog with "
                           "checkpoint.changelog, else storage every replica reaches). Got "
                           f"bootstrap {config.kafka.bootstrap!r}, checkpoint.dir "
-                          f"{config.checkpoint.dir!r}.")
+                          f"{_shown(config.checkpoint.dir)}.")
     if config.checkpoint.changelog and (config.checkpoint.dir is None
                                         or config.kafka.bootstrap is None):
         raise ConfigError("checkpoint.changelog needs kafka.bootstrap and checkpoint.dir (the "
                           "changelog mirrors the checkpoints of that directory). Got "
                           f"bootstrap {config.kafka.bootstrap!r}, checkpoint.dir "
-                          f"{config.checkpoint.dir!r}.")
+                          f"{_shown(config.checkpoint.dir)}.")
     if config.exploration.name == "fixed" and config.exploration.gamma is None:
         raise ConfigError("exploration.gamma must be set for the fixed strategy. Got nothing.")
     if not config.embedded_mode:  # K is learner.n_actions (embedded: the dataset's, at serve)

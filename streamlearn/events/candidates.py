@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -140,6 +141,7 @@ def _candidate_list(obj: dict[str, Any], event_id: str, max_candidates: int) -> 
 
 _PLAIN_REQUEST_KEYS = frozenset({"id", "ts", "x", "candidates", "slots", "baseline"})
 _PLAIN_CANDIDATE_KEYS = frozenset({"id", "x"})
+_CANDIDATE_ID, _CANDIDATE_X = itemgetter("id"), itemgetter("x")
 _PLAIN_DEPTH = 4  # request {"candidates": [{"x": [numbers]}]}
 _SCALAR_TYPES = frozenset({str, int, float, bool, type(None)})
 
@@ -157,8 +159,9 @@ def _plain_candidates(obj: dict[str, Any], d_c: int,
             type(candidates) is not list or set(map(type, candidates)) != {dict}:
         return None
     scalars = (obj.get("id"), obj.get("ts"), obj.get("slots"), obj.get("baseline"))
+    # two keys each, and _dense_candidates finds "id" and "x" in every one: no other key
     if not (set(map(type, scalars)) <= _SCALAR_TYPES and type(obj.get("x", [])) is list
-            and set(chain.from_iterable(candidates)) <= _PLAIN_CANDIDATE_KEYS):
+            and set(map(len, candidates)) == {len(_PLAIN_CANDIDATE_KEYS)}):
         return None
     ids, dense = _dense_candidates(candidates, d_c, limits.max_id_length)
     return None if dense is None else (ids, dense)
@@ -221,12 +224,15 @@ def _dense_candidates(candidates: list[Any], d_c: int,
     ``d_c`` entries — the shape recommenders send — checked in a few C-level passes instead
     of one Python step per candidate; ``([], None)`` otherwise (the caller then walks the
     candidates one by one to name the first bad one, or to classify mixed forms)."""
-    ids = [c.get("id") for c in candidates]
-    xs = [c.get("x") for c in candidates]
-    if (set(map(type, ids)) == {str} and min(map(len, ids)) >= 1
-            and max(map(len, ids)) <= max_id_length
-            and set(map(type, xs)) == {list} and set(map(len, xs)) == {d_c}):
-        return ids, xs
+    try:  # (the candidates are exact dicts: _candidate_list or _plain_candidates checked)
+        ids, xs = list(map(_CANDIDATE_ID, candidates)), list(map(_CANDIDATE_X, candidates))
+    except KeyError:
+        return [], None
+    if set(map(type, ids)) == {str} and set(map(type, xs)) == {list}:
+        id_lengths = set(map(len, ids))
+        if min(id_lengths) >= 1 and max(id_lengths) <= max_id_length and \
+                set(map(len, xs)) == {d_c}:
+            return ids, xs
     return [], None
 
 

@@ -65,7 +65,7 @@ from streamlearn.join.pending import Outcome, PendingJoins
 from streamlearn.service.adoption import Adoption
 from streamlearn.service.claims import OwnershipLost
 from streamlearn.service.counters import Counters
-from streamlearn.service.metrics import Observer
+from streamlearn.service.metrics import CHECKPOINT_LOCAL_ONLY, JOURNAL_RETRY, Observer
 from streamlearn.service.modes import ServingMode, mode_for
 from streamlearn.service.outputs import Outputs, dead_letter_value
 from streamlearn.service.retraining import Retraining
@@ -376,7 +376,7 @@ class Daemon:
                     raise
                 log.warning("cannot journal decisions in the changelog, retrying in %.1f s: %s",
                             self.settings.retry_seconds, exc)
-                self.observer.on_changelog_failure("journal_retry")
+                self.observer.on_changelog_failure(JOURNAL_RETRY)
                 self._stop.wait(self.settings.retry_seconds)
 
     def _join(self, messages: list[Message], wall: float) -> None:
@@ -554,7 +554,7 @@ class Daemon:
         self.observer.on_checkpoint(time.perf_counter() - started, wall)
         local_only = self.checkpointer.local_only - self._local_only_seen
         if local_only:
-            self.observer.on_changelog_failure("checkpoint_local_only", local_only)
+            self.observer.on_changelog_failure(CHECKPOINT_LOCAL_ONLY, local_only)
             self._local_only_seen += local_only
 
     def _settle_checkpoint(self, block: bool) -> None:

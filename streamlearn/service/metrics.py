@@ -43,7 +43,10 @@ if TYPE_CHECKING:
     from streamlearn.evaluation.online import OnlineErrorTracker
 
 __all__ = [
+    "CHANGELOG_FAILURES",
+    "CHECKPOINT_LOCAL_ONLY",
     "FEEDBACK_OUTCOMES",
+    "JOURNAL_RETRY",
     "RANKER_METRICS",
     "ActionCollector",
     "ArrayHistogram",
@@ -54,6 +57,10 @@ __all__ = [
 FEEDBACK_OUTCOMES = ("joined", "late", "expired", "unknown", "duplicate")
 RANKER_METRICS = ("auc", "ndcg", "map", "precision")
 PROMOTION_OUTCOMES = ("promoted", "rejected", "rolled_back")
+# the changelog writes that can fail: a batch's journal record (the loop waits and retries
+# it) and a checkpoint (kept on the local disk only)
+JOURNAL_RETRY, CHECKPOINT_LOCAL_ONLY = "journal_retry", "checkpoint_local_only"
+CHANGELOG_FAILURES = (JOURNAL_RETRY, CHECKPOINT_LOCAL_ONLY)
 #: why a promoted ranker stopped serving: credibly worse than the policy it would replace
 #: (guardrail), than the learner's holdback (holdback), no better after ten stages' worth of
 #: events (stalled), replaced by a newer promotion (replaced), asked for (manual), or whose
@@ -414,7 +421,7 @@ class PrometheusObserver(Observer):
             self.decisions.labels(explored=explored)
         for outcome in FEEDBACK_OUTCOMES:  # every outcome visible at 0 from the start
             self.feedback.labels(outcome=outcome)
-        for kind in ("journal_retry", "checkpoint_local_only"):
+        for kind in CHANGELOG_FAILURES:
             self.changelog_failures.labels(kind=kind)
         for label in TYPE_LABELS:  # the configured types appear as the daemon starts
             self.feedback_events.labels(type=label)

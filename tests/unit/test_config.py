@@ -188,6 +188,16 @@ def test_booleans_from_env_file_and_cli(tmp_path: Path) -> None:
         load_config(write(tmp_path, "[checkpoint]\nfsync_journal = 'true'\n"), environ={})
 
 
+def test_group_and_changelog_need_a_bootstrap_and_quote_the_directory_plainly(
+        tmp_path: Path) -> None:
+    for cli in ({"kafka.membership": "group"}, {"checkpoint.changelog": "true"}):
+        with pytest.raises(ConfigError) as exc:
+            load_config(environ={}, cli={**cli, "checkpoint.dir": str(tmp_path)})
+        message = str(exc.value)
+        assert "needs kafka.bootstrap and checkpoint.dir" in message
+        assert f"checkpoint.dir {str(tmp_path)!r}." in message and "PosixPath" not in message
+
+
 def test_daemon_settings_carry_the_config() -> None:
     cfg = load_config(environ={}, cli={"join.window_seconds": "30", "checkpoint.dir": "/tmp/x",
                                        "limits.poll_max_records": "64",

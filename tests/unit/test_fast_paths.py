@@ -333,3 +333,26 @@ def test_exported_rows_import_in_the_saved_order(seed: int, n: int, d: int, dens
     want = X[np.argsort(slots)] if in_slot_order else X
     got = back.to_dense() if isinstance(back, SparseBatch) else back
     assert np.array_equal(got, want)
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=seeds, n=st.integers(0, 20), d=st.integers(1, 12),
+       specials=st.lists(st.sampled_from([np.nan, np.inf, -np.inf, 500.0, -500.0, 1e6]),
+                         max_size=4))
+def test_dense_row_flags_are_each_rows_bound_and_norm_check(seed: int, n: int, d: int,
+                                                            specials: list[float]) -> None:
+    """The whole-block shortcut of ``_dense_flags`` flags each row as the per-row definition
+    does: every entry finite and within ``max_abs_feature``, the squared norm within
+    ``max_row_squared_norm``."""
+    from streamlearn.events.payload import _dense_flags
+    from streamlearn.events.raw import DecodeLimits
+
+    rng = np.random.default_rng(seed)
+    dense = rng.normal(scale=30.0, size=(n, d))
+    for value in specials[:dense.size]:  # a few entries anywhere: non-finite or out of bound
+        dense.flat[rng.integers(dense.size)] = value
+    # ±500 breaks the entry bound only, a row of many large entries the norm bound only
+    limits = DecodeLimits(max_abs_feature=100.0, max_row_squared_norm=2e4)
+    expected = [bool(np.isfinite(row).all() and (np.abs(row) <= 100.0).all()
+                     and float(row @ row) <= 2e4) for row in dense]
+    assert _dense_flags(dense, limits).tolist() == expected
