@@ -36,9 +36,13 @@ def joint_features(sets: CandidateSets) -> np.ndarray:
         raise DataError(f"Expected d_c + d_x·d_c + 1 <= {MAX_JOINT_DIM} joint features. Got "
                         f"d_x = {d_x}, d_c = {d_c}: {joint_dim(d_x, d_c)}.")
     N = len(sets.items)
-    context = sets.context[sets.request_of]
-    outer = (context[:, :, None] * sets.items[:, None, :]).reshape(N, d_x * d_c)
-    return np.hstack([sets.items, outer, np.ones((N, 1))])
+    phi = np.empty((N, joint_dim(d_x, d_c)))  # filled in place: no stacked temporaries
+    phi[:, :d_c] = sets.items
+    if d_x:
+        context = sets.context[sets.request_of]
+        phi[:, d_c:-1] = (context[:, :, None] * sets.items[:, None, :]).reshape(N, d_x * d_c)
+    phi[:, -1] = 1.0
+    return phi
 
 
 def stored_joint_features(rows: np.ndarray, d_x: int, d_c: int, column: int = 0) -> np.ndarray:

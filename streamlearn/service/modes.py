@@ -26,6 +26,7 @@ and a feedback outcome is counted per placed candidate once it closes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -287,7 +288,7 @@ class CandidateSets:
                 records.append({"id": batch.ids[j],
                                 "candidates": [_placed(cids[r], p, names, v) for r, p, v
                                                in zip(placed, probs, servers, strict=True)],
-                                "prob": float(np.prod(probs)),
+                                "prob": math.prod(probs),  # (np.prod: the same, 30x slower)
                                 "ranking": ranked_ids[start:stop].tolist(),
                                 "explored": bool(explored[j]),
                                 "model": model, "ts": wall})

@@ -356,3 +356,22 @@ def test_dense_row_flags_are_each_rows_bound_and_norm_check(seed: int, n: int, d
     expected = [bool(np.isfinite(row).all() and (np.abs(row) <= 100.0).all()
                      and float(row @ row) <= 2e4) for row in dense]
     assert _dense_flags(dense, limits).tolist() == expected
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=seeds, d_x=st.integers(0, 4), d_c=st.integers(1, 6),
+       sizes=st.lists(st.integers(1, 5), max_size=6))
+def test_joint_features_are_each_rows_candidate_interactions_and_bias(
+        seed: int, d_x: int, d_c: int, sizes: list[int]) -> None:
+    """φ(x, c) = [c, vec(x ⊗ c), 1] row by row, as the module defines it."""
+    from streamlearn.candidates.joint import joint_features
+    from streamlearn.candidates.sets import CandidateSets
+
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    context, items = rng.normal(size=(len(sizes), d_x)), rng.normal(size=(int(offsets[-1]), d_c))
+    expected = [np.concatenate([c, np.outer(context[r], c).ravel(), [1.0]])
+                for r in range(len(sizes)) for c in items[offsets[r]:offsets[r + 1]]]
+    phi = joint_features(CandidateSets(context, items, offsets))
+    assert phi.shape == (len(items), d_c + d_x * d_c + 1)
+    assert phi.tolist() == [row.tolist() for row in expected]
