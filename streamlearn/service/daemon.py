@@ -408,10 +408,11 @@ class Daemon:
                         messages: list[Message]) -> None:
         """Count the feedback outcomes; duplicates and unknown ids are dead-lettered."""
         counted: dict[str, int] = {}
-        for code, n in zip(*np.unique(outcomes, return_counts=True), strict=True):
-            outcome = Outcome(int(code))
+        counts = np.bincount(outcomes, minlength=len(Outcome))  # the few small codes: no sort
+        for code in np.flatnonzero(counts).tolist():
+            outcome = Outcome(code)
             if outcome not in (Outcome.JOINED, Outcome.HELD):  # joined is counted when it closes
-                counted[outcome.metric] = counted.get(outcome.metric, 0) + int(n)
+                counted[outcome.metric] = counted.get(outcome.metric, 0) + int(counts[code])
         for i in np.flatnonzero((outcomes == Outcome.DUPLICATE.value) | (outcomes == Outcome.UNKNOWN.value)
                                 ).tolist():
             m, outcome = messages[i], Outcome(outcomes[i])

@@ -203,7 +203,7 @@ class FixedActions:
             adoption.note_decisions(kept["exploit"], kept["baseline"])
             daemon.journal_and_encode(values, fresh, records, probs[fresh], kept)
         return Published(values, fresh, int(decided.explored.sum()), actions,
-                         float(exploration_rates(probs, batch.mask).mean()))
+                         float(exploration_rates(probs, batch.mask).sum()) / max(len(probs), 1))
 
     def freeze(self, engine: Engine, tracker: OnlineErrorTracker, counters: Counters,
                settings: DaemonSettings) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

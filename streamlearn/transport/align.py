@@ -91,7 +91,8 @@ class InputAligner:
         part = self._codes([(m.topic, m.partition) for m in fresh])
         ts = np.array([m.timestamp_ms for m in fresh], dtype=np.float64)
         order = np.empty(len(fresh))
-        for code in np.unique(part).tolist():  # a handful of partitions; vectorised within each
+        # a handful of partitions (the order among them does not matter); vectorised within each
+        for code in dict.fromkeys(part.tolist()):
             rows = np.flatnonzero(part == code)
             running = np.maximum(np.maximum.accumulate(ts[rows]), self._newest[code])
             order[rows] = running
