@@ -96,7 +96,7 @@ def run(bootstrap: str, replicas: int, args: argparse.Namespace) -> dict[str, An
              "--metrics-port", "-1", "--progress-seconds", "0", "--learner", args.learner,
              "--join-window-seconds", "3600", "--sync-every-seconds", str(args.sync_seconds),
              "--kafka-round-seconds", str(args.round_seconds),
-             *dims],
+             "--kafka-client", args.kafka_client, *dims],
             stdout=log, stderr=subprocess.STDOUT, env=env))
     deadline = time.monotonic() + 120
     while len({p.name for p in [*state.glob("partition-*/owner"), *state.glob("r*/partition-*")]}
@@ -158,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changelog", action="store_true",
                         help="each replica with a directory of its own and the partitions' state "
                         "on a changelog topic (checkpoint.changelog), as on Kubernetes")
+    parser.add_argument("--kafka-client", default="kafka-python",
+                        help="the replicas' data client (serve --kafka-client): kafka-python or "
+                        "confluent (the models topic and the membership use kafka-python either way)")
     parser.add_argument("--idle-seconds", type=float, default=0.0,
                         help="instead of a stream: the replicas' CPU over this many idle seconds")
     parser.add_argument("--repeats", type=int, default=1,
@@ -201,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
               if args.partitions_per_replica else f"{PARTITIONS} partitions")
     print(f"{args.dataset}, {args.learner}, {load}, feedback "
           f"delay {args.delay_mean} s (exponential), {layout}, sync every "
-          f"{args.sync_seconds} s, shortest round {args.round_seconds} s:")
+          f"{args.sync_seconds} s, shortest round {args.round_seconds} s, "
+          f"data client {args.kafka_client}:")
     print("| replicas | online error | Δ vs 1 | events / batch | CPU-s (all replicas) | "
           "CPU-ms / event | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

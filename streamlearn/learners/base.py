@@ -366,7 +366,7 @@ class Learner(abc.ABC):
         together; if together they still fail (the numerics of a joint step), apply them one
         at a time in order, skipping only a row that fails where it comes.
         """
-        saved = self._snapshot()
+        saved = self._snapshot_for(X)
         if self._applied(X, actions, rewards, probs, exploit):
             return len(actions)
         self._restore(saved)
@@ -383,7 +383,8 @@ class Learner(abc.ABC):
         self._restore(saved)
         applied = 0
         for i in rows.tolist():
-            one, before = np.array([i]), self._snapshot()
+            one = np.array([i])
+            before = self._snapshot_for(take_rows(X, one))
             if self._applied(take_rows(X, one), actions[one], rewards[one], probs[one],
                              exploit[one]):
                 applied += 1
@@ -399,6 +400,18 @@ class Learner(abc.ABC):
                 self._update(X, actions, rewards, probs, exploit)
         except (np.linalg.LinAlgError, FloatingPointError, ZeroDivisionError, OverflowError):
             return False
+        return self._state_finite_after(X)
+
+    def _snapshot_for(self, X: Batch) -> dict[str, np.ndarray]:
+        """What the guard saves before an update on ``X``: by default :meth:`_snapshot`.
+        A learner whose update on X changes only part of its arrays (the feature columns of
+        a sparse batch) may save only that part; :meth:`_restore` then writes it back and
+        :meth:`_state_finite_after` checks only it (the rest was finite and is unchanged)."""
+        return self._snapshot()
+
+    def _state_finite_after(self, X: Batch) -> bool:
+        """Whether the state is finite after an update on ``X`` (the part
+        :meth:`_snapshot_for` saved for it; by default everything, :meth:`_state_finite`)."""
         return self._state_finite()
 
     def _snapshot(self) -> dict[str, np.ndarray]:

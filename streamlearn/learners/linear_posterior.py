@@ -93,10 +93,13 @@ class RidgePosterior:
         onehot = np.zeros((B, self.n_actions))
         onehot[np.arange(B), actions] = 1.0
         if not self.full:
-            precision = 1.0 / self.cov_
-            add_outer(precision[:, :-1], onehot, _square(X))
-            precision[:, -1] += onehot.sum(axis=0)
-            self.cov_ = 1.0 / precision
+            if isinstance(X, SparseBatch):
+                self._add_sparse_diagonal(X, actions)
+            else:
+                precision = 1.0 / self.cov_
+                add_outer(precision[:, :-1], onehot, _square(X))
+                precision[:, -1] += onehot.sum(axis=0)
+                self.cov_ = 1.0 / precision
             self.oracle_.update(X, actions[:, None], rewards[:, None], np.ones((B, 1)))
             return
         # Full mode never writes A⁻¹, b or θ in place: every update binds new arrays, so the
@@ -105,6 +108,30 @@ class RidgePosterior:
         self.xty_ = self.xty_ + (onehot * rewards[:, None]).T @ Z
         self.cov_ = woodbury_update(self.cov_, _grouped_rows(Z, onehot, actions))
         self.mean_ = np.matmul(self.cov_, self.xty_[:, :, None])[:, :, 0]
+
+    def _add_sparse_diagonal(self, X: SparseBatch, actions: np.ndarray) -> None:
+        """Diagonal mode, a sparse batch: A_ajj += Σ x_j² over the events of action a, in
+        place and only in the columns the batch holds (and the intercept's): O(nnz + K), not
+        O(K·d). A column the batch lacks keeps its A⁻¹ entry exactly (the dense route's
+        1/(1/c) may move it by a rounding)."""
+        present = np.zeros(X.n_features, dtype=bool)
+        present[X.indices] = True
+        columns = np.flatnonzero(present)  # sorted, as np.unique gives, in O(d + nnz)
+        local = (np.cumsum(present) - 1)[X.indices]
+        K, width = self.n_actions, len(columns)
+        added = np.bincount(actions[X.row_ids()] * width + local, weights=X.values * X.values,
+                            minlength=K * width).reshape(K, width)
+        self.cov_[:, columns] = 1.0 / (1.0 / self.cov_[:, columns] + added)
+        self.cov_[:, -1] = 1.0 / (1.0 / self.cov_[:, -1] + np.bincount(actions, minlength=K))
+
+    def columns_changed_by(self, X: Batch) -> np.ndarray | None:
+        """The feature columns an update on ``X`` changes, when not all: diagonal mode and a
+        sparse batch (the posterior's and the oracle's columns of the batch's features)."""
+        if self.full or not isinstance(X, SparseBatch):
+            return None
+        present = np.zeros(X.n_features, dtype=bool)
+        present[X.indices] = True
+        return np.flatnonzero(present)
 
     def forget(self, memory: float, ridge: float) -> None:
         """Keep a fraction ``memory`` of the evidence: A ← λI + memory·(A − λI), b ← memory·b."""
@@ -215,6 +242,7 @@ class _RidgeLearner(Learner):
                                          self.full_max_features)
         self.drift_memory = check_float(name, "drift_memory", drift_memory, 0.0, 1.0, low_open=False)
         self.drift_seen_ = np.zeros(1)
+        self._guarded_columns: np.ndarray | None = None  # set by _snapshot_for, per update
 
     def _predict(self, X: Batch) -> tuple[np.ndarray, np.ndarray]:
         """The posterior's means and widths for the batch (once per decide: LinTS asks three
@@ -239,6 +267,34 @@ class _RidgeLearner(Learner):
         self.posterior_.load_arrays(arrays)
         self.drift_seen_ = arrays["drift_seen"]
 
+    # Diagonal mode, a sparse batch (reuters4: d = 16,384, a batch holds a few thousand
+    # columns): an update changes A⁻¹ and the oracle only in the batch's columns, plus the
+    # intercepts and the oracle's small totals, unless a detected change makes it forget
+    # (every column). The guard then saves and checks those columns alone, in O(nnz + K)
+    # rather than O(K·d) per batch: the whole state copied and checked was 2.5 ms a batch
+    # at d = 2¹⁴ and grows with d (VW's default of 2¹⁸ hashed features: 16× that).
+    def _snapshot_for(self, X: Batch) -> dict[str, np.ndarray]:
+        forgets = self.drift_memory < 1.0 and self.drift_detections_ > self.drift_seen_[0]
+        self._guarded_columns = None if forgets else self.posterior_.columns_changed_by(X)
+        columns = self._guarded_columns
+        if columns is None:
+            return self._snapshot()
+        p, o = self.posterior_, self.posterior_.oracle_
+        return {"columns": columns, "cov": p.cov_[:, columns], "cov_intercept": p.cov_[:, -1].copy(),
+                "weights": o.weights_[:, columns], "sq_grad": o.sq_grad_[:, columns],
+                "scale": o.scale_[columns], "intercept": o.intercept_.copy(),
+                "intercept_sq_grad": o.intercept_sq_grad_.copy(),
+                "norm_totals": o.norm_totals_.copy(), "drift_seen": self.drift_seen_.copy()}
+
+    def _state_finite_after(self, X: Batch) -> bool:
+        columns = self._guarded_columns
+        if columns is None:
+            return self._state_finite()
+        p, o = self.posterior_, self.posterior_.oracle_
+        return all(bool(np.isfinite(a).all()) for a in (
+            p.cov_[:, columns], p.cov_[:, -1], o.weights_[:, columns], o.sq_grad_[:, columns],
+            o.scale_[columns], o.intercept_, o.intercept_sq_grad_, o.norm_totals_))
+
     # In full mode an update changes only A⁻¹, b, θ and drift_seen (the oracle is unused):
     # the guard around every update snapshots and checks those alone.
     def _snapshot(self) -> dict[str, np.ndarray]:
@@ -248,6 +304,15 @@ class _RidgeLearner(Learner):
         return {"cov": p.cov_, "xty": p.xty_, "mean": p.mean_, "drift_seen": self.drift_seen_}
 
     def _restore(self, saved: dict[str, np.ndarray]) -> None:
+        if "columns" in saved:  # the columns _snapshot_for saved, written back in place
+            p, o, columns = self.posterior_, self.posterior_.oracle_, saved["columns"]
+            p.cov_[:, columns], p.cov_[:, -1] = saved["cov"], saved["cov_intercept"]
+            o.weights_[:, columns], o.sq_grad_[:, columns] = saved["weights"], saved["sq_grad"]
+            o.scale_[columns] = saved["scale"]
+            o.intercept_[:], o.intercept_sq_grad_[:] = saved["intercept"], saved["intercept_sq_grad"]
+            o.norm_totals_[:] = saved["norm_totals"]
+            self.drift_seen_ = saved["drift_seen"].copy()
+            return
         if not self.posterior_.full:
             super()._restore(saved)
             return

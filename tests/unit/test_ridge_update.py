@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from streamlearn.candidates.learners import CandidateLinUCB
 from streamlearn.candidates.sets import CandidateSets
+from streamlearn.features import SparseBatch
 from streamlearn.learners import Banditron, FixedGamma, LinTS, LinUCB
-from streamlearn.learners.linear_posterior import woodbury_update
+from streamlearn.learners.linear_posterior import RidgePosterior, woodbury_update
 
 
 def _sherman_morrison(cov: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -107,3 +108,63 @@ def test_rows_that_apply_alone_are_applied_one_at_a_time_when_the_joint_step_fai
     for i in range(3):
         reference.update(X[i:i + 1], actions[i:i + 1], np.ones(1), probs[i:i + 1])
     np.testing.assert_array_equal(learner.weights_, reference.weights_)
+
+
+def _sparse_batch(rng: np.random.Generator, B: int, d: int, extreme: bool) -> SparseBatch:
+    rows = [rng.choice(d, size=rng.integers(0, min(d, 5) + 1), replace=False) for _ in range(B)]
+    values = [rng.normal(size=len(r)) * 3.0 for r in rows]
+    if extreme and any(len(v) for v in values):  # one entry whose square overflows
+        i = next(i for i, v in enumerate(values) if len(v))
+        values[i][0] = 1e200
+    return SparseBatch.from_rows(rows, values, n_features=d)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), K=st.integers(2, 5), d=st.integers(130, 300),
+       batches=st.integers(1, 6), extreme=st.booleans())
+def test_the_diagonal_guard_on_a_sparse_batch_equals_the_whole_state_guard(
+        seed: int, K: int, d: int, batches: int, extreme: bool) -> None:
+    """Diagonal mode (d + 1 > 128) saves and checks only the batch's columns; a learner whose
+    guard saves and checks everything must end in exactly the same state, rows skipped
+    (a square that overflows makes the oracle's state NaN) included."""
+    rng = np.random.default_rng(seed)
+    columns_guard = LinUCB(K, d, exploration=FixedGamma(0.1))
+    whole_guard = LinUCB(K, d, exploration=FixedGamma(0.1))
+    whole_guard._snapshot_for = lambda X: whole_guard._snapshot()  # type: ignore[method-assign]
+    whole_guard._state_finite_after = lambda X: whole_guard._state_finite()  # type: ignore[method-assign]
+    assert not columns_guard.posterior_.full
+    for b in range(batches):
+        X = _sparse_batch(rng, int(rng.integers(1, 20)), d, extreme and b == batches - 1)
+        actions = rng.integers(0, K, size=X.shape[0])
+        rewards = rng.integers(0, 2, size=X.shape[0]).astype(float)
+        probs = np.full((X.shape[0], K), 1.0 / K)
+        for learner in (columns_guard, whole_guard):
+            learner.update(X, actions, rewards, probs)
+    assert columns_guard.n_updated_ == whole_guard.n_updated_
+    assert columns_guard.n_skipped_updates_ == whole_guard.n_skipped_updates_
+    got, want = columns_guard.state()[0], whole_guard.state()[0]
+    assert set(got) == set(want)
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), K=st.integers(1, 5), d=st.integers(1, 40),
+       B=st.integers(1, 30))
+def test_the_sparse_diagonal_update_adds_each_actions_squares_to_its_columns(
+        seed: int, K: int, d: int, B: int) -> None:
+    rng = np.random.default_rng(seed)
+    posterior = RidgePosterior(K, d, ridge=1.0, full_max_features=1)  # diagonal mode
+    posterior.cov_ = rng.uniform(0.1, 1.0, size=(K, d + 1))
+    before = posterior.cov_.copy()
+    X = _sparse_batch(rng, B, d, extreme=False)
+    actions = rng.integers(0, K, size=B)
+    posterior._add_sparse_diagonal(X, actions)
+    dense = X.to_dense()
+    precision = 1.0 / before
+    for i in range(B):
+        precision[actions[i], :-1] += dense[i] ** 2
+        precision[actions[i], -1] += 1.0
+    np.testing.assert_allclose(posterior.cov_, 1.0 / precision, rtol=1e-12)
+    absent = np.setdiff1d(np.arange(d), X.indices)
+    np.testing.assert_array_equal(posterior.cov_[:, absent], before[:, absent])
