@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamlearn.features import Batch, SparseBatch, add_outer, row_starts, scores
+from streamlearn.features import Batch, SparseBatch, add_outer, held_columns, row_starts, scores
 from streamlearn.learners.base import Learner, check_float, check_int, mix_uniform
 from streamlearn.learners.exploration import Exploration, default_exploration
 from streamlearn.learners.oracle import RegressionOracle
@@ -114,10 +114,8 @@ class RidgePosterior:
         place and only in the columns the batch holds (and the intercept's): O(nnz + K), not
         O(K·d). A column the batch lacks keeps its A⁻¹ entry exactly (the dense route's
         1/(1/c) may move it by a rounding)."""
-        present = np.zeros(X.n_features, dtype=bool)
-        present[X.indices] = True
-        columns = np.flatnonzero(present)  # sorted, as np.unique gives, in O(d + nnz)
-        local = (np.cumsum(present) - 1)[X.indices]
+        columns = held_columns(X)
+        local = np.searchsorted(columns, X.indices)
         K, width = self.n_actions, len(columns)
         added = np.bincount(actions[X.row_ids()] * width + local, weights=X.values * X.values,
                             minlength=K * width).reshape(K, width)
@@ -129,9 +127,7 @@ class RidgePosterior:
         sparse batch (the posterior's and the oracle's columns of the batch's features)."""
         if self.full or not isinstance(X, SparseBatch):
             return None
-        present = np.zeros(X.n_features, dtype=bool)
-        present[X.indices] = True
-        return np.flatnonzero(present)
+        return held_columns(X)
 
     def forget(self, memory: float, ridge: float) -> None:
         """Keep a fraction ``memory`` of the evidence: A ← λI + memory·(A − λI), b ← memory·b."""

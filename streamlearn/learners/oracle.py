@@ -69,7 +69,7 @@ import math
 import numpy as np
 
 from streamlearn.errors import ConfigError
-from streamlearn.features import Batch, SparseBatch, row_starts, scores, take_rows
+from streamlearn.features import Batch, SparseBatch, held_columns, row_starts, scores, take_rows
 
 __all__ = ["LOSSES", "RegressionOracle", "invariant_step", "lambert_wexpmx"]
 
@@ -336,10 +336,8 @@ class RegressionOracle:
             Xa = take_rows(X, rows)  # one row per (event, output) update
         if isinstance(Xa, SparseBatch):
             # only the columns present in the batch change: solve the update on those columns
-            present = np.zeros(self.n_features, dtype=bool)
-            present[Xa.indices] = True
-            cols = np.flatnonzero(present)  # sorted, as np.unique would give, in O(d + nnz)
-            local = (np.cumsum(present) - 1)[Xa.indices]
+            cols = held_columns(Xa)
+            local = np.searchsorted(cols, Xa.indices)
             Xc = SparseBatch(Xa.indptr, local, Xa.values, len(cols))
             W, G, N = self.weights_[:, cols], self.sq_grad_[:, cols], self.scale_[cols]
             W, G, N = self._apply(Xc, out, h, y, pred, grad, W, G, N)

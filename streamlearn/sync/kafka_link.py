@@ -38,7 +38,9 @@ while ``poll`` waits; polled in short slices between serving steps, it fell
 seconds behind under load). The thread buffers every message; :meth:`fetch`
 hands them over; :meth:`request_catch_up` asks the thread to read up to the
 topic's current end, and :meth:`caught_up` says (without waiting) whether it has.
-The serving thread never blocks on the models topic.
+The serving thread never blocks on the models topic's reads, nor on the broker's
+acknowledgement of a state it publishes (only the merger waits for its own, which its
+next catch-up must find).
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ class KafkaModelLink:
         self._following = False
         self._states_read_to: int | None = None  # position on it at the last catch-up
         self._closed = threading.Event()
+        # a replica's last state publish: a non-merger does not wait for the broker's acks
+        # on the serving thread (a few ms, twice a second); the next publish settles it
+        self._states_in_flight: list[Any] = []
         try:
             self.consumer = KafkaConsumer(
                 **{k: v for k, v in options.items() if k in KafkaConsumer.DEFAULT_CONFIG},
@@ -229,13 +234,29 @@ class KafkaModelLink:
             self._send_global(values)
             return
         partition = GLOBALS if self.states_tp is None else STATES
+        with self._lock:
+            following = self._follow[0]
         try:
-            for i, value in enumerate(values):
-                self.producer.send(self.topic, key=key + b"/%d" % i, value=value,
-                                   partition=partition)
-            self.producer.flush(timeout=30)
+            self._settle_states()
+            futures = [self.producer.send(self.topic, key=key + b"/%d" % i, value=value,
+                                          partition=partition)
+                       for i, value in enumerate(values)]
+            if following:  # the merger's catch-up before its merge must find its own state
+                self.producer.flush(timeout=30)
+            self._states_in_flight = futures
         except KafkaError as exc:  # the next round publishes again
             raise TransportError(f"publishing to the models topic failed: {exc}") from exc
+
+    def _settle_states(self) -> None:
+        """The previous state publish, before the next: done long since at a sync interval's
+        distance (else waited for, so that at most one is in flight); a failure is logged
+        (that state is simply never merged; the one being published supersedes it)."""
+        pending, self._states_in_flight = self._states_in_flight, []
+        if not all(f.is_done for f in pending):
+            self.producer.flush(timeout=30)
+        failed = [f.exception for f in pending if f.is_done and f.failed()]
+        if failed:
+            log.warning("models topic: the previous state publish failed: %s", failed[0])
 
     def _send_global(self, values: list[bytes]) -> None:
         """One transaction of the merger's producer; fenced (another replica opened the

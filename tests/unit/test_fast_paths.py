@@ -375,3 +375,15 @@ def test_joint_features_are_each_rows_candidate_interactions_and_bias(
     phi = joint_features(CandidateSets(context, items, offsets))
     assert phi.shape == (len(items), d_c + d_x * d_c + 1)
     assert phi.tolist() == [row.tolist() for row in expected]
+
+
+@given(seed=seeds, B=st.integers(0, 30), d=st.integers(1, 300), per_row=st.integers(0, 12))
+def test_held_columns_are_the_unique_indices_and_number_each_entry_as_unique_does(
+        seed: int, B: int, d: int, per_row: int) -> None:
+    rng = np.random.default_rng(seed)
+    rows = [rng.integers(0, d, size=rng.integers(0, per_row + 1)) for _ in range(B)]
+    X = SparseBatch.from_rows(rows, [np.ones(len(r)) for r in rows], n_features=d)
+    held = features_module.held_columns(X)
+    unique, inverse = np.unique(X.indices, return_inverse=True)
+    np.testing.assert_array_equal(held, unique)
+    np.testing.assert_array_equal(np.searchsorted(held, X.indices), inverse)
