@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 
 from streamlearn.config import SyncConfig
+from streamlearn.transport.kafka_clients import CLIENTS
 
 REPO = Path(__file__).resolve().parents[1]
 PARTITIONS = 6
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changelog", action="store_true",
                         help="each replica with a directory of its own and the partitions' state "
                         "on a changelog topic (checkpoint.changelog), as on Kubernetes")
-    parser.add_argument("--kafka-client", default="kafka-python",
+    parser.add_argument("--kafka-client", default="kafka-python", choices=sorted(CLIENTS),
                         help="the replicas' data client (serve --kafka-client): kafka-python or "
                         "confluent (the models topic and the membership use kafka-python either way)")
     parser.add_argument("--idle-seconds", type=float, default=0.0,
