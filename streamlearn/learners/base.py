@@ -384,9 +384,9 @@ class Learner(abc.ABC):
         applied = 0
         for i in rows.tolist():
             one = np.array([i])
-            before = self._snapshot_for(take_rows(X, one))
-            if self._applied(take_rows(X, one), actions[one], rewards[one], probs[one],
-                             exploit[one]):
+            row = take_rows(X, one)
+            before = self._snapshot_for(row)
+            if self._applied(row, actions[one], rewards[one], probs[one], exploit[one]):
                 applied += 1
             else:
                 self._restore(before)
