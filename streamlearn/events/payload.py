@@ -231,10 +231,12 @@ def sparse_feature_batch(payloads: list[Any], n_features: int,
     counts = np.asarray(lengths, dtype=np.int64)
     indptr = np.zeros(int(ok.sum()) + 1, dtype=np.int64)
     np.cumsum(counts[ok], out=indptr[1:])
+    # checked: a row's repeated indices summed once here (the join keeps the rows so)
     if ok.all():
-        return ok, SparseBatch(indptr, idx.astype(np.int64), val, n_features)
+        return ok, SparseBatch(indptr, idx.astype(np.int64), val, n_features).checked()
     entries = np.repeat(ok, counts)
-    return ok, SparseBatch(indptr, idx[entries].astype(np.int64), val[entries], n_features)
+    return ok, SparseBatch(indptr, idx[entries].astype(np.int64), val[entries],
+                           n_features).checked()
 
 
 def feature_batch(forms: list[tuple[str, Any]], n_features: int, limits: DecodeLimits,
@@ -296,7 +298,7 @@ def feature_batch(forms: list[tuple[str, Any]], n_features: int, limits: DecodeL
         return ok, SparseBatch(indptr, np.zeros(0, np.int64), np.zeros(0), n_features)
     indices = np.concatenate([idx_rows[i] for i in keep]).astype(np.int64)
     values = np.concatenate([val_rows[i] for i in keep]).astype(np.float64)
-    return ok, SparseBatch(indptr, indices, values, n_features)
+    return ok, SparseBatch(indptr, indices, values, n_features).checked()  # names summed
 
 
 def _entries(form: str, payload: Any) -> list[tuple[str, object]]:

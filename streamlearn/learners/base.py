@@ -236,6 +236,8 @@ class Learner(abc.ABC):
 
     def _decide(self, X: object, mask: object, keys: object) -> tuple[np.ndarray, np.ndarray]:
         batch = as_batch(X, self.n_features)
+        if not all_finite(batch):  # as update refuses them: NaN scores would rank lowest
+            raise ConfigError("Features must be finite (no NaN or inf).")
         B = batch_size(batch)
         m = _check_mask(mask, B, self.n_actions)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -269,6 +271,8 @@ class Learner(abc.ABC):
     def predict(self, X: object, mask: object = None) -> np.ndarray:
         """The exploit action (no exploration)."""
         batch = as_batch(X, self.n_features)
+        if not all_finite(batch):
+            raise ConfigError("Features must be finite (no NaN or inf).")
         m = _check_mask(mask, batch_size(batch), self.n_actions)
         return self._exploit(batch, self.decision_scores(batch), m)
 
@@ -323,7 +327,11 @@ class Learner(abc.ABC):
         """
         batch = as_batch(X, self.n_features)
         B = batch_size(batch)
-        a = np.asarray(actions, dtype=np.int64).reshape(-1)
+        a = np.asarray(actions).reshape(-1)
+        if a.dtype.kind not in "iu" and a.size:  # 1.7, "2" or True are not actions
+            raise ConfigError(f"Actions must be integers in [0, {self.n_actions}). Got "
+                              f"{a.dtype} values such as {a[0].item()!r}.")
+        a = a.astype(np.int64, copy=False)
         r = np.asarray(rewards, dtype=np.float64).reshape(-1)
         p = np.asarray(probs, dtype=np.float64)
         if a.shape != (B,) or r.shape != (B,) or p.shape != (B, self.n_actions):

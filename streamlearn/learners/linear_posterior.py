@@ -287,9 +287,12 @@ class _RidgeLearner(Learner):
         if columns is None:
             return self._state_finite()
         p, o = self.posterior_, self.posterior_.oracle_
-        return all(bool(np.isfinite(a).all()) for a in (
-            p.cov_[:, columns], p.cov_[:, -1], o.weights_[:, columns], o.sq_grad_[:, columns],
-            o.scale_[columns], o.intercept_, o.intercept_sq_grad_, o.norm_totals_))
+        # A⁻¹'s diagonal stays in (0, 1/λ]: a 0 is an A that overflowed (an entry of 1e200
+        # squared), finite but no longer a posterior — the row is skipped like a NaN one
+        return bool((p.cov_[:, columns] > 0.0).all() and (p.cov_[:, -1] > 0.0).all()) and all(
+            bool(np.isfinite(a).all()) for a in (
+                p.cov_[:, columns], o.weights_[:, columns], o.sq_grad_[:, columns],
+                o.scale_[columns], o.intercept_, o.intercept_sq_grad_, o.norm_totals_))
 
     # In full mode an update changes only A⁻¹, b, θ and drift_seen (the oracle is unused):
     # the guard around every update snapshots and checks those alone.
@@ -317,8 +320,8 @@ class _RidgeLearner(Learner):
         self.drift_seen_ = saved["drift_seen"].copy()
 
     def _state_finite(self) -> bool:
-        if not self.posterior_.full:
-            return super()._state_finite()
+        if not self.posterior_.full:  # A⁻¹'s diagonal positive too (see _state_finite_after)
+            return super()._state_finite() and bool((self.posterior_.cov_ > 0.0).all())
         p = self.posterior_
         return all(bool(np.isfinite(a).all()) for a in (p.cov_, p.xty_, p.mean_))
 
