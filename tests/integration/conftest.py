@@ -40,13 +40,15 @@ OTHERS_DONE = "STREAMLEARN_OTHER_TESTS_DONE"
 #: CPU-bound tests, each process with its own broker); unset runs them all
 SHARE = "STREAMLEARN_INTEGRATION_SHARE"
 #: about a sixth of the integration tests' time, none of them marked cpu_share: the broker
-#: outages (they stop and restart their process's broker), the end-to-end run and the
-#: candidate-mode rollout (an embedded daemon, no broker: about a minute). The main
-#: process waits for the other one before its cpu_share tests, so the two are even when the
-#: main one's other tests end with the other process (CI on 2 cores: beside 13:21 and main
-#: 15:25 with the hostile messages here, 128 s of it waiting; moved back to even them out)
+#: outages (they stop and restart their process's broker), the end-to-end run, the
+#: candidate-mode rollout (an embedded daemon, no broker: about a minute) and the apprentice
+#: across a SIGKILL. The main process waits for the other one before its cpu_share tests, so
+#: the two are even when the main one's other tests end with the other process (CI on 2
+#: cores: beside 13:21 and main 15:25 with the hostile messages here, 128 s of it waiting;
+#: moved back to even them out; the apprentice joined when the rollout test became ~40 s
+#: shorter)
 BESIDE_FILES = frozenset({"test_broker_outage.py", "test_candidate_rollout.py",
-                          "test_end_to_end.py"})
+                          "test_end_to_end.py", "test_apprentice.py"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -33,7 +33,7 @@ from streamlearn.snapshot import read_snapshot
 
 pytestmark = pytest.mark.integration
 
-N = 20_000
+N = 10_000
 RATE = 1_000  # instances per second, so the outage falls in the middle of the stream
 
 
