@@ -689,8 +689,12 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
               f"{mode}; checkpoints: {config.checkpoint.dir or 'off'}{_changelog_note(config)}",
               file=out, flush=True)
         if config.metrics.port >= 0:
+            def readiness() -> tuple[bool, str]:
+                held = daemon.held_by_journal()
+                return (False, held) if held is not None else tracker.readiness()
+
             server = MetricsServer(registry, config.metrics.host, config.metrics.port,
-                                   readiness=tracker.readiness)
+                                   readiness=readiness)
             server.start()
             stack.callback(server.stop)
             print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",
@@ -758,8 +762,7 @@ def _serve_group(config: Config, max_events: int | None, progress_s: float,
               flush=True)
         if config.metrics.port >= 0:
             server = MetricsServer(registry, config.metrics.host, config.metrics.port,
-                                   readiness=lambda: (replica.ready and bool(replica.daemons),
-                                                      f"{len(replica.daemons)} partitions owned"))
+                                   readiness=replica.readiness)
             server.start()
             stack.callback(server.stop)
             print(f"streamlearn serve: metrics on {server.url}/metrics (also /healthz /readyz)",

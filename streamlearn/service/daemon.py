@@ -146,6 +146,9 @@ class Daemon:
         # before new decisions are journaled; None: this daemon owns its input alone
         self.owner_check: Callable[[], bool] | None = None
         self.ready = False
+        # when the changelog began refusing this partition's journal (monotonic s; None while
+        # it accepts): the loop holds the batch's decisions meanwhile (see held_by_journal)
+        self.journal_refused_since: float | None = None
         self.limits = settings.limits.decode_limits()
         self.retraining = (Retraining(settings, self.observer, wall_clock)
                            if settings.retrain_enabled or settings.experience.dir else None)
@@ -185,6 +188,15 @@ class Daemon:
         return self.engine.joins
 
     # ------------------------------------------------------------------ control
+    def held_by_journal(self) -> str | None:
+        """Why this partition publishes no decisions, when its changelog refuses the journal
+        (the loop retries the batch until it is written); None otherwise. For ``/readyz``."""
+        since = self.journal_refused_since
+        if since is None:
+            return None
+        return (f"the changelog has refused the decision journal for "
+                f"{time.monotonic() - since:.0f} s: decisions held")
+
     def request_stop(self) -> None:
         """Ask the loop to stop after the current batch (safe from a signal handler)."""
         self._stop.set()
@@ -370,10 +382,13 @@ class Daemon:
         while True:
             try:
                 self.checkpointer.journal.append(ids, probs, records, columns)
+                self.journal_refused_since = None
                 return
             except TransportError as exc:  # not Fenced, an OwnershipLost: that propagates
                 if self._stop.is_set():
                     raise
+                if self.journal_refused_since is None:
+                    self.journal_refused_since = time.monotonic()
                 log.warning("cannot journal decisions in the changelog, retrying in %.1f s: %s",
                             self.settings.retry_seconds, exc)
                 self.observer.on_changelog_failure(JOURNAL_RETRY)

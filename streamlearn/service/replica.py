@@ -109,6 +109,16 @@ class Replica:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def readiness(self) -> tuple[bool, str]:
+        """``(ready, reason)`` for ``/readyz`` (any thread): serving partitions, none of them
+        held by a changelog that refuses its journal."""
+        owned = list(self.daemons.items())  # one step: the serving thread may change the dict
+        for partition, daemon in owned:
+            held = daemon.held_by_journal()
+            if held is not None:
+                return False, f"partition {partition}: {held}"
+        return self.ready and bool(owned), f"{len(owned)} partitions owned"
+
     # --------------------------------------------------------------- the group
     def _assigned(self, partitions: list[int]) -> None:
         new = [p for p in partitions if p not in self.daemons]

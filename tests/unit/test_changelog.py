@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -378,12 +379,15 @@ class _Unreachable:
     """A KeyedLog whose broker refuses the next ``journal`` / ``state`` writes (as many as
     given) with a TransportError, then accepts them again."""
 
-    def __init__(self, inner: Any, journal: int = 0, state: int = 0) -> None:
+    def __init__(self, inner: Any, journal: int = 0, state: int = 0,
+                 on_refuse: Callable[[], None] = lambda: None) -> None:
         self.inner, self.refuse = inner, {True: journal, False: state}
+        self.on_refuse = on_refuse
 
     def _gate(self, journal: bool) -> None:
         if self.refuse[journal] > 0:
             self.refuse[journal] -= 1
+            self.on_refuse()
             raise TransportError("the changelog's broker is away (test)")
 
     def send(self, key: bytes, value: bytes | None, journal: bool = False) -> None:
@@ -415,7 +419,9 @@ def test_the_metrics_count_restores_by_source_and_every_changelog_write_refused(
     caller = Caller(broker)
     registry = CollectorRegistry()
     observer = PrometheusObserver(registry)
-    unreachable = _Unreachable(logs.open("changelog", 0), journal=2, state=1)
+    held: list[str | None] = []  # what /readyz heard at each refusal
+    unreachable = _Unreachable(logs.open("changelog", 0), journal=2, state=1,
+                               on_refuse=lambda: held.append(daemon.held_by_journal()))
     daemon = Daemon(daemon_settings(tmp_path / "first", retry_seconds=0.01),
                     InMemoryTransport(broker=broker, partitions=2), learner(), observer,
                     wall_clock=clock, changelog=Changelog(unreachable))
@@ -424,6 +430,9 @@ def test_the_metrics_count_restores_by_source_and_every_changelog_write_refused(
     lockstep(broker, daemon, caller, clock, range(2))
     # the first two journal records were refused and retried: every decision still went out
     assert _sample(registry, "streamlearn_changelog_failures_total", kind="journal_retry") == 2
+    # held from the first refusal until a journal record is written (a stall /readyz shows)
+    assert held[0] is None and "refused the decision journal" in str(held[1]), held
+    assert daemon.held_by_journal() is None
     assert sorted(decisions_by_id(broker)) == sorted(f"e{i}" for i in range(2 * BLOCK))
     assert daemon.checkpoint(final=True) is not None  # on disk; the changelog refused it
     assert _sample(registry, "streamlearn_changelog_failures_total",

@@ -9,6 +9,7 @@ checkpoint directory is shared, as on the shared storage of a deployment.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,18 @@ def test_a_replica_that_loses_its_claim_during_a_step_publishes_nothing_of_that_
     decided = [orjson.loads(m.value or b"")["id"] for m in broker.messages("decisions")]
     assert sorted(decided) == sorted(f"e{i}" for i in ids)  # each once, by b
     assert (tmp_path / "partition-0" / "released-1").exists()  # a's release, for the next one
+
+
+def test_readiness_names_a_partition_whose_journal_the_changelog_refuses(tmp_path: Path) -> None:
+    replica = make_replica(InMemoryBroker(P), tmp_path, Clock())
+    assert replica.readiness() == (False, "0 partitions owned")
+    replica.membership.handlers["on_assigned"]([0, 1])  # type: ignore[attr-defined]
+    replica.ready = True
+    assert replica.readiness() == (True, "2 partitions owned")
+    # the serving thread retries a refused journal record, holding that batch's decisions
+    replica.daemons[1].journal_refused_since = time.monotonic() - 3.2
+    ready, reason = replica.readiness()
+    assert not ready and reason == ("partition 1: the changelog has refused the decision "
+                                    "journal for 3 s: decisions held"), reason
+    replica.daemons[1].journal_refused_since = None  # written at last
+    assert replica.readiness() == (True, "2 partitions owned")
