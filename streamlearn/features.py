@@ -34,6 +34,7 @@ __all__ = [
     "SparseBatch",
     "add_outer",
     "as_batch",
+    "as_sparse",
     "batch_size",
     "concat_rows",
     "hash_names",
@@ -200,12 +201,14 @@ def row_starts(B: int, K: int) -> np.ndarray:
 
 
 def concat_rows(batches: Sequence[Batch], n_features: int) -> Batch:
-    """The rows of ``batches`` in order: dense when every batch is dense, else a
-    :class:`SparseBatch` holding each dense row's non-zero entries (in column order)."""
+    """The rows of ``batches`` in order (one batch: itself): dense when every batch is dense,
+    else a :class:`SparseBatch` holding each dense row's non-zero entries (in column order)."""
+    if len(batches) == 1:
+        return batches[0]
     dense = [b for b in batches if not isinstance(b, SparseBatch)]
     if len(dense) == len(batches):
         return np.concatenate(dense) if dense else np.zeros((0, n_features))
-    sparse = [b if isinstance(b, SparseBatch) else _sparse_of(b) for b in batches]
+    sparse = [as_sparse(b) for b in batches]
     lengths = np.concatenate([np.diff(b.indptr) for b in sparse])
     indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=indptr[1:])
@@ -213,11 +216,16 @@ def concat_rows(batches: Sequence[Batch], n_features: int) -> Batch:
                        np.concatenate([b.values for b in sparse]), n_features)
 
 
-def _sparse_of(X: np.ndarray) -> SparseBatch:
-    rows, cols = np.nonzero(X)  # row-major: each row's columns ascending
+def as_sparse(X: Batch) -> SparseBatch:
+    """Any batch as CSR (a dense row keeps its non-zeros, in column order)."""
+    if isinstance(X, SparseBatch):
+        return X
+    X = np.asarray(X)
+    nonzero = X != 0
+    flat = np.flatnonzero(nonzero)  # row-major positions: CSR order (3.5x np.nonzero's cost)
     indptr = np.zeros(X.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.bincount(rows, minlength=X.shape[0]), out=indptr[1:])
-    return SparseBatch(indptr, cols.astype(np.int64), X[rows, cols], int(X.shape[1]))
+    np.cumsum(np.count_nonzero(nonzero, axis=1), out=indptr[1:])
+    return SparseBatch(indptr, flat % X.shape[1], X.ravel()[flat], X.shape[1])
 
 
 def take_rows(X: Batch, rows: np.ndarray) -> Batch:

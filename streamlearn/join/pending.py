@@ -68,7 +68,7 @@ import numpy as np
 
 from streamlearn.errors import ConfigError, StateError
 from streamlearn.events.raw import Message
-from streamlearn.features import Batch
+from streamlearn.features import Batch, concat_rows
 from streamlearn.join.aggregate import (
     POLICIES,
     MedianValues,
@@ -80,7 +80,7 @@ from streamlearn.join.aggregate import (
 )
 from streamlearn.join.clock import PartitionClocks
 from streamlearn.join.recent import RecentlyClosed
-from streamlearn.join.rows import RowStore, concat_rows
+from streamlearn.join.rows import RowStore
 from streamlearn.snapshot import pack_strings, unpack_strings
 
 __all__ = ["POLICIES", "Closed", "EarlyFeedback", "JoinSettings", "Outcome", "PendingJoins"]
@@ -669,7 +669,8 @@ def _concat_closed(parts: list[Closed]) -> Closed:
     parts = [p for p in parts if len(p)] or parts[:1]
     if len(parts) == 1:
         return parts[0]
-    return Closed(ids=[i for p in parts for i in p.ids], X=concat_rows([p.X for p in parts]),
+    return Closed(ids=[i for p in parts for i in p.ids],
+                  X=concat_rows([p.X for p in parts], int(parts[0].X.shape[1])),
                   columns={name: np.concatenate([p.columns[name] for p in parts])
                            for name in parts[0].columns},
                   **{name: np.concatenate([getattr(p, name) for p in parts])

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamlearn.features import Batch, SparseBatch
+from streamlearn.features import Batch, SparseBatch, as_sparse, concat_rows
 
-__all__ = ["RowStore", "as_sparse", "concat_rows", "segment_gather"]
+__all__ = ["RowStore", "segment_gather"]
 
 # The dense matrix covers the first slots only, up to this many bytes; dense rows put in
 # slots beyond it (a large backlog of pending decisions) go to the sparse arena, which holds
@@ -36,18 +36,6 @@ __all__ = ["RowStore", "as_sparse", "concat_rows", "segment_gather"]
 DENSE_MAX_BYTES = 32 << 20
 
 
-def as_sparse(X: Batch) -> SparseBatch:
-    """Any batch as CSR (dense rows keep their non-zeros)."""
-    if isinstance(X, SparseBatch):
-        return X
-    X = np.asarray(X)
-    nonzero = X != 0
-    flat = np.flatnonzero(nonzero)  # row-major positions: CSR order (3.5x np.nonzero's cost)
-    indptr = np.zeros(X.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.count_nonzero(nonzero, axis=1), out=indptr[1:])
-    return SparseBatch(indptr, flat % X.shape[1], X.ravel()[flat], X.shape[1])
-
-
 def segment_gather(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(indptr, positions): the CSR row pointer and source positions of the segments, in order."""
     indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -55,20 +43,6 @@ def segment_gather(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray,
     positions = np.arange(int(indptr[-1]), dtype=np.int64) - np.repeat(indptr[:-1] - starts,
                                                                        lengths)
     return indptr, positions
-
-
-def concat_rows(parts: list[Batch]) -> Batch:
-    """The rows of ``parts``, one after the other (CSR if any part is sparse)."""
-    if len(parts) == 1:
-        return parts[0]
-    if not any(isinstance(p, SparseBatch) for p in parts):
-        return np.concatenate([np.asarray(p) for p in parts])
-    sparse = [as_sparse(p) for p in parts]
-    offsets = np.cumsum([0] + [len(p.indices) for p in sparse[:-1]])
-    indptr = np.concatenate([sparse[0].indptr[:1]]
-                            + [p.indptr[1:] + o for p, o in zip(sparse, offsets, strict=True)])
-    return SparseBatch(indptr, np.concatenate([p.indices for p in sparse]),
-                       np.concatenate([p.values for p in sparse]), sparse[0].n_features)
 
 
 class RowStore:
@@ -156,7 +130,7 @@ class RowStore:
         # mixed: CSR of the dense rows, then of the sparse ones, put back in the asked order
         dense_at, sparse_at = np.flatnonzero(~sparse), np.flatnonzero(sparse)
         both = concat_rows([as_sparse(self.dense[slots[dense_at]]),
-                            self._sparse_take(slots[sparse_at])])
+                            self._sparse_take(slots[sparse_at])], self.n_features)
         order = np.empty(len(slots), dtype=np.int64)
         order[np.concatenate([dense_at, sparse_at])] = np.arange(len(slots))
         assert isinstance(both, SparseBatch)
@@ -198,7 +172,7 @@ class RowStore:
         if not sparse.any():
             return dense.to_dense() if isinstance(dense, SparseBatch) else dense
         csr = SparseBatch(arrays["indptr"], arrays["indices"], arrays["values"], n_features)
-        both = concat_rows([as_sparse(dense), csr])
+        both = concat_rows([as_sparse(dense), csr], n_features)
         assert isinstance(both, SparseBatch)
         dense_at, sparse_at = np.flatnonzero(~sparse), np.flatnonzero(sparse)
         if not sparse[:len(dense_at)].any():  # the dense rows first, as an export in slot

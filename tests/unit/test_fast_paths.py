@@ -25,7 +25,7 @@ from streamlearn.datasets.synthetic import (
     topic_vectors,
 )
 from streamlearn.evaluation.online import OnlineErrorTracker
-from streamlearn.features import SparseBatch
+from streamlearn.features import SparseBatch, as_sparse
 from streamlearn.join import rows as rows_module
 from streamlearn.join.rows import RowStore
 from streamlearn.learners import randomness
@@ -271,7 +271,7 @@ def test_as_sparse_is_the_rows_nonzeros_in_order(n: int, d: int, density: float,
     X = np.where(rng.random((n, d)) < density, rng.normal(size=(n, d)), 0.0)
     if n and d:
         X[rng.integers(n), rng.integers(d)] = rng.choice([np.nan, -0.0, np.inf])
-    csr = rows_module.as_sparse(X)
+    csr = as_sparse(X)
     assert csr.indptr.tolist() == [0, *np.cumsum([np.count_nonzero(r) for r in X]).tolist()]
     assert csr.indices.dtype == np.int64
     for i, row in enumerate(X):
