@@ -119,6 +119,9 @@ class SparseBatch:
             bad = indices[(indices < 0) | (indices >= d)]
             raise ConfigError(f"A SparseBatch's indices must be in [0, {d}) (n_features = {d}). "
                               f"Got {int(bad[0])}.")
+        if values.dtype.kind not in "fiub":
+            raise ConfigError(f"A SparseBatch's values must be numbers. Got {values.dtype} "
+                              f"values such as {values.flat[0].item()!r:.40}.")
         if values.dtype != np.float64 or indices.dtype != np.int64 or indptr.dtype != np.int64:
             values, indices, indptr = (values.astype(np.float64), indices.astype(np.int64),
                                        indptr.astype(np.int64))
@@ -142,8 +145,9 @@ class SparseBatch:
         return np.repeat(np.arange(self.shape[0]), np.diff(self.indptr))
 
     def to_dense(self) -> np.ndarray:
-        out = np.zeros(self.shape, dtype=np.float64)
-        np.add.at(out, (self.row_ids(), self.indices), self.values)
+        X = self.checked()  # a broken layout raises rather than writing somewhere
+        out = np.zeros(X.shape, dtype=np.float64)
+        np.add.at(out, (X.row_ids(), X.indices), X.values)
         return out
 
     def take(self, rows: np.ndarray) -> SparseBatch:
@@ -242,7 +246,11 @@ def as_batch(X: object, n_features: int | None = None) -> Batch:
                 f"Expected a batch with {n_features} features. Got {X.n_features} instead."
             )
         return X.checked()
-    arr = np.asarray(X, dtype=np.float64)
+    try:
+        arr = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as exc:  # strings, ragged rows, objects
+        raise ConfigError(f"Expected a numeric feature batch (B, d). Got {type(X).__name__} "
+                          f"that is not one ({exc}).") from exc
     if arr.ndim == 1:
         arr = arr[None, :]
     if arr.ndim != 2:
@@ -387,15 +395,23 @@ def hash_names(
     names: list[str] = []
     weights: list[float] = []
     lengths: list[int] = []
+    if values is not None and len(values) != len(rows):
+        raise ConfigError(f"hash_names expects one list of values per row: {len(rows)}. Got "
+                          f"{len(values)}.")
     for i, row in enumerate(rows):
         if isinstance(row, Mapping):
             names.extend(row.keys())
             weights.extend(float(v) for v in row.values())
-            lengths.append(len(row))
         else:
             names.extend(row)
+            if values is not None and len(values[i]) != len(row):
+                raise ConfigError(f"hash_names expects one value per name in row {i}: "
+                                  f"{len(row)}. Got {len(values[i])}.")
             weights.extend(values[i] if values is not None else [1.0] * len(row))
-            lengths.append(len(row))
+        lengths.append(len(row))
+    if not all(isinstance(name, str) for name in names):
+        bad = next(name for name in names if not isinstance(name, str))
+        raise ConfigError(f"Feature names must be strings. Got {bad!r:.40}.")
     h = hash_strings(names)
     bucket = (h % np.uint64(n_features)).astype(np.int64)
     sign = np.where((h >> np.uint64(63)) == 1, -1.0, 1.0)

@@ -254,7 +254,7 @@ class Learner(abc.ABC):
         if not (cls._probabilities is Learner._probabilities
                 and cls._distribution is Learner._distribution and B and gammas.min() >= 0.0):
             probs = safe_distribution(probs, m)
-        uniforms = randomness.uniforms(self.seed, rounds if keys is None else keys)
+        uniforms = randomness.uniforms(self.seed, rounds if keys is None else _checked_keys(keys, B))
         actions = randomness.sample(probs, uniforms)
         self.n_decided_ += B
         return actions, probs
@@ -328,11 +328,15 @@ class Learner(abc.ABC):
         batch = as_batch(X, self.n_features)
         B = batch_size(batch)
         a = np.asarray(actions).reshape(-1)
-        if a.dtype.kind not in "iu" and a.size:  # 1.7, "2" or True are not actions
+        if a.dtype.kind not in "iu" and a.size:  # 1.7, "2", True or 10**20 are not actions
             raise ConfigError(f"Actions must be integers in [0, {self.n_actions}). Got "
-                              f"{a.dtype} values such as {a[0].item()!r}.")
+                              f"{a.dtype} values such as {_plain(a.flat[0])!r:.40}.")
         a = a.astype(np.int64, copy=False)
-        r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        r = np.asarray(rewards).reshape(-1)
+        if r.dtype.kind not in "fiub" and r.size:
+            raise ConfigError(f"Rewards must be numbers in [0, 1]. Got {r.dtype} values such "
+                              f"as {_plain(r.flat[0])!r:.40}.")
+        r = r.astype(np.float64, copy=False)
         p = np.asarray(probs, dtype=np.float64)
         if a.shape != (B,) or r.shape != (B,) or p.shape != (B, self.n_actions):
             raise ConfigError(
@@ -345,6 +349,12 @@ class Learner(abc.ABC):
             raise ConfigError(f"Actions must be in [0, {self.n_actions}). Got {a.min()}..{a.max()}.")
         if not (r.min() >= 0.0 and r.max() <= 1.0):  # NaN fails both, ±inf one of them
             raise ConfigError("Rewards must be finite and in [0, 1].")
+        # the whole logged row: the adaptive γ reads its maximum (a NaN there made its running
+        # sums NaN, then every decision uniform and the state unloadable)
+        if not (p.min() >= 0.0 and p.max() <= 1.0) or (
+                not self.full_information and np.abs(p.sum(axis=1) - 1.0).max() > 1e-6):
+            raise ConfigError("The logged probabilities must be distributions: finite, in "
+                              "[0, 1], each row summing to 1 (as decide returned them).")
         chosen_p = p.take(row_starts(B, self.n_actions) + a)
         if not full_or_positive(chosen_p, self.full_information):
             raise ConfigError("The logged probability of every chosen action must be > 0.")
@@ -551,6 +561,26 @@ class LinearLearner(Learner):
 
     def _state_finite(self) -> bool:
         return bool(np.isfinite(self.weights_).all())
+
+
+def _plain(value: object) -> object:
+    """A numpy scalar as the Python value it holds (for messages)."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else value
+
+
+def _checked_keys(keys: object, B: int) -> np.ndarray:
+    """``decide``'s keys: one per event (an empty batch may pass an empty list)."""
+    n = len(keys) if isinstance(keys, (list, tuple, np.ndarray)) else -1
+    if n != B:
+        raise ConfigError(f"decide expects one key per event: {B} keys. Got "
+                          f"{'a ' + type(keys).__name__ if n < 0 else n}.")
+    if B == 0:
+        return np.zeros(0, dtype=np.int64)
+    try:  # hashed here once: hash_keys of the hashed keys is themselves
+        return randomness.hash_keys(keys)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"Event keys must be integers or strings. Got {exc}") from exc
 
 
 def all_finite(X: Batch) -> bool:

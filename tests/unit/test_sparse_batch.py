@@ -11,14 +11,16 @@ LinUCB width to 0 (A overflowed to inf, A⁻¹ to a finite 0) instead of being s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamlearn.errors import ConfigError
-from streamlearn.features import SparseBatch, as_batch
-from streamlearn.learners import LEARNERS, FixedGamma, Learner, LinUCB
+from streamlearn.features import SparseBatch, as_batch, hash_names
+from streamlearn.learners import LEARNERS, FixedGamma, Learner, LinUCB, load_learner, save_learner
 
 K, D = 3, 7
 
@@ -132,3 +134,75 @@ def test_a_square_that_overflows_skips_its_row_whatever_the_reward(reward: float
     reference.update(X.take(np.array([1])), actions[1:], np.full(1, reward), probs[1:])
     for key, value in reference.state()[0].items():
         assert np.array_equal(model.state()[0][key], value), key
+
+
+@pytest.mark.parametrize("X", [
+    SparseBatch(np.array([0, 1]), np.array([1]), np.array(["a"]), D),
+    [["a"] * D],
+    [[1.0] * D, [1.0]],  # ragged
+])
+def test_features_that_are_not_numbers_are_refused(X: object) -> None:
+    model = learner("banditron")
+    with pytest.raises(ConfigError, match=r"numeric|numbers"):
+        model.decide(X)
+
+
+@pytest.mark.parametrize("logged", [[np.nan, 0.5, 0.5], [-0.1, 0.6, 0.5], [np.inf, 0.5, 0.5],
+                                    [0.5, 1.5, 0.0]])
+@pytest.mark.parametrize("name", sorted(LEARNERS))
+def test_a_logged_distribution_that_is_not_one_is_refused(name: str, logged: list[float],
+                                                          tmp_path: Path) -> None:
+    """A NaN among the other actions' probabilities was taken, and its NaN in the adaptive
+    γ's running sums then made the state unsavable (found by an outside client)."""
+    model = learner(name)
+    X = np.ones((1, D))
+    with pytest.raises(ConfigError, match="logged probabilities"):
+        model.update(X, np.array([1]), np.ones(1), np.array([logged]))
+    save_learner(model, tmp_path / "state")
+    assert load_learner(tmp_path / "state").n_updated_ == 0
+
+
+@pytest.mark.parametrize("logged", [[0.0, 1e-320, 0.0], [0.5, 0.5, 0.5], [0.2, 0.2, 0.2]])
+def test_a_logged_row_that_does_not_sum_to_one_is_refused(logged: list[float]) -> None:
+    model = learner("linucb")
+    with pytest.raises(ConfigError, match="summing to 1"):
+        model.update(np.ones((1, D)), np.array([1]), np.ones(1), np.array([logged]))
+
+
+@pytest.mark.parametrize(("actions", "rewards", "said"), [
+    (np.array([10**20]), [1.0], "Actions must be integers"),
+    (np.array([None]), [1.0], "Actions must be integers"),
+    (np.array([1]), np.array(["1"]), "Rewards must be numbers"),
+])
+def test_update_arguments_of_the_wrong_kind_are_refused(actions: np.ndarray, rewards: object,
+                                                        said: str) -> None:
+    model = learner("linucb")
+    with pytest.raises(ConfigError, match=said):
+        model.update(np.ones((1, D)), actions, rewards, np.full((1, K), 1 / K))
+
+
+def test_decide_takes_one_key_per_event() -> None:
+    model = learner("linucb")
+    actions, probs = model.decide(np.zeros((0, D)), keys=[])  # an empty batch, empty keys
+    assert actions.shape == (0,) and probs.shape == (0, K)
+    for keys in (["a"], [None, None], 7):
+        with pytest.raises(ConfigError, match="key"):
+            model.decide(np.ones((2, D)), keys=keys)
+    # keys given as strings or as integers decide as before: the same key, the same draw
+    a1, _ = model.decide(np.ones((2, D)), keys=["x", "y"])
+    a2, _ = learner("linucb").decide(np.ones((2, D)), keys=np.array(["x", "y"]))
+    assert np.array_equal(a1, a2)
+
+
+def test_hash_names_refuses_values_that_do_not_match_the_names() -> None:
+    with pytest.raises(ConfigError, match="one value per name in row 0"):
+        hash_names([["a", "b"]], D, values=[[2.0]])
+    with pytest.raises(ConfigError, match="one list of values per row"):
+        hash_names([["a"], ["b"]], D, values=[[1.0]])
+    with pytest.raises(ConfigError, match="names must be strings"):
+        hash_names([{5: 1.0}], D)  # type: ignore[dict-item]
+
+
+def test_to_dense_checks_the_layout_too() -> None:
+    with pytest.raises(ConfigError, match="Got -1"):
+        SparseBatch(np.array([0, 1]), np.array([-1]), np.ones(1), D).to_dense()
