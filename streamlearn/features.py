@@ -96,7 +96,7 @@ class SparseBatch:
         """This batch when it holds to the invariants and each row's indices are strictly
         increasing; the same rows with sorted indices and duplicates summed when they are
         not; a ``ConfigError`` saying what is wrong when the layout is broken. A few numpy
-        calls on the fast path (~5 µs for one row): every learner call makes it."""
+        calls on the fast path (~5–10 µs for one row): every learner call makes it."""
         if self._checked:
             return self
         indptr, indices, values = self.indptr, self.indices, self.values

@@ -291,7 +291,7 @@ class _RidgeLearner(Learner):
         # squared), finite but no longer a posterior — the row is skipped like a NaN one
         return bool((p.cov_[:, columns] > 0.0).all() and (p.cov_[:, -1] > 0.0).all()) and all(
             bool(np.isfinite(a).all()) for a in (
-                p.cov_[:, columns], o.weights_[:, columns], o.sq_grad_[:, columns],
+                p.cov_[:, columns], p.cov_[:, -1], o.weights_[:, columns], o.sq_grad_[:, columns],
                 o.scale_[columns], o.intercept_, o.intercept_sq_grad_, o.norm_totals_))
 
     # In full mode an update changes only A⁻¹, b, θ and drift_seen (the oracle is unused):
