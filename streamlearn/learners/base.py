@@ -353,8 +353,13 @@ class Learner(abc.ABC):
         # sums NaN, then every decision uniform and the state unloadable)
         if not (p.min() >= 0.0 and p.max() <= 1.0) or (
                 not self.full_information and np.abs(p.sum(axis=1) - 1.0).max() > 1e-6):
-            raise ConfigError("The logged probabilities must be distributions: finite, in "
-                              "[0, 1], each row summing to 1 (as decide returned them).")
+            off = ~((p >= 0.0) & (p <= 1.0)).all(axis=1)
+            if not self.full_information:
+                off |= np.abs(p.sum(axis=1) - 1.0) > 1e-6
+            bad = int(np.flatnonzero(off)[0])
+            raise ConfigError(f"The logged probabilities must be distributions: finite, in "
+                              f"[0, 1], each row summing to 1 (as decide returned them). Got "
+                              f"row {bad}: {p[bad].tolist()!r:.120}.")
         chosen_p = p.take(row_starts(B, self.n_actions) + a)
         if not full_or_positive(chosen_p, self.full_information):
             raise ConfigError("The logged probability of every chosen action must be > 0.")
@@ -580,7 +585,10 @@ def _checked_keys(keys: object, B: int) -> np.ndarray:
     try:  # hashed here once: hash_keys of the hashed keys is themselves
         return randomness.hash_keys(keys)
     except (TypeError, ValueError, AttributeError) as exc:
-        raise ConfigError(f"Event keys must be integers or strings. Got {exc}") from exc
+        odd = next((k for k in np.asarray(keys, dtype=object).reshape(-1)
+                    if not isinstance(k, (int, np.integer, str, bytes))), None)
+        raise ConfigError(f"Event keys must be integers or strings. Got "
+                          f"{type(odd).__name__} {odd!r:.40}.") from exc
 
 
 def all_finite(X: Batch) -> bool:

@@ -165,7 +165,7 @@ def test_a_logged_distribution_that_is_not_one_is_refused(name: str, logged: lis
 @pytest.mark.parametrize("logged", [[0.0, 1e-320, 0.0], [0.5, 0.5, 0.5], [0.2, 0.2, 0.2]])
 def test_a_logged_row_that_does_not_sum_to_one_is_refused(logged: list[float]) -> None:
     model = learner("linucb")
-    with pytest.raises(ConfigError, match="summing to 1"):
+    with pytest.raises(ConfigError, match=r"summing to 1 .*Got row 0: \["):
         model.update(np.ones((1, D)), np.array([1]), np.ones(1), np.array([logged]))
 
 
@@ -186,7 +186,7 @@ def test_decide_takes_one_key_per_event() -> None:
     actions, probs = model.decide(np.zeros((0, D)), keys=[])  # an empty batch, empty keys
     assert actions.shape == (0,) and probs.shape == (0, K)
     for keys in (["a"], [None, None], 7):
-        with pytest.raises(ConfigError, match="key"):
+        with pytest.raises(ConfigError, match=r"key|Got NoneType None"):
             model.decide(np.ones((2, D)), keys=keys)
     # keys given as strings or as integers decide as before: the same key, the same draw
     a1, _ = model.decide(np.ones((2, D)), keys=["x", "y"])
