@@ -236,8 +236,7 @@ class Learner(abc.ABC):
 
     def _decide(self, X: object, mask: object, keys: object) -> tuple[np.ndarray, np.ndarray]:
         batch = as_batch(X, self.n_features)
-        if not all_finite(batch):  # as update refuses them: NaN scores would rank lowest
-            raise ConfigError("Features must be finite (no NaN or inf).")
+        _refuse_non_finite(batch)  # as update does: NaN scores would rank lowest
         B = batch_size(batch)
         m = _check_mask(mask, B, self.n_actions)
         with np.errstate(over="ignore", invalid="ignore"):
@@ -271,8 +270,7 @@ class Learner(abc.ABC):
     def predict(self, X: object, mask: object = None) -> np.ndarray:
         """The exploit action (no exploration)."""
         batch = as_batch(X, self.n_features)
-        if not all_finite(batch):
-            raise ConfigError("Features must be finite (no NaN or inf).")
+        _refuse_non_finite(batch)
         m = _check_mask(mask, batch_size(batch), self.n_actions)
         return self._exploit(batch, self.decision_scores(batch), m)
 
@@ -363,8 +361,7 @@ class Learner(abc.ABC):
         chosen_p = p.take(row_starts(B, self.n_actions) + a)
         if not full_or_positive(chosen_p, self.full_information):
             raise ConfigError("The logged probability of every chosen action must be > 0.")
-        if not all_finite(batch):
-            raise ConfigError("Features must be finite (no NaN or inf).")
+        _refuse_non_finite(batch)
         ex = exploit_actions(p) if exploit is None else np.asarray(exploit).reshape(-1)
         if ex.shape != (B,) or ex.dtype.kind not in "iu" or ex.min() < 0 \
                 or ex.max() >= self.n_actions:
@@ -589,6 +586,11 @@ def _checked_keys(keys: object, B: int) -> np.ndarray:
                     if not isinstance(k, (int, np.integer, str, bytes))), None)
         raise ConfigError(f"Event keys must be integers or strings. Got "
                           f"{type(odd).__name__} {odd!r:.40}.") from exc
+
+
+def _refuse_non_finite(X: Batch) -> None:
+    if not all_finite(X):
+        raise ConfigError("Features must be finite (no NaN or inf).")
 
 
 def all_finite(X: Batch) -> bool:
