@@ -43,8 +43,8 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     poll_s = 0.0
 
     # one consumer and one producer for every partition this replica serves (docs/operations.md);
-    # kafka.client picks their library (the group membership and the models link stay on
-    # kafka-python: control traffic, docs/kafka.md)
+    # kafka.client picks their library, the models link's and the group membership's
+    # (docs/kafka.md)
     clients = shared_clients_class(k.client)(bootstrap, f"{k.group_id}.partitions", options,
                      fetch_max_records=4 * config.limits.poll_max_records, tuning=k.tuning())
 
@@ -61,11 +61,12 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     def make_membership(**handlers: Any) -> GroupMembership:
         return GroupMembership(bootstrap, t.instances, k.group_id, **handlers,
                                group_instance_id=k.group_instance_id, client_options=options,
-                               session_timeout_ms=int(k.session_timeout_seconds * 1000))
+                               session_timeout_ms=int(k.session_timeout_seconds * 1000),
+                               client=k.client)
 
     replica_id = k.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
     ensure_models_topic(bootstrap, t.models, options)
-    link = KafkaModelLink(bootstrap, t.models, options)
+    link = KafkaModelLink(bootstrap, t.models, options, client=k.client)
     hub = ModelHub(link, replica_id,
                    config.sync.every_seconds, on_sync=observer.on_model_sync,
                    early_fraction=config.sync.early_fraction)

@@ -24,6 +24,10 @@ thread's ``poll``; the listener hands each change to the serving thread, which
 applies it at its next :meth:`GroupMembership.poll`. A revocation waits until the
 serving thread has stopped the partitions (final checkpoints written) — kafka-python
 completes the revocation round only after ``on_partitions_revoked`` returns.
+
+With ``kafka.client = confluent`` the member's consumer is librdkafka's, with the same
+assignor and static membership; its rebalance callbacks run inside the membership
+thread's polls in the same way (:meth:`GroupMembership._open_librdkafka`).
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ class GroupMembership:
                  on_assigned: Handler, on_revoked: Handler, on_lost: Handler,
                  group_instance_id: str | None = None,
                  client_options: Mapping[str, object] | None = None,
-                 session_timeout_ms: int = 10_000) -> None:
+                 session_timeout_ms: int = 10_000, client: str = "kafka-python") -> None:
         from kafka import KafkaConsumer
         from kafka.consumer.subscription_state import ConsumerRebalanceListener
         from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
@@ -140,12 +144,21 @@ class GroupMembership:
 
         self._open_consumer = open_consumer
         self.reopened = 0  # consumers replaced after a busy loop (see _run)
+        self.client = client
+        # librdkafka: the assignment as the rebalance callbacks told it. Its consumer's own
+        # assignment() waits while a callback runs, and the revocation callback waits for the
+        # serving thread, which asks for the assignment (Replica._recover): a deadlock.
+        self._assignment: set[int] = set()
+        self._assignment_lock = threading.Lock()
         try:
-            self.consumer = open_consumer()
+            self.consumer = open_consumer() if client != "confluent" else self._open_librdkafka(
+                bootstrap_servers, group_id, group_instance_id, client_options or {},
+                session_timeout_ms)
         except KafkaError as exc:
             raise TransportError(f"cannot join the group {group_id!r}: {exc}") from exc
-        self._thread = threading.Thread(target=self._run, name="streamlearn-membership",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run_librdkafka if client == "confluent" else self._run,
+            name="streamlearn-membership", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------ membership thread
@@ -182,6 +195,79 @@ class GroupMembership:
                 log.exception("group membership thread failed; retrying")
                 self._closed.wait(0.5)
         self.consumer.close(autocommit=False)
+
+    def _open_librdkafka(self, bootstrap_servers: str, group_id: str,
+                         group_instance_id: str | None, client_options: Mapping[str, object],
+                         session_timeout_ms: int) -> Any:
+        """The member's consumer on librdkafka (``kafka.client = confluent``): the same group
+        protocol and assignor (KIP-429 cooperative-sticky), so its rebalance callbacks hand
+        over the same changes; heartbeats run in librdkafka's own threads."""
+        from confluent_kafka import Consumer, KafkaException
+
+        from streamlearn.transport import confluent
+
+        member = self
+
+        def track(partitions: list[Any], assigned: bool) -> None:
+            with member._assignment_lock:
+                for tp in partitions:
+                    if tp.topic == member.topic:
+                        (member._assignment.add if assigned
+                         else member._assignment.discard)(tp.partition)
+
+        def on_assign(consumer: Any, partitions: list[Any]) -> None:
+            consumer.incremental_assign(partitions)
+            consumer.pause(partitions)  # membership only: the replica fetches itself
+            track(partitions, True)
+            member._hand_over("assigned", partitions, wait=False)
+
+        def on_revoke(consumer: Any, partitions: list[Any]) -> None:
+            track(partitions, False)
+            member._hand_over("revoked", partitions, wait=True)
+
+        def on_lost(consumer: Any, partitions: list[Any]) -> None:
+            track(partitions, False)
+            member._hand_over("lost", partitions, wait=False)
+
+        settings: dict[str, object] = {
+            "bootstrap.servers": bootstrap_servers, "reconnect.backoff.max.ms": 2000,
+            **confluent.librdkafka_options(client_options),
+            "error_cb": confluent.log_client_error, "logger": confluent.LIBRDKAFKA_LOG,
+            "client.id": "streamlearn-member", "group.id": group_id,
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": session_timeout_ms,
+            "heartbeat.interval.ms": max(session_timeout_ms // 5, 500),
+            "enable.auto.commit": False, "enable.partition.eof": False}
+        if group_instance_id is not None:
+            settings["group.instance.id"] = group_instance_id
+        try:
+            consumer = Consumer(settings)
+            # the group leader assigns only partitions it has metadata for: fetch it first
+            deadline = time.monotonic() + 30.0
+            while not (meta := consumer.list_topics(self.topic, timeout=5).topics.get(
+                    self.topic)) or meta.error is not None or not meta.partitions:
+                if time.monotonic() > deadline:
+                    consumer.close()
+                    raise TransportError(f"no partition metadata for {self.topic!r} after 30 s")
+                time.sleep(0.1)
+            consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke,
+                               on_lost=on_lost)
+        except KafkaException as exc:
+            raise TransportError(f"cannot join the group {group_id!r}: {exc}") from exc
+        return consumer
+
+    def _run_librdkafka(self) -> None:
+        """The membership thread on librdkafka: its polls only serve the rebalance callbacks
+        (heartbeats go on in librdkafka's threads), so a settled member polls seldom."""
+        while not self._closed.is_set():
+            try:
+                event = self.consumer.poll(SETTLED_POLL_S)
+                if event is not None and event.error() is not None:
+                    log.warning("group poll: %s", event.error())
+            except Exception:  # never let the thread die silently: the replica would be deaf
+                log.exception("group membership thread failed; retrying")
+                self._closed.wait(0.5)
+        self.consumer.close()
 
     def _rejoining(self) -> bool:
         """Whether the group waits for this member to (re)join: a rebalance began or the member
@@ -248,6 +334,9 @@ class GroupMembership:
 
     def assigned(self) -> set[int]:
         """The instances partitions the group assigns this member, as its client last heard."""
+        if self.client == "confluent":
+            with self._assignment_lock:
+                return set(self._assignment)
         try:
             return {tp.partition for tp in self.consumer.assignment() if tp.topic == self.topic}
         except Exception:  # a consumer being replaced (see _reopen): nothing is known now

@@ -47,12 +47,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
 
 from streamlearn.errors import TransportError
+from streamlearn.sync.link_clients import Delivery, MergerFenced, MergerProducer, link_clients
 
 __all__ = ["KafkaModelLink", "ensure_models_topic"]
 
@@ -60,7 +59,8 @@ log = logging.getLogger("streamlearn.sync")
 
 
 GLOBALS, STATES = 0, 1  # the models topic's partitions (one partition: both on 0)
-IDLE_POLL_MS = 500  # the reader's poll when this replica is not the merger
+IDLE_POLL_S = 0.5  # the reader's poll when this replica is not the merger
+SETTLE_TIMEOUT_S = 30.0  # longest wait for the broker's acknowledgement of a state
 TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.ms": "60000",
                  "min.cleanable.dirty.ratio": "0.1"}
 
@@ -78,22 +78,17 @@ def ensure_models_topic(bootstrap: str, topic: str,
 class KafkaModelLink:
     """Chunks go out keyed ``<key>/<i>`` (compaction keeps the newest of each); a background
     thread reads the global models from the beginning, and the replica states while
-    :meth:`follow_states` is on."""
+    :meth:`follow_states` is on. ``client`` is the replica's ``kafka.client``
+    (:mod:`streamlearn.sync.link_clients`)."""
 
     def __init__(self, bootstrap: str, topic: str,
-                 client_options: Mapping[str, object] | None = None) -> None:
-        from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-        from kafka.errors import KafkaError
-
-        options = dict(client_options or {})
-        self.topic, self._bootstrap = topic, bootstrap
-        self._producer_options = {k: v for k, v in options.items()
-                                  if k in KafkaProducer.DEFAULT_CONFIG}
+                 client_options: Mapping[str, object] | None = None,
+                 client: str = "kafka-python") -> None:
+        self.topic = topic
         # the merger's transactional producer: opened (fencing the previous merger) by the
         # reader thread before it answers a catch-up while following, or by a global send
-        self._merger: Any = None
+        self._merger: MergerProducer | None = None
         self._merger_lock = threading.Lock()  # opening, using and dropping it
-        self.tp = TopicPartition(topic, GLOBALS)
         self._buffer: deque[tuple[bool, bytes]] = deque()  # (from the states partition, value)
         self._lock = threading.Lock()
         # catch-up requests, numbered: the serving thread asks, the reader answers the newest
@@ -106,36 +101,23 @@ class KafkaModelLink:
         self._closed = threading.Event()
         # a replica's last state publish: a non-merger does not wait for the broker's acks
         # on the serving thread (a few ms, twice a second); the next publish settles it
-        self._states_in_flight: list[Any] = []
+        self._states_in_flight: list[Delivery] = []
         try:
-            self.consumer = KafkaConsumer(
-                **{k: v for k, v in options.items() if k in KafkaConsumer.DEFAULT_CONFIG},
-                bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                isolation_level="read_committed",  # never a fenced merger's model
-                auto_offset_reset="earliest",  # a compacted-away start offset: the oldest kept
-                client_id="streamlearn-models")
-            deadline = time.monotonic() + 30.0  # a topic created just now: wait for its metadata
-            while not (parts := self.consumer.partitions_for_topic(topic)):
-                if time.monotonic() > deadline:
-                    raise TransportError(f"no metadata for the models topic {topic!r} after 30 s")
-                time.sleep(0.1)
-            self.states_tp = TopicPartition(topic, STATES) if STATES in parts else None
-            self.consumer.assign([self.tp])
-            self.consumer.seek_to_beginning(self.tp)
-            self.producer = KafkaProducer(
-                **self._producer_options, bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                client_id="streamlearn-models")
-            self.producer.partitions_for(topic)  # its metadata now, not at the first publish
-        except KafkaError as exc:
+            self.clients = link_clients(client, bootstrap, topic, client_options or {})
+            self._errors: tuple[type[BaseException], ...] = (TransportError,
+                                                             *self.clients.errors)
+            self.states_partition = STATES if STATES in self.clients.partitions else None
+            self.clients.add(GLOBALS, None)
+        except TransportError:
+            raise
+        except Exception as exc:  # the library's own errors
             raise TransportError(f"cannot open the models topic {topic!r}: {exc}") from exc
         self._thread = threading.Thread(target=self._run, name="streamlearn-models",
                                         daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        from kafka.errors import KafkaError
-
-        targets: dict[object, int] = {}  # the end offsets the newest request must reach
+        targets: dict[int, int] = {}  # the end offsets the newest request must reach
         target_for = 0
         while not self._closed.is_set():
             try:
@@ -146,10 +128,9 @@ class KafkaModelLink:
                     target_for = 0  # a pending request's targets now include the change
                 # a poll returns as soon as records arrive; the wait only bounds how late a
                 # catch-up request or a follow change is seen, which only the merger makes
-                wait_ms = 100 if self._following or asked > self._answered else IDLE_POLL_MS
-                batches = self.consumer.poll(timeout_ms=wait_ms, max_records=1000)
-                values = [(tp == self.states_tp, r.value) for tp, records in batches.items()
-                          for r in records if r.value]
+                wait_s = 0.1 if self._following or asked > self._answered else IDLE_POLL_S
+                values = [(partition == self.states_partition, value)
+                          for partition, value in self.clients.poll(wait_s, 1000)]
                 with self._lock:
                     self._buffer.extend(values)
                 if asked > self._answered:
@@ -157,61 +138,52 @@ class KafkaModelLink:
                         self._open_merger()  # fence the previous merger before reading the end
                         target_for = 0  # (ends read before the fence are not enough)
                     if target_for != asked:  # the ends as of (after) the request
-                        targets = self.consumer.end_offsets(list(self.consumer.assignment()))
+                        targets = self.clients.end_offsets()
                         target_for = asked
-                    if all(self.consumer.position(tp) >= end for tp, end in targets.items()):
+                    if all(self.clients.position(p) >= end for p, end in targets.items()):
                         with self._lock:
                             self._answered = target_for
-                            self._states_read_to = targets.get(self.states_tp)
-            except (KafkaError, TransportError) as exc:
+                            self._states_read_to = (None if self.states_partition is None
+                                                    else targets.get(self.states_partition))
+            except self._errors as exc:
                 log.warning("models topic: %s", exc)
                 self._closed.wait(0.5)
             except Exception:  # never die silently: the replica would stop adopting models
                 log.exception("models topic: reader thread failed; retrying")
                 self._closed.wait(0.5)
-        self.consumer.close()
+        self.clients.close_consumer()
 
-    def _open_merger(self) -> Any:
+    def _open_merger(self) -> MergerProducer:
         """The merger's transactional producer, opened now if it is not (``init_transactions``
         fences every earlier producer of the same id and aborts its open transaction)."""
-        from kafka import KafkaProducer
-        from kafka.errors import KafkaError
-
         with self._merger_lock:
             if self._merger is None:
-                producer = KafkaProducer(
-                    **self._producer_options, bootstrap_servers=self._bootstrap, acks="all",
-                    linger_ms=5, transactional_id=f"streamlearn-merger-{self.topic}",
-                    client_id="streamlearn-models-merger")
                 try:
-                    producer.init_transactions()
-                except KafkaError as exc:
-                    producer.close(timeout=5)
+                    self._merger = self.clients.open_merger(f"streamlearn-merger-{self.topic}")
+                except self._errors as exc:
                     raise TransportError(
                         f"cannot open the merger's transactional producer on {self.topic!r} "
                         f"({exc}); the broker must allow transactions (on one broker: "
                         "transaction.state.log.replication.factor=1 and "
                         "transaction.state.log.min.isr=1)") from exc
-                self._merger = producer
             return self._merger
 
     def _drop_merger(self) -> None:
         with self._merger_lock:
             producer, self._merger = self._merger, None
         if producer is not None:
-            producer.close(timeout=5)
+            producer.close()
 
     def _set_following(self, on: bool, from_offset: int | None) -> None:
         """In the reader thread: add the states partition (from ``from_offset``, or its
         beginning) or drop it."""
         self._following = on
-        if self.states_tp is None:  # one partition: the states are read with the models
+        if self.states_partition is None:  # one partition: the states are read with the models
             return
-        self.consumer.assign([self.tp, self.states_tp] if on else [self.tp])
-        if on and from_offset is not None:
-            self.consumer.seek(self.states_tp, from_offset)
-        elif on:
-            self.consumer.seek_to_beginning(self.states_tp)
+        if on:
+            self.clients.add(self.states_partition, from_offset)
+        else:
+            self.clients.drop(self.states_partition)
         with self._lock:
             self._states_read_to = None
 
@@ -228,23 +200,23 @@ class KafkaModelLink:
             return self._states_read_to
 
     def send(self, key: bytes, values: list[bytes]) -> None:
-        from kafka.errors import KafkaError
-
         if key == b"global":
             self._send_global(values)
             return
-        partition = GLOBALS if self.states_tp is None else STATES
+        partition = GLOBALS if self.states_partition is None else STATES
         with self._lock:
             following = self._follow[0]
         try:
             self._settle_states()
-            futures = [self.producer.send(self.topic, key=key + b"/%d" % i, value=value,
-                                          partition=partition)
-                       for i, value in enumerate(values)]
+            deliveries = [self.clients.send(key + b"/%d" % i, value, partition)
+                          for i, value in enumerate(values)]
             if following:  # the merger's catch-up before its merge must find its own state
-                self.producer.flush(timeout=30)
-            self._states_in_flight = futures
-        except KafkaError as exc:  # the next round publishes again
+                failed = self.clients.settle(deliveries, SETTLE_TIMEOUT_S)
+                if failed is not None:
+                    raise TransportError(failed)
+                deliveries = []
+            self._states_in_flight = deliveries
+        except self._errors as exc:  # the next round publishes again
             raise TransportError(f"publishing to the models topic failed: {exc}") from exc
 
     def _settle_states(self) -> None:
@@ -252,19 +224,15 @@ class KafkaModelLink:
         distance (else waited for, so that at most one is in flight); a failure is logged
         (that state is simply never merged; the one being published supersedes it)."""
         pending, self._states_in_flight = self._states_in_flight, []
-        if not all(f.is_done for f in pending):
-            self.producer.flush(timeout=30)
-        failed = [f.exception for f in pending if f.is_done and f.failed()]
-        if failed:
-            log.warning("models topic: the previous state publish failed: %s", failed[0])
+        failed = self.clients.settle(pending, SETTLE_TIMEOUT_S) if pending else None
+        if failed is not None:
+            log.warning("models topic: the previous state publish failed: %s", failed)
 
     def _send_global(self, values: list[bytes]) -> None:
         """One transaction of the merger's producer; fenced (another replica opened the
         producer since), it is dropped and nothing of this model is ever read. A merger (a
         follower) publishes only with the producer its last catch-up opened; a writer outside
         that protocol opens one here."""
-        from kafka.errors import KafkaError, ProducerFencedError
-
         with self._lock:
             following = self._follow[0]
         if following and self._merger is None:
@@ -273,16 +241,13 @@ class KafkaModelLink:
         producer = self._open_merger()
         try:
             with self._merger_lock:
-                producer.begin_transaction()
-                for i, value in enumerate(values):
-                    producer.send(self.topic, key=b"global/%d" % i, value=value,
-                                  partition=GLOBALS)
-                producer.commit_transaction()
-        except ProducerFencedError as exc:
+                producer.publish([(b"global/%d" % i, value) for i, value in enumerate(values)],
+                                 GLOBALS)
+        except MergerFenced as exc:
             self._drop_merger()
             raise TransportError("not published: another replica is the merger now "
                                  f"(fenced by the broker: {exc})") from exc
-        except KafkaError as exc:  # the next round publishes again, from a fresh producer
+        except self._errors as exc:  # the next round publishes again, from a fresh producer
             self._drop_merger()  # (an aborted transaction is never read)
             raise TransportError(f"publishing to the models topic failed: {exc}") from exc
 
@@ -308,5 +273,5 @@ class KafkaModelLink:
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=10)
-        self.producer.close(timeout=10)
+        self.clients.close_producer(10)
         self._drop_merger()

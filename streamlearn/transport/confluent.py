@@ -46,11 +46,12 @@ from streamlearn.transport.buffers import Partition, PartitionBuffers
 from streamlearn.transport.kafka import OFFSETS_TIMEOUT_S, check_reachable
 from streamlearn.transport.protocol import ClientTuning, Message, Offsets, check_offsets
 
-__all__ = ["CLOSE_TIMEOUT_S", "ConfluentTransport", "SharedConfluentClients", "close_consumer",
-           "librdkafka_options", "open_confluent_clients"]
+__all__ = ["CLOSE_TIMEOUT_S", "LIBRDKAFKA_LOG", "ConfluentTransport", "SharedConfluentClients",
+           "close_consumer", "consume_ready", "librdkafka_options", "log_client_error",
+           "open_confluent_clients"]
 
 log = logging.getLogger(__name__)
-_LIBRDKAFKA = logging.getLogger("streamlearn.librdkafka")  # librdkafka's own log lines
+LIBRDKAFKA_LOG = logging.getLogger("streamlearn.librdkafka")  # librdkafka's own log lines
 
 #: How long closing the consumer may take: librdkafka's close waits for the commits in flight,
 #: which wait for the group coordinator as long as the broker is away (40 s measured); past
@@ -127,7 +128,7 @@ def open_confluent_clients(bootstrap_servers: str, group_id: str,
             **common,
             "group.id": group_id, "enable.auto.commit": False,
             "enable.auto.offset.store": False, "auto.offset.reset": auto_offset_reset,
-            "enable.partition.eof": False, "error_cb": _log_client_error, "logger": _LIBRDKAFKA,
+            "enable.partition.eof": False, "error_cb": log_client_error, "logger": LIBRDKAFKA_LOG,
             **({} if on_commit is None else {"on_commit": on_commit}),
         })
         producer = Producer({
@@ -135,7 +136,7 @@ def open_confluent_clients(bootstrap_servers: str, group_id: str,
             **common,
             "enable.idempotence": True, "acks": "all", "message.timeout.ms": 0,
             "partitioner": "murmur2_random",  # a key's partition as the Java and kafka-python clients pick it
-            "error_cb": _log_client_error, "logger": _LIBRDKAFKA,
+            "error_cb": log_client_error, "logger": LIBRDKAFKA_LOG,
             **({} if on_delivery is None else {"on_delivery": on_delivery}),
         })
     except KafkaException as exc:
@@ -168,7 +169,7 @@ class _Commits:
                         [(p.topic, p.partition, p.offset) for p in partitions or []], error)
 
 
-def _log_client_error(error: Any) -> None:
+def log_client_error(error: Any) -> None:
     """librdkafka's client-level errors (a broker down, all brokers down): it reconnects by
     itself; a fatal error (the idempotent producer's state lost) is logged as an error."""
     (log.error if error.fatal() else log.info)("librdkafka: %s", error)
@@ -179,7 +180,7 @@ def _message(record: Any) -> Message:
                    record.value(), record.timestamp()[1])
 
 
-def _consume(consumer: Any, max_records: int, timeout_s: float) -> list[Any]:
+def consume_ready(consumer: Any, max_records: int, timeout_s: float) -> list[Any]:
     """Up to ``max_records`` records: what is queued now, else what the first record to arrive
     within ``timeout_s`` brings (``consume(n, t)`` alone would wait for n or all of t)."""
     records: list[Any] = consumer.consume(max_records, 0)
@@ -340,7 +341,7 @@ class ConfluentTransport:
             return self._shared.take(self._tp, max_records, timeout_s)
         if self._read:  # read while a commit was waited for
             return [self._read.popleft() for _ in range(min(max_records, len(self._read)))]
-        records = _consume(self._consumer, max_records, timeout_s)
+        records = consume_ready(self._consumer, max_records, timeout_s)
         self._producer.poll(0)  # delivery reports, without waiting
         return _records(records, self.bootstrap_servers)
 
@@ -438,7 +439,7 @@ class ConfluentTransport:
         if self._shared is not None:
             self._shared.fill(timeout_s)
         else:
-            self._read.extend(_records(_consume(self._consumer, 500, timeout_s),
+            self._read.extend(_records(consume_ready(self._consumer, 500, timeout_s),
                                        self.bootstrap_servers))
 
     def seek(self, offsets: Mapping[tuple[str, int], int]) -> None:
@@ -621,7 +622,7 @@ class SharedConfluentClients:
 
     def fill(self, timeout_s: float) -> None:
         """Buffer what one consume of at most ``timeout_s`` reads (serving the callbacks)."""
-        records = _records(_consume(self.consumer, self.fetch_max_records, timeout_s),
+        records = _records(consume_ready(self.consumer, self.fetch_max_records, timeout_s),
                            self.bootstrap_servers)
         self.producer.poll(0)
         self._partitions.put(records)

@@ -1,6 +1,6 @@
-"""The models topic on a real broker: global models for every reader, replica states only for
-the merger, from the offset it is given; a one-partition topic (the layout before) still
-carries both."""
+"""The models topic on a real broker, on both client libraries: global models for every reader,
+replica states only for the merger, from the offset it is given; a one-partition topic (the
+layout before) still carries both; a fenced merger publishes nothing anyone reads."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from streamlearn.errors import TransportError
 from streamlearn.sync.codec import chunk, parse
 from streamlearn.sync.kafka_link import KafkaModelLink, ensure_models_topic
 from streamlearn.transport.kafka import ensure_topics
+from tests.integration.daemon_harness import CLIENTS
 
 pytestmark = pytest.mark.integration
 
@@ -36,14 +37,15 @@ def read_until(link: KafkaModelLink, done: Callable[[list[dict[str, object]]], b
     raise AssertionError(f"not read in {timeout_s} s; got {seen}")
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 def test_only_a_follower_reads_the_states_and_from_the_offset_it_gives(
-        kafka_bootstrap: str) -> None:
+        kafka_bootstrap: str, client: str) -> None:
     topic = f"models-{uuid.uuid4().hex[:8]}"
     ensure_models_topic(kafka_bootstrap, topic)
-    writer = KafkaModelLink(kafka_bootstrap, topic)
-    reader = KafkaModelLink(kafka_bootstrap, topic)
+    writer = KafkaModelLink(kafka_bootstrap, topic, client=client)
+    reader = KafkaModelLink(kafka_bootstrap, topic, client=client)
     try:
-        assert reader.states_tp is not None  # created with its two partitions
+        assert reader.states_partition is not None  # created with its two partitions
         writer.send(b"replica/r", message("replica", 1))
         writer.send(b"global", message("global", 1))
         writer.send(b"replica/r", message("replica", 2))
@@ -64,14 +66,15 @@ def test_only_a_follower_reads_the_states_and_from_the_offset_it_gives(
         reader.close()
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 def test_a_one_partition_models_topic_carries_models_and_states_to_every_reader(
-        kafka_bootstrap: str) -> None:
+        kafka_bootstrap: str, client: str) -> None:
     topic = f"models-{uuid.uuid4().hex[:8]}"
     ensure_topics(kafka_bootstrap, [topic], 1, topic_configs={"cleanup.policy": "compact"})
-    writer = KafkaModelLink(kafka_bootstrap, topic)
-    reader = KafkaModelLink(kafka_bootstrap, topic)
+    writer = KafkaModelLink(kafka_bootstrap, topic, client=client)
+    reader = KafkaModelLink(kafka_bootstrap, topic, client=client)
     try:
-        assert reader.states_tp is None
+        assert reader.states_partition is None
         writer.send(b"replica/r", message("replica", 1))
         writer.send(b"global", message("global", 1))
         seen = read_until(reader, lambda s: len(s) >= 2)
@@ -81,14 +84,15 @@ def test_a_one_partition_models_topic_carries_models_and_states_to_every_reader(
         reader.close()
 
 
+@pytest.mark.parametrize("client", CLIENTS)
 def test_a_merger_fenced_by_a_newer_one_publishes_nothing_anyone_reads(
-        kafka_bootstrap: str) -> None:
+        kafka_bootstrap: str, client: str) -> None:
     """The role moves while the old merger is paused: the new one's catch-up opens the
     merger's producer, which fences the old one at the broker. The old merger, resumed and
     still following, cannot publish (an error it can log), and readers never see its model."""
     topic = f"models-{uuid.uuid4().hex[:8]}"
     ensure_models_topic(kafka_bootstrap, topic)
-    old, new, reader = (KafkaModelLink(kafka_bootstrap, topic) for _ in range(3))
+    old, new, reader = (KafkaModelLink(kafka_bootstrap, topic, client=client) for _ in range(3))
     try:
         old.follow_states(True)
         read_until(old, lambda s: True)  # its catch-up opened the merger's producer
