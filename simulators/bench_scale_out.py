@@ -160,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="each replica with a directory of its own and the partitions' state "
                         "on a changelog topic (checkpoint.changelog), as on Kubernetes")
     parser.add_argument("--kafka-client", default="kafka-python", choices=sorted(CLIENTS),
-                        help="the replicas' data client (serve --kafka-client): kafka-python or "
-                        "confluent (the models topic and the membership use kafka-python either way)")
+                        help="the replicas' Kafka client (serve --kafka-client): kafka-python or "
+                        "confluent, for the data, the models topic and the membership (the "
+                        "changelog uses kafka-python either way)")
     parser.add_argument("--idle-seconds", type=float, default=0.0,
                         help="instead of a stream: the replicas' CPU over this many idle seconds")
     parser.add_argument("--repeats", type=int, default=1,
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.dataset}, {args.learner}, {load}, feedback "
           f"delay {args.delay_mean} s (exponential), {layout}, sync every "
           f"{args.sync_seconds} s, shortest round {args.round_seconds} s, "
-          f"data client {args.kafka_client}:")
+          f"Kafka client {args.kafka_client}:")
     print("| replicas | online error | Δ vs 1 | events / batch | CPU-s (all replicas) | "
           "CPU-ms / event | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
