@@ -184,22 +184,53 @@ class KafkaPythonLinkClients:
         self.producer.close(timeout=timeout_s)
 
 
-class _KafkaPythonMerger:
+class _TransactionalMerger:
+    """One transaction per publish; the library's fenced error → :class:`MergerFenced`."""
+
     def __init__(self, producer: Any, topic: str) -> None:
         self.producer, self.topic = producer, topic
 
     def publish(self, records: Sequence[tuple[bytes, bytes]], partition: int) -> None:
-        from kafka.errors import KafkaError, ProducerFencedError
-
+        errors = self._errors()
         try:
             self.producer.begin_transaction()
             for key, value in records:
-                self.producer.send(self.topic, key=key, value=value, partition=partition)
-            self.producer.commit_transaction()
-        except ProducerFencedError as exc:
-            raise MergerFenced(str(exc)) from exc
-        except KafkaError as exc:
+                self._send(key, value, partition)
+            self._commit()
+        except errors as exc:
+            if self._fenced(exc):
+                raise MergerFenced(str(exc)) from exc
             raise TransportError(str(exc)) from exc
+
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        raise NotImplementedError
+
+    def _send(self, key: bytes, value: bytes, partition: int) -> None:
+        raise NotImplementedError
+
+    def _commit(self) -> None:
+        raise NotImplementedError
+
+    def _fenced(self, exc: BaseException) -> bool:
+        raise NotImplementedError
+
+
+class _KafkaPythonMerger(_TransactionalMerger):
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        from kafka.errors import KafkaError
+
+        return (KafkaError,)
+
+    def _send(self, key: bytes, value: bytes, partition: int) -> None:
+        self.producer.send(self.topic, key=key, value=value, partition=partition)
+
+    def _commit(self) -> None:
+        self.producer.commit_transaction()
+
+    def _fenced(self, exc: BaseException) -> bool:
+        from kafka.errors import ProducerFencedError
+
+        return isinstance(exc, ProducerFencedError)
 
     def close(self) -> None:
         self.producer.close(timeout=5)
@@ -329,25 +360,24 @@ class ConfluentLinkClients:
         self.producer.flush(timeout_s)
 
 
-class _ConfluentMerger:
-    def __init__(self, producer: Any, topic: str) -> None:
-        self.producer, self.topic = producer, topic
+class _ConfluentMerger(_TransactionalMerger):
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        from confluent_kafka import KafkaException
 
-    def publish(self, records: Sequence[tuple[bytes, bytes]], partition: int) -> None:
-        from confluent_kafka import KafkaError, KafkaException
+        return (KafkaException,)
 
-        try:
-            self.producer.begin_transaction()
-            for key, value in records:
-                self.producer.produce(self.topic, value, key, partition=partition)
-            self.producer.commit_transaction(30)
-        except KafkaException as exc:
-            error = exc.args[0] if exc.args else None
-            code = error.code() if isinstance(error, KafkaError) else None
-            if code in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
-                        KafkaError.INVALID_PRODUCER_EPOCH):
-                raise MergerFenced(str(error)) from exc
-            raise TransportError(str(error)) from exc
+    def _send(self, key: bytes, value: bytes, partition: int) -> None:
+        self.producer.produce(self.topic, value, key, partition=partition)
+
+    def _commit(self) -> None:
+        self.producer.commit_transaction(30)
+
+    def _fenced(self, exc: BaseException) -> bool:
+        from confluent_kafka import KafkaError
+
+        error = exc.args[0] if exc.args else None
+        return isinstance(error, KafkaError) and error.code() in (
+            KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
 
     def close(self) -> None:
         self.producer.purge()  # a fenced or failed producer's queue is never delivered
