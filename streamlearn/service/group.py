@@ -243,13 +243,11 @@ class GroupMembership:
         try:
             consumer = Consumer(settings)
             # the group leader assigns only partitions it has metadata for: fetch it first
-            deadline = time.monotonic() + 30.0
-            while not (meta := consumer.list_topics(self.topic, timeout=5).topics.get(
-                    self.topic)) or meta.error is not None or not meta.partitions:
-                if time.monotonic() > deadline:
-                    consumer.close()
-                    raise TransportError(f"no partition metadata for {self.topic!r} after 30 s")
-                time.sleep(0.1)
+            try:
+                confluent.topic_partitions(consumer, self.topic)
+            except TransportError:
+                consumer.close()
+                raise
             consumer.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke,
                                on_lost=on_lost)
         except KafkaException as exc:

@@ -83,11 +83,6 @@ class LinkClients(Protocol):
     def close_producer(self, timeout_s: float) -> None: ...
 
 
-def _no_partitions(topic: str) -> TransportError:
-    return TransportError(f"no metadata for the models topic {topic!r} after "
-                          f"{METADATA_WAIT_S:.0f} s")
-
-
 class KafkaPythonLinkClients:
     """The models link's clients on kafka-python."""
 
@@ -108,7 +103,8 @@ class KafkaPythonLinkClients:
         deadline = time.monotonic() + METADATA_WAIT_S
         while not (parts := self.consumer.partitions_for_topic(topic)):
             if time.monotonic() > deadline:
-                raise _no_partitions(topic)
+                raise TransportError(f"no partition metadata for {topic!r} after "
+                                     f"{METADATA_WAIT_S:.0f} s")
             time.sleep(0.1)
         self.partitions = frozenset(parts)
         self._assigned: dict[int, Any] = {}
@@ -259,18 +255,7 @@ class ConfluentLinkClients:
             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
             "enable.partition.eof": False, "fetch.wait.max.ms": FETCH_WAIT_MS,
             "fetch.error.backoff.ms": FETCH_WAIT_MS})
-        deadline = time.monotonic() + METADATA_WAIT_S
-        while True:
-            try:
-                meta = self.consumer.list_topics(topic, timeout=5).topics.get(topic)
-            except KafkaException:
-                meta = None
-            if meta is not None and meta.error is None and meta.partitions:
-                break
-            if time.monotonic() > deadline:
-                raise _no_partitions(topic)
-            time.sleep(0.1)
-        self.partitions = frozenset(meta.partitions)
+        self.partitions = confluent.topic_partitions(self.consumer, topic, METADATA_WAIT_S)
         self._starts: dict[int, int] = {}  # assigned partition → offset it was assigned at
         self.producer = Producer({**self._common, "client.id": "streamlearn-models",
                                   "acks": "all", "linger.ms": 5})

@@ -48,7 +48,7 @@ from streamlearn.transport.protocol import ClientTuning, Message, Offsets, check
 
 __all__ = ["CLOSE_TIMEOUT_S", "LIBRDKAFKA_LOG", "ConfluentTransport", "SharedConfluentClients",
            "close_consumer", "consume_ready", "librdkafka_options", "log_client_error",
-           "open_confluent_clients"]
+           "open_confluent_clients", "topic_partitions"]
 
 log = logging.getLogger(__name__)
 LIBRDKAFKA_LOG = logging.getLogger("streamlearn.librdkafka")  # librdkafka's own log lines
@@ -178,6 +178,24 @@ def log_client_error(error: Any) -> None:
 def _message(record: Any) -> Message:
     return Message(record.topic(), record.partition(), record.offset(), record.key(),
                    record.value(), record.timestamp()[1])
+
+
+def topic_partitions(client: Any, topic: str, wait_s: float = 30.0) -> frozenset[int]:
+    """The partitions of ``topic`` as the broker reports them to ``client``, waiting up to
+    ``wait_s`` for those of a topic created just now; TransportError after that."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            found = client.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            found = None
+        if found is not None and found.error is None and found.partitions:
+            return frozenset(found.partitions)
+        if time.monotonic() > deadline:
+            raise TransportError(f"no partition metadata for {topic!r} after {wait_s:.0f} s")
+        time.sleep(0.1)
 
 
 def consume_ready(consumer: Any, max_records: int, timeout_s: float) -> list[Any]:
