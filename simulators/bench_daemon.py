@@ -23,7 +23,10 @@ Three measurements, each on fresh topics (2 partitions):
    (its ``CreateTime``): the daemon's own part; from the caller's ``send()`` (adds
    the caller's producer linger, 5 ms as the Java client's default, and its trip to
    the broker); and until the caller read the decision (adds the daemon's linger
-   and the caller's fetch).
+   and the caller's fetch). With ``--latency-relay`` the same run is made against a
+   **bare relay process** on each ``--kafka-client`` (the daemon's own client settings:
+   consume both topics, decode, publish one reply per instance, nothing learned): the
+   floor of the daemon's latency on that client and machine.
 
 The stream is SynNonSep instances (d = 400, K = 9) for the Banditron, or with
 ``--candidates N`` candidate-set requests of N candidates for the daemon's default
@@ -60,7 +63,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from simulators.bench_workloads import Workload, candidate_sets, fixed_actions
+from simulators.bench_workloads import Workload, candidate_sets, decode_event, fixed_actions
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
@@ -121,7 +124,75 @@ def make_topics(bootstrap: str, partitions: int = 2) -> dict[str, str]:
 def producer(bootstrap: str) -> Any:
     from kafka import KafkaProducer
 
-    return KafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks="all")
+    return KafkaProducer(bootstrap_servers=bootstrap, linger_ms=CALLER_LINGER_MS, acks="all")
+
+
+#: The caller's producer linger (instances and feedback): the Java client's default since
+#: Kafka 4.0, and librdkafka's.
+CALLER_LINGER_MS = 5
+
+
+class Caller:
+    """The bench's own clients in the latency runs: the producer of the offered load and the
+    caller that reads each decision and answers it with feedback. On this 2-core machine they
+    share the cores with the daemon and the broker, so the library matters: kafka-python's
+    Python protocol code took ~0.6 of a core at 2,000 events/s, librdkafka's far less."""
+
+    def __init__(self, bootstrap: str, client: str) -> None:
+        self.bootstrap, self.client = bootstrap, client
+        if client == "kafka-python":
+            self._producer = producer(bootstrap)
+        else:
+            from confluent_kafka import Producer
+
+            self._producer = Producer({
+                "bootstrap.servers": bootstrap, "linger.ms": CALLER_LINGER_MS, "acks": "all",
+                "partitioner": "murmur2_random"})  # a key's partition as kafka-python picks it
+
+    def send(self, topic: str, key: bytes, value: bytes,
+             appended: Callable[[int], None] | None = None) -> None:
+        """Queue one message; ``appended(ms)`` gets the broker's timestamp once it is written."""
+        if self.client == "kafka-python":
+            future = self._producer.send(topic, key=key, value=value)
+            if appended is not None:
+                future.add_callback(lambda metadata: appended(metadata.timestamp))
+            return
+        if appended is None:
+            self._producer.produce(topic, value, key)
+        else:
+            self._producer.produce(topic, value, key, on_delivery=lambda err, msg: (
+                appended(msg.timestamp()[1]) if err is None else None))
+        self._producer.poll(0)  # serves the delivery reports
+
+    def flush(self) -> None:
+        self._producer.flush()
+
+    def close(self) -> None:
+        if self.client == "kafka-python":
+            self._producer.close()
+        else:
+            self._producer.flush()
+
+
+def caller_reader(bootstrap: str, client: str, topic: str
+                  ) -> tuple[Callable[[], list[tuple[Any, Any, int]]], Callable[[], None]]:
+    """(read: the next records of ``topic`` from its start as (key, value, broker timestamp),
+    waiting up to 0.2 s; close) on the caller's client library (:class:`Caller`)."""
+    if client == "kafka-python":
+        c = consumer_for(bootstrap, topic)
+        return (lambda: [(r.key, r.value, r.timestamp) for records in
+                         c.poll(timeout_ms=200).values() for r in records]), c.close
+    from confluent_kafka import Consumer, TopicPartition
+
+    from streamlearn.transport.confluent import consume_ready
+    from streamlearn.transport.kafka import FETCH_MAX_WAIT_MS
+
+    rc = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
+                   "enable.auto.commit": False, "fetch.wait.max.ms": FETCH_MAX_WAIT_MS})
+    parts = rc.list_topics(topic, timeout=30).topics[topic].partitions
+    rc.assign([TopicPartition(topic, p, 0) for p in parts])
+    return (lambda: [(m.key(), m.value(), m.timestamp()[1]) for m in consume_ready(rc, 500, 0.2)
+                     if m.error() is None]), rc.close
 
 
 def consumer_for(bootstrap: str, topic: str) -> Any:
@@ -280,11 +351,89 @@ def _throughput(bootstrap: str, load: Workload, work: Path, extra: tuple[str, ..
     return rates
 
 
+#: A latency configuration that is not a daemon: the bare relay process on this client.
+RELAY_MARK = "relay="
+
+
+def relay_process(bootstrap: str, topics: dict[str, str], client: str) -> subprocess.Popen[bytes]:
+    """The bare relay (:func:`serve_relay`) in a process of its own, as the daemon runs."""
+    args = [sys.executable, "-m", "simulators.bench_daemon", "--bootstrap", bootstrap,
+            "--serve-relay", client, "--relay-topics",
+            ",".join(topics[k] for k in ("instances", "feedback", "decisions"))]
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": path},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def serve_relay(bootstrap: str, client: str, instances: str, feedback: str,
+                decisions: str) -> None:
+    """Until SIGTERM: read the instances and the feedback from their start with the daemon's
+    client settings on ``client``, decode every message (``orjson`` and the features into
+    numpy), publish one reply per instance (its id and a first choice), learn nothing. The
+    least a daemon must do per message, so its latency is the floor of the daemon's."""
+    from streamlearn.service.settings import DAEMON_GC_THRESHOLDS
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)
+    if client == "kafka-python":
+        from kafka import TopicPartition
+
+        from streamlearn.transport.kafka import open_clients
+
+        consumer, prod = open_clients(bootstrap, None)
+        parts = [TopicPartition(t, p) for t in (instances, feedback)
+                 for p in sorted(consumer.partitions_for_topic(t) or ())]
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+
+        def read() -> list[tuple[str, bytes | None, bytes]]:
+            return [(r.topic, r.key, r.value) for records in
+                    consumer.poll(timeout_ms=100, max_records=500).values() for r in records]
+
+        def publish(key: bytes | None, value: bytes) -> None:
+            prod.send(decisions, key=key, value=value)
+    else:
+        from confluent_kafka import TopicPartition as ConfluentPartition
+
+        from streamlearn.transport.confluent import consume_ready, open_confluent_clients
+
+        consumer, prod = open_confluent_clients(bootstrap, f"bench-relay-{uuid.uuid4().hex[:8]}")
+        consumer.assign([ConfluentPartition(t, p, 0) for t in (instances, feedback)
+                         for p in consumer.list_topics(t, timeout=30).topics[t].partitions])
+
+        def read() -> list[tuple[str, bytes | None, bytes]]:
+            return [(m.topic(), m.key(), m.value()) for m in consume_ready(consumer, 500, 0.1)
+                    if m.error() is None]
+
+        def publish(key: bytes | None, value: bytes) -> None:
+            prod.produce(decisions, value, key)
+            prod.poll(0)
+    while not stop.is_set():
+        for topic, key, value in read():
+            event = orjson.loads(value)
+            if topic == instances:
+                publish(key, orjson.dumps(relay_reply(event)))
+    prod.flush()
+    consumer.close()
+
+
+def relay_reply(event: dict[str, Any]) -> dict[str, Any]:
+    """The bare relay's decode of one instance and its reply: the first action, or the
+    request's candidates in the order given."""
+    decode_event(event)
+    if "candidates" in event:
+        return {"id": event["id"], "candidates": [{"id": c["id"]} for c in event["candidates"]]}
+    return {"id": event["id"], "action": 0, "prob": 1.0}
+
+
 def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int,
-            extra: tuple[str, ...] = ()) -> dict[str, Any]:
+            extra: tuple[str, ...] = (), caller_client: str = "kafka-python") -> dict[str, Any]:
     topics = make_topics(bootstrap)
     ckpt = work / f"ckpt-{topics['instances']}"
-    proc = serve(bootstrap, topics, ckpt, load.serve_args, extra)
+    relay = next((e[len(RELAY_MARK):] for e in extra if e.startswith(RELAY_MARK)), None)
+    proc = (serve(bootstrap, topics, ckpt, load.serve_args, extra) if relay is None
+            else relay_process(bootstrap, topics, relay))
     time.sleep(5.0)  # let the daemon start before the clock runs
     cpu_from, machine_from = cpu_seconds(proc.pid), machine_busy()
     sent_ms: dict[str, int] = {}  # the broker's append time of each instance
@@ -294,24 +443,24 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     done = threading.Event()
 
     def answer() -> None:  # the caller: read decisions, send feedback
-        c = consumer_for(bootstrap, topics["decisions"])
-        fb = producer(bootstrap)
+        read, close = caller_reader(bootstrap, caller_client, topics["decisions"])
+        fb = Caller(bootstrap, caller_client)
         while not done.is_set():
-            for records in c.poll(timeout_ms=200).values():
-                now_ms = time.time() * 1000.0
-                for r in records:
-                    d = orjson.loads(r.value)
-                    decided_ms.setdefault(d["id"], r.timestamp)
-                    received_ms.setdefault(d["id"], now_ms)
-                    fb.send(topics["feedback"], key=r.key,
-                            value=orjson.dumps({"id": d["id"], "reward": load.reward(d)}))
+            records = read()
+            now_ms = time.time() * 1000.0
+            for key, value, stamp in records:
+                d = orjson.loads(value)
+                decided_ms.setdefault(d["id"], stamp)
+                received_ms.setdefault(d["id"], now_ms)
+                fb.send(topics["feedback"], key,
+                        orjson.dumps({"id": d["id"], "reward": load.reward(d)}))
         fb.close()
-        c.close()
+        close()
 
     from streamlearn.service.settings import DAEMON_GC_THRESHOLDS
 
-    def sent(event_id: str) -> Callable[[Any], None]:
-        return lambda metadata: sent_ms.__setitem__(event_id, metadata.timestamp)
+    def sent(event_id: str) -> Callable[[int], None]:
+        return lambda stamp: sent_ms.__setitem__(event_id, stamp)
 
     # This process must not pause the stream it times: the instances' timestamps are taken
     # at send(), so a collector pause here delays them on the wire and reads as the daemon's
@@ -324,7 +473,7 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
     gc.set_threshold(*DAEMON_GC_THRESHOLDS)
     caller = threading.Thread(target=answer, daemon=True)
     caller.start()
-    prod = producer(bootstrap)
+    prod = Caller(bootstrap, caller_client)
     try:
         start = time.perf_counter()
         for i, (key, value) in enumerate(zip(load.keys, load.values, strict=True)):
@@ -333,7 +482,7 @@ def latency(bootstrap: str, load: Workload, rate: float, work: Path, warmup: int
             if pause > 0:
                 time.sleep(pause)
             called_ms[key.decode()] = time.time() * 1000.0
-            prod.send(topics["instances"], key=key, value=value).add_callback(sent(key.decode()))
+            prod.send(topics["instances"], key, value, sent(key.decode()))
         n = len(load.keys)
         offered = n / (time.perf_counter() - start)
         prod.flush()
@@ -401,7 +550,8 @@ def retrain_latency(bootstrap: str, load: Workload, args: argparse.Namespace,
     p99: dict[str, list[float]] = {name: [] for name in configs}
     for _ in range(2):
         for name, extra in configs.items():
-            res = latency(bootstrap, load.head(n), args.rate, work, n // 10, extra)
+            res = latency(bootstrap, load.head(n), args.rate, work, n // 10, extra,
+                          args.caller_client)
             p99[name].append(res["p99"])
             print(f"{name:<22} offered {res['offered']:,.0f}/s: appended → sent p50 "
                   f"{res['p50'] * 1e3:.1f} ms, "
@@ -445,10 +595,15 @@ def compare(bootstrap: str, load: Workload, args: argparse.Namespace, work: Path
             f"one reply) {relay:,.0f}" + (f"; bare confluent relay {got['confluent relay']:,.0f}"
                                           if confluent else ""), flush=True)
     n = args.latency_events
-    lat: dict[str, dict[str, list[float]]] = {label: {} for label in configs}
+    timed = dict(configs)
+    if args.latency_relay:  # the floor: a bare relay process on each client, same load
+        timed.update({f"relay {client}": (f"{RELAY_MARK}{client}",)
+                      for client in args.kafka_client.split(",")})
+    lat: dict[str, dict[str, list[float]]] = {label: {} for label in timed}
     for _ in range(args.repeats):
-        for label, extra in configs.items():
-            res = latency(bootstrap, load.head(n), args.rate, work, n // 10, extra)
+        for label, extra in timed.items():
+            res = latency(bootstrap, load.head(n), args.rate, work, n // 10, extra,
+                          args.caller_client)
             for key in ("p50", "p99", "max", "call_p50", "call_p99", "seen_p50", "seen_p99",
                         "cpu", "machine_busy"):
                 lat[label].setdefault(key, []).append(res[key])
@@ -488,6 +643,12 @@ def compare(bootstrap: str, load: Workload, args: argparse.Namespace, work: Path
               f"(median {med['call_p50']:.1f}), p99 {ms['call_p99']} ms (median "
               f"{med['call_p99']:.1f}); as read by the caller p50 median {med['seen_p50']:.1f}, p99 "
               f"median {med['seen_p99']:.1f} ms" + cpu)
+    for label in timed.keys() - configs.keys():
+        med = {k: float(np.median(v)) * 1e3 for k, v in lat[label].items()}
+        print(f"  [{label}] (latency only) appended → sent p50 median {med['p50']:.1f} ms, p99 "
+              f"median {med['p99']:.1f} ms; from the caller's send() p50 median "
+              f"{med['call_p50']:.1f}, p99 median {med['call_p99']:.1f} ms; "
+              f"{med['cpu'] * 1e3:.0f} µs CPU per event at {args.rate:,.0f}/s")
     print(f"  bare kafka-python relay {np.median(rates['relay']):,.0f} {unit}"
           + (f", bare confluent relay {np.median(rates['confluent relay']):,.0f} {unit}"
              if confluent else ""))
@@ -518,16 +679,33 @@ def main(argv: list[str] | None = None) -> int:
                              "in turn on the same backlog and at the same load (e.g. "
                              "kafka-python,confluent); with confluent the bare relay is run on "
                              "librdkafka too")
+    parser.add_argument("--caller-client", choices=("kafka-python", "confluent"),
+                        default="kafka-python",
+                        help="the Kafka client of the bench's own offered load and answering "
+                             "caller in the latency runs (confluent: librdkafka, which leaves "
+                             "more of a small machine's cores to the daemon and the broker)")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=OPTIONS",
                         help="one more daemon to compare, with these serve options (e.g. "
                              "'linger0=--kafka-linger-seconds 0'); repeatable")
     parser.add_argument("--compare-with", metavar="DIR",
                         help="one more daemon: the first --kafka-client's, run from this "
                              "checkout (e.g. an older commit), in turn with the others")
+    parser.add_argument("--latency-relay", action="store_true",
+                        help="also time the latency run against a bare relay process on each "
+                             "--kafka-client (consume, decode, reply; nothing learned): the "
+                             "floor of the daemon's latency here")
+    parser.add_argument("--serve-relay", choices=("kafka-python", "confluent"),
+                        help=argparse.SUPPRESS)  # the relay process of --latency-relay
+    parser.add_argument("--relay-topics", help=argparse.SUPPRESS)  # instances,feedback,decisions
     parser.add_argument("--in-memory", action="store_true",
                         help="only time the loop on the in-memory transport (no broker), with "
                              "one BLAS thread and with the library's default")
     args = parser.parse_args(argv)
+    if args.serve_relay:
+        if not (args.bootstrap and args.relay_topics):
+            parser.error("--serve-relay needs --bootstrap and --relay-topics")
+        serve_relay(args.bootstrap, args.serve_relay, *args.relay_topics.split(","))
+        return 0
     if args.candidates < 0:
         parser.error(f"argument --candidates: expected an integer >= 0, got {args.candidates}")
     if args.candidates and args.in_memory:
@@ -552,7 +730,8 @@ def main(argv: list[str] | None = None) -> int:
         from kafka.record import util as record_util
 
         crc = "C (crc32c package)" if record_util.crc32c_c is not None else "pure Python"
-        print(f"broker {bootstrap}; {load.description}, 2 partitions; kafka-python CRC32C: {crc}")
+        print(f"broker {bootstrap}; {load.description}, 2 partitions; kafka-python CRC32C: {crc}; "
+              f"the latency runs' load and caller on {args.caller_client}")
         compare(bootstrap, load, args, work, configurations(args), unit)
     return 0
 

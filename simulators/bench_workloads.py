@@ -40,6 +40,14 @@ class Workload:
                         self.reward, self.serve_args)
 
 
+def decode_event(event: dict[str, Any]) -> np.ndarray:
+    """The bare relay's decode of one parsed instance or candidate request: its features
+    into numpy."""
+    if "candidates" in event:
+        return np.asarray([c["x"] for c in event["candidates"]], dtype=np.float64)
+    return _row(event["x"])
+
+
 def _row(x: Any) -> np.ndarray:
     """An instance's features as numpy: the dense row, or (sparse form) indices and values."""
     if isinstance(x, dict):
@@ -64,7 +72,7 @@ def fixed_actions(n: int, form: str, seed: int) -> Workload:
     return Workload(
         description=f"SynNonSep d=400 K=9, {form} JSON (~{len(values[0])} bytes/event)",
         keys=[f"e{i}".encode() for i in range(n)], values=values,
-        relay_decode=lambda event: _row(event["x"]),
+        relay_decode=decode_event,
         reward=lambda decision: float(decision["action"] == y[int(decision["id"][1:])]),
         serve_args=("--learner", "banditron", "--exploration", "fixed", "--gamma", "0.05"))
 
@@ -84,8 +92,7 @@ def candidate_sets(n: int, per_request: int, seed: int) -> Workload:
         description=(f"candidate requests of {per_request} candidates x {D_C} dense features "
                      f"(~{len(values[0]) // 1000} KB/request)"),
         keys=keys, values=values,
-        relay_decode=lambda event: np.asarray([c["x"] for c in event["candidates"]],
-                                              dtype=np.float64),
+        relay_decode=decode_event,
         reward=lambda decision: float(decision["candidates"][0]["id"] == best[decision["id"]]),
         serve_args=("--candidates-enabled", "true", "--candidates-shared-features", "0",
                     "--candidates-candidate-features", str(D_C),
