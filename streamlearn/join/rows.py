@@ -1,7 +1,8 @@
 """Feature rows stored by slot, for decisions that wait for feedback.
 
 Dense rows live in one ``(slots, d)`` matrix over the first slots (at most
-``DENSE_MAX_BYTES``); sparse rows, and dense rows put in slots beyond that
+``DENSE_MAX_BYTES``, or ``FULL_ROWS_MAX_BYTES`` for rows with at least half their
+entries nonzero); sparse rows, and dense rows put in slots beyond that
 matrix, live in one append-only *arena* of indices and values, each slot
 pointing at its ``(start, length)``. Putting and taking a batch are a handful of numpy calls
 whatever its size (segment gathers, no per-row Python); the arena is compacted
@@ -35,6 +36,13 @@ __all__ = ["RowStore", "segment_gather"]
 # development machine, and growing to 32 MB cost 0.2-0.4 s on the hot path.)
 DENSE_MAX_BYTES = 32 << 20
 
+# A dense row with at least half its entries nonzero takes more memory in the arena (an
+# index and a value per entry, 16 bytes) than in the matrix (8 bytes per feature): for such
+# rows the matrix reaches this far (address space again: only the rows written are backed).
+# Under a backlog of 30,000 pending 400-feature rows, putting them in the arena and
+# compacting it cost ~20 % of the daemon's step (docs/performance.md, 2026-12-05).
+FULL_ROWS_MAX_BYTES = 512 << 20
+
 
 def segment_gather(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(indptr, positions): the CSR row pointer and source positions of the segments, in order."""
@@ -65,9 +73,24 @@ class RowStore:
         return max(1024, DENSE_MAX_BYTES // (8 * self.n_features))
 
     @property
+    def full_rows_limit(self) -> int:
+        """Rows of the dense matrix for rows mostly nonzero (see ``FULL_ROWS_MAX_BYTES``)."""
+        return max(self.dense_limit, FULL_ROWS_MAX_BYTES // (8 * self.n_features))
+
+    @property
     def dense_rows(self) -> int:
-        """Slots below this may hold a dense row."""
+        """Slots below this hold a dense row in the matrix, whatever its zeros."""
         return min(self.capacity, self.dense_limit)
+
+    def _in_matrix(self, slots: np.ndarray, X: np.ndarray) -> np.ndarray:
+        """Which rows of the dense batch ``X`` go to the matrix (the others to the arena)."""
+        inside = slots < self.dense_rows
+        if inside.all():
+            return inside
+        full = slots < min(self.capacity, self.full_rows_limit)
+        if full.any():
+            full &= 2 * np.count_nonzero(X, axis=1) >= self.n_features
+        return inside | full
 
     def grow(self, capacity: int) -> None:
         extra = capacity - self.capacity
@@ -78,15 +101,16 @@ class RowStore:
 
     def put(self, slots: np.ndarray, X: Batch) -> None:
         if not isinstance(X, SparseBatch):
-            beyond = slots >= self.dense_rows
-            if beyond.any():  # slots past the dense matrix: their rows go to the arena
-                inside = np.flatnonzero(~beyond)
+            X = np.asarray(X)
+            in_matrix = self._in_matrix(slots, X)
+            if not in_matrix.all():  # rows past the matrix (or mostly zero past its first part)
+                inside = np.flatnonzero(in_matrix)
                 if len(inside):
                     self.put(slots[inside], X[inside])
-                X, slots = as_sparse(np.asarray(X[beyond])), slots[beyond]
+                X, slots = as_sparse(X[~in_matrix]), slots[~in_matrix]
             else:
                 if self.dense is None:  # free rows are never read; see DENSE_MAX_BYTES
-                    self.dense = np.empty((self.dense_limit, self.n_features))
+                    self.dense = np.empty((self.full_rows_limit, self.n_features))
                 self.dense[slots] = X
                 self.is_sparse[slots] = False
                 self.length[slots] = 0

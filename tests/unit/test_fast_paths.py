@@ -6,6 +6,8 @@ here from its definition, on random (hypothesis) inputs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from unittest.mock import patch
 
 import numpy as np
@@ -151,13 +153,22 @@ def test_string_ids_hash_alike_on_the_few_ids_path_and_the_vectorised_one(string
             == vectorised[start:start + 7].tolist()
 
 
+@contextmanager
+def small_matrix(full_rows: int = 0, d: int = 1) -> Iterator[None]:
+    """A dense matrix of 1,024 rows for any row (and ``full_rows`` for rows at least half
+    nonzero, when more)."""
+    with patch.object(rows_module, "DENSE_MAX_BYTES", 0), \
+            patch.object(rows_module, "FULL_ROWS_MAX_BYTES", 8 * d * full_rows):
+        yield
+
+
 def filled_store(seed: int, n: int, d: int, density: float,
                  first: int) -> tuple[np.ndarray, RowStore, np.ndarray]:
     """``n`` rows of ``d`` features put at slots ``first`` on, shuffled, in a store whose dense
     matrix holds 1,024 rows (the slots past it keep their rows sparse)."""
     rng = np.random.default_rng(seed)
     X = rng.normal(size=(n, d)) * (rng.random((n, d)) < density)
-    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):  # the dense matrix: 1,024 rows
+    with small_matrix():
         store = RowStore(d)
         store.grow(4096)
         slots = first + rng.permutation(n)
@@ -172,7 +183,7 @@ def test_rows_put_dense_come_back_with_exactly_their_values(seed: int, n: int, d
                                                             density: float, first: int) -> None:
     """Also across the end of the dense matrix (the slots past it keep their rows sparse)."""
     X, store, slots = filled_store(seed, n, d, density, first)
-    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):
+    with small_matrix():
         got = store.take(slots)
         assert store.dense_rows == 1024
         assert np.array_equal(store.is_sparse[slots], slots >= store.dense_rows)
@@ -189,11 +200,34 @@ def test_the_dense_matrix_keeps_its_rows_when_it_grows() -> None:
     X = rng.normal(size=(4096, 3))
     store.put(np.arange(1024), X[:1024])
     matrix = store.dense
-    assert matrix is not None and len(matrix) == store.dense_limit
+    assert matrix is not None and len(matrix) == store.full_rows_limit
     store.grow(4096)
     store.put(np.arange(1024, 4096), X[1024:])
     assert store.dense is matrix and not store.is_sparse[:4096].any()
     assert np.array_equal(store.take(np.arange(4096)), X)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, n=st.integers(1, 60), d=st.integers(1, 30), density=st.floats(0.0, 1.0),
+       first=st.integers(0, 3000))
+def test_mostly_nonzero_rows_stay_in_the_matrix_past_its_first_part(
+        seed: int, n: int, d: int, density: float, first: int) -> None:
+    """Past the first 1,024 rows only rows with at least half their entries nonzero go to the
+    matrix (up to its full size, 2,048 rows here); the others, and every row past it, go to
+    the arena; all come back with exactly their values."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d)) * (rng.random((n, d)) < density)
+    slots = first + rng.permutation(n)
+    with small_matrix(full_rows=2048, d=d):
+        store = RowStore(d)
+        store.grow(4096)
+        store.put(slots, X)
+        got = store.take(slots)
+        assert store.full_rows_limit == 2048
+    full = 2 * np.count_nonzero(X, axis=1) >= d
+    in_matrix = (slots < 1024) | ((slots < 2048) & full)
+    assert np.array_equal(store.is_sparse[slots], ~in_matrix)
+    assert np.array_equal(got.to_dense() if isinstance(got, SparseBatch) else got, X)
 
 
 def test_a_learner_with_its_own_distribution_still_gets_checked_rows() -> None:
@@ -327,7 +361,7 @@ def test_exported_rows_import_in_the_saved_order(seed: int, n: int, d: int, dens
     """Rows exported in slot order (the dense rows first: imported without a reorder) or in any
     order (dense and sparse interleaved: reordered) come back as they were put."""
     X, store, slots = filled_store(seed, n, d, density, first)
-    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):
+    with small_matrix():
         order = np.sort(slots) if in_slot_order else slots
         back = RowStore.imported(store.export(order), d)
     want = X[np.argsort(slots)] if in_slot_order else X

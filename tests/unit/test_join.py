@@ -305,7 +305,8 @@ def test_pending_rows_past_the_dense_matrix_survive_a_checkpoint_exactly() -> No
     n, d = 1500, 6
     rng = np.random.default_rng(3)
     X = rng.normal(size=(n, d)) * (rng.random((n, d)) < 0.6)
-    with patch.object(rows_module, "DENSE_MAX_BYTES", 0):  # a dense matrix of 1,024 rows
+    with patch.object(rows_module, "DENSE_MAX_BYTES", 0), \
+            patch.object(rows_module, "FULL_ROWS_MAX_BYTES", 0):  # a dense matrix of 1,024 rows
         p = PendingJoins(K, d, JoinSettings(max_pending=10_000))
         ids = [f"e{i}" for i in range(n)]
         p.add_decisions(ids, X, np.zeros(n, np.int64), np.full((n, K), 1.0 / K),
