@@ -129,7 +129,8 @@ def import_vw() -> ModuleType | None:
         from vowpalwabbit import pyvw
     except ImportError:
         return None
-    return pyvw
+    module: ModuleType = pyvw  # the package has no type information
+    return module
 
 
 def vw_lines(X: Batch, y: np.ndarray) -> list[str]:

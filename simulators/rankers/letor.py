@@ -88,7 +88,8 @@ class PointwiseLogistic(Ranker):
         self.coef_ = beta
 
     def _score(self, X: np.ndarray) -> np.ndarray:
-        return X @ self.coef_[:-1] + self.coef_[-1]
+        scores: np.ndarray = X @ self.coef_[:-1] + self.coef_[-1]
+        return scores
 
 
 def _report(name: str, fold: int, data: dict[str, LetorData], test_scores: np.ndarray,
