@@ -38,10 +38,11 @@ DENSE_MAX_BYTES = 32 << 20
 
 # A dense row with at least half its entries nonzero takes more memory in the arena (an
 # index and a value per entry, 16 bytes) than in the matrix (8 bytes per feature): for such
-# rows the matrix reaches this far (address space again: only the rows written are backed).
-# Under a backlog of 30,000 pending 400-feature rows, putting them in the arena and
-# compacting it cost ~20 % of the daemon's step (docs/performance.md, 2026-12-05).
-FULL_ROWS_MAX_BYTES = 512 << 20
+# rows the matrix reaches this far (address space again: only the rows written are backed;
+# 80,000 pending rows of 400 features). Under a backlog of 30,000 such rows the arena's puts
+# and compactions held 19 % of py-spy's samples of the daemon's step; a store alone took
+# 5.4 µs per row put, 0.64 µs with the rows in the matrix (docs/performance.md, 2026-12-05).
+FULL_ROWS_MAX_BYTES = 256 << 20
 
 
 def segment_gather(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
