@@ -8,11 +8,18 @@ import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from streamlearn.errors import TransportError
 from streamlearn.transport import kafka_logs
-from streamlearn.transport.protocol import ClientTuning, Message, Offsets, check_offsets
+from streamlearn.transport.protocol import (
+    VECTOR_HASH_MIN_KEYS,
+    ClientTuning,
+    Message,
+    Offsets,
+    check_offsets,
+    partitions_for_keys,
+)
 
 if TYPE_CHECKING:
     from streamlearn.transport.kafka_shared import SharedKafkaClients
@@ -386,13 +393,20 @@ class KafkaTransport:
 
         self._check_open()
         send = self._producer.send
+        partitions: list[int | None] = [None] * len(keys)
+        if len(keys) >= VECTOR_HASH_MIN_KEYS and all(key is not None for key in keys):
+            # kafka-python's partitioner hashes each key in Python; the same murmur2 partition
+            # for the whole batch at once (its partition count as the partitioner reads it)
+            try:
+                known = self._producer.partitions_for(topic)
+            except KafkaError as exc:
+                raise _not_queued(topic, exc, 0) from exc
+            partitions = partitions_for_keys(cast(Sequence[bytes], keys), len(known)).tolist()
         for n, (key, value) in enumerate(zip(keys, values, strict=True)):
             try:
-                future = send(topic, value=value, key=key)
+                future = send(topic, value=value, key=key, partition=partitions[n])
             except KafkaError as exc:
-                error = TransportError(f"could not queue a message for {topic}: {exc!r}")
-                error.queued = n  # type: ignore[attr-defined]
-                raise error from exc
+                raise _not_queued(topic, exc, n) from exc
             self._pending.append(_Pending(topic, key, value, future))
             if len(self._pending) >= 50_000:
                 self._reap()
@@ -541,3 +555,10 @@ class KafkaTransport:
             self._consumer.close(autocommit=False)
         if hasattr(self, "_producer"):
             self._producer.close(timeout=timeout_s)
+
+
+def _not_queued(topic: str, exc: Exception, queued: int) -> TransportError:
+    """The error of a ``produce_many`` that queued only its first ``queued`` messages."""
+    error = TransportError(f"could not queue a message for {topic}: {exc!r}")
+    error.queued = queued  # type: ignore[attr-defined]
+    return error

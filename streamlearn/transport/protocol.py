@@ -27,13 +27,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 from kafka.partitioner.default import murmur2
 
 from streamlearn.errors import TransportError
 from streamlearn.events.raw import Message
 
 __all__ = ["ClientTuning", "Message", "Offsets", "Transport", "check_offsets",
-           "partition_for_key", "produce_each"]
+           "partition_for_key", "partitions_for_keys", "produce_each"]
 
 Offsets = dict[tuple[str, int], int]
 """Next offset to read per ``(topic, partition)``."""
@@ -144,6 +145,63 @@ def partition_for_key(key: bytes | None, n_partitions: int, counter: int = 0) ->
     if key is None:
         return counter % n_partitions
     return int((murmur2(key) & 0x7FFFFFFF) % n_partitions)
+
+
+#: Below this many keys of one length :func:`partitions_for_keys` hashes them one by one:
+#: the vectorised hash makes ~5 numpy calls per 4 bytes of key whatever the count.
+VECTOR_HASH_MIN_KEYS = 16
+
+
+def partitions_for_keys(keys: Sequence[bytes], n_partitions: int) -> np.ndarray:
+    """:func:`partition_for_key` of each key (none may be ``None``), vectorised over the keys
+    of each length (kafka-python's murmur2 is pure Python: 2.5 µs for an 8-byte key, 7.4 µs
+    for a 36-byte UUID on the development machine).
+
+    >>> keys = [b"user-42", b"e1", b"7f3a9c2e-1b4d-4c8e-9a2f-3e5d7c9b1a4f"] * 10
+    >>> partitions_for_keys(keys, 6).tolist() == [partition_for_key(k, 6) for k in keys]
+    True
+    """
+    if len(keys) < VECTOR_HASH_MIN_KEYS:
+        return np.array([(murmur2(k) & 0x7FFFFFFF) % n_partitions for k in keys], dtype=np.int64)
+    out = np.empty(len(keys), dtype=np.int64)
+    lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    for length in np.unique(lengths).tolist():
+        rows = np.flatnonzero(lengths == length).tolist()
+        if len(rows) < VECTOR_HASH_MIN_KEYS:
+            out[rows] = [(murmur2(keys[i]) & 0x7FFFFFFF) % n_partitions for i in rows]
+            continue
+        data = np.frombuffer(b"".join([keys[i] for i in rows]), dtype=np.uint8)
+        hashed = _murmur2_rows(data.reshape(len(rows), length))
+        out[rows] = (hashed & np.uint32(0x7FFFFFFF)) % n_partitions
+    return out
+
+
+def _murmur2_rows(data: np.ndarray) -> np.ndarray:
+    """Kafka's murmur2 (``org.apache.kafka.common.utils.Utils.murmur2``) of each row of the
+    ``(n, length)`` uint8 array, as uint32; uint32 products wrap modulo 2**32 as Java's ints do."""
+    n, length = data.shape
+    m = np.uint32(0x5BD1E995)
+    h = np.full(n, (0x9747B28C ^ length) & 0xFFFFFFFF, dtype=np.uint32)
+    words = np.ascontiguousarray(data[:, :length & ~3]).view("<u4")  # little-endian blocks
+    for i in range(length // 4):
+        k = words[:, i] * m
+        k ^= k >> np.uint32(24)
+        k *= m
+        h *= m
+        h ^= k
+    tail = length & ~3
+    extra = length % 4
+    if extra >= 3:
+        h ^= data[:, tail + 2].astype(np.uint32) << np.uint32(16)
+    if extra >= 2:
+        h ^= data[:, tail + 1].astype(np.uint32) << np.uint32(8)
+    if extra >= 1:
+        h ^= data[:, tail].astype(np.uint32)
+        h *= m
+    h ^= h >> np.uint32(13)
+    h *= m
+    h ^= h >> np.uint32(15)
+    return h
 
 
 def check_offsets(

@@ -16,7 +16,12 @@ from streamlearn.errors import TransportError
 from streamlearn.transport.confluent import ConfluentTransport
 from streamlearn.transport.kafka import FETCH_MAX_WAIT_MS, KafkaTransport, ensure_topics
 from streamlearn.transport.kafka_clients import CLIENTS, shared_clients_class, transport_class
-from streamlearn.transport.protocol import Message, Transport
+from streamlearn.transport.protocol import (
+    VECTOR_HASH_MIN_KEYS,
+    Message,
+    Transport,
+    partition_for_key,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -285,6 +290,25 @@ def test_poll_returns_as_soon_as_input_is_there(make_transport: Factory) -> None
         got.extend(t.poll(500, 5.0))
     assert len(got) == 3
     assert time.monotonic() - started < 4.0
+
+
+def test_a_batch_of_keyed_messages_lands_on_each_keys_partition(
+        make_transport: Factory, kafka_bootstrap: str) -> None:
+    """``produce_many`` of small and large batches (kafka-python: the partitions of a large
+    one hashed at once by the transport) puts each message on Kafka's murmur2 partition of
+    its key, as the Java client would, with keys of several lengths."""
+    from daemon_harness import read_all
+
+    t = make_transport(group_id="keys")
+    keys = [f"{uuid.uuid4()}"[:n].encode()  # enough of each length to be hashed at once
+            for n in (*range(1, 10), 36) for _ in range(2 * VECTOR_HASH_MIN_KEYS)]
+    for batch in (keys[:VECTOR_HASH_MIN_KEYS - 1], keys):
+        t.produce_many(t.decisions_topic, batch, [b"v"] * len(batch))
+    t.flush(30.0)
+    records = read_all(kafka_bootstrap, t.decisions_topic)
+    assert len(records) == VECTOR_HASH_MIN_KEYS - 1 + len(keys)
+    assert [(r.key, r.partition) for r in records if r.partition
+            != partition_for_key(r.key, PARTITIONS)] == []
 
 
 @pytest.mark.parametrize("client", ["confluent"])

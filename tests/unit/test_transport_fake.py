@@ -6,11 +6,18 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamlearn.errors import TransportError
 from streamlearn.transport.kafka import _split_options
 from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
-from streamlearn.transport.protocol import Transport, partition_for_key
+from streamlearn.transport.protocol import (
+    VECTOR_HASH_MIN_KEYS,
+    Transport,
+    partition_for_key,
+    partitions_for_keys,
+)
 
 
 def drain(transport: InMemoryTransport, max_records: int = 1000) -> list:
@@ -38,6 +45,20 @@ def test_implements_the_protocol() -> None:
 def test_partition_for_key_matches_the_java_client(key: bytes, java_murmur2: int) -> None:
     for n in (1, 3, 8, 13):
         assert partition_for_key(key, n) == (java_murmur2 & 0x7FFFFFFF) % n
+        many = [key] * VECTOR_HASH_MIN_KEYS  # hashed at once
+        assert partitions_for_keys(many, n).tolist() == [(java_murmur2 & 0x7FFFFFFF) % n] * len(many)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.binary(max_size=40), max_size=3 * VECTOR_HASH_MIN_KEYS),
+       same_length=st.integers(0, 12), repeats=st.integers(0, 2 * VECTOR_HASH_MIN_KEYS),
+       n=st.integers(1, 64))
+def test_partitions_of_a_batch_are_each_keys_partition(keys: list[bytes], same_length: int,
+                                                       repeats: int, n: int) -> None:
+    """Vectorised over the keys of one length (when there are enough of them) or one by one:
+    always :func:`partition_for_key` of each key, in order."""
+    keys = keys + [bytes([i % 256]) * same_length for i in range(repeats)]
+    assert partitions_for_keys(keys, n).tolist() == [partition_for_key(k, n) for k in keys]
 
 
 def test_same_key_lands_in_the_same_partition_of_both_topics() -> None:
