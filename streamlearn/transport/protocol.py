@@ -162,13 +162,13 @@ def partitions_for_keys(keys: Sequence[bytes], n_partitions: int) -> np.ndarray:
     True
     """
     if len(keys) < VECTOR_HASH_MIN_KEYS:
-        return np.array([(murmur2(k) & 0x7FFFFFFF) % n_partitions for k in keys], dtype=np.int64)
+        return np.array([partition_for_key(k, n_partitions) for k in keys], dtype=np.int64)
     out = np.empty(len(keys), dtype=np.int64)
     lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
     for length in np.unique(lengths).tolist():
         rows = np.flatnonzero(lengths == length).tolist()
         if len(rows) < VECTOR_HASH_MIN_KEYS:
-            out[rows] = [(murmur2(keys[i]) & 0x7FFFFFFF) % n_partitions for i in rows]
+            out[rows] = [partition_for_key(keys[i], n_partitions) for i in rows]
             continue
         data = np.frombuffer(b"".join([keys[i] for i in rows]), dtype=np.uint8)
         hashed = _murmur2_rows(data.reshape(len(rows), length))
