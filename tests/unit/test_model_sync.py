@@ -367,3 +367,24 @@ def test_a_change_one_replica_detects_restarts_the_groups_estimate() -> None:
         assert pooled.exploit_error() == pytest.approx(restarted.exploit_error()), i
         assert pooled.exploit_error() > 0.5  # not the 0 the first replica alone had
         assert served[i][i].learner.drift_detections_ == restarted.drift_detections_
+
+
+def test_a_fenced_librdkafka_merger_closes_without_raising() -> None:
+    """A merger fenced by a newer one is dropped; librdkafka then refuses even a flush of the
+    fatal producer (KafkaException _FENCED): closing it must not end the replica."""
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from streamlearn.sync.link_clients import _ConfluentMerger
+
+    fenced = confluent_kafka.KafkaError(confluent_kafka.KafkaError._FENCED, "fenced", fatal=True)
+    calls: list[str] = []
+
+    class FencedProducer:
+        def purge(self) -> None:
+            calls.append("purge")
+
+        def flush(self, timeout: float) -> int:
+            calls.append("flush")
+            raise confluent_kafka.KafkaException(fenced)
+
+    _ConfluentMerger(FencedProducer(), "models").close()
+    assert calls == ["purge", "flush"]
