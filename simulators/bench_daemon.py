@@ -226,6 +226,11 @@ def serve(bootstrap: str, topics: dict[str, str], ckpt: Path, mode: tuple[str, .
             "--topics-decisions", topics["decisions"],
             "--topics-dead-letter", topics["dead_letter"], "--checkpoint-dir", str(ckpt),
             "--metrics-port", "-1", "--progress-seconds", "0", *mode, *extra]
+    return quiet_process(args, tree)
+
+
+def quiet_process(args: list[str], tree: Path) -> subprocess.Popen[bytes]:
+    """``args`` run from the checkout ``tree`` (first on the import path), output discarded."""
     path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen(args, cwd=tree, env={**os.environ, "PYTHONPATH": path},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -360,9 +365,7 @@ def relay_process(bootstrap: str, topics: dict[str, str], client: str) -> subpro
     args = [sys.executable, "-m", "simulators.bench_daemon", "--bootstrap", bootstrap,
             "--serve-relay", client, "--relay-topics",
             ",".join(topics[k] for k in ("instances", "feedback", "decisions"))]
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONPATH": path},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return quiet_process(args, REPO)
 
 
 def serve_relay(bootstrap: str, client: str, instances: str, feedback: str,
