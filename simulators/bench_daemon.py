@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import os
 import shlex
 import signal
@@ -172,6 +173,13 @@ class Caller:
             self._producer.close()
         else:
             self._producer.flush()
+
+
+def default_caller_client() -> str:
+    """The bench caller's client when none is asked for: librdkafka when installed. The
+    caller is not what is measured, and on a 2-core machine kafka-python's took ~0.6 of a core
+    at 2,000 events/s beside the daemon and the broker (docs/performance.md)."""
+    return "confluent" if importlib.util.find_spec("confluent_kafka") is not None else "kafka-python"
 
 
 def caller_reader(bootstrap: str, client: str, topic: str
@@ -571,12 +579,12 @@ def configurations(args: argparse.Namespace) -> dict[str, tuple[str, ...]]:
     then the ``--compare-with`` checkout's."""
     configs: dict[str, tuple[str, ...]] = {
         client: ("--kafka-client", client) for client in args.kafka_client.split(",")}
-    for variant in args.variant:
+    first = next(iter(configs.values()))
+    for variant in args.variant:  # on the first client unless its options name another
         label, _, options = variant.partition("=")
-        configs[label] = tuple(shlex.split(options))
+        configs[label] = (*first, *shlex.split(options))
     if args.compare_with:  # the first client's daemon, run from the other checkout
-        configs[f"at {args.compare_with}"] = (f"{TREE_MARK}{args.compare_with}",
-                                              *next(iter(configs.values())))
+        configs[f"at {args.compare_with}"] = (f"{TREE_MARK}{args.compare_with}", *first)
     return configs
 
 
@@ -682,14 +690,16 @@ def main(argv: list[str] | None = None) -> int:
                              "in turn on the same backlog and at the same load (e.g. "
                              "kafka-python,confluent); with confluent the bare relay is run on "
                              "librdkafka too")
-    parser.add_argument("--caller-client", choices=("kafka-python", "confluent"),
-                        default="kafka-python",
+    parser.add_argument("--caller-client", choices=("auto", "kafka-python", "confluent"),
+                        default="auto",
                         help="the Kafka client of the bench's own offered load and answering "
                              "caller in the latency runs (confluent: librdkafka, which leaves "
-                             "more of a small machine's cores to the daemon and the broker)")
+                             "more of a small machine's cores to the daemon and the broker; "
+                             "auto, the default: confluent when confluent-kafka is installed)")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=OPTIONS",
                         help="one more daemon to compare, with these serve options (e.g. "
-                             "'linger0=--kafka-linger-seconds 0'); repeatable")
+                             "'linger0=--kafka-linger-seconds 0'), on the first --kafka-client "
+                             "unless the options name another; repeatable")
     parser.add_argument("--compare-with", metavar="DIR",
                         help="one more daemon: the first --kafka-client's, run from this "
                              "checkout (e.g. an older commit), in turn with the others")
@@ -704,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only time the loop on the in-memory transport (no broker), with "
                              "one BLAS thread and with the library's default")
     args = parser.parse_args(argv)
+    if args.caller_client == "auto":
+        args.caller_client = default_caller_client()
     if args.serve_relay:
         if not (args.bootstrap and args.relay_topics):
             parser.error("--serve-relay needs --bootstrap and --relay-topics")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import logging
 import os
 import tomllib
@@ -65,13 +66,22 @@ __all__ = [
     "env_name",
     "field_specs",
     "flag_name",
+    "installed_kafka_client",
     "load_config",
 ]
 
 ENV_PREFIX = "STREAMLEARN_"
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-KAFKA_CLIENTS = ("kafka-python", "confluent")
+KAFKA_CLIENTS = ("auto", "kafka-python", "confluent")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI")
+
+
+def installed_kafka_client() -> str:
+    """What ``kafka.client = auto`` runs on: librdkafka (``confluent``) when confluent-kafka is
+    installed — twice kafka-python's events/s and a quarter of its latency at ordinary load on
+    the same machine (docs/performance.md) — else kafka-python, which installs wherever Python
+    does."""
+    return "confluent" if importlib.util.find_spec("confluent_kafka") is not None else "kafka-python"
 
 
 @dataclass(frozen=True)
@@ -94,9 +104,10 @@ class KafkaConfig:
                                 "lasts at least this long unless a poll filled a micro-batch "
                                 "(fuller batches: the CPU per event does not grow as replicas "
                                 "are added; adds at most this much latency)", ge=0)
-    client: str = spec("kafka-python", "client library of the data path: kafka-python (pure "
-                       "Python) or confluent (librdkafka: pip install 'streamlearn[confluent]'; "
-                       "docs/kafka.md)", choices=KAFKA_CLIENTS)
+    client: str = spec("auto", "client library of the data path: confluent (librdkafka: pip "
+                       "install 'streamlearn[confluent]'), kafka-python (pure Python), or auto: "
+                       "confluent when confluent-kafka is installed, else kafka-python "
+                       "(docs/kafka.md)", choices=KAFKA_CLIENTS)
     linger_seconds: float = spec(0.005, "the producer holds a batch of decisions this long "
                                  "before sending it (fewer, larger produce requests; adds up to "
                                  "this much before the caller can read a decision)", ge=0, le=1)
@@ -114,6 +125,11 @@ class KafkaConfig:
     ssl_cafile: Path | None = spec(None, "CA bundle (PEM) to verify the brokers", kind="file")  # noqa: RUF009
     ssl_certfile: Path | None = spec(None, "client certificate (PEM)", kind="file")  # noqa: RUF009
     ssl_keyfile: Path | None = spec(None, "client private key (PEM)", kind="file")  # noqa: RUF009
+
+    def __post_init__(self) -> None:
+        # ``auto`` is settled here, once: everything downstream sees the library it runs on
+        if self.client == "auto":
+            object.__setattr__(self, "client", installed_kafka_client())
 
     def tuning(self) -> ClientTuning:
         """The latency / throughput settings of the transport's clients."""

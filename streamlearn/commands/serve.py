@@ -684,7 +684,7 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
             stopping.set()
 
         mode = ("embedded simulator (" + config.embedded.dataset + ")" if config.embedded_mode
-                else f"Kafka {config.kafka.bootstrap}")
+                else f"Kafka {config.kafka.bootstrap}{_client_note(config)}")
         print(f"streamlearn serve: {type(daemon.learner).__name__} ({shape}) on "
               f"{mode}; checkpoints: {config.checkpoint.dir or 'off'}{_changelog_note(config)}",
               file=out, flush=True)
@@ -749,6 +749,15 @@ def _add_process_metrics(registry: CollectorRegistry) -> None:
         ProcessCollector(registry=registry)
 
 
+def _client_note(config: Config) -> str:
+    """The client library the Kafka transport runs on, and why when it was not asked for."""
+    library = {"confluent": "librdkafka", "kafka-python": "kafka-python"}[config.kafka.client]
+    chosen = ("" if "kafka.client" in config.origins else
+              ", the default: confluent-kafka is installed" if config.kafka.client == "confluent"
+              else ", the default: confluent-kafka is not installed")
+    return f" via {library}{chosen}"
+
+
 def _serve_group(config: Config, max_events: int | None, progress_s: float,
                  registry: CollectorRegistry, observer: PrometheusObserver, out: Any) -> int:
     """One replica of a consumer group (kafka.membership = group)."""
@@ -757,7 +766,8 @@ def _serve_group(config: Config, max_events: int | None, progress_s: float,
     with ExitStack() as stack:
         replica = build_replica(config, observer)
         print(f"streamlearn serve: replica of group {config.kafka.group_id!r} on Kafka "
-              f"{config.kafka.bootstrap} (learner {config.learner.name}); partition state in "
+              f"{config.kafka.bootstrap}{_client_note(config)} (learner {config.learner.name}); "
+              "partition state in "
               f"{config.checkpoint.dir}/partition-<p>{_changelog_note(config)}", file=out,
               flush=True)
         if config.metrics.port >= 0:

@@ -323,3 +323,17 @@ def test_bench_help_lists_the_systems() -> None:
     text = "".join(sub.choices["bench"].format_help().split())  # type: ignore[attr-defined]
     for name in SYSTEMS:
         assert name in text, name
+
+
+def test_small_batch_bench_times_the_three_layers_on_the_same_weights(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The replay, the learner alone and the bare loop end with the same weights at batch 1
+    (the script exits 1 otherwise), and each batch size gets one line with its ratios."""
+    from simulators.bench_small_batches import main as small_batches
+
+    assert small_batches(["--dataset", "synnonsep", "--rounds", "600", "--batch-sizes", "1,4",
+                          "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("synnonsep: 600 rounds")
+    assert [line.split(":")[0] for line in lines[1:]] == ["batch 1", "batch 4"]
+    assert all("replay ÷ loop" in line for line in lines[1:])

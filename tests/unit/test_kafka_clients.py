@@ -24,9 +24,36 @@ def test_the_client_and_its_settings_come_from_file_env_and_flags() -> None:
     assert cfg.kafka.client == "confluent"
     assert cfg.kafka.tuning() == ClientTuning(linger_s=0.002, fetch_wait_s=0.05,
                                               fetch_min_bytes=4096)
-    assert load_config(environ={}).kafka.client == "kafka-python"  # the default
     with pytest.raises(ConfigError, match=r"kafka\.client"):
         load_config(environ={"STREAMLEARN_KAFKA_CLIENT": "librdkafka"})
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_default_client_is_librdkafka_when_it_is_installed(
+        monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    """``kafka.client = auto`` (the default) is settled when the configuration is built: the
+    transport, the group membership and the models link all see the library itself."""
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        if name == "confluent_kafka":
+            return real("orjson") if installed else None  # any spec stands for "installed"
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    expected = "confluent" if installed else "kafka-python"
+    assert load_config(environ={}).kafka.client == expected
+    assert load_config(cli={"kafka.client": "auto"}).kafka.client == expected
+    assert load_config(environ={"STREAMLEARN_KAFKA_CLIENT": "kafka-python"}).kafka.client == \
+        "kafka-python"  # a client asked for is kept
+    # serve's first line names the library, and says why when none was asked for
+    from streamlearn.commands.serve import _client_note
+
+    library = "librdkafka" if installed else "kafka-python"
+    assert _client_note(load_config(environ={})) == (
+        f" via {library}, the default: confluent-kafka is {'' if installed else 'not '}installed")
+    assert _client_note(load_config(environ={"STREAMLEARN_KAFKA_CLIENT": "kafka-python"})) == \
+        " via kafka-python"
 
 
 def test_default_tuning_is_the_one_kafka_python_had() -> None:
