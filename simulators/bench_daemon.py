@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import os
 import shlex
 import signal
@@ -65,6 +64,7 @@ import numpy as np
 import orjson
 
 from simulators.bench_workloads import Workload, candidate_sets, decode_event, fixed_actions
+from streamlearn.config import installed_kafka_client
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_SH = REPO / "deploy" / "kafka" / "kafka.sh"
@@ -173,13 +173,6 @@ class Caller:
             self._producer.close()
         else:
             self._producer.flush()
-
-
-def default_caller_client() -> str:
-    """The bench caller's client when none is asked for: librdkafka when installed. The
-    caller is not what is measured, and on a 2-core machine kafka-python's took ~0.6 of a core
-    at 2,000 events/s beside the daemon and the broker (docs/performance.md)."""
-    return "confluent" if importlib.util.find_spec("confluent_kafka") is not None else "kafka-python"
 
 
 def caller_reader(bootstrap: str, client: str, topic: str
@@ -714,8 +707,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="only time the loop on the in-memory transport (no broker), with "
                              "one BLAS thread and with the library's default")
     args = parser.parse_args(argv)
-    if args.caller_client == "auto":
-        args.caller_client = default_caller_client()
+    if args.caller_client == "auto":  # the caller is not what is measured: the lighter client
+        args.caller_client = installed_kafka_client()
     if args.serve_relay:
         if not (args.bootstrap and args.relay_topics):
             parser.error("--serve-relay needs --bootstrap and --relay-topics")
