@@ -218,7 +218,8 @@ def add_logging_arguments(group: Any) -> None:
 
 
 def configure_logging(level: str, library_level: str = "WARNING") -> None:
-    """streamlearn's loggers at ``level``; every other logger (kafka-python's) at ``library_level``.
+    """streamlearn's loggers at ``level``; the client libraries' (kafka-python's, and
+    librdkafka's lines, which come through ``streamlearn.librdkafka``) at ``library_level``.
 
     kafka-python logs ~70 INFO lines per start and one per reconnect attempt;
     they are noise unless a connection problem is being debugged.
@@ -227,6 +228,7 @@ def configure_logging(level: str, library_level: str = "WARNING") -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger().setLevel(library_level)
     logging.getLogger("streamlearn").setLevel(level)
+    logging.getLogger("streamlearn.librdkafka").setLevel(library_level)
 
 
 _MAX_SECONDS = 1e9  # ~32 years: beyond it a wait overflows the clock

@@ -222,18 +222,21 @@ def test_check_reachable_returns_once_a_server_listens() -> None:
 def test_library_loggers_are_quiet_by_default_ours_follow_log_level() -> None:
     from streamlearn.commands.serve import configure_logging
 
-    root = logging.getLogger()
-    saved = root.level, logging.getLogger("streamlearn").level
+    root, librdkafka = logging.getLogger(), logging.getLogger("streamlearn.librdkafka")
+    saved = root.level, logging.getLogger("streamlearn").level, librdkafka.level
     try:
         configure_logging("DEBUG")
         assert logging.getLogger("kafka.net.manager").getEffectiveLevel() == logging.WARNING
+        assert librdkafka.getEffectiveLevel() == logging.WARNING  # a library's lines
         assert logging.getLogger("streamlearn.daemon").getEffectiveLevel() == logging.DEBUG
         configure_logging("ERROR", "INFO")
         assert logging.getLogger("kafka.conn").getEffectiveLevel() == logging.INFO
+        assert librdkafka.getEffectiveLevel() == logging.INFO
         assert logging.getLogger("streamlearn.checkpoint").getEffectiveLevel() == logging.ERROR
     finally:
         root.setLevel(saved[0])
         logging.getLogger("streamlearn").setLevel(saved[1])
+        librdkafka.setLevel(saved[2])
 
 
 def test_embedded_candidate_dataset_serves_slates_in_candidate_mode() -> None:
