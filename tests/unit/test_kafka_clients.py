@@ -28,11 +28,8 @@ def test_the_client_and_its_settings_come_from_file_env_and_flags() -> None:
         load_config(environ={"STREAMLEARN_KAFKA_CLIENT": "librdkafka"})
 
 
-@pytest.mark.parametrize("installed", [True, False])
-def test_the_default_client_is_librdkafka_when_it_is_installed(
-        monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
-    """``kafka.client = auto`` (the default) is settled when the configuration is built: the
-    transport, the group membership and the models link all see the library itself."""
+def _pretend_confluent_installed(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    """``importlib.util.find_spec`` finds confluent-kafka, or not, whatever is installed."""
     real = importlib.util.find_spec
 
     def find_spec(name: str, *args: Any) -> Any:
@@ -41,6 +38,14 @@ def test_the_default_client_is_librdkafka_when_it_is_installed(
         return real(name, *args)
 
     monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_the_default_client_is_librdkafka_when_it_is_installed(
+        monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    """``kafka.client = auto`` (the default) is settled when the configuration is built: the
+    transport, the group membership and the models link all see the library itself."""
+    _pretend_confluent_installed(monkeypatch, installed)
     expected = "confluent" if installed else "kafka-python"
     assert load_config(environ={}).kafka.client == expected
     assert load_config(cli={"kafka.client": "auto"}).kafka.client == expected
@@ -72,12 +77,7 @@ def test_each_client_names_its_transport_and_shared_clients() -> None:
 
 
 def test_confluent_without_its_package_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = importlib.util.find_spec
-
-    def find_spec(name: str, *args: Any) -> Any:
-        return None if name == "confluent_kafka" else real(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    _pretend_confluent_installed(monkeypatch, False)
     with pytest.raises(ConfigError, match=r"pip install 'streamlearn\[confluent\]'"):
         kafka_clients.transport_class("confluent")
 
