@@ -77,8 +77,13 @@ def replica(bootstrap: str, topics: dict[str, str], group: str, name: str, state
     if changelog is not None:
         args += ["--checkpoint-changelog", "true", "--topics-changelog", changelog]
     with open(log, "ab") as out:
+        # a session of its own: a replica the test pauses (SIGSTOP) is then alone in its
+        # process group, which the kernel hangs up (SIGHUP) when a group it shares with
+        # others is orphaned while it is stopped (a test run started detached, as CI may be;
+        # one CI run saw a paused replica exit by SIGHUP)
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, "PYTHONPATH": str(REPO)})
+                                env={**os.environ, "PYTHONPATH": str(REPO)},
+                                start_new_session=True)
     STARTED.append(proc)  # killed after the test if it is still running (a failed test)
     return proc
 
