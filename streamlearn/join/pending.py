@@ -30,8 +30,12 @@ Time is event time per ``(stream, partition)`` and the join owns its clocks
 (:mod:`streamlearn.join.clock`): a decision expires by the clock of its
 partition's feedback stream, early feedback by the clock of its partition's
 instance stream; partitions the caller reports idle follow the wall clock, so
-expiry never stalls; event times beyond ``max_clock_skew_s`` in the future
-count as now + skew, so one wild timestamp cannot expire everything.
+expiry never stalls. Event times are believed only up to ``max_clock_skew_s``
+ahead of the wall clock (an instance's only up to half of ``early_window_s``
+too): a time beyond that (a producer with a wrong clock) moves no clock, and a
+feedback event's counts as the wall clock's time. One wild timestamp can then
+neither expire everything nor, after a restart, make the feedback re-read
+before its decision look overdue at once (it was dead-lettered as unknown).
 
 Storage is a struct of arrays indexed by slot, with ``slot_of[id]``; adding,
 joining, expiring and draining a batch are numpy operations plus one dict
@@ -120,7 +124,7 @@ class JoinSettings:
     default_reward: float = 0.0
     max_pending: int = 200_000
     max_early: int = 100_000
-    max_clock_skew_s: float = 60.0
+    max_clock_skew_s: float = 5.0
     reward_weights: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -268,10 +272,25 @@ class PendingJoins:
         """The newest time of any of the join's clocks."""
         return self.clocks.latest(wall)
 
-    def _skew_capped(self, ts: np.ndarray, wall: float) -> np.ndarray:
-        """Event times, those beyond ``max_clock_skew_s`` in the future counted as now + skew
-        (one wild timestamp cannot expire everything)."""
-        return np.minimum(np.asarray(ts, dtype=np.float64), wall + self.settings.max_clock_skew_s)
+    def _believed(self, ts: np.ndarray, wall: float, ahead_s: float
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """Event times as the join uses them, and as its clocks may see them (-inf: not at
+        all). A time more than ``ahead_s`` ahead of ``wall`` is not believed: the join counts
+        it as ``wall`` and no clock moves to it. Capping it at ``wall + ahead_s`` instead
+        moved the clock that far ahead, where (after a restart) it found the re-read feedback
+        overdue at once; in a backlog, far ahead of the backlog's own time."""
+        ts = np.asarray(ts, dtype=np.float64)
+        if not len(ts) or ts.max() <= wall + ahead_s:  # the normal case: one reduction
+            return ts, ts
+        wild = ts > wall + ahead_s
+        return np.where(wild, wall, ts), np.where(wild, -np.inf, ts)
+
+    @property
+    def _instance_ahead_s(self) -> float:
+        """How far ahead of the wall clock an instance's time is believed. Early feedback is
+        dropped once its partition's instance clock is ``early_window_s`` past it, so that
+        clock must never run as far ahead of the instances really read."""
+        return min(self.settings.max_clock_skew_s, self.settings.early_window_s / 2)
 
     # --------------------------------------------------------------- decisions
     def add_decisions(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
@@ -292,7 +311,7 @@ class PendingJoins:
         if B == 0:
             return
         self.clocks.observe("instances", partitions, decided_at if event_ts is None else
-                            self._skew_capped(event_ts, wall))
+                            self._believed(event_ts, wall, self._instance_ahead_s)[1])
         self.clocks.observe("feedback", partitions, decided_at, floor_only=True)
         overflow = len(self.slot_of) + B - self.settings.max_pending
         if overflow > 0:
@@ -341,14 +360,15 @@ class PendingJoins:
         answers at once): with the ``earliest`` policy and the feedback inside the window
         they join on arrival — the same outcome as :meth:`add_decisions` followed by
         :meth:`add_feedback`, without storing them. Otherwise they take that path."""
-        feedback_ts = self._skew_capped(feedback_ts, wall)
+        given_ts = feedback_ts
+        feedback_ts, clock_ts = self._believed(feedback_ts, wall, self.settings.max_clock_skew_s)
         if self.settings.duplicate_policy != "earliest" or self.early or not (
                 feedback_ts < decided_at + self.settings.window_s).all():
             self.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
                                model_version, columns=columns)
-            self.add_feedback(ids, rewards, feedback_ts, partitions, wall)
+            self.add_feedback(ids, rewards, given_ts, partitions, wall)
             return
-        self.clocks.observe_pair(partitions, decided_at, feedback_ts)
+        self.clocks.observe_pair(partitions, decided_at, clock_ts)
         B = len(ids)
         versions = _column(model_version, np.int64, B)
         self._joined_on_arrival.append(Closed(
@@ -389,9 +409,13 @@ class PendingJoins:
         if types is not None and self.settings.reward_weights:
             rewards = np.asarray(rewards, dtype=np.float64) * type_weights(
                 types, self.settings.reward_weights)
-        ts = self._skew_capped(ts, wall)
-        self.clocks.observe("feedback", partitions, ts)
-        self.clocks.observe("instances", partitions, ts, floor_only=True)
+        given_ts = ts
+        ts, clock_ts = self._believed(given_ts, wall, self.settings.max_clock_skew_s)
+        self.clocks.observe("feedback", partitions, clock_ts)
+        self.clocks.observe("instances", partitions, clock_ts if self.settings.max_clock_skew_s
+                            <= self._instance_ahead_s else
+                            self._believed(given_ts, wall, self._instance_ahead_s)[1],
+                            floor_only=True)
         if n == 0:
             return np.zeros(0, dtype=np.int8)
         if len(set(ids)) < n:  # the same id twice in one batch (rare): one at a time, in order

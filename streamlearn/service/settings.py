@@ -134,8 +134,10 @@ class JoinConfig:
     max_early: int = spec(100_000, "bound on early feedback held for the backward window (each "
                           "held event counts, also a second one for the same id)", ge=0)
     max_clock_skew_seconds: float = spec(
-        60.0, "event times further than this in the future count as now + this (one wild "
-        "timestamp cannot expire every pending decision)", ge=0)
+        5.0, "event times further than this ahead of the wall clock (an instance's: or half "
+        "the backward window) are not believed: they move no join clock, and a feedback "
+        "event's counts as the time it was read (one wild timestamp cannot expire pending "
+        "decisions, or make a restart drop re-read feedback as unknown)", ge=0)
 
     def join_settings(self) -> JoinSettings:
         """The join's own settings (:class:`~streamlearn.join.pending.JoinSettings`)."""

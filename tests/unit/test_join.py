@@ -214,6 +214,47 @@ def test_a_decision_expires_by_the_feedback_clock_of_its_own_partition() -> None
     assert p.drain().ids == ["a"]
 
 
+def test_a_wild_feedback_time_joins_at_the_wall_clock_and_moves_no_clock() -> None:
+    p = store(max_clock_skew_s=5.0)
+    decide(p, ["a", "b"], t=100.0)
+    out = p.add_feedback(["a"], np.ones(1), np.array([1e300]), np.zeros(1, np.int64), wall=101.0)
+    assert out.tolist() == [JOINED]  # counted at the wall clock: inside a's window, not late
+    assert p.drain().delays.tolist() == [1.0]
+    assert p.clocks.now("feedback", wall=101.0) == {0: 100.0}  # b does not expire early
+    p.add_feedback(["b"], np.ones(1), np.array([104.0]), np.zeros(1, np.int64), wall=101.0)
+    assert p.clocks.now("feedback", wall=101.0) == {0: 104.0}  # within the skew: believed
+
+
+OFFSETS = st.one_of(st.floats(-50, 50), st.sampled_from([1e300, 1e9, 120.0, 30.0, 4.9, 5.1]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["decide", "feedback"]), st.integers(0, 1),
+                          st.floats(0, 10), OFFSETS), min_size=1, max_size=30),
+       st.sampled_from([0.5, 2.0, 10.0]))
+def test_no_event_time_moves_a_clock_past_what_is_believed(
+        ops: list[tuple[str, int, float, float]], skew: float) -> None:
+    """Whatever the timestamps, the feedback clock stays within ``max_clock_skew_s`` of the
+    wall clock, and the instance clock within half the backward window too (so after a
+    restart, feedback re-read before its decision is held, not found overdue)."""
+    early = 2.0
+    p = store(early_window_s=early, max_clock_skew_s=skew)
+    wall = 1000.0
+    for n, (kind, partition, step, offset) in enumerate(ops):
+        wall += step
+        parts = np.array([partition])
+        if kind == "decide":
+            p.add_decisions([f"d{n}"], np.ones((1, D)), np.zeros(1, np.int64),
+                            np.full((1, K), 1 / K), np.full(1, -1), np.full(1, wall), parts,
+                            wall=wall, event_ts=np.array([wall + offset]))
+        else:
+            p.add_feedback([f"d{n - 1}"], np.ones(1), np.array([wall + offset]), parts, wall=wall)
+        for part, now in p.clocks.now("feedback", wall).items():
+            assert now <= wall + skew, (part, now, wall)
+        for part, now in p.clocks.now("instances", wall).items():
+            assert now <= wall + min(skew, early / 2), (part, now, wall)
+
+
 def test_settings_are_validated() -> None:
     with pytest.raises(ConfigError, match="duplicate_policy"):
         JoinSettings(duplicate_policy="first")
