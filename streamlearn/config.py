@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib.util
 import logging
 import os
 import tomllib
@@ -44,7 +43,7 @@ from streamlearn.service.settings import (
     RetrainConfig,
     RolloutConfig,
 )
-from streamlearn.transport.protocol import ClientTuning
+from streamlearn.transport.protocol import ClientTuning, kafka_client_installed
 
 _log = logging.getLogger(__name__)
 
@@ -81,7 +80,7 @@ def installed_kafka_client() -> str:
     installed — twice kafka-python's events/s and a quarter of its latency at ordinary load on
     the same machine (docs/performance.md) — else kafka-python, which installs wherever Python
     does."""
-    return "confluent" if importlib.util.find_spec("confluent_kafka") is not None else "kafka-python"
+    return "confluent" if kafka_client_installed("confluent") else "kafka-python"
 
 
 @dataclass(frozen=True)
@@ -362,6 +361,8 @@ def load_config(
         sections[fs.section][fs.name] = values[-1] if values else fs.default
         if sources:
             origins[key] = sources[-1][1]
+    if sections["kafka"]["client"] == "auto":  # asked for by name, it is still the default's
+        origins.pop("kafka.client", None)  # choice, and `serve` says why it chose
     given = set(origins)
     _warn_near_misses(env)
     if "exploration.gamma" in given and "exploration.name" not in given:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 
 from streamlearn.errors import ConfigError
 from streamlearn.transport.confluent import ConfluentTransport, SharedConfluentClients
 from streamlearn.transport.kafka import KafkaTransport
 from streamlearn.transport.kafka_shared import SharedKafkaClients
+from streamlearn.transport.protocol import KAFKA_CLIENT_PACKAGES, kafka_client_installed
 
 __all__ = ["CLIENTS", "shared_clients_class", "transport_class"]
 
@@ -18,16 +19,21 @@ CLIENTS: dict[str, tuple[type[KafkaTransport] | type[ConfluentTransport],
     "confluent": (ConfluentTransport, SharedConfluentClients),
 }
 
-_PACKAGES = {"kafka-python": "kafka", "confluent": "confluent_kafka"}
-
-
 def _check(client: str) -> None:
     if client not in CLIENTS:
         raise ConfigError(f"kafka.client must be one of {', '.join(CLIENTS)}. Got {client!r}.")
-    if importlib.util.find_spec(_PACKAGES[client]) is None:
-        raise ConfigError(f"kafka.client = {client} needs the {_PACKAGES[client]} package, which "
+    package = KAFKA_CLIENT_PACKAGES[client]
+    if not kafka_client_installed(client):
+        raise ConfigError(f"kafka.client = {client} needs the {package} package, which "
                           "is not installed: pip install 'streamlearn[confluent]' "
                           "(or confluent-kafka)")
+    try:  # installed but broken (e.g. a wheel for another platform): say so, not a traceback
+        importlib.import_module(package)
+    except ImportError as exc:
+        raise ConfigError(f"kafka.client = {client} (the default when {package} is installed) "
+                          f"could not import {package}: {exc}. Reinstall it (pip install "
+                          f"--force-reinstall {package.replace('_', '-')}) or set kafka.client "
+                          f"= kafka-python.") from None
 
 
 def transport_class(client: str) -> type[KafkaTransport] | type[ConfluentTransport]:

@@ -23,6 +23,7 @@ Invariants shared by every implementation:
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -33,11 +34,21 @@ from kafka.partitioner.default import murmur2
 from streamlearn.errors import TransportError
 from streamlearn.events.raw import Message
 
-__all__ = ["ClientTuning", "Message", "Offsets", "Transport", "check_offsets",
-           "partition_for_key", "partitions_for_keys", "produce_each"]
+__all__ = ["KAFKA_CLIENT_PACKAGES", "ClientTuning", "Message", "Offsets", "Transport",
+           "check_offsets", "kafka_client_installed", "partition_for_key",
+           "partitions_for_keys", "produce_each"]
 
 Offsets = dict[tuple[str, int], int]
 """Next offset to read per ``(topic, partition)``."""
+
+#: ``kafka.client`` → the Python package of that client library.
+KAFKA_CLIENT_PACKAGES = {"kafka-python": "kafka", "confluent": "confluent_kafka"}
+
+
+def kafka_client_installed(client: str) -> bool:
+    """Whether the package of client library ``client`` is installed (found, not imported:
+    importing confluent-kafka takes ~60 ms, and only a Kafka transport needs it)."""
+    return importlib.util.find_spec(KAFKA_CLIENT_PACKAGES[client]) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,6 +57,8 @@ def test_the_default_client_is_librdkafka_when_it_is_installed(
     library = "librdkafka" if installed else "kafka-python"
     assert _client_note(load_config(environ={})) == (
         f" via {library}, the default: confluent-kafka is {'' if installed else 'not '}installed")
+    assert _client_note(load_config(cli={"kafka.client": "auto"})) == _client_note(
+        load_config(environ={}))  # auto asked for by name: still says why
     assert _client_note(load_config(environ={"STREAMLEARN_KAFKA_CLIENT": "kafka-python"})) == \
         " via kafka-python"
 
@@ -80,6 +82,25 @@ def test_confluent_without_its_package_is_one_clear_line(monkeypatch: pytest.Mon
     _pretend_confluent_installed(monkeypatch, False)
     with pytest.raises(ConfigError, match=r"pip install 'streamlearn\[confluent\]'"):
         kafka_clients.transport_class("confluent")
+
+
+def test_a_broken_confluent_install_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found but failing to import (e.g. a wheel for another platform), it is a ConfigError
+    saying what failed and what to do, not an ImportError traceback from the transport."""
+    import importlib
+
+    _pretend_confluent_installed(monkeypatch, True)
+    real = importlib.import_module
+
+    def import_module(name: str, *args: Any) -> Any:
+        if name == "confluent_kafka":
+            raise ImportError("librdkafka.so.1: cannot open shared object file")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    with pytest.raises(ConfigError, match=r"could not import confluent_kafka: librdkafka\.so\.1"
+                       r".*kafka\.client = kafka-python"):
+        kafka_clients.transport_class(load_config(environ={}).kafka.client)
 
 
 def test_security_options_are_translated_for_librdkafka() -> None:
