@@ -32,10 +32,12 @@ partition's feedback stream, early feedback by the clock of its partition's
 instance stream; partitions the caller reports idle follow the wall clock, so
 expiry never stalls. Event times are believed only up to ``max_clock_skew_s``
 ahead of the wall clock (an instance's only up to half of ``early_window_s``
-too): a time beyond that (a producer with a wrong clock) moves no clock, and a
-feedback event's counts as the wall clock's time. One wild timestamp can then
-neither expire everything nor, after a restart, make the feedback re-read
-before its decision look overdue at once (it was dead-lettered as unknown).
+too): a time beyond that (a producer with a wrong clock) counts as the newest
+believed time of its batch, or as the wall clock's when none is. One wild
+timestamp can then neither expire everything nor, after a restart, make the
+feedback re-read before its decision look overdue at once (it was
+dead-lettered as unknown); producers whose clocks all run ahead still move
+the clocks (with the wall clock), so expiry does not stall.
 
 Storage is a struct of arrays indexed by slot, with ``slot_of[id]``; adding,
 joining, expiring and draining a batch are numpy operations plus one dict
@@ -272,18 +274,19 @@ class PendingJoins:
         """The newest time of any of the join's clocks."""
         return self.clocks.latest(wall)
 
-    def _believed(self, ts: np.ndarray, wall: float, ahead_s: float
-                  ) -> tuple[np.ndarray, np.ndarray]:
-        """Event times as the join uses them, and as its clocks may see them (-inf: not at
-        all). A time more than ``ahead_s`` ahead of ``wall`` is not believed: the join counts
-        it as ``wall`` and no clock moves to it. Capping it at ``wall + ahead_s`` instead
-        moved the clock that far ahead, where (after a restart) it found the re-read feedback
-        overdue at once; in a backlog, far ahead of the backlog's own time."""
+    @staticmethod
+    def _believed(ts: np.ndarray, wall: float, ahead_s: float) -> np.ndarray:
+        """Event times as the join and its clocks use them: a time more than ``ahead_s``
+        ahead of ``wall`` is not believed and counts as the newest believed time of the
+        batch (in a backlog, the backlog's own time), or as ``wall`` when none is (live, the
+        time it was read). Capping it at ``wall + ahead_s`` instead moved its partition's
+        clock that far ahead, where after a restart it found the re-read feedback overdue
+        at once; in a backlog, far ahead of the backlog's own time."""
         ts = np.asarray(ts, dtype=np.float64)
         if not len(ts) or ts.max() <= wall + ahead_s:  # the normal case: one reduction
-            return ts, ts
+            return ts
         wild = ts > wall + ahead_s
-        return np.where(wild, wall, ts), np.where(wild, -np.inf, ts)
+        return np.where(wild, wall if wild.all() else ts[~wild].max(), ts)
 
     @property
     def _instance_ahead_s(self) -> float:
@@ -311,7 +314,7 @@ class PendingJoins:
         if B == 0:
             return
         self.clocks.observe("instances", partitions, decided_at if event_ts is None else
-                            self._believed(event_ts, wall, self._instance_ahead_s)[1])
+                            self._believed(event_ts, wall, self._instance_ahead_s))
         self.clocks.observe("feedback", partitions, decided_at, floor_only=True)
         overflow = len(self.slot_of) + B - self.settings.max_pending
         if overflow > 0:
@@ -361,14 +364,14 @@ class PendingJoins:
         they join on arrival — the same outcome as :meth:`add_decisions` followed by
         :meth:`add_feedback`, without storing them. Otherwise they take that path."""
         given_ts = feedback_ts
-        feedback_ts, clock_ts = self._believed(feedback_ts, wall, self.settings.max_clock_skew_s)
+        feedback_ts = self._believed(given_ts, wall, self.settings.max_clock_skew_s)
         if self.settings.duplicate_policy != "earliest" or self.early or not (
                 feedback_ts < decided_at + self.settings.window_s).all():
             self.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
                                model_version, columns=columns)
             self.add_feedback(ids, rewards, given_ts, partitions, wall)
             return
-        self.clocks.observe_pair(partitions, decided_at, clock_ts)
+        self.clocks.observe_pair(partitions, decided_at, feedback_ts)
         B = len(ids)
         versions = _column(model_version, np.int64, B)
         self._joined_on_arrival.append(Closed(
@@ -410,11 +413,11 @@ class PendingJoins:
             rewards = np.asarray(rewards, dtype=np.float64) * type_weights(
                 types, self.settings.reward_weights)
         given_ts = ts
-        ts, clock_ts = self._believed(given_ts, wall, self.settings.max_clock_skew_s)
-        self.clocks.observe("feedback", partitions, clock_ts)
-        self.clocks.observe("instances", partitions, clock_ts if self.settings.max_clock_skew_s
+        ts = self._believed(given_ts, wall, self.settings.max_clock_skew_s)
+        self.clocks.observe("feedback", partitions, ts)
+        self.clocks.observe("instances", partitions, ts if self.settings.max_clock_skew_s
                             <= self._instance_ahead_s else
-                            self._believed(given_ts, wall, self._instance_ahead_s)[1],
+                            self._believed(given_ts, wall, self._instance_ahead_s),
                             floor_only=True)
         if n == 0:
             return np.zeros(0, dtype=np.int8)

@@ -214,15 +214,37 @@ def test_a_decision_expires_by_the_feedback_clock_of_its_own_partition() -> None
     assert p.drain().ids == ["a"]
 
 
-def test_a_wild_feedback_time_joins_at_the_wall_clock_and_moves_no_clock() -> None:
+def test_a_wild_feedback_time_counts_as_its_batchs_newest_believed_one_or_the_wall() -> None:
     p = store(max_clock_skew_s=5.0)
-    decide(p, ["a", "b"], t=100.0)
+    decide(p, ["a", "b", "c"], t=100.0)
     out = p.add_feedback(["a"], np.ones(1), np.array([1e300]), np.zeros(1, np.int64), wall=101.0)
-    assert out.tolist() == [JOINED]  # counted at the wall clock: inside a's window, not late
+    assert out.tolist() == [JOINED]  # alone: counted at the wall clock, inside a's window
     assert p.drain().delays.tolist() == [1.0]
-    assert p.clocks.now("feedback", wall=101.0) == {0: 100.0}  # b does not expire early
-    p.add_feedback(["b"], np.ones(1), np.array([104.0]), np.zeros(1, np.int64), wall=101.0)
-    assert p.clocks.now("feedback", wall=101.0) == {0: 104.0}  # within the skew: believed
+    assert p.clocks.now("feedback", wall=101.0) == {0: 101.0}  # b does not expire early
+    out = p.add_feedback(["b", "c"], np.ones(2), np.array([2e9, 100.5]), np.zeros(2, np.int64),
+                         wall=150.0)  # a backlog read late: the batch's own time counts
+    assert out.tolist() == [JOINED, JOINED] and p.drain().delays.tolist() == [0.5, 0.5]
+    assert p.clocks.now("feedback", wall=150.0) == {0: 101.0}
+    decide(p, ["d"], t=150.0)
+    p.add_feedback(["d"], np.ones(1), np.array([154.0]), np.zeros(1, np.int64), wall=150.0)
+    assert p.clocks.now("feedback", wall=150.0) == {0: 154.0}  # within the skew: believed
+
+
+def test_producers_whose_clocks_all_run_ahead_do_not_stall_expiry() -> None:
+    """Every time 30 s ahead (beyond the 5 s believed): each counts as the wall clock's, so
+    the clocks still move and a decision without feedback expires on time, no idle needed."""
+    p = store(window_s=10.0, max_clock_skew_s=5.0)
+    p.add_decisions(["a"], np.ones((1, D)), np.zeros(1, np.int64), np.full((1, K), 1 / K),
+                    np.full(1, -1), np.full(1, 100.0), np.zeros(1, np.int64), wall=100.0,
+                    event_ts=np.array([130.0]))
+    for wall in np.arange(101.0, 111.0):
+        decide(p, [f"d{wall}"], t=wall)
+        p.add_feedback([f"d{wall}"], np.ones(1), np.array([wall + 30.0]), np.zeros(1, np.int64),
+                       wall=wall)
+        p.drain()
+        p.advance(wall=wall)
+    closed = p.drain()
+    assert closed.ids == ["a"] and closed.outcome.tolist() == [EXPIRED]
 
 
 OFFSETS = st.one_of(st.floats(-50, 50), st.sampled_from([1e300, 1e9, 120.0, 30.0, 4.9, 5.1]))
