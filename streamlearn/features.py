@@ -40,6 +40,7 @@ __all__ = [
     "hash_names",
     "hash_strings",
     "held_columns",
+    "held_columns_and_local",
     "row_norms",
     "row_starts",
     "scores",
@@ -147,7 +148,9 @@ class SparseBatch:
     def to_dense(self) -> np.ndarray:
         X = self.checked()  # a broken layout raises rather than writing somewhere
         out = np.zeros(X.shape, dtype=np.float64)
-        np.add.at(out, (X.row_ids(), X.indices), X.values)
+        # a checked batch holds each (row, column) once: an assignment, not np.add.at (~8×
+        # slower); + 0.0 stores a -0.0 as the sum onto a zero did
+        out[X.row_ids(), X.indices] = X.values + 0.0
         return out
 
     def take(self, rows: np.ndarray) -> SparseBatch:
@@ -264,11 +267,20 @@ DENSE_ENOUGH = 0.05  # sparse batches at least this dense are multiplied as dens
 
 
 def held_columns(X: SparseBatch) -> np.ndarray:
-    """The columns a sparse batch holds, sorted (as ``np.unique(X.indices)``), in O(d + nnz);
-    ``np.searchsorted(held, X.indices)`` numbers each entry's column among them."""
+    """The columns a sparse batch holds, sorted (as ``np.unique(X.indices)``), in O(d + nnz)."""
     present = np.zeros(X.n_features, dtype=bool)
     present[X.indices] = True
     return np.flatnonzero(present)
+
+
+def held_columns_and_local(X: SparseBatch) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`held_columns`, and each entry's column numbered among them (what
+    ``np.searchsorted(held, X.indices)`` gives, by a table lookup: 5–10× faster at a few
+    thousand entries)."""
+    held = held_columns(X)
+    number = np.empty(X.n_features, dtype=np.int64)  # only the held columns' slots are read
+    number[held] = np.arange(len(held))
+    return held, number[X.indices]
 
 
 def _as_dense_if_dense_enough(X: SparseBatch) -> np.ndarray | None:
@@ -288,7 +300,8 @@ def scores(W: np.ndarray, X: Batch) -> np.ndarray:
     if dense is not None:
         return np.asarray(dense @ W.T)
     B = X.shape[0]
-    contributions = W[:, X.indices] * X.values  # (K, nnz)
+    # take, not W[:, X.indices]: numpy's fancy indexing along the second axis is ~4× slower
+    contributions = W.take(X.indices, axis=1) * X.values  # (K, nnz)
     out = np.zeros((W.shape[0], B), dtype=np.float64)
     # segment sums over rows; bincount per action keeps empty rows at zero
     row_ids = X.row_ids()

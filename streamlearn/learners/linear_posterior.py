@@ -29,7 +29,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamlearn.features import Batch, SparseBatch, add_outer, held_columns, row_starts, scores
+from streamlearn.features import (
+    Batch,
+    SparseBatch,
+    add_outer,
+    held_columns,
+    held_columns_and_local,
+    row_starts,
+    scores,
+)
 from streamlearn.learners.base import Learner, check_float, check_int, mix_uniform
 from streamlearn.learners.exploration import Exploration, default_exploration
 from streamlearn.learners.oracle import RegressionOracle
@@ -114,12 +122,11 @@ class RidgePosterior:
         place and only in the columns the batch holds (and the intercept's): O(nnz + K), not
         O(K·d). A column the batch lacks keeps its A⁻¹ entry exactly (the dense route's
         1/(1/c) may move it by a rounding)."""
-        columns = held_columns(X)
-        local = np.searchsorted(columns, X.indices)
+        columns, local = held_columns_and_local(X)
         K, width = self.n_actions, len(columns)
         added = np.bincount(actions[X.row_ids()] * width + local, weights=X.values * X.values,
                             minlength=K * width).reshape(K, width)
-        self.cov_[:, columns] = 1.0 / (1.0 / self.cov_[:, columns] + added)
+        self.cov_[:, columns] = 1.0 / (1.0 / self.cov_.take(columns, axis=1) + added)
         self.cov_[:, -1] = 1.0 / (1.0 / self.cov_[:, -1] + np.bincount(actions, minlength=K))
 
     def columns_changed_by(self, X: Batch) -> np.ndarray | None:
@@ -276,10 +283,10 @@ class _RidgeLearner(Learner):
         if columns is None:
             return self._snapshot()
         p, o = self.posterior_, self.posterior_.oracle_
-        return {"columns": columns, "cov": p.cov_[:, columns], "cov_intercept": p.cov_[:, -1].copy(),
-                "weights": o.weights_[:, columns], "sq_grad": o.sq_grad_[:, columns],
-                "scale": o.scale_[columns], "intercept": o.intercept_.copy(),
-                "intercept_sq_grad": o.intercept_sq_grad_.copy(),
+        return {"columns": columns, "cov": p.cov_.take(columns, axis=1),
+                "cov_intercept": p.cov_[:, -1].copy(), "weights": o.weights_.take(columns, axis=1),
+                "sq_grad": o.sq_grad_.take(columns, axis=1), "scale": o.scale_[columns],
+                "intercept": o.intercept_.copy(), "intercept_sq_grad": o.intercept_sq_grad_.copy(),
                 "norm_totals": o.norm_totals_.copy(), "drift_seen": self.drift_seen_.copy()}
 
     def _state_finite_after(self, X: Batch) -> bool:
@@ -289,10 +296,12 @@ class _RidgeLearner(Learner):
         p, o = self.posterior_, self.posterior_.oracle_
         # A⁻¹'s diagonal stays in (0, 1/λ]: a 0 is an A that overflowed (an entry of 1e200
         # squared), finite but no longer a posterior — the row is skipped like a NaN one
-        return bool((p.cov_[:, columns] > 0.0).all() and (p.cov_[:, -1] > 0.0).all()) and all(
+        cov = p.cov_.take(columns, axis=1)
+        return bool((cov > 0.0).all() and (p.cov_[:, -1] > 0.0).all()) and all(
             bool(np.isfinite(a).all()) for a in (
-                p.cov_[:, columns], p.cov_[:, -1], o.weights_[:, columns], o.sq_grad_[:, columns],
-                o.scale_[columns], o.intercept_, o.intercept_sq_grad_, o.norm_totals_))
+                cov, p.cov_[:, -1], o.weights_.take(columns, axis=1),
+                o.sq_grad_.take(columns, axis=1), o.scale_[columns], o.intercept_,
+                o.intercept_sq_grad_, o.norm_totals_))
 
     # In full mode an update changes only A⁻¹, b, θ and drift_seen (the oracle is unused):
     # the guard around every update snapshots and checks those alone.

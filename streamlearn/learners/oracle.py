@@ -69,7 +69,14 @@ import math
 import numpy as np
 
 from streamlearn.errors import ConfigError
-from streamlearn.features import Batch, SparseBatch, held_columns, row_starts, scores, take_rows
+from streamlearn.features import (
+    Batch,
+    SparseBatch,
+    held_columns_and_local,
+    row_starts,
+    scores,
+    take_rows,
+)
 
 __all__ = ["LOSSES", "RegressionOracle", "invariant_step", "lambert_wexpmx"]
 
@@ -133,15 +140,17 @@ def _square(X: Batch) -> Batch:
     return X * X
 
 
-def _outer_sum(coef: np.ndarray, X: Batch, n_features: int) -> np.ndarray:
-    """``coef.T @ X`` as a dense (M, d) array, for dense or sparse X."""
+def _per_output_sum(values: np.ndarray, out: np.ndarray, X: Batch, n_outputs: int,
+                    n_features: int) -> np.ndarray:
+    """Σ_e values[e]·x_e added up per output ``out[e]``: ``coef.T @ X`` as a dense (M, d)
+    array, coef (E, M) holding values[e] at (e, out[e]), for dense or sparse X."""
     if not isinstance(X, SparseBatch):
+        coef = np.zeros((len(out), n_outputs))
+        coef.reshape(-1)[row_starts(len(out), n_outputs) + out] = values
         return np.asarray(coef.T @ X)
-    out = np.zeros((coef.shape[1], n_features))
-    per_entry = coef[X.row_ids()].T * X.values  # (M, nnz)
-    for m in np.flatnonzero(np.any(coef != 0.0, axis=0)):  # loop over outputs, vectorised over events
-        out[m] = np.bincount(X.indices, weights=per_entry[m], minlength=n_features)
-    return out
+    rows = X.row_ids()  # one bincount over (output, column) bins, in entry order
+    return np.bincount(out[rows] * n_features + X.indices, weights=values[rows] * X.values,
+                       minlength=n_outputs * n_features).reshape(n_outputs, n_features)
 
 
 def _column_max_abs(X: Batch, n_features: int) -> np.ndarray:
@@ -336,10 +345,10 @@ class RegressionOracle:
             Xa = take_rows(X, rows)  # one row per (event, output) update
         if isinstance(Xa, SparseBatch):
             # only the columns present in the batch change: solve the update on those columns
-            cols = held_columns(Xa)
-            local = np.searchsorted(cols, Xa.indices)
+            cols, local = held_columns_and_local(Xa)
             Xc = SparseBatch(Xa.indptr, local, Xa.values, len(cols))
-            W, G, N = self.weights_[:, cols], self.sq_grad_[:, cols], self.scale_[cols]
+            W, G, N = (self.weights_.take(cols, axis=1), self.sq_grad_.take(cols, axis=1),
+                       self.scale_[cols])
             W, G, N = self._apply(Xc, out, h, y, pred, grad, W, G, N)
             self.weights_[:, cols], self.sq_grad_[:, cols], self.scale_[cols] = W, G, N
         else:
@@ -362,7 +371,7 @@ class RegressionOracle:
         coef = np.zeros((E, self.n_outputs))
         coef.reshape(-1)[at] = h * grad * grad
         X2 = _square(X)
-        G = G + _outer_sum(coef, X2, d)
+        G = G + _per_output_sum(h * grad * grad, out, X2, self.n_outputs, d)
         self.intercept_sq_grad_ += coef.sum(axis=0)
         scale2 = new_N * new_N
         inv_scale2 = np.divide(1.0, scale2, out=np.zeros(d), where=scale2 > 0.0)
@@ -382,7 +391,7 @@ class RegressionOracle:
             step = multiplier * invariant_step(self.loss, pred, y, self.learning_rate * h, joint)
         coef = np.zeros((E, self.n_outputs))
         coef.reshape(-1)[at] = step
-        W = W + rate * _outer_sum(coef, X, d)
+        W = W + rate * _per_output_sum(step, out, X, self.n_outputs, d)
         self.intercept_ += rate_b * coef.sum(axis=0)
         return W, G, new_N
 

@@ -50,6 +50,37 @@ def test_checked_rows_are_strictly_increasing_and_sum_repeats(drawn: list[list[t
     assert as_batch(taken, D) is taken  # rows of a checked batch need no second look
 
 
+@settings(max_examples=200, deadline=None)
+@given(drawn=rows, outputs=st.lists(st.integers(0, K - 1), min_size=5, max_size=5))
+def test_the_sparse_fast_paths_equal_their_dense_definitions(
+        drawn: list[list[tuple[int, float]]], outputs: list[int]) -> None:
+    """``to_dense`` (an assignment), ``scores`` (a gather with ``take``), the held columns
+    numbered by a table and the oracle's per-output sums (one bincount) against the plain
+    dense arithmetic, bit for bit (the entries are small integers and halves)."""
+    from streamlearn.features import held_columns_and_local, scores
+    from streamlearn.learners.oracle import _per_output_sum
+
+    X = as_batch(batch_of(drawn), D)
+    assert isinstance(X, SparseBatch)
+    dense = np.zeros(X.shape)
+    for r, row in enumerate(drawn):
+        for i, v in row:
+            dense[r, i] += v
+    assert np.array_equal(X.to_dense(), dense)
+    W = np.arange(K * D, dtype=float).reshape(K, D) / 2 - 5
+    assert np.array_equal(scores(W, X), dense @ W.T)
+    held, local = held_columns_and_local(X)
+    assert np.array_equal(held, np.unique(X.indices))
+    assert np.array_equal(local, np.searchsorted(held, X.indices))
+    out = np.array(outputs[:X.shape[0]], dtype=np.int64)
+    values = np.arange(1.0, X.shape[0] + 1.0) / 2
+    expected = _per_output_sum(values, out, dense, K, D)  # the dense route: coef.T @ X
+    coef = np.zeros((len(out), K))
+    coef[np.arange(len(out)), out] = values
+    assert np.array_equal(expected, coef.T @ dense)
+    assert np.array_equal(_per_output_sum(values, out, X, K, D), expected)
+
+
 def learner(name: str, diagonal: bool = False) -> Learner:
     if diagonal:  # LinUCB's diagonal mode, as at hashed sizes (d + 1 > full_max_features)
         return LinUCB(K, D, FixedGamma(0.1), full_max_features=1, seed=1)
