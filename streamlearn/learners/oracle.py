@@ -359,8 +359,8 @@ class RegressionOracle:
                grad: np.ndarray, W: np.ndarray, G: np.ndarray, N: np.ndarray,
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The update on the columns of X: row e of X is the features of update e (output out[e])."""
-        E, d = X.shape
-        at = row_starts(E, self.n_outputs) + out  # flat (e, out[e]) entries
+        d = X.shape[1]
+        M = self.n_outputs
         # normaliser: a new largest |x_j| rescales column j (as if the new scale had been the old one)
         new_N = np.maximum(N, _column_max_abs(X, d))
         grown = (new_N > N) & (N > 0.0)
@@ -368,11 +368,10 @@ class RegressionOracle:
             W = W.copy()
             W[:, grown] *= N[grown] / new_N[grown]
         # AdaGrad accumulators, this batch's gradients included
-        coef = np.zeros((E, self.n_outputs))
-        coef.reshape(-1)[at] = h * grad * grad
+        sq_grads = h * grad * grad
         X2 = _square(X)
-        G = G + _per_output_sum(h * grad * grad, out, X2, self.n_outputs, d)
-        self.intercept_sq_grad_ += coef.sum(axis=0)
+        G = G + _per_output_sum(sq_grads, out, X2, M, d)
+        self.intercept_sq_grad_ += np.bincount(out, weights=sq_grads, minlength=M)
         scale2 = new_N * new_N
         inv_scale2 = np.divide(1.0, scale2, out=np.zeros(d), where=scale2 > 0.0)
         norm_x = scores(inv_scale2[None, :], X2)[:, 0] + 1.0  # ‖x‖²_N plus the intercept's 1
@@ -389,10 +388,8 @@ class RegressionOracle:
         else:
             joint = _joint_sensitivity(blocks, index, valid, -np.sign(grad))
             step = multiplier * invariant_step(self.loss, pred, y, self.learning_rate * h, joint)
-        coef = np.zeros((E, self.n_outputs))
-        coef.reshape(-1)[at] = step
-        W = W + rate * _per_output_sum(step, out, X, self.n_outputs, d)
-        self.intercept_ += rate_b * coef.sum(axis=0)
+        W = W + rate * _per_output_sum(step, out, X, M, d)
+        self.intercept_ += rate_b * np.bincount(out, weights=step, minlength=M)
         return W, G, new_N
 
     def forget(self, memory: float) -> None:

@@ -19,6 +19,7 @@ CLIENTS: dict[str, tuple[type[KafkaTransport] | type[ConfluentTransport],
     "confluent": (ConfluentTransport, SharedConfluentClients),
 }
 
+
 def _check(client: str) -> None:
     if client not in CLIENTS:
         raise ConfigError(f"kafka.client must be one of {', '.join(CLIENTS)}. Got {client!r}.")
@@ -30,10 +31,11 @@ def _check(client: str) -> None:
     try:  # installed but broken (e.g. a wheel for another platform): say so, not a traceback
         importlib.import_module(package)
     except ImportError as exc:
-        raise ConfigError(f"kafka.client = {client} (the default when {package} is installed) "
-                          f"could not import {package}: {exc}. Reinstall it (pip install "
-                          f"--force-reinstall {package.replace('_', '-')}) or set kafka.client "
-                          f"= kafka-python.") from None
+        raise ConfigError(f"kafka.client = {client} could not import {package}: {exc}. "
+                          f"Reinstall it (pip install --force-reinstall "
+                          f"{package.replace('_', '-')}) or set kafka.client = kafka-python "
+                          f"(the default, auto, takes {client} wherever {package} is "
+                          f"installed).") from None
 
 
 def transport_class(client: str) -> type[KafkaTransport] | type[ConfluentTransport]:
