@@ -74,17 +74,30 @@ def producer(bootstrap: str, **kw: Any) -> KafkaProducer:
                          reconnect_backoff_max_ms=1000, **kw)
 
 
-def instance_value(i: int, x: np.ndarray, label: int) -> bytes:
-    """The sparse form ``{"idx", "val"}`` (the synthetic rows are ~10 % non-zero)."""
+def instance_value(i: int, x: np.ndarray, label: int, ts: float | None = None) -> bytes:
+    """The sparse form ``{"idx", "val"}`` (the synthetic rows are ~10 % non-zero); ``ts``: an
+    event time of its own (none: the broker's timestamp)."""
     nz = np.flatnonzero(x)
-    return orjson.dumps({"id": f"e{i}", "x": {"idx": nz.tolist(), "val": x[nz].tolist()},
-                         "label": int(label)})
+    value: dict[str, Any] = {"id": f"e{i}", "x": {"idx": nz.tolist(), "val": x[nz].tolist()},
+                             "label": int(label)}
+    if ts is not None:
+        value["ts"] = ts
+    return orjson.dumps(value)
+
+
+def future_ts(i: int, every: int) -> float | None:
+    """Every ``every``-th instance stamped far ahead (a producer with a wrong clock): two
+    minutes, or 1e300, by turns; the others none. 0: never."""
+    if not every or i % every != every // 2:
+        return None
+    return time.time() + 120.0 if (i // every) % 2 == 0 else 1e300
 
 
 def publish_instances(prod: KafkaProducer, topic: str, X: np.ndarray, y: np.ndarray,
-                      rows: Iterable[int]) -> None:
+                      rows: Iterable[int], future_every: int = 0) -> None:
     for i in rows:
-        prod.send(topic, key=f"e{i}".encode(), value=instance_value(i, X[i], int(y[i])))
+        prod.send(topic, key=f"e{i}".encode(),
+                  value=instance_value(i, X[i], int(y[i]), future_ts(i, future_every)))
 
 
 def read_all(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Any]:
@@ -237,10 +250,10 @@ class Publisher(threading.Thread):
     slowly the daemon started."""
 
     def __init__(self, bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray,
-                 rate: int, hold_at: int | None = None) -> None:
+                 rate: int, hold_at: int | None = None, future_every: int = 0) -> None:
         super().__init__(daemon=True, name="publisher")
         self.bootstrap, self.topic, self.X, self.y, self.rate = bootstrap, topic, X, y, rate
-        self.hold_at = hold_at
+        self.hold_at, self.future_every = hold_at, future_every
         self._stop_event = threading.Event()
         self._released = threading.Event()
 
@@ -259,7 +272,7 @@ class Publisher(threading.Thread):
             if self._stop_event.is_set():
                 break
             publish_instances(prod, self.topic, self.X, self.y,
-                              range(lo, min(len(self.y), lo + chunk)))
+                              range(lo, min(len(self.y), lo + chunk)), self.future_every)
             time.sleep(0.1)
         prod.flush()
         prod.close()
@@ -270,8 +283,8 @@ class Publisher(threading.Thread):
 
 
 def start_publisher(bootstrap: str, topic: str, X: np.ndarray, y: np.ndarray,
-                    rate: int, hold_at: int | None = None) -> Publisher:
-    """A started :class:`Publisher`."""
-    publisher = Publisher(bootstrap, topic, X, y, rate, hold_at)
+                    rate: int, hold_at: int | None = None, future_every: int = 0) -> Publisher:
+    """A started :class:`Publisher` (``future_every``: see :func:`future_ts`)."""
+    publisher = Publisher(bootstrap, topic, X, y, rate, hold_at, future_every)
     publisher.start()
     return publisher
