@@ -9,7 +9,7 @@ loop asks of a core besides deciding, which each mode does with its own batch sh
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -46,8 +46,10 @@ class DecisionCore(Protocol):
         ``types`` (each event's ``type`` or None) weigh the rewards."""
         ...
 
-    def advance(self, wall: float, idle: Iterable[tuple[str, int]] = ()) -> list[EarlyFeedback]:
-        """Expire what is due; return held feedback whose decision never came."""
+    def advance(self, wall: float, idle: Iterable[tuple[str, int]] = (),
+                awaited: Callable[[str], bool] | None = None) -> list[EarlyFeedback]:
+        """Expire what is due; return held feedback whose decision never came (``awaited``:
+        the ids whose decisions are known to be coming, whose feedback stays held)."""
         ...
 
     def learn(self) -> Learned:

@@ -40,7 +40,7 @@ loop in deciding or learning beyond building the id strings.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,9 +308,12 @@ class CandidateEngine:
                 held.append((rewards[i], float(weights[i]), float(np.asarray(ts)[i])))
         return outcomes[first] if len(ids) else np.zeros(0, dtype=np.int8)
 
-    def advance(self, wall: float, idle: Iterable[tuple[str, int]] = ()) -> list[EarlyFeedback]:
-        """Expire what is due; held feedback whose request never came, by request id."""
-        unknown = self.joins.advance(wall, idle)
+    def advance(self, wall: float, idle: Iterable[tuple[str, int]] = (),
+                awaited: Callable[[str], bool] | None = None) -> list[EarlyFeedback]:
+        """Expire what is due; held feedback whose request never came, by request id
+        (``awaited(request id)``: that request's decision is known to be coming)."""
+        unknown = self.joins.advance(wall, idle, None if awaited is None else (
+            lambda key: awaited(orjson.loads(str(key))[0])))  # held by request_key(request)
         for fb in unknown:
             self.early_rewards.pop(str(fb.event_id), None)
             fb.event_id = orjson.loads(str(fb.event_id))[0]

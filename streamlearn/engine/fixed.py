@@ -315,15 +315,17 @@ class Engine:
         return self.joins.add_feedback(ids, rewards, ts, partitions, wall, sources, types)
 
     def advance(self, wall: float, idle: Iterable[tuple[str, int]] = (),
+                awaited: Callable[[str], bool] | None = None,
                 event_time: float | None = None) -> list[EarlyFeedback]:
         """Expire what is due; return held feedback whose decision never came.
 
-        ``event_time`` (simulations, where time is the round number): every
-        clock has reached it.
+        ``awaited(id)``: that decision is known to be coming (journaled before a restart),
+        so its held feedback stays held. ``event_time`` (simulations, where time is the
+        round number): every clock has reached it.
         """
         if event_time is not None:
             self.joins.clocks.advance_all(event_time)
-        return self.joins.advance(wall, idle)
+        return self.joins.advance(wall, idle, awaited)
 
     def learn(self) -> Learned:
         """Apply every decision closed since the last call, in updates of at most

@@ -38,7 +38,11 @@ class EventClock:
         self._now = -np.inf
 
     def observe(self, ts_max: float, floor_only: bool = False) -> None:
-        """Data with event times up to ``ts_max`` arrived (``floor_only``: only set a start)."""
+        """Data with event times up to ``ts_max`` arrived (``floor_only``: only set a start).
+        -inf is data whose times are not believed: it tells nothing about time, so it
+        neither moves the clock nor ends an idle period."""
+        if ts_max == -np.inf:
+            return
         if floor_only:
             if not math.isfinite(self.event_time):
                 self.event_time = ts_max

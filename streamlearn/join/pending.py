@@ -32,12 +32,17 @@ partition's feedback stream, early feedback by the clock of its partition's
 instance stream; partitions the caller reports idle follow the wall clock, so
 expiry never stalls. Event times are believed only up to ``max_clock_skew_s``
 ahead of the wall clock (an instance's only up to half of ``early_window_s``
-too): a time beyond that (a producer with a wrong clock) counts as the newest
-believed time of its batch, or as the wall clock's when none is. One wild
-timestamp can then neither expire everything nor, after a restart, make the
-feedback re-read before its decision look overdue at once (it was
-dead-lettered as unknown); producers whose clocks all run ahead still move
-the clocks (with the wall clock), so expiry does not stall.
+too): a time beyond that (a producer with a wrong clock) tells nothing about
+time: it moves no clock and ends no idle period, and the join counts it at its
+partition's clock (the wall clock's time when that clock has not started).
+One wild timestamp can then neither expire everything nor, after a restart,
+make the feedback re-read before its decision look overdue at once (it was
+dead-lettered as unknown); when every producer's clock runs ahead, the clocks
+move with the wall clock while their partitions are idle, and re-reading a
+backlog after downtime counts none of it as late. Held feedback whose
+decision is known to be coming (``awaited`` in :meth:`PendingJoins.advance`:
+a decision journaled before a restart, its instance not yet re-read) is kept
+whatever the clocks say.
 
 Storage is a struct of arrays indexed by slot, with ``slot_of[id]``; adding,
 joining, expiring and draining a batch are numpy operations plus one dict
@@ -66,7 +71,7 @@ import base64
 import enum
 import math
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,19 +279,26 @@ class PendingJoins:
         """The newest time of any of the join's clocks."""
         return self.clocks.latest(wall)
 
-    @staticmethod
-    def _believed(ts: np.ndarray, wall: float, ahead_s: float) -> np.ndarray:
-        """Event times as the join and its clocks use them: a time more than ``ahead_s``
-        ahead of ``wall`` is not believed and counts as the newest believed time of the
-        batch (in a backlog, the backlog's own time), or as ``wall`` when none is (live, the
-        time it was read). Capping it at ``wall + ahead_s`` instead moved its partition's
-        clock that far ahead, where after a restart it found the re-read feedback overdue
-        at once; in a backlog, far ahead of the backlog's own time."""
+    def _observe_believed(self, stream: str, ts: np.ndarray, partitions: np.ndarray,
+                          wall: float, ahead_s: float, floor_only: bool = False) -> np.ndarray:
+        """Observe a batch's event times on ``stream``'s clocks and return them as the join
+        uses them. A time more than ``ahead_s`` ahead of ``wall`` is not believed: it moves
+        no clock (nor ends an idle period) and counts as its partition's clock after the
+        batch (``wall`` if that clock has not started). Capping it at ``wall + ahead_s``
+        instead moved its partition's clock that far ahead, where after a restart it found
+        the re-read feedback overdue at once; counting it as ``wall`` made a backlog re-read
+        after downtime late by the downtime."""
         ts = np.asarray(ts, dtype=np.float64)
         if not len(ts) or ts.max() <= wall + ahead_s:  # the normal case: one reduction
+            self.clocks.observe(stream, partitions, ts, floor_only)
             return ts
         wild = ts > wall + ahead_s
-        return np.where(wild, wall if wild.all() else ts[~wild].max(), ts)
+        self.clocks.observe(stream, partitions, np.where(wild, -np.inf, ts), floor_only)
+        now = self.clocks.now(stream, wall)
+        stand_in = np.array([now.get(p, -np.inf) for p in np.asarray(partitions)[wild].tolist()])
+        out = ts.copy()
+        out[wild] = np.where(np.isfinite(stand_in), stand_in, wall)
+        return out
 
     @property
     def _instance_ahead_s(self) -> float:
@@ -313,8 +325,10 @@ class PendingJoins:
         B = len(ids)
         if B == 0:
             return
-        self.clocks.observe("instances", partitions, decided_at if event_ts is None else
-                            self._believed(event_ts, wall, self._instance_ahead_s))
+        if event_ts is None:
+            self.clocks.observe("instances", partitions, decided_at)
+        else:
+            self._observe_believed("instances", event_ts, partitions, wall, self._instance_ahead_s)
         self.clocks.observe("feedback", partitions, decided_at, floor_only=True)
         overflow = len(self.slot_of) + B - self.settings.max_pending
         if overflow > 0:
@@ -363,13 +377,13 @@ class PendingJoins:
         answers at once): with the ``earliest`` policy and the feedback inside the window
         they join on arrival — the same outcome as :meth:`add_decisions` followed by
         :meth:`add_feedback`, without storing them. Otherwise they take that path."""
-        given_ts = feedback_ts
-        feedback_ts = self._believed(given_ts, wall, self.settings.max_clock_skew_s)
+        feedback_ts = np.asarray(feedback_ts, dtype=np.float64)
         if self.settings.duplicate_policy != "earliest" or self.early or not (
-                feedback_ts < decided_at + self.settings.window_s).all():
+                feedback_ts < decided_at + self.settings.window_s).all() or (
+                len(feedback_ts) and feedback_ts.max() > wall + self.settings.max_clock_skew_s):
             self.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
                                model_version, columns=columns)
-            self.add_feedback(ids, rewards, given_ts, partitions, wall)
+            self.add_feedback(ids, rewards, feedback_ts, partitions, wall)
             return
         self.clocks.observe_pair(partitions, decided_at, feedback_ts)
         B = len(ids)
@@ -413,12 +427,10 @@ class PendingJoins:
             rewards = np.asarray(rewards, dtype=np.float64) * type_weights(
                 types, self.settings.reward_weights)
         given_ts = ts
-        ts = self._believed(given_ts, wall, self.settings.max_clock_skew_s)
-        self.clocks.observe("feedback", partitions, ts)
-        self.clocks.observe("instances", partitions, ts if self.settings.max_clock_skew_s
-                            <= self._instance_ahead_s else
-                            self._believed(given_ts, wall, self._instance_ahead_s),
-                            floor_only=True)
+        ts = self._observe_believed("feedback", given_ts, partitions, wall,
+                                    self.settings.max_clock_skew_s)
+        self._observe_believed("instances", given_ts, partitions, wall, self._instance_ahead_s,
+                               floor_only=True)
         if n == 0:
             return np.zeros(0, dtype=np.int8)
         if len(set(ids)) < n:  # the same id twice in one batch (rare): one at a time, in order
@@ -488,11 +500,16 @@ class PendingJoins:
                         now)
 
     # ------------------------------------------------------------------ expiry
-    def advance(self, wall: float, idle: Iterable[tuple[str, int]] = ()) -> list[EarlyFeedback]:
+    def advance(self, wall: float, idle: Iterable[tuple[str, int]] = (),
+                awaited: Callable[[Any], bool] | None = None) -> list[EarlyFeedback]:
         """Expire what is due; return early feedback that became unknown.
 
         ``idle`` ``(stream, partition)`` pairs have nothing unread: their clocks
-        follow ``wall`` from now until data comes again.
+        follow ``wall`` from now until data comes again. ``awaited(id)``: the id's decision
+        is known to be coming (journaled before a restart, its instance not re-read yet),
+        so its held feedback stays held however late the clocks say it is — a feedback
+        producer whose clock lags, or one re-read ahead of its instance, would otherwise
+        lose it.
         """
         for stream, partition in idle:
             self.clocks.mark_idle(stream, [partition], wall)
@@ -522,8 +539,11 @@ class PendingJoins:
             ts = np.fromiter((fb.ts for fb in self.early.values()), np.float64,
                              count=len(self.early))
             gone = ts + self.settings.early_window_s <= _per_partition(instance_now, parts)
-            for event_id in [k for k, g in zip(self.early, gone.tolist(), strict=True) if g]:
-                unknown.append(self.pop_early(event_id))
+            for n, event_id in enumerate(list(self.early)):
+                if gone[n] and awaited is not None and awaited(event_id):
+                    gone[n] = False  # stays held; due, so looked at again at the next step
+                elif gone[n]:
+                    unknown.append(self.pop_early(event_id))
             self._early_oldest = float(ts[~gone].min()) if (~gone).any() else np.inf
         self.recent.age(self.now(wall))
         return unknown

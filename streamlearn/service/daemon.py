@@ -444,7 +444,8 @@ class Daemon:
         stream = {self.transport.instances_topic: "instances",
                   self.transport.feedback_topic: "feedback"}
         idle = [(stream[topic], partition) for topic, partition in self.aligner.idle - seen]
-        for fb in self.engine.advance(wall, idle):
+        journaled = self._journaled  # decided before a restart, instances not re-read yet
+        for fb in self.engine.advance(wall, idle, journaled.__contains__ if journaled else None):
             src = fb.source
             self._reject([Rejection("unknown_id", "no decision with this id appeared in time",
                                     src.topic if src else self.transport.feedback_topic,

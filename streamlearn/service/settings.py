@@ -135,9 +135,9 @@ class JoinConfig:
                           "held event counts, also a second one for the same id)", ge=0)
     max_clock_skew_seconds: float = spec(
         5.0, "event times further than this ahead of the wall clock (an instance's: or half "
-        "the backward window) are not believed: each counts as the newest believed time of "
-        "its batch, or as the time it was read (one wild timestamp cannot expire pending "
-        "decisions, or make a restart drop re-read feedback as unknown)", ge=0)
+        "the backward window) are not believed: they move no join clock and count at their "
+        "partition's clock (one wild timestamp cannot expire pending decisions, or make a "
+        "restart drop re-read feedback as unknown)", ge=0)
 
     def join_settings(self) -> JoinSettings:
         """The join's own settings (:class:`~streamlearn.join.pending.JoinSettings`)."""

@@ -689,3 +689,71 @@ def test_one_future_dated_instance_cannot_make_a_restart_lose_feedback(tmp_path:
     assert c.feedback["unknown"] == 0, c.feedback
     assert c.feedback["joined"] == 300 and c.instances == 300
     assert broker.messages("dead-letter") == []
+
+
+def _answer_each(broker: InMemoryBroker, caller: Caller, first: int, ts: float,
+                 stamp_ms: int) -> None:
+    """Feedback (reward 1) for every decision from the ``first``-th on, with event time ``ts``
+    and broker timestamp ``stamp_ms`` (a producer with a wrong clock sets both)."""
+    for m in broker.messages("decisions")[first:]:
+        event_id = orjson.loads(m.value or b"")["id"]
+        broker.append(caller.writer.feedback_topic, m.key,
+                      orjson.dumps({"id": event_id, "reward": 1.0, "ts": ts}),
+                      timestamp_ms=stamp_ms)
+
+
+def test_a_feedback_producer_whose_clock_lags_loses_nothing_to_a_restart(tmp_path: Path) -> None:
+    """The feedback producer's clock 20 s behind (its event times and its broker timestamps):
+    after a crash its feedback is re-read ahead of the instances it answers, and was
+    dead-lettered at once as unknown (20 s is past the 10 s backward window; an outside test
+    lost all 45 of 45). The restarted daemon knows those decisions are coming (its journal)
+    and holds their feedback until they are re-made."""
+    broker, clock = InMemoryBroker(1), Clock()
+    caller = Caller(broker)
+    caller.publish(0, 100, ts=clock.t)
+    first = make_daemon(broker, tmp_path, clock)
+    drain(first)
+    _answer_each(broker, caller, 0, clock.t - 20.0, int((clock.t - 20.0) * 1000))
+    drain(first)
+    first.checkpoint()
+    clock.t += 1.0
+    caller.publish(100, 300, ts=clock.t)
+    drain(first)  # decided and journaled, no checkpoint; answered; then the process dies
+    _answer_each(broker, caller, 100, clock.t - 20.0, int((clock.t - 20.0) * 1000))
+    clock.t += 2.0
+    second = make_daemon(broker, tmp_path, clock, limits_poll_max_records=20)
+    drain(second)
+    second.step()
+    c = second.counters
+    assert c.feedback["unknown"] == 0, c.feedback
+    assert c.feedback["joined"] == 300 and c.instances == 300
+    assert broker.messages("dead-letter") == []
+
+
+def test_downtime_does_not_make_feedback_late_when_every_producer_runs_ahead(
+        tmp_path: Path) -> None:
+    """Every producer's clock 30 s ahead (past the 5 s believed): those times tell nothing.
+    Counted at the wall clock instead, the feedback re-read after 20 s of downtime was late
+    for a 15 s window (an outside test: 45 of 45); counted at its partition's clock (where
+    the backlog stands) it joins."""
+    broker, clock = InMemoryBroker(1), Clock()
+    caller = Caller(broker)
+    ahead = 30.0
+    caller.publish(0, 100, ts=clock.t + ahead)
+    first = make_daemon(broker, tmp_path, clock, join_window_seconds=15.0)
+    drain(first)
+    _answer_each(broker, caller, 0, clock.t + ahead, int((clock.t + ahead) * 1000))
+    drain(first)
+    first.checkpoint()
+    clock.t += 1.0
+    caller.publish(100, 300, ts=clock.t + ahead)
+    drain(first)
+    _answer_each(broker, caller, 100, clock.t + ahead, int((clock.t + ahead) * 1000))
+    clock.t += 20.0  # down for 20 s, longer than the window
+    second = make_daemon(broker, tmp_path, clock, join_window_seconds=15.0,
+                         limits_poll_max_records=20)
+    drain(second)
+    second.step()
+    c = second.counters
+    assert c.feedback["late"] == 0 and c.feedback["unknown"] == 0, c.feedback
+    assert c.feedback["joined"] == 300 and c.instances == 300

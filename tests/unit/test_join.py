@@ -214,37 +214,61 @@ def test_a_decision_expires_by_the_feedback_clock_of_its_own_partition() -> None
     assert p.drain().ids == ["a"]
 
 
-def test_a_wild_feedback_time_counts_as_its_batchs_newest_believed_one_or_the_wall() -> None:
+def test_a_wild_feedback_time_counts_at_its_partitions_clock_and_moves_none() -> None:
     p = store(max_clock_skew_s=5.0)
-    decide(p, ["a", "b", "c"], t=100.0)
+    decide(p, ["a", "b", "c"], t=100.0)  # the feedback clock starts at the decisions' time
     out = p.add_feedback(["a"], np.ones(1), np.array([1e300]), np.zeros(1, np.int64), wall=101.0)
-    assert out.tolist() == [JOINED]  # alone: counted at the wall clock, inside a's window
-    assert p.drain().delays.tolist() == [1.0]
-    assert p.clocks.now("feedback", wall=101.0) == {0: 101.0}  # b does not expire early
+    assert out.tolist() == [JOINED]  # counted at the partition's clock: inside a's window
+    assert p.drain().delays.tolist() == [0.0]
+    assert p.clocks.now("feedback", wall=101.0) == {0: 100.0}  # b does not expire early
     out = p.add_feedback(["b", "c"], np.ones(2), np.array([2e9, 100.5]), np.zeros(2, np.int64),
-                         wall=150.0)  # a backlog read late: the batch's own time counts
+                         wall=150.0)  # a backlog read late: its own time counts, not the wall's
     assert out.tolist() == [JOINED, JOINED] and p.drain().delays.tolist() == [0.5, 0.5]
-    assert p.clocks.now("feedback", wall=150.0) == {0: 101.0}
+    assert p.clocks.now("feedback", wall=150.0) == {0: 100.5}
     decide(p, ["d"], t=150.0)
     p.add_feedback(["d"], np.ones(1), np.array([154.0]), np.zeros(1, np.int64), wall=150.0)
     assert p.clocks.now("feedback", wall=150.0) == {0: 154.0}  # within the skew: believed
+    fresh = store(max_clock_skew_s=5.0)  # no clock yet: the wall clock's time
+    fresh.add_feedback(["x"], np.ones(1), np.array([1e300]), np.zeros(1, np.int64), wall=7.0)
+    assert fresh.early["x"].ts == 7.0
 
 
 def test_producers_whose_clocks_all_run_ahead_do_not_stall_expiry() -> None:
-    """Every time 30 s ahead (beyond the 5 s believed): each counts as the wall clock's, so
-    the clocks still move and a decision without feedback expires on time, no idle needed."""
+    """Every time 30 s ahead (beyond the 5 s believed): the times tell nothing, so the clocks
+    follow the wall clock while their partitions are idle (as a caught-up daemon reports
+    them) and a decision without feedback expires on time."""
     p = store(window_s=10.0, max_clock_skew_s=5.0)
     p.add_decisions(["a"], np.ones((1, D)), np.zeros(1, np.int64), np.full((1, K), 1 / K),
                     np.full(1, -1), np.full(1, 100.0), np.zeros(1, np.int64), wall=100.0,
                     event_ts=np.array([130.0]))
+    p.advance(wall=100.0, idle=[("feedback", 0), ("instances", 0)])
     for wall in np.arange(101.0, 111.0):
-        decide(p, [f"d{wall}"], t=wall)
-        p.add_feedback([f"d{wall}"], np.ones(1), np.array([wall + 30.0]), np.zeros(1, np.int64),
-                       wall=wall)
+        p.add_decisions([f"d{wall}"], np.ones((1, D)), np.zeros(1, np.int64),
+                        np.full((1, K), 1 / K), np.full(1, -1), np.full(1, wall),
+                        np.zeros(1, np.int64), wall=wall, event_ts=np.array([wall + 30.0]))
+        out = p.add_feedback([f"d{wall}"], np.ones(1), np.array([wall + 30.0]),
+                             np.zeros(1, np.int64), wall=wall)
+        assert out.tolist() == [JOINED]
         p.drain()
         p.advance(wall=wall)
     closed = p.drain()
     assert closed.ids == ["a"] and closed.outcome.tolist() == [EXPIRED]
+
+
+def test_feedback_whose_decision_is_awaited_stays_held_however_late() -> None:
+    """A decision journaled before a restart is re-made when its instance is re-read; its
+    feedback, read first, stays held even when the clocks say it is long overdue (a feedback
+    producer whose clock lags by more than the backward window)."""
+    p = store(early_window_s=2.0)
+    assert feedback(p, ["a", "b"], [1.0, 0.5], t=80.0) == [(0, "held"), (1, "held")]
+    for stream in ("instances", "feedback"):
+        p.clocks.observe(stream, np.zeros(1, np.int64), np.array([100.0]))
+    gone = [fb.event_id for fb in p.advance(wall=100.0, awaited={"a"}.__contains__)]
+    assert gone == ["b"] and set(p.early) == {"a"}  # b is not awaited: unknown
+    assert p.advance(wall=101.0, awaited={"a"}.__contains__) == [] and set(p.early) == {"a"}
+    decide(p, ["a"], t=101.0)  # the instance is re-read: its held feedback joins
+    closed = p.drain()
+    assert closed.ids == ["a"] and closed.rewards.tolist() == [1.0] and not p.early
 
 
 OFFSETS = st.one_of(st.floats(-50, 50), st.sampled_from([1e300, 1e9, 120.0, 30.0, 4.9, 5.1]))
