@@ -36,12 +36,14 @@ class EventClock:
         self.event_time = -np.inf
         self.idle_since: float | None = None  # wall time the stream was first seen idle
         self._now = -np.inf
+        self.timeless = False  # the last data read had no believed time
 
     def observe(self, ts_max: float, floor_only: bool = False) -> None:
         """Data with event times up to ``ts_max`` arrived (``floor_only``: only set a start).
         -inf is data whose times are not believed: it tells nothing about time, so it
-        neither moves the clock nor ends an idle period."""
+        neither moves the clock nor ends an idle period (see :meth:`mark_idle`)."""
         if ts_max == -np.inf:
+            self.timeless = True
             return
         if floor_only:
             if not math.isfinite(self.event_time):
@@ -49,10 +51,17 @@ class EventClock:
             return
         self.event_time = max(self.event_time, ts_max)
         self.idle_since = None
+        self.timeless = False
 
     def mark_idle(self, wall: float) -> None:
+        """Nothing unread from now: the clock follows ``wall``. A stream caught up whose last
+        data had no believed time (every producer's clock wrong) is at ``wall`` itself: else
+        each restart's downtime, which no such data can make up, would hold its expiry back
+        for good."""
         if self.idle_since is None:
             self.idle_since = wall
+            if self.timeless:
+                self.event_time = max(self.event_time, wall)
 
     def now(self, wall: float) -> float:
         if math.isfinite(self.event_time):

@@ -253,6 +253,19 @@ def test_producers_whose_clocks_all_run_ahead_do_not_stall_expiry() -> None:
         p.advance(wall=wall)
     closed = p.drain()
     assert closed.ids == ["a"] and closed.outcome.tolist() == [EXPIRED]
+    # a restart after 30 s of downtime: the clocks restored where they were, the backlog's
+    # wild times move nothing; caught up, the partition's clock is at the wall clock again
+    again = PendingJoins(K, D, p.settings)
+    again.clocks = PartitionClocks.from_json(p.clocks.to_json())
+    again.add_decisions(["b"], np.ones((1, D)), np.zeros(1, np.int64), np.full((1, K), 1 / K),
+                        np.full(1, -1), np.full(1, 140.0), np.zeros(1, np.int64), wall=140.0,
+                        event_ts=np.array([170.0]))
+    again.add_feedback(["old"], np.ones(1), np.array([170.0]), np.zeros(1, np.int64), wall=140.0)
+    assert again.clocks.now("feedback", wall=140.0)[0] < 111.0  # downtime is not idle time
+    again.advance(wall=141.0, idle=[("feedback", 0), ("instances", 0)])
+    assert again.clocks.now("feedback", wall=141.0)[0] == 141.0
+    again.advance(wall=150.0)
+    assert again.drain().ids == ["b"]  # expired on time: no lag carried over the restart
 
 
 def test_feedback_whose_decision_is_awaited_stays_held_however_late() -> None:
