@@ -43,7 +43,7 @@ class EventClock:
         -inf is data whose times are not believed: it tells nothing about time, so it
         neither moves the clock nor ends an idle period (see :meth:`mark_idle`)."""
         if ts_max == -np.inf:
-            self.timeless = True
+            self.timeless = self.timeless or not floor_only  # a floor is another stream's data
             return
         if floor_only:
             if not math.isfinite(self.event_time):

@@ -426,7 +426,7 @@ class PendingJoins:
         if types is not None and self.settings.reward_weights:
             rewards = np.asarray(rewards, dtype=np.float64) * type_weights(
                 types, self.settings.reward_weights)
-        given_ts = ts
+        given_ts = np.asarray(ts, dtype=np.float64)
         ts = self._observe_believed("feedback", given_ts, partitions, wall,
                                     self.settings.max_clock_skew_s)
         self._observe_believed("instances", given_ts, partitions, wall, self._instance_ahead_s,
@@ -435,8 +435,9 @@ class PendingJoins:
             return np.zeros(0, dtype=np.int8)
         if len(set(ids)) < n:  # the same id twice in one batch (rare): one at a time, in order
             return np.concatenate([
-                self.add_feedback(ids[i:i + 1], rewards[i:i + 1], ts[i:i + 1], partitions[i:i + 1],
-                                  wall, None if sources is None else sources[i:i + 1])
+                self.add_feedback(ids[i:i + 1], rewards[i:i + 1], given_ts[i:i + 1],
+                                  partitions[i:i + 1], wall,
+                                  None if sources is None else sources[i:i + 1])
                 for i in range(n)])
         now = self.now(wall)
         out = np.full(n, Outcome.UNKNOWN, dtype=np.int8)

@@ -419,3 +419,16 @@ def test_pending_rows_past_the_dense_matrix_survive_a_checkpoint_exactly() -> No
     got = closed.X.to_dense() if isinstance(closed.X, SparseBatch) else closed.X
     order = np.argsort([int(i[1:]) for i in closed.ids])
     assert np.array_equal(got[order], X)
+
+
+def test_a_wild_feedback_time_says_nothing_about_the_instance_stream() -> None:
+    """Only a stream's own timeless data sends its idle clock to the wall clock: a wild
+    feedback time (which only floors the instance clock) leaves the instance clock alone."""
+    p = store(max_clock_skew_s=5.0)
+    p.add_decisions(["a"], np.ones((1, D)), np.zeros(1, np.int64), np.full((1, K), 1 / K),
+                    np.full(1, -1), np.full(1, 100.0), np.zeros(1, np.int64), wall=100.0,
+                    event_ts=np.array([100.0]))
+    p.add_feedback(["x"], np.ones(1), np.array([1e300]), np.zeros(1, np.int64), wall=100.0)
+    p.advance(wall=200.0, idle=[("instances", 0), ("feedback", 0)])
+    assert p.clocks.now("instances", wall=200.0) == {0: 100.0}  # follows the wall from here
+    assert p.clocks.now("feedback", wall=200.0) == {0: 200.0}  # its last data was timeless
