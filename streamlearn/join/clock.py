@@ -48,6 +48,9 @@ class EventClock:
         if floor_only:
             if not math.isfinite(self.event_time):
                 self.event_time = ts_max
+                # started now: an idle period marked before would count from before the start
+                # (the clock ran ahead of the wall clock by the gap)
+                self.idle_since = None
             return
         self.event_time = max(self.event_time, ts_max)
         self.idle_since = None
@@ -60,8 +63,9 @@ class EventClock:
         for good."""
         if self.idle_since is None:
             self.idle_since = wall
-            if self.timeless:
-                self.event_time = max(self.event_time, wall)
+        if self.timeless:  # also when the idle period began before that data (it ends none):
+            # from when it began, the clock follows the wall; before, such a clock never started
+            self.event_time = max(self.event_time, self.idle_since)
 
     def now(self, wall: float) -> float:
         if math.isfinite(self.event_time):

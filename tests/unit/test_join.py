@@ -432,3 +432,22 @@ def test_a_wild_feedback_time_says_nothing_about_the_instance_stream() -> None:
     p.advance(wall=200.0, idle=[("instances", 0), ("feedback", 0)])
     assert p.clocks.now("instances", wall=200.0) == {0: 100.0}  # follows the wall from here
     assert p.clocks.now("feedback", wall=200.0) == {0: 200.0}  # its last data was timeless
+
+
+def test_a_stream_idle_before_its_first_wild_data_still_starts_its_clock() -> None:
+    """Marked idle at start, then only instances with wild times: the instance clock must
+    start (at the wall clock) when the partition is next idle, or feedback for an id that
+    never comes is held for good (an outside test: held after 90 s idle, and valid early
+    feedback refused once max_early filled up)."""
+    p = store(early_window_s=2.0, max_clock_skew_s=5.0)
+    p.advance(wall=100.0, idle=[("instances", 0), ("feedback", 0)])
+    p.add_decisions(["a"], np.ones((1, D)), np.zeros(1, np.int64), np.full((1, K), 1 / K),
+                    np.full(1, -1), np.full(1, 101.0), np.zeros(1, np.int64), wall=101.0,
+                    event_ts=np.array([131.0]))
+    out = p.add_feedback(["nobody"], np.ones(1), np.array([1e300]), np.zeros(1, np.int64),
+                         wall=102.0)  # wild too: counted at the feedback clock (101)
+    assert out.tolist() == [Outcome.HELD] and p.early["nobody"].ts == 101.0
+    assert p.clocks.now("instances", wall=102.0) == {0: -np.inf}  # no instance time believed
+    gone = p.advance(wall=103.0, idle=[("instances", 0), ("feedback", 0)])
+    assert p.clocks.now("instances", wall=103.0) == {0: 103.0}
+    assert [fb.event_id for fb in gone] == ["nobody"]  # 101 + 2 s: unknown, not held for good
