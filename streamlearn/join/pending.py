@@ -540,11 +540,12 @@ class PendingJoins:
             ts = np.fromiter((fb.ts for fb in self.early.values()), np.float64,
                              count=len(self.early))
             gone = ts + self.settings.early_window_s <= _per_partition(instance_now, parts)
-            for n, event_id in enumerate(list(self.early)):
-                if gone[n] and awaited is not None and awaited(event_id):
+            held_ids = list(self.early)
+            for n in np.flatnonzero(gone).tolist():  # only the due ones
+                if awaited is not None and awaited(held_ids[n]):
                     gone[n] = False  # stays held; due, so looked at again at the next step
-                elif gone[n]:
-                    unknown.append(self.pop_early(event_id))
+                else:
+                    unknown.append(self.pop_early(held_ids[n]))
             self._early_oldest = float(ts[~gone].min()) if (~gone).any() else np.inf
         self.recent.age(self.now(wall))
         return unknown
