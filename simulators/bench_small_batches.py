@@ -28,27 +28,29 @@ import numpy as np
 
 from simulators.peers import python_loop_banditron
 from streamlearn.datasets.stream import prepare_stream
-from streamlearn.features import take_rows
+from streamlearn.features import Batch, batch_size, take_rows
 from streamlearn.learners import make_learner
 from streamlearn.learners.base import Learner
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.replay import replay
 
-__all__ = ["main"]
+__all__ = ["api_seconds", "main"]
 
 
 def _learner(n_classes: int, n_features: int, gamma: float) -> Learner:
     return make_learner("banditron", n_classes, n_features, FixedGamma(gamma), seed=0)
 
 
-def _api_seconds(learner: Learner, X: np.ndarray, y: np.ndarray, batch: int) -> float:
-    """decide, then update with the reward 1[action = label], a batch at a time."""
+def api_seconds(learner: Learner, X: Batch, y: np.ndarray, batch: int) -> float:
+    """decide, then update with the reward 1[action = label], a batch at a time, keyed by the
+    round numbers as the replay keys them (the batches are sliced before the timer)."""
+    batches = [(take_rows(X, np.arange(lo, min(lo + batch, len(y)))), lo)
+               for lo in range(0, len(y), batch)]
     started = time.perf_counter()
-    for lo in range(0, len(y), batch):
-        rows = slice(lo, min(lo + batch, len(y)))
-        xb = X[rows]
-        actions, probs = learner.decide(xb, keys=np.arange(rows.start, rows.stop))
-        learner.update(xb, actions, (actions == y[rows]).astype(np.float64), probs)
+    for xb, lo in batches:
+        keys = np.arange(lo, lo + batch_size(xb))
+        actions, probs = learner.decide(xb, keys=keys)
+        learner.update(xb, actions, (actions == y[keys]).astype(np.float64), probs)
     return time.perf_counter() - started
 
 
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             in_engine, alone = _learner(K, d, args.gamma), _learner(K, d, args.gamma)
             engine_s.append(replay(in_engine, X, y, batch_size=batch).seconds)
-            api_s.append(_api_seconds(alone, X, y, batch))
+            api_s.append(api_seconds(alone, X, y, batch))
             if batch == 1:
                 bare = python_loop_banditron(X, y, K, args.gamma, 0).weights
                 weights = [learner.state()[0]["learner.weights"] for learner in (in_engine, alone)]

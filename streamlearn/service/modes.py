@@ -179,11 +179,16 @@ class FixedActions:
         fresh, probs, actions = decided.fresh, decided.probs, decided.actions
         if len(fresh):
             model = f"{daemon.model_name}-v{daemon.counters.model_version}"
-            exploit = np.argmax(probs[fresh], axis=1)
-            records = [{"id": batch.ids[j], "action": int(actions[j]),
-                        "prob": float(probs[j, actions[j]]),
-                        "explored": bool(actions[j] != exploit[n]), "model": model, "ts": wall}
-                       for n, j in enumerate(fresh.tolist())]
+            # per-decision values as Python scalars in one pass each (indexing numpy arrays
+            # element by element cost ~1 µs a decision)
+            chosen = actions[fresh]
+            chosen_probs = probs[fresh, chosen]
+            explored = chosen != np.argmax(probs[fresh], axis=1)
+            ids = batch.ids
+            records = [{"id": ids[j], "action": a, "prob": p, "explored": e, "model": model,
+                        "ts": wall}
+                       for j, a, p, e in zip(fresh.tolist(), chosen.tolist(), chosen_probs.tolist(),
+                                             explored.tolist(), strict=True)]
             if scores is not None:
                 rankings = ranking_lists(scores[fresh],
                                          None if batch.mask is None else batch.mask[fresh])

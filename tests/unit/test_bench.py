@@ -337,3 +337,25 @@ def test_small_batch_bench_times_the_three_layers_on_the_same_weights(
     assert lines[0].startswith("synnonsep: 600 rounds")
     assert [line.split(":")[0] for line in lines[1:]] == ["batch 1", "batch 4"]
     assert all("replay ÷ loop" in line for line in lines[1:])
+
+
+@pytest.mark.parametrize("full_max_features", [128, 8])  # the full A⁻¹, then the diagonal
+def test_linucb_parts_posterior_alone_is_the_learners_own_arithmetic(full_max_features: int) -> None:
+    """The 'posterior alone' of bench_linucb_parts plays LinUCB's exploit action and updates as
+    the learner does: exploring with a negligible γ (never taken on these 600 events), both
+    end in the same posterior, so its timing is the cost of LinUCB's maths and nothing else."""
+    from simulators.bench_linucb_parts import posterior_seconds
+    from simulators.bench_small_batches import api_seconds
+    from streamlearn.datasets.synthetic import synthetic_stream
+    from streamlearn.learners.exploration import FixedGamma
+    from streamlearn.learners.linear_posterior import LinUCB
+
+    X, y = synthetic_stream(600, noise=0.05, seed=4)
+    X = X[:, :20]
+    alone, learner = (LinUCB(9, 20, FixedGamma(1e-9), full_max_features=full_max_features, seed=1)
+                      for _ in range(2))
+    assert posterior_seconds(alone, X, y, 16) > 0 and api_seconds(learner, X, y, 16) > 0
+    assert alone.posterior_.full == (full_max_features == 128)
+    for name, value in learner.posterior_.arrays().items():  # the same up to rounding: the
+        # learner's guard works on copies, and BLAS may round a copy's sums differently
+        assert np.allclose(alone.posterior_.arrays()[name], value, rtol=1e-12, atol=1e-14), name
