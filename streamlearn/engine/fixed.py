@@ -348,12 +348,14 @@ class Engine:
                 X, actions, rewards, probs, exploit = (
                     take_rows(X, rows), actions[rows], rewards[rows], probs[rows], exploit[rows])
             before = self.learner.n_skipped_updates_
+            # what closed was decided here and joined from checked feedback: the learner takes
+            # it without checking it again (Learner.learn_checked)
             if len(rows) <= LEARN_CHUNK:
-                self.learner.update(X, actions, rewards, probs, exploit)
+                self.learner.learn_checked(X, actions, rewards, probs, exploit)
             else:
                 for lo in range(0, len(rows), LEARN_CHUNK):
                     part = np.arange(lo, min(lo + LEARN_CHUNK, len(rows)))
-                    self.learner.update(take_rows(X, part), actions[part], rewards[part],
-                                        probs[part], exploit[part])
+                    self.learner.learn_checked(take_rows(X, part), actions[part], rewards[part],
+                                               probs[part], exploit[part])
             skipped = self.learner.n_skipped_updates_ - before
         return Learned(closed, rows, skipped)

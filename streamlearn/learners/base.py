@@ -367,15 +367,25 @@ class Learner(abc.ABC):
                 or ex.max() >= self.n_actions:
             raise ConfigError(f"update expects exploit as ({B},) actions in [0, {self.n_actions}). "
                               f"Got {ex.shape} {ex.dtype}.")
-        ex = ex.astype(np.int64, copy=False)
+        self.learn_checked(batch, a, r, p, ex.astype(np.int64, copy=False))
+
+    def learn_checked(self, X: Batch, actions: np.ndarray, rewards: np.ndarray,
+                      probs: np.ndarray, exploit: np.ndarray) -> None:
+        """:meth:`update` on inputs already in the form it checks them into: a float64 batch
+        of finite features, int64 actions and exploit actions in [0, K), float64 rewards in
+        [0, 1], (B, K) logged distributions giving each chosen action a positive probability
+        (a full-information learner: any). The engine learns its closed decisions this way:
+        what it hands over was made by ``decide`` and joined from checked feedback, so
+        checking it again cost a dozen reductions a batch (~25 µs, 7 % of a LinUCB batch of
+        64). The guard against a non-finite state stays."""
         # the adaptive γ reads the logged distribution's maximum: its estimate of the
         # learner's own error from the rows a mixture logged would weigh each by 1/share,
         # and at the small shares of a conservative rollout that noise made the learner's
         # share collapse from 1 to 0 (simulators/conservative_floor.py, poor baseline)
-        self.exploration.observe(a, r, p)
-        applied = self._guarded_update(batch, a, r, p, ex)
+        self.exploration.observe(actions, rewards, probs)
+        applied = self._guarded_update(X, actions, rewards, probs, exploit)
         self.n_updated_ += applied
-        self.n_skipped_updates_ += B - applied
+        self.n_skipped_updates_ += len(actions) - applied
 
     def _guarded_update(self, X: Batch, actions: np.ndarray, rewards: np.ndarray,
                         probs: np.ndarray, exploit: np.ndarray) -> int:

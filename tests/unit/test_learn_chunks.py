@@ -33,7 +33,7 @@ def test_a_whole_window_closing_at_once_is_learned_in_bounded_updates_in_order()
     engine.feedback(ids, rewards, np.full(n, 0.5), np.zeros(n, np.int64), 0.5)
     twin = Banditron(9, X.shape[1], FixedGamma(0.1), seed=2)
     engine.advance(2.0, event_time=2.0)  # the window ends: every decision closes with its sum
-    with patch.object(engine.learner, "update", wraps=engine.learner.update) as update:
+    with patch.object(engine.learner, "learn_checked", wraps=engine.learner.learn_checked) as update:
         learned = engine.learn()
     assert len(learned.applied) == n and learned.skipped == 0
     assert [len(c.args[1]) for c in update.call_args_list] == [LEARN_CHUNK, LEARN_CHUNK, 300]
