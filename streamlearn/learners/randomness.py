@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import functools
 import math
+from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
 
@@ -110,12 +112,12 @@ _SAMPLE_IN_PYTHON_UP_TO = 64
 
 
 def _sample_row(row: list[float], u: float) -> int:
-    cdf, running = [], 0.0
-    for p in row:
-        running += p
-        cdf.append(running)
-    threshold = min(u * running, math.nextafter(running, 0.0))
-    return next((a for a, c in enumerate(cdf) if c > threshold), 0)
+    # the running sums in order (as cumsum adds them); a distribution's CDF never falls, so
+    # the first entry above the threshold is a bisection (past the end: NaN sums, action 0)
+    cdf = list(accumulate(row))
+    total = cdf[-1]
+    first = bisect_right(cdf, min(u * total, math.nextafter(total, 0.0)))
+    return first if first < len(cdf) else 0
 
 
 def sample(probs: np.ndarray, u: np.ndarray) -> np.ndarray:
