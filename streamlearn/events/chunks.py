@@ -33,7 +33,10 @@ def chunks(messages: Sequence[RawMessage], limit: int) -> list[Sequence[RawMessa
     a run of its own)."""
     if len(messages) <= 1:
         return [messages]
-    ends = np.cumsum([len(m.value or b"") for m in messages])
+    sizes = [len(m.value or b"") for m in messages]
+    if sum(sizes) < limit:  # the small batch of ordinary load: one run, no numpy calls
+        return [messages]
+    ends = np.cumsum(sizes)
     cuts = np.searchsorted(ends, np.arange(limit, int(ends[-1]) + 1, limit), side="left") + 1
     bounds = [0, *np.unique(np.minimum(cuts, len(messages))).tolist()]
     if bounds[-1] != len(messages):
