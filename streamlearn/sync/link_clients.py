@@ -40,6 +40,7 @@ __all__ = ["ConfluentLinkClients", "Delivery", "KafkaPythonLinkClients", "LinkCl
            "MergerFenced", "MergerProducer", "link_clients"]
 
 METADATA_WAIT_S = 30.0  # a topic created just now: how long to wait for its partitions
+OFFSETS_WAIT_S = 10.0  # reading a partition's end offsets (leaders settling: asked again)
 #: librdkafka's models consumer: how long the broker holds a fetch (librdkafka's default, 500 ms,
 #: also delays the end-offset query queued behind it on the connection: a merger's catch-up
 #: took ~960 ms; with 100 ms, ~260 ms, against kafka-python's ~460 ms)
@@ -263,10 +264,14 @@ class ConfluentLinkClients:
     def add(self, partition: int, offset: int | None) -> None:
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+        from streamlearn.transport.confluent import watermarks
+
         if offset is None:  # the position before the first record is read: the log start
-            low, _ = self.consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                         timeout=10, cached=False)
-            offset = max(int(low), 0)
+            # (a models topic created a moment ago answers "not leader" until its leader is
+            # elected: seen in CI as a replica that stopped at start; asked again meanwhile)
+            low, _ = watermarks(self.consumer, TopicPartition(self.topic, partition),
+                                time.monotonic() + METADATA_WAIT_S)
+            offset = max(low, 0)
         self.drop(partition)
         self.consumer.incremental_assign(
             [TopicPartition(self.topic, partition, offset if offset >= 0 else OFFSET_BEGINNING)])
@@ -299,8 +304,10 @@ class ConfluentLinkClients:
     def end_offsets(self) -> dict[int, int]:
         from confluent_kafka import TopicPartition
 
-        return {p: int(self.consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=10, cached=False)[1])
+        from streamlearn.transport.confluent import watermarks
+
+        deadline = time.monotonic() + OFFSETS_WAIT_S
+        return {p: watermarks(self.consumer, TopicPartition(self.topic, p), deadline)[1]
                 for p in self._starts}
 
     def position(self, partition: int) -> int:

@@ -233,6 +233,25 @@ def _pause_to_ask_again(error: Any, deadline: float) -> bool:
     return True
 
 
+def watermarks(consumer: Any, partition: Any, deadline: float) -> tuple[int, int]:
+    """(low, high) watermarks of a ``confluent_kafka.TopicPartition``, read from the broker.
+
+    A broker that has just come back, or a topic created a moment ago, answers "not leader"
+    (or "leader not available") until leadership settles: asked again until ``deadline``
+    (``time.monotonic()``), after which, or on any other error, the KafkaException is raised.
+    """
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                partition, timeout=max(deadline - time.monotonic(), 0.001), cached=False)
+            return int(low), int(high)
+        except KafkaException as exc:
+            if not _pause_to_ask_again(exc.args[0] if exc.args else None, deadline):
+                raise
+
+
 def _records(records: list[Any], where: str) -> list[Message]:
     """The records as messages; an error event is skipped when librdkafka recovers from it by
     itself (a broker away: the next polls resume) and raised otherwise."""
@@ -503,18 +522,12 @@ class ConfluentTransport:
         deadline = time.monotonic() + self._offsets_timeout_s
         ends: Offsets = {}
         for tp, confluent_tp in self._tp.items():
-            while tp not in ends:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TransportError(f"end offsets not read within {self._offsets_timeout_s:g} s")
-                try:
-                    ends[tp] = int(self._consumer.get_watermark_offsets(
-                        confluent_tp, timeout=left, cached=False)[1])
-                except KafkaException as exc:
-                    # a broker that has just come back answers "not leader" (or "leader not
-                    # available") until leadership settles: asked again within the deadline
-                    if not _pause_to_ask_again(exc.args[0] if exc.args else None, deadline):
-                        raise TransportError(f"could not read end offsets: {exc}") from exc
+            if deadline - time.monotonic() <= 0:
+                raise TransportError(f"end offsets not read within {self._offsets_timeout_s:g} s")
+            try:
+                ends[tp] = watermarks(self._consumer, confluent_tp, deadline)[1]
+            except KafkaException as exc:
+                raise TransportError(f"could not read end offsets: {exc}") from exc
         return ends
 
     def unread(self) -> dict[tuple[str, int], int | None]:

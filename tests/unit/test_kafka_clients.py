@@ -162,6 +162,38 @@ def test_end_offsets_ask_again_while_a_restarted_broker_settles_its_leaders() ->
         assert consumer.calls == 4
 
 
+def test_the_models_link_asks_again_while_a_new_models_topic_elects_its_leader() -> None:
+    """Seen in CI: a replica started with a models topic created a moment before stopped with
+    "Failed to get watermark offsets: Broker: Not leader for partition". Its librdkafka link
+    now reads the log start (and end offsets) as the transport does: asked again while the
+    leader settles, a lasting error raised at once."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError, KafkaException
+
+    from streamlearn.sync.link_clients import ConfluentLinkClients
+
+    class Consumer(_FlakyWatermarks):
+        assigned: list[object] = []
+
+        def incremental_assign(self, partitions: list[object]) -> None:
+            self.assigned.extend(partitions)
+
+    def link(consumer: Consumer) -> ConfluentLinkClients:
+        clients = object.__new__(ConfluentLinkClients)
+        clients.consumer, clients.topic, clients._starts = consumer, "models", {}
+        return clients
+
+    settling = Consumer(KafkaError.NOT_LEADER_FOR_PARTITION, failures=3)
+    clients = link(settling)
+    clients.add(0, None)
+    assert settling.calls == 4 and clients._starts == {0: 0} and len(settling.assigned) == 1
+    assert clients.end_offsets() == {0: 42}
+    lasting = Consumer(KafkaError.TOPIC_AUTHORIZATION_FAILED, failures=100)
+    with pytest.raises(KafkaException):
+        link(lasting).add(0, None)
+    assert lasting.calls == 1
+
+
 def test_end_offsets_fail_at_once_on_a_lasting_error_and_at_the_deadline_on_a_transient_one(
         ) -> None:
     pytest.importorskip("confluent_kafka")
