@@ -173,7 +173,9 @@ def test_the_models_link_asks_again_while_a_new_models_topic_elects_its_leader()
     from streamlearn.sync.link_clients import ConfluentLinkClients
 
     class Consumer(_FlakyWatermarks):
-        assigned: list[object] = []
+        def __init__(self, code: int, failures: int) -> None:
+            super().__init__(code, failures)
+            self.assigned: list[object] = []
 
         def incremental_assign(self, partitions: list[object]) -> None:
             self.assigned.extend(partitions)
