@@ -181,9 +181,9 @@ class FixedActions:
             model = f"{daemon.model_name}-v{daemon.counters.model_version}"
             # per-decision values as Python scalars in one pass each (indexing numpy arrays
             # element by element cost ~1 µs a decision)
-            chosen = actions[fresh]
-            chosen_probs = probs[fresh, chosen]
-            explored = chosen != np.argmax(probs[fresh], axis=1)
+            chosen, fresh_probs = actions[fresh], probs[fresh]
+            chosen_probs = fresh_probs[np.arange(len(fresh)), chosen]
+            explored = chosen != np.argmax(fresh_probs, axis=1)
             ids = batch.ids
             records = [{"id": ids[j], "action": a, "prob": p, "explored": e, "model": model,
                         "ts": wall}
@@ -206,7 +206,7 @@ class FixedActions:
                     if baseline >= 0:
                         record["baseline"] = baseline
             adoption.note_decisions(kept["exploit"], kept["baseline"])
-            daemon.journal_and_encode(values, fresh, records, probs[fresh], kept)
+            daemon.journal_and_encode(values, fresh, records, fresh_probs, kept)
         return Published(values, fresh, int(decided.explored.sum()), actions,
                          float(exploration_rates(probs, batch.mask).sum()) / max(len(probs), 1))
 
