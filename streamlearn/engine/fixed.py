@@ -274,10 +274,10 @@ class Engine:
         distribution is the mixture Σ share·π, the probability of every action under the
         whole sampling procedure."""
         actions, probs = self.learner.decide(X, mask, keys=keys)
-        gamma = exploration_rates(probs, mask)
+        exploit = np.asarray(np.argmax(probs, axis=1), dtype=np.int64)
+        gamma = exploration_rates(probs, mask, exploit)
         served = np.zeros(len(actions), dtype=np.int64)
-        columns = {"served_by": served, "gamma": gamma,
-                   "exploit": np.asarray(np.argmax(probs, axis=1), dtype=np.int64)}
+        columns = {"served_by": served, "gamma": gamma, "exploit": exploit}
         if mixture is None or (mixture.versions == (0,)):
             return actions, probs, columns
         seed = self.learner.seed

@@ -112,15 +112,16 @@ class PartitionClocks:
             self._clock(stream, p).observe(t, floor_only)
 
     def observe_pair(self, partitions: np.ndarray, instance_ts: np.ndarray,
-                     feedback_ts: np.ndarray) -> None:
+                     feedback_ts: np.ndarray, feedback_newest: float) -> None:
         """``observe`` of the instance and the feedback stream for one batch of decisions that
-        came with their feedback (same partitions): the one-partition test is made once."""
+        came with their feedback (same partitions; ``feedback_newest`` is ``feedback_ts``'s
+        maximum, which the caller has): the one-partition test is made once."""
         if not len(partitions):
             return
         first = int(partitions[0])
         if len(partitions) == 1 or not (partitions != first).any():
             self._clock("instances", first).observe(float(instance_ts.max()))
-            self._clock("feedback", first).observe(float(feedback_ts.max()))
+            self._clock("feedback", first).observe(feedback_newest)
             return
         self.observe("instances", partitions, instance_ts)
         self.observe("feedback", partitions, feedback_ts)

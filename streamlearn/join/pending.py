@@ -378,14 +378,15 @@ class PendingJoins:
         they join on arrival — the same outcome as :meth:`add_decisions` followed by
         :meth:`add_feedback`, without storing them. Otherwise they take that path."""
         feedback_ts = np.asarray(feedback_ts, dtype=np.float64)
+        newest = float(feedback_ts.max()) if len(feedback_ts) else -np.inf  # reduced once here
         if self.settings.duplicate_policy != "earliest" or self.early or not (
                 feedback_ts < decided_at + self.settings.window_s).all() or (
-                len(feedback_ts) and feedback_ts.max() > wall + self.settings.max_clock_skew_s):
+                newest > wall + self.settings.max_clock_skew_s):
             self.add_decisions(ids, X, actions, probs, labels, decided_at, partitions, wall,
                                model_version, columns=columns)
             self.add_feedback(ids, rewards, feedback_ts, partitions, wall)
             return
-        self.clocks.observe_pair(partitions, decided_at, feedback_ts)
+        self.clocks.observe_pair(partitions, decided_at, feedback_ts, newest)
         B = len(ids)
         versions = _column(model_version, np.int64, B)
         self._joined_on_arrival.append(Closed(
@@ -394,7 +395,7 @@ class PendingJoins:
             outcome=np.zeros(B, dtype=np.int8), delays=feedback_ts - decided_at,
             learn=np.ones(B, dtype=bool), decided_at=np.asarray(decided_at, dtype=np.float64),
             model_version=versions, columns=self._given_columns(columns, B)))
-        self.recent.add_all(ids, int(Outcome.JOINED), float(feedback_ts.max()))
+        self.recent.add_all(ids, int(Outcome.JOINED), newest)
 
     def _given_columns(self, columns: Mapping[str, np.ndarray] | None, n: int
                        ) -> dict[str, np.ndarray]:

@@ -231,14 +231,24 @@ class PageHinkley:
         changes, last, offset = 0, -1, 0
         e = np.asarray(signal, dtype=np.float64)
         while len(e):
-            count, total, m, m_min = self.state
-            n = count + np.arange(1, len(e) + 1)
-            mean = (total + np.cumsum(e)) / n
-            m_path = m + np.cumsum(e - mean - self.delta)
-            m_min_path = np.minimum(m_min, np.minimum.accumulate(m_path))
+            # Python floats: the same float64 arithmetic as on the array's scalars, without
+            # numpy's per-scalar overhead (about half of this call on a batch of 64)
+            count, total, m, m_min = self.state.tolist()
+            n = np.arange(1, len(e) + 1, dtype=np.float64)
+            n += count  # whole numbers: exact, as count + arange was
+            mean = np.cumsum(e)
+            mean += total
+            mean /= n
+            steps = e - mean
+            steps -= self.delta
+            m_path = np.cumsum(steps)
+            m_path += m
+            m_min_path = np.minimum.accumulate(m_path)
+            np.minimum(m_min_path, m_min, out=m_min_path)
             alarms = np.flatnonzero(m_path - m_min_path > self.threshold)
             if not len(alarms):
-                self.state = np.array([n[-1], total + e.sum(), m_path[-1], m_min_path[-1]])
+                self.state = np.array([count + len(e), total + float(e.sum()),
+                                       float(m_path[-1]), float(m_min_path[-1])])
                 break
             changes += 1
             last = offset + int(alarms[0])
@@ -325,7 +335,8 @@ class Adaptive(Exploration):
             mean = float(self._ring[:n].sum()) / n if n < self.window else float(self._ring.mean())
         else:
             mean = self._sum / self._count
-        return float(np.clip(1.0 - mean, 0.0, 1.0))
+        error = 1.0 - float(mean)
+        return error if math.isnan(error) else min(max(error, 0.0), 1.0)  # as np.clip
 
     def clock(self, t: np.ndarray) -> np.ndarray:
         """τ: the rounds since the last detected change (t itself before any change)."""
