@@ -421,3 +421,56 @@ def test_held_columns_are_the_unique_indices_and_number_each_entry_as_unique_doe
     unique, inverse = np.unique(X.indices, return_inverse=True)
     np.testing.assert_array_equal(held, unique)
     np.testing.assert_array_equal(np.searchsorted(held, X.indices), inverse)
+
+
+def _page_hinkley_reference(state: np.ndarray, delta: float, threshold: float,
+                            e: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """The Page–Hinkley step on arrays, as the test defines it (m_t = Σ (e_i − ē_i − δ),
+    an alarm when m_t − min m > λ, then a restart): the new state, changes, last alarm."""
+    changes, last, offset = 0, -1, 0
+    while len(e):
+        count, total, m, m_min = state
+        n = count + np.arange(1, len(e) + 1)
+        mean = (total + np.cumsum(e)) / n
+        m_path = m + np.cumsum(e - mean - delta)
+        m_min_path = np.minimum(m_min, np.minimum.accumulate(m_path))
+        alarms = np.flatnonzero(m_path - m_min_path > threshold)
+        if not len(alarms):
+            state = np.array([n[-1], total + e.sum(), m_path[-1], m_min_path[-1]])
+            break
+        changes += 1
+        last = offset + int(alarms[0])
+        offset = last + 1
+        state = np.zeros(4)
+        e = e[alarms[0] + 1:]
+    return state, changes, last
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, batches=st.lists(st.integers(0, 70), min_size=1, max_size=8),
+       rate=st.floats(0.0, 1.0), threshold=st.floats(0.5, 20.0))
+def test_page_hinkley_on_python_floats_is_the_array_definition_bit_for_bit(
+        seed: int, batches: list[int], rate: float, threshold: float) -> None:
+    from streamlearn.learners.exploration import PageHinkley
+
+    rng = np.random.default_rng(seed)
+    detector, state = PageHinkley(0.05, threshold), np.zeros(4)
+    for size in batches:
+        e = (rng.random(size) < rate).astype(np.float64)
+        state, changes, last = _page_hinkley_reference(state, 0.05, threshold, e)
+        assert detector.update(e) == (changes, last)
+        assert detector.state.tobytes() == state.tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, B=st.integers(0, 40), K=st.integers(1, 12), masked=st.booleans())
+def test_exploration_rates_at_the_given_argmax_are_those_at_the_row_maximum(
+        seed: int, B: int, K: int, masked: bool) -> None:
+    from streamlearn.actions import exploration_rates
+
+    rng = np.random.default_rng(seed)
+    probs = rng.dirichlet(np.ones(K), size=B) if B else np.zeros((0, K))
+    mask = (rng.random((B, K)) < 0.7) | (probs == probs.max(axis=1, keepdims=True)) \
+        if masked and B else None
+    expected = exploration_rates(probs, mask)
+    assert exploration_rates(probs, mask, probs.argmax(axis=1)).tobytes() == expected.tobytes()
