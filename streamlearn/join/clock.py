@@ -138,6 +138,11 @@ class PartitionClocks:
     def now(self, stream: str, wall: float) -> dict[int, float]:
         return {p: c.now(wall) for (s, p), c in self.clocks.items() if s == stream}
 
+    def now_of(self, stream: str, partition: int, wall: float) -> float:
+        """One partition's time (-inf when it has no clock yet)."""
+        clock = self.clocks.get((stream, int(partition)))
+        return -np.inf if clock is None else clock.now(wall)
+
     def latest(self, wall: float) -> float:
         return max((c.now(wall) for c in self.clocks.values()), default=-np.inf)
 

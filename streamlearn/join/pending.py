@@ -13,15 +13,16 @@ A decision waits for feedback for an *experimental-unit window* (``window_s``).
 * Feedback whose event time is at or past ``decided_at + window_s``, or that arrives
   after its decision closed by expiry or shedding — or, with an aggregating policy,
   after it closed at all — is ``LATE``: counted, no effect.
-* Feedback that arrives before its decision is ``HELD`` for ``early_window_s`` (every
-  value of the id is kept: an aggregating policy aggregates them as if they had come
-  just after the decision, in their order); if the decision does not appear by then
-  the feedback is ``UNKNOWN``.
+* Feedback that arrives before its decision is ``HELD`` for ``early_window_s`` of its
+  partition's instance clock from its arrival (that clock's time then; its own event
+  time if later: :class:`EarlyFeedback`) (every value of the id is kept: an aggregating
+  policy aggregates them as if they had come just after the decision, in their order);
+  if the decision does not appear by then the feedback is ``UNKNOWN``.
 * A decision that closes without feedback is ``EXPIRED``: with
   ``expiry="default_reward"`` it is learned with ``default_reward``, with ``"drop"``
   it is not learned from.
 * At most ``max_pending`` decisions wait; beyond that the oldest are ``SHED``
-  (closed, not learned from, counted).
+  (closed, not learned from, counted), a batch larger than the bound included.
 
 Every decision closes exactly once; closed decisions are collected by
 :meth:`PendingJoins.drain` as one :class:`Closed` batch (one learner update).
@@ -158,13 +159,25 @@ class JoinSettings:
 class EarlyFeedback:
     """Feedback held because its decision has not been seen yet: every value of the id
     (weighted rewards, in arrival order; one with the ``earliest`` policy), held for
-    ``early_window_s`` from the first one's event time ``ts``."""
+    ``early_window_s`` of its partition's instance clock from :attr:`hold_start`: the later
+    of the first one's event time ``ts`` and that clock's time when it arrived
+    (``held_from``). A lagging ``ts`` (a producer whose clock is behind, or ``ts`` 0) is
+    believed for the join, but holding from it made the feedback due at once on a caught-up
+    partition, whose clock follows the wall clock, before a decision that came a moment
+    later (an outside test lost 8 of 12 such pairs). In a backlog the clock is the
+    backlog's own time, so feedback whose decision never comes is still dropped once the
+    backlog is ``early_window_s`` past it."""
 
     event_id: Hashable
     rewards: list[float]
     ts: float
     partition: int
     source: Message | None = None  # the first message, for a dead letter if it becomes unknown
+    held_from: float = -math.inf  # -inf: from ts (a checkpoint written before held_from)
+
+    @property
+    def hold_start(self) -> float:
+        return max(self.ts, self.held_from)
 
 
 @dataclass
@@ -353,6 +366,10 @@ class PendingJoins:
             if matched:
                 self._apply_held(slots[matched], [self.pop_early(ids[i]) for i in matched],
                                  self.now(wall))
+        excess = len(self.slot_of) - self.settings.max_pending
+        if excess > 0:  # the batch alone holds more than the bound: its first ones go too
+            waiting = slots[self.active[slots]]
+            self._shed_slots(waiting[:excess], self.now(wall))
 
     def pop_early(self, event_id: Any) -> EarlyFeedback:
         """Stop holding the feedback of ``event_id`` (KeyError when none is held)."""
@@ -408,9 +425,11 @@ class PendingJoins:
 
     def _shed(self, n: int, now: float) -> None:
         live = np.flatnonzero(self.active)
-        oldest = live[np.argsort(self.decided_at[live], kind="stable")[:n]]
-        self._close(oldest, np.full(len(oldest), Outcome.SHED, dtype=np.int8), now)
-        self.shed_total += len(oldest)
+        self._shed_slots(live[np.argsort(self.decided_at[live], kind="stable")[:n]], now)
+
+    def _shed_slots(self, slots: np.ndarray, now: float) -> None:
+        self._close(slots, np.full(len(slots), Outcome.SHED, dtype=np.int8), now)
+        self.shed_total += len(slots)
 
     # ---------------------------------------------------------------- feedback
     def add_feedback(self, ids: Sequence[Any], rewards: np.ndarray, ts: np.ndarray,
@@ -459,11 +478,12 @@ class PendingJoins:
             self._apply(s, rewards[joining], ts[joining], now)
         for i in np.flatnonzero(slots < 0).tolist():  # not pending: recent, early or unknown
             out[i] = self._not_pending(ids[i], float(rewards[i]), float(ts[i]),
-                                       int(partitions[i]), None if sources is None else sources[i])
+                                       int(partitions[i]), None if sources is None else sources[i],
+                                       wall)
         return out
 
     def _not_pending(self, event_id: Any, reward: float, ts: float, partition: int,
-                     source: Message | None) -> Outcome:
+                     source: Message | None, wall: float) -> Outcome:
         how = self.recent.get(event_id)
         if how is not None:  # closed; an aggregating policy closes at (or past) the window's end
             aggregating = self.settings.duplicate_policy != "earliest"
@@ -479,9 +499,11 @@ class PendingJoins:
             self._held_values += 1
             return Outcome.AGGREGATED
         if self.settings.early_window_s > 0 and room:
-            self.early[event_id] = EarlyFeedback(event_id, [reward], ts, partition, source)
+            held = EarlyFeedback(event_id, [reward], ts, partition, source,
+                                 self.clocks.now_of("instances", partition, wall))
+            self.early[event_id] = held
             self._held_values += 1
-            self._early_oldest = min(self._early_oldest, ts)
+            self._early_oldest = min(self._early_oldest, held.hold_start)
             return Outcome.HELD
         return Outcome.UNKNOWN
 
@@ -538,7 +560,7 @@ class PendingJoins:
                 instance_now.values(), default=-np.inf):  # only when the oldest may be due
             parts = np.fromiter((fb.partition for fb in self.early.values()), np.int64,
                                 count=len(self.early))
-            ts = np.fromiter((fb.ts for fb in self.early.values()), np.float64,
+            ts = np.fromiter((fb.hold_start for fb in self.early.values()), np.float64,
                              count=len(self.early))
             gone = ts + self.settings.early_window_s <= _per_partition(instance_now, parts)
             held_ids = list(self.early)
@@ -675,7 +697,8 @@ class PendingJoins:
                 -np.inf if since is None else float(since))
             store.early = OrderedDict((fb["event_id"], _early_from_json(fb)) for fb in meta["early"])
             store._held_values = sum(len(fb.rewards) for fb in store.early.values())
-            store._early_oldest = min((fb.ts for fb in store.early.values()), default=np.inf)
+            store._early_oldest = min((fb.hold_start for fb in store.early.values()),
+                                      default=np.inf)
             store.shed_total = int(meta["shed_total"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"Pending joins in the checkpoint are invalid: {exc!r}") from exc
@@ -738,7 +761,8 @@ def _early_json(fb: EarlyFeedback) -> dict[str, Any]:
         "topic": src.topic, "partition": src.partition, "offset": src.offset,
         "key_b64": _b64(src.key), "value_b64": _b64(src.value), "timestamp_ms": src.timestamp_ms}
     return {"event_id": fb.event_id, "rewards": fb.rewards, "ts": fb.ts,
-            "partition": fb.partition, "source": source}
+            "partition": fb.partition, "source": source,
+            **({"held_from": fb.held_from} if math.isfinite(fb.held_from) else {})}
 
 
 def _early_from_json(data: dict[str, Any]) -> EarlyFeedback:
@@ -755,7 +779,12 @@ def _early_from_json(data: dict[str, Any]) -> EarlyFeedback:
     if not rewards or not all(math.isfinite(r) and r >= 0 for r in rewards):
         raise ValueError(f"held feedback of {data['event_id']!r:.80} must have finite values "
                          f">= 0, got {rewards!r:.80}")
-    return EarlyFeedback(data["event_id"], rewards, float(data["ts"]), int(partition), message)
+    held_from = float(data.get("held_from", -math.inf))
+    if math.isnan(held_from):
+        raise ValueError(f"held feedback of {data['event_id']!r:.80} must have a held_from "
+                         f"time, got {data['held_from']!r:.80}")
+    return EarlyFeedback(data["event_id"], rewards, float(data["ts"]), int(partition), message,
+                         held_from)
 
 
 def _stored_ids(arrays: dict[str, np.ndarray], name: str) -> list[str]:

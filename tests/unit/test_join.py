@@ -108,6 +108,56 @@ def test_early_feedback_is_held_then_joined_or_unknown() -> None:
     assert [fb.event_id for fb in unknown] == ["z"] and len(p.early) == 0
 
 
+@pytest.mark.parametrize("lag", [60.0, 1.05e3])  # a clock a minute behind, and ts 0
+def test_early_feedback_with_a_lagging_time_is_held_from_its_arrival(lag: float) -> None:
+    """Held for the backward window from its partition's instance clock at its arrival, not
+    from its own (believed, old) time: a caught-up partition's clock follows the wall
+    clock, and held from its own time such feedback was dropped as unknown just before
+    its decision came (an outside test lost 8 of 12 pairs)."""
+    p = store(early_window_s=2.0)
+    idle = [("instances", 0), ("feedback", 0)]
+    decide(p, ["earlier"], t=1000.0)
+    p.advance(wall=1000.0, idle=idle)  # caught up: the clocks follow the wall from here
+    out = p.add_feedback(["a", "z"], np.ones(2), np.full(2, 1050.0 - lag), np.zeros(2, np.int64),
+                         wall=1050.0)
+    assert out.tolist() == [Outcome.HELD, Outcome.HELD]
+    assert p.early["a"].held_from == 1050.0 and p.early["a"].hold_start == 1050.0
+    assert p.advance(wall=1051.5, idle=idle) == []
+    decide(p, ["a"], t=1051.7)  # 1.7 s after its feedback: joins
+    closed = p.drain()
+    assert closed.ids == ["a"] and closed.outcome.tolist() == [JOINED]
+    assert p.advance(wall=1051.9, idle=idle) == []
+    gone = p.advance(wall=1052.3, idle=idle)  # the clock: 1051.7 + 0.4 s idle
+    assert [fb.event_id for fb in gone] == ["z"]  # its decision never came: unknown in time
+
+
+def test_held_feedback_keeps_its_arrival_time_through_a_checkpoint() -> None:
+    p = store(early_window_s=2.0)
+    idle = [("instances", 0), ("feedback", 0)]
+    decide(p, ["earlier"], t=1000.0)
+    p.advance(wall=1000.0, idle=idle)
+    p.add_feedback(["a"], np.ones(1), np.zeros(1), np.zeros(1, np.int64), wall=1000.5)
+    restored = PendingJoins.restore(K, D, p.settings, *p.export())
+    assert restored.early["a"].ts == 0.0 and restored.early["a"].held_from == 1000.5
+    # idle time is not carried over a restart: the restored clock starts following again
+    assert restored.advance(wall=1001.0, idle=idle) == []
+    assert restored.advance(wall=1002.4, idle=idle) == []  # the clock: 1000.5 + 1.4 s idle
+    assert [fb.event_id for fb in restored.advance(wall=1003.6, idle=idle)] == ["a"]
+
+
+def test_max_pending_holds_when_one_batch_alone_is_larger() -> None:
+    """The bound holds inside one batch too: its first decisions are shed (an outside test saw
+    50 pending with the bound at 20)."""
+    p = store(max_pending=20)
+    decide(p, [f"a{i}" for i in range(50)], t=0.0)
+    closed = p.drain()
+    assert len(p) == 20 and p.shed_total == 30 and closed.ids == [f"a{i}" for i in range(30)]
+    assert closed.outcome.tolist() == [SHED] * 30
+    decide(p, [f"b{i}" for i in range(50)], t=1.0)
+    assert len(p) == 20 and p.shed_total == 80
+    assert sorted(p.slot_of) == sorted(f"b{i}" for i in range(30, 50))
+
+
 def test_no_backward_window_means_unknown_at_once() -> None:
     p = store(early_window_s=0.0)
     assert feedback(p, ["nope"], [1.0], t=0.0) == [(0, "unknown")]
