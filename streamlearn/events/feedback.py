@@ -30,6 +30,7 @@ from streamlearn.events.raw import (
     RawMessage,
     Reject,
     Rejection,
+    depth_exceeds,
     event_id_of,
     feedback_type_of,
     is_number,
@@ -38,6 +39,8 @@ from streamlearn.events.raw import (
 )
 
 __all__ = ["FeedbackBatch", "decode_feedback"]
+
+_PLAIN_KEYS = frozenset({"id", "reward", "ts", "type"})
 
 
 @dataclass
@@ -77,7 +80,10 @@ def decode_feedback(
                 frw: Any = parsed.get("reward")
                 fts: Any = parsed.get("ts")
                 ftype: Any = parsed.get("type")
-                if (type(fid) is str and 0 < len(fid) <= limits.max_id_length
+                # only the keys above hold scalars (one level); another key's value may nest
+                # deeper than the limit, which the full checks refuse (nesting_too_deep)
+                if ((parsed.keys() <= _PLAIN_KEYS or not depth_exceeds(value, limits.max_depth))
+                        and type(fid) is str and 0 < len(fid) <= limits.max_id_length
                         and type(frw) in (int, float) and 0.0 <= frw <= 1.0
                         and (fts is None or (type(fts) in (int, float) and math.isfinite(fts)))
                         and (ftype is None or (type(ftype) is str

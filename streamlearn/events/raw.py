@@ -14,8 +14,8 @@ import numpy as np
 import orjson
 
 __all__ = ["DEFAULT_LIMITS", "MAX_TYPE_LENGTH", "DecodeLimits", "Message", "RawMessage", "Reject",
-           "Rejection", "check_depth", "event_id_of", "feedback_type_of", "is_number", "own_copy",
-           "parse_object", "timestamp_of"]
+           "Rejection", "check_depth", "depth_exceeds", "event_id_of", "feedback_type_of",
+           "is_number", "own_copy", "parse_object", "timestamp_of"]
 
 #: the longest feedback ``type`` accepted (a short name: click, conversion, dwell)
 MAX_TYPE_LENGTH = 64
@@ -101,7 +101,7 @@ _BRACKET_STEP[list(b"[{")], _BRACKET_STEP[list(b"]}")] = 1, -1
 _QUOTE = ord('"')
 
 
-def _depth_exceeds(value: bytes, limit: int) -> bool:
+def depth_exceeds(value: bytes, limit: int) -> bool:
     """Whether bracket nesting outside JSON strings exceeds ``limit``.
 
     Brackets inside strings are not nesting: counting them would reject a valid event
@@ -113,12 +113,17 @@ def _depth_exceeds(value: bytes, limit: int) -> bool:
     marks = value.translate(None, _NOT_MARKS)
     if marks.count(b"[") + marks.count(b"{") <= limit:  # fewer openers than the limit
         return False
+    return _depth(value, marks) > limit
+
+
+def _depth(value: bytes, marks: bytes) -> int:
+    """The nesting depth of ``value`` (``marks``: its brackets and quotes)."""
     if b"\\" in value:
         # Escapes pair up from the left of each backslash run (JSON's reading inside a string;
         # outside one a backslash is invalid JSON, which orjson rejects right there): drop the
         # escaped backslashes, then the escaped quotes; every quote left opens or closes.
         marks = value.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_MARKS)
-    return _nesting_depth(marks) > limit
+    return _nesting_depth(marks)
 
 
 def _nesting_depth(marks: bytes) -> int:
@@ -131,8 +136,9 @@ def _nesting_depth(marks: bytes) -> int:
 
 def check_depth(value: bytes, limits: DecodeLimits) -> None:
     """Refuse (``nesting_too_deep``) a value nested deeper than ``limits.max_depth``."""
-    if _depth_exceeds(value, limits.max_depth):
-        raise Reject("nesting_too_deep", f"expected nesting depth <= {limits.max_depth}")
+    if depth_exceeds(value, limits.max_depth):
+        raise Reject("nesting_too_deep", f"expected nesting depth <= {limits.max_depth}, got "
+                                         f"{_depth(value, value.translate(None, _NOT_MARKS))}")
 
 
 def parse_object(msg: RawMessage, limits: DecodeLimits, count_depth: bool = True) -> dict[str, Any]:

@@ -355,8 +355,10 @@ class Daemon:
         """Dead-letter the decoder's rejections and the instances whose id is already known."""
         for i in np.flatnonzero(known).tolist():
             m = messages[i]
-            rejected.append(Rejection("duplicate_id", "an instance with this id is already known",
-                                      m.topic, m.partition, m.offset, m.key, m.value, ids[i]))
+            rejected.append(Rejection(
+                "duplicate_id", f"expected an id not decided recently, got {ids[i]!r:.80}, which "
+                                "is pending, recently closed or earlier in this batch",
+                m.topic, m.partition, m.offset, m.key, m.value, ids[i]))
         self._reject(rejected)
 
     def journal_and_encode(self, values: list[bytes], fresh: np.ndarray,
@@ -431,9 +433,13 @@ class Daemon:
         for i in np.flatnonzero((outcomes == Outcome.DUPLICATE.value) | (outcomes == Outcome.UNKNOWN.value)
                                 ).tolist():
             m, outcome = messages[i], Outcome(outcomes[i])
-            self._reject([Rejection(_DEAD_LETTERED[outcome],
-                                    f"feedback for a {outcome.name.lower()} decision id",
-                                    m.topic, m.partition, m.offset, m.key, m.value, ids[i])])
+            detail = (f"expected one feedback per decision id (duplicate policy 'earliest'), got "
+                      f"another for {ids[i]!r:.80}: its first has joined or is held for its "
+                      f"decision" if outcome == Outcome.DUPLICATE else
+                      f"expected feedback for a decided id, got {ids[i]!r:.80}: no such decision "
+                      f"is pending or recently closed, and it cannot be held for one")
+            self._reject([Rejection(_DEAD_LETTERED[outcome], detail, m.topic, m.partition,
+                                    m.offset, m.key, m.value, ids[i])])
         for name, n in counted.items():
             self.counters.feedback[name] += n
             self.observer.on_feedback(name, n)

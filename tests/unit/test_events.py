@@ -125,7 +125,7 @@ def test_extremely_deep_nesting_is_refused_without_parsing() -> None:
        st.integers(min_value=0, max_value=12))
 def test_the_depth_check_counts_brackets_outside_strings_as_a_naive_scan_does(
         value: bytes, limit: int) -> None:
-    from streamlearn.events.raw import _depth_exceeds
+    from streamlearn.events.raw import depth_exceeds
 
     depth = deepest = backslashes = 0
     in_string = False
@@ -138,7 +138,7 @@ def test_the_depth_check_counts_brackets_outside_strings_as_a_naive_scan_does(
         # (a backslash outside a string is invalid JSON: orjson stops there, before any
         # nesting after it, so treating it as an escape there too only errs on the safe side)
         backslashes = backslashes + 1 if byte == ord("\\") else 0
-    assert _depth_exceeds(value, limit) == (deepest > limit)
+    assert depth_exceeds(value, limit) == (deepest > limit)
 
 
 @pytest.mark.parametrize(("value", "detail"), [
@@ -379,3 +379,17 @@ def test_a_feedback_type_is_kept_and_a_bad_one_says_what_was_expected() -> None:
         orjson.dumps({"id": "t", "reward": 1.0, "type": {"a": 1}}), topic="feedback"))
     assert requests.ids == ["r", "s"] and requests.types == ["conversion", None]
     assert [(r.reason, r.detail) for r in bad] == [("bad_feedback_type", expected + "dict {'a': 1}")]
+
+
+@pytest.mark.parametrize("levels", [33, 100, 1010])
+def test_feedback_nested_past_the_limit_is_refused_with_its_depth(levels: int) -> None:
+    """Another key's value on a feedback event is counted too: its fast path used to accept
+    any depth orjson parses (an outside test: 100 levels joined)."""
+    from streamlearn.events.feedback import decode_feedback
+
+    deep = b'{"id": "v1", "reward": 1, "meta": ' + b"[" * levels + b"]" * levels + b"}"
+    plain = b'{"id": "v2", "reward": 1, "ts": 3, "type": "click", "meta": [[1]]}'
+    batch, rejected = decode_feedback(msgs(deep, plain))
+    assert batch.ids == ["v2"]
+    assert [(r.reason, r.detail) for r in rejected] == [
+        ("nesting_too_deep", f"expected nesting depth <= 32, got {levels + 1}")]
