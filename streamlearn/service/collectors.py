@@ -36,7 +36,17 @@ def _as_array(values: np.ndarray | float | Sequence[float]) -> np.ndarray:
 
 
 class ArrayHistogram(Collector):
-    """A histogram fed whole arrays at once (vectorised), exposed at scrape time."""
+    """A histogram of durations fed whole arrays at once (vectorised), exposed at scrape time.
+
+    A value below 0 counts as 0: the durations observed here (a decision's latency from its
+    record timestamp, a feedback's delay from its decision) span two machines' clocks, and
+    Prometheus reads ``_sum`` as a counter, which a negative observation would make fall
+    (an outside test: ``_sum`` at -1.8e9 after one feedback stamped ``ts`` 0).
+
+    >>> h = ArrayHistogram("skew_seconds", "demo", (0.1,))
+    >>> h.observe(np.array([-5.0, 0.05])); h._sum, h._counts.tolist()
+    (0.05, [2, 0])
+    """
 
     def __init__(self, name: str, documentation: str, buckets: Iterable[float]) -> None:
         self.name = name
@@ -48,7 +58,7 @@ class ArrayHistogram(Collector):
 
     def observe(self, values: np.ndarray | float | Sequence[float]) -> None:
         v = _as_array(values)
-        v = v[np.isfinite(v)]
+        v = np.maximum(v[np.isfinite(v)], 0.0)
         if v.size == 0:
             return
         # bucket i counts v <= bounds[i] (Prometheus "le" is inclusive)
