@@ -35,6 +35,7 @@ is needed only by deployments that choose this client.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -46,12 +47,56 @@ from streamlearn.transport.buffers import Partition, PartitionBuffers
 from streamlearn.transport.kafka import OFFSETS_TIMEOUT_S, check_reachable
 from streamlearn.transport.protocol import ClientTuning, Message, Offsets, check_offsets
 
-__all__ = ["CLOSE_TIMEOUT_S", "LIBRDKAFKA_LOG", "ConfluentTransport", "SharedConfluentClients",
-           "close_consumer", "consume_ready", "librdkafka_options", "log_client_error",
-           "open_confluent_clients", "topic_partitions"]
+__all__ = ["CLOSE_TIMEOUT_S", "LIBRDKAFKA_LOG", "REPEAT_WINDOW_S", "ConfluentTransport",
+           "RepeatLimit", "SharedConfluentClients", "close_consumer", "consume_ready",
+           "librdkafka_options", "log_client_error", "open_confluent_clients", "topic_partitions"]
 
 log = logging.getLogger(__name__)
 LIBRDKAFKA_LOG = logging.getLogger("streamlearn.librdkafka")  # librdkafka's own log lines
+
+#: A librdkafka line (or client error) of one kind is logged at most once in this many seconds;
+#: the next one after it says how many were left out. While a broker is away each client
+#: reconnects every 0.1-2 s on each of its connections and logs each failure: an outside test
+#: saw 661 lines in a 15 s outage, ~40 a second.
+REPEAT_WINDOW_S = 30.0
+
+
+class RepeatLimit(logging.Filter):
+    """Lets through the first line of each kind (the text with its numbers masked) per
+    ``window_s``, adding to it how many of its kind were left out since the last one."""
+
+    _MAX_KINDS = 256  # forgets every kind past this many (a bound, not a policy)
+
+    def __init__(self, window_s: float = REPEAT_WINDOW_S,
+                 clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.window_s, self.clock = window_s, clock
+        self._kinds: dict[str, list[float]] = {}  # kind → [last let through, left out since]
+
+    def admit(self, text: str) -> tuple[bool, int]:
+        """(whether to log ``text`` now, how many of its kind were left out before it)."""
+        kind = re.sub(r"\d+", "#", text)
+        now = float(self.clock())
+        seen = self._kinds.get(kind)
+        if seen is not None and now - seen[0] < self.window_s:
+            seen[1] += 1
+            return False, 0
+        if seen is None and len(self._kinds) >= self._MAX_KINDS:
+            self._kinds.clear()
+        self._kinds[kind] = [now, 0.0]
+        return True, 0 if seen is None else int(seen[1])
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        admitted, left_out = self.admit(record.getMessage())
+        if admitted and left_out:
+            record.msg = (f"{record.getMessage()} ({left_out} more like this in the last "
+                          f"{self.window_s:.0f} s)")
+            record.args = ()
+        return admitted
+
+
+LIBRDKAFKA_LOG.addFilter(RepeatLimit())
+_CLIENT_ERRORS = RepeatLimit()
 
 #: How long closing the consumer may take: librdkafka's close waits for the commits in flight,
 #: which wait for the group coordinator as long as the broker is away (40 s measured); past
@@ -172,7 +217,11 @@ class _Commits:
 def log_client_error(error: Any) -> None:
     """librdkafka's client-level errors (a broker down, all brokers down): it reconnects by
     itself; a fatal error (the idempotent producer's state lost) is logged as an error."""
-    (log.error if error.fatal() else log.info)("librdkafka: %s", error)
+    admitted, left_out = _CLIENT_ERRORS.admit(str(error))
+    if admitted or error.fatal():  # a fatal one always
+        (log.error if error.fatal() else log.info)(
+            "librdkafka: %s%s", error, f" ({left_out} more like this in the last "
+                                       f"{_CLIENT_ERRORS.window_s:.0f} s)" if left_out else "")
 
 
 def _message(record: Any) -> Message:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import time
 from typing import Any
 
@@ -264,3 +265,34 @@ def test_a_waited_commit_is_made_again_while_a_restarted_broker_settles_its_coor
     with pytest.raises(TransportError, match=r"commit of .* failed"):
         _committing_transport(lasting).commit({("t", 0): 7})
     assert len(lasting.commits) == 1
+
+
+def test_librdkafka_lines_of_one_kind_are_logged_once_per_window(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A broker away: each connection's failed reconnects (every 0.1-2 s, two lines each) were
+    all logged, 661 lines in a 15 s outage. One line of each kind per window now, the next
+    saying how many were left out."""
+    from streamlearn.transport.confluent import RepeatLimit
+
+    now = [0.0]
+    logger = logging.getLogger("streamlearn.test.repeats")
+    limit = RepeatLimit(window_s=30.0, clock=lambda: now[0])
+    logger.addFilter(limit)
+    try:
+        with caplog.at_level(logging.INFO, logger=logger.name):
+            for attempt in range(200):  # 20 s of refusals on two connections, 0.1 s apart
+                now[0] = attempt * 0.1
+                for broker in ("bootstrap", "1"):
+                    logger.error("FAIL [thrd:127.0.0.1:29092/%s]: connect failed after %dms",
+                                 broker, attempt % 7)
+            now[0] = 31.0
+            logger.error("FAIL [thrd:127.0.0.1:29092/1]: connect failed after 3ms")
+            logger.error("a different line")
+    finally:
+        logger.removeFilter(limit)
+    lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert lines == ["FAIL [thrd:127.0.0.1:29092/bootstrap]: connect failed after 0ms",
+                     "FAIL [thrd:127.0.0.1:29092/1]: connect failed after 0ms",
+                     "FAIL [thrd:127.0.0.1:29092/1]: connect failed after 3ms "
+                     "(199 more like this in the last 30 s)",
+                     "a different line"]
