@@ -264,6 +264,24 @@ def _directory_problem_of(path: Path) -> str:
         return f"{str(parent)!r} is not a directory"
     if parent is not None and not os.access(parent, os.W_OK | os.X_OK):
         return f"cannot create it: {str(parent)!r} is not writable"
+    return _creation_problem(path)
+
+
+def _creation_problem(path: Path) -> str:
+    """Why ``path`` (missing) cannot be created, found by creating it and removing what was
+    created: the permission bits say yes for root under /proc or /sys, where mkdir fails."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]  # the deepest first
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:
+        return ""  # created meanwhile by someone else: usable
+    except OSError as err:
+        return f"cannot create it: {err.strerror or err}"
+    for created in missing:
+        try:
+            created.rmdir()
+        except OSError:  # no longer empty or gone: someone else's now
+            break
     return ""
 
 

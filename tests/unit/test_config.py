@@ -248,6 +248,17 @@ def test_checkpoint_dir_must_be_usable_as_a_directory(tmp_path: Path) -> None:
             f"unset). Got {str(given)!r} (from --checkpoint-dir): {why}.")
     fresh = tmp_path / "new" / "state"  # created later by the checkpointer
     assert load_config(environ={}, cli={"checkpoint.dir": str(fresh)}).checkpoint.dir == fresh
+    assert not (tmp_path / "new").exists()  # the check created it and removed what it made
+
+
+def test_a_checkpoint_dir_the_system_refuses_to_create_is_a_config_error() -> None:
+    """Writable by its permission bits (as root), refused by mkdir: a pseudo file system. It
+    passed the check and stopped serve with a bare OSError line and exit code 1."""
+    with pytest.raises(ConfigError) as exc:
+        load_config(environ={}, cli={"checkpoint.dir": "/proc/streamlearn-test/state"})
+    assert str(exc.value).startswith(
+        "checkpoint.dir must be a directory (existing, or one that can be created) (or unset). "
+        "Got '/proc/streamlearn-test/state' (from --checkpoint-dir): cannot create it: ")
 
 
 def test_exploration_defaults_to_the_learners_own_and_a_lone_gamma_means_fixed(
