@@ -13,11 +13,12 @@ A decision waits for feedback for an *experimental-unit window* (``window_s``).
 * Feedback whose event time is at or past ``decided_at + window_s``, or that arrives
   after its decision closed by expiry or shedding — or, with an aggregating policy,
   after it closed at all — is ``LATE``: counted, no effect.
-* Feedback that arrives before its decision is ``HELD`` for ``early_window_s`` of its
-  partition's instance clock from its arrival (that clock's time then; its own event
-  time if later: :class:`EarlyFeedback`) (every value of the id is kept: an aggregating
-  policy aggregates them as if they had come just after the decision, in their order);
-  if the decision does not appear by then the feedback is ``UNKNOWN``.
+* Feedback that arrives before its decision is ``HELD`` for ``early_window_s``, both of
+  its partition's instance clock from its arrival (that clock's time then, its own event
+  time if later) and of the caller's wall clock (:class:`EarlyFeedback`); every value of
+  the id is kept (an aggregating policy aggregates them as if they had come just after
+  the decision, in their order); if the decision does not appear by then the feedback is
+  ``UNKNOWN``.
 * A decision that closes without feedback is ``EXPIRED``: with
   ``expiry="default_reward"`` it is learned with ``default_reward``, with ``"drop"``
   it is not learned from.
@@ -158,15 +159,19 @@ class JoinSettings:
 @dataclass
 class EarlyFeedback:
     """Feedback held because its decision has not been seen yet: every value of the id
-    (weighted rewards, in arrival order; one with the ``earliest`` policy), held for
-    ``early_window_s`` of its partition's instance clock from :attr:`hold_start`: the later
-    of the first one's event time ``ts`` and that clock's time when it arrived
-    (``held_from``). A lagging ``ts`` (a producer whose clock is behind, or ``ts`` 0) is
-    believed for the join, but holding from it made the feedback due at once on a caught-up
-    partition, whose clock follows the wall clock, before a decision that came a moment
-    later (an outside test lost 8 of 12 such pairs). In a backlog the clock is the
-    backlog's own time, so feedback whose decision never comes is still dropped once the
-    backlog is ``early_window_s`` past it."""
+    (weighted rewards, in arrival order; one with the ``earliest`` policy). It is held until
+    both its partition's instance clock is ``early_window_s`` past :attr:`hold_start` (the
+    later of the first one's event time ``ts`` and that clock's time when it arrived,
+    ``held_from``) and ``early_window_s`` of the caller's wall clock have passed since it
+    arrived (``arrived``).
+
+    A lagging ``ts`` (a producer whose clock is behind, or ``ts`` 0) is believed for the
+    join, but held by it alone the feedback was due at once on a caught-up partition, whose
+    clock follows the wall clock (an outside test lost 8 of 12 such pairs), and, after a
+    restart, as soon as the backlog's first instances moved a clock that was behind (one
+    pair in 30, read as the backlog ended). In a backlog the instance clock is the backlog's
+    own time, so feedback whose decision never comes is still dropped once the backlog is
+    the window past it, and the window has passed on the wall clock."""
 
     event_id: Hashable
     rewards: list[float]
@@ -174,6 +179,7 @@ class EarlyFeedback:
     partition: int
     source: Message | None = None  # the first message, for a dead letter if it becomes unknown
     held_from: float = -math.inf  # -inf: from ts (a checkpoint written before held_from)
+    arrived: float = -math.inf  # the caller's wall time; -inf: a checkpoint written before it
 
     @property
     def hold_start(self) -> float:
@@ -239,6 +245,7 @@ class PendingJoins:
         self._joined_on_arrival: list[Closed] = []  # decisions that came with their feedback
         self._oldest = np.inf  # a lower bound of the pending decisions' decision times
         self._early_oldest = np.inf  # a lower bound of the held feedback's event times
+        self._early_first_arrival = np.inf  # a lower bound of their wall times of arrival
         self.shed_total = 0
         self._grow(1024)
 
@@ -500,10 +507,11 @@ class PendingJoins:
             return Outcome.AGGREGATED
         if self.settings.early_window_s > 0 and room:
             held = EarlyFeedback(event_id, [reward], ts, partition, source,
-                                 self.clocks.now_of("instances", partition, wall))
+                                 self.clocks.now_of("instances", partition, wall), wall)
             self.early[event_id] = held
             self._held_values += 1
             self._early_oldest = min(self._early_oldest, held.hold_start)
+            self._early_first_arrival = min(self._early_first_arrival, wall)
             return Outcome.HELD
         return Outcome.UNKNOWN
 
@@ -556,20 +564,21 @@ class PendingJoins:
                 else np.inf
         unknown: list[EarlyFeedback] = []
         instance_now = self.clocks.now("instances", wall) if self.early else {}
-        if self.early and self._early_oldest + self.settings.early_window_s <= max(
-                instance_now.values(), default=-np.inf):  # only when the oldest may be due
-            parts = np.fromiter((fb.partition for fb in self.early.values()), np.int64,
-                                count=len(self.early))
-            ts = np.fromiter((fb.hold_start for fb in self.early.values()), np.float64,
-                             count=len(self.early))
-            gone = ts + self.settings.early_window_s <= _per_partition(instance_now, parts)
-            held_ids = list(self.early)
+        window = self.settings.early_window_s
+        if self.early and self._early_oldest + window <= max(instance_now.values(), default=-np.inf) \
+                and self._early_first_arrival + window <= wall:  # only when the oldest may be due
+            held = list(self.early.values())
+            parts = np.fromiter((fb.partition for fb in held), np.int64, count=len(held))
+            ts = np.fromiter((fb.hold_start for fb in held), np.float64, count=len(held))
+            arrived = np.fromiter((fb.arrived for fb in held), np.float64, count=len(held))
+            gone = (ts + window <= _per_partition(instance_now, parts)) & (arrived + window <= wall)
             for n in np.flatnonzero(gone).tolist():  # only the due ones
-                if awaited is not None and awaited(held_ids[n]):
+                if awaited is not None and awaited(held[n].event_id):
                     gone[n] = False  # stays held; due, so looked at again at the next step
                 else:
-                    unknown.append(self.pop_early(held_ids[n]))
+                    unknown.append(self.pop_early(held[n].event_id))
             self._early_oldest = float(ts[~gone].min()) if (~gone).any() else np.inf
+            self._early_first_arrival = float(arrived[~gone].min()) if (~gone).any() else np.inf
         self.recent.age(self.now(wall))
         return unknown
 
@@ -699,6 +708,8 @@ class PendingJoins:
             store._held_values = sum(len(fb.rewards) for fb in store.early.values())
             store._early_oldest = min((fb.hold_start for fb in store.early.values()),
                                       default=np.inf)
+            store._early_first_arrival = min((fb.arrived for fb in store.early.values()),
+                                             default=np.inf)
             store.shed_total = int(meta["shed_total"])
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(f"Pending joins in the checkpoint are invalid: {exc!r}") from exc
@@ -762,7 +773,8 @@ def _early_json(fb: EarlyFeedback) -> dict[str, Any]:
         "key_b64": _b64(src.key), "value_b64": _b64(src.value), "timestamp_ms": src.timestamp_ms}
     return {"event_id": fb.event_id, "rewards": fb.rewards, "ts": fb.ts,
             "partition": fb.partition, "source": source,
-            **({"held_from": fb.held_from} if math.isfinite(fb.held_from) else {})}
+            **{name: time for name, time in (("held_from", fb.held_from), ("arrived", fb.arrived))
+               if math.isfinite(time)}}
 
 
 def _early_from_json(data: dict[str, Any]) -> EarlyFeedback:
@@ -779,12 +791,12 @@ def _early_from_json(data: dict[str, Any]) -> EarlyFeedback:
     if not rewards or not all(math.isfinite(r) and r >= 0 for r in rewards):
         raise ValueError(f"held feedback of {data['event_id']!r:.80} must have finite values "
                          f">= 0, got {rewards!r:.80}")
-    held_from = float(data.get("held_from", -math.inf))
-    if math.isnan(held_from):
-        raise ValueError(f"held feedback of {data['event_id']!r:.80} must have a held_from "
-                         f"time, got {data['held_from']!r:.80}")
+    held_from, arrived = (float(data.get(name, -math.inf)) for name in ("held_from", "arrived"))
+    if math.isnan(held_from) or math.isnan(arrived):
+        raise ValueError(f"held feedback of {data['event_id']!r:.80} must have times, got "
+                         f"held_from {held_from!r}, arrived {arrived!r}")
     return EarlyFeedback(data["event_id"], rewards, float(data["ts"]), int(partition), message,
-                         held_from)
+                         held_from, arrived)
 
 
 def _stored_ids(arrays: dict[str, np.ndarray], name: str) -> list[str]:

@@ -68,7 +68,8 @@ def test_every_feedback_of_an_old_backlog_joins(age_s: float, seed: int) -> None
 
 def test_held_feedback_whose_decision_never_comes_still_becomes_unknown() -> None:
     """The hold is bounded in event time: feedback whose instance never appears is dropped once
-    the instance stream is ``backward_window`` past it, old backlog or not."""
+    the instance stream is ``backward_window`` past it, old backlog or not, and the window has
+    passed on the wall clock since it came (a backlog re-read in a second holds it that long)."""
     clock = Clock()
     transport = InMemoryTransport(partitions=1)
     old = int((clock.t - 3600) * 1000)
@@ -85,7 +86,13 @@ def test_held_feedback_whose_decision_never_comes_still_becomes_unknown() -> Non
         daemon.step()
         if daemon.counters.messages > read:
             unknown_after.append(daemon.counters.feedback["unknown"])
-    assert unknown_after == [0, 0, 0, 1]  # held while the instance stream is < 10 s past it
+    assert unknown_after == [0, 0, 0, 0]  # the stream is 11 s past it, the wall clock 0 s
+    clock.t += 9.9
+    daemon.step()
+    assert daemon.counters.feedback["unknown"] == 0
+    clock.t += 0.2
+    daemon.step()
+    assert daemon.counters.feedback["unknown"] == 1  # 10 s of wall time since it came
     [dead] = transport.broker.messages("dead-letter")
     assert orjson.loads(dead.value or b"")["reason"] == "unknown_id"
 

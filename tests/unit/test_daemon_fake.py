@@ -787,3 +787,26 @@ def test_feedback_with_a_lagging_time_just_before_its_instance_joins(tmp_path: P
     c = daemon.counters
     assert c.feedback["unknown"] == 0 and c.feedback["joined"] == 10, c.feedback
     assert broker.messages("dead-letter") == []
+
+
+def test_feedback_with_a_lagging_time_read_as_a_restart_catches_up_joins(tmp_path: Path) -> None:
+    """A daemon restarted after a crash reads its backlog one message a poll: a feedback stamped
+    a minute behind, then the backlog's newer instances (its partition's clock jumps a minute
+    ahead), then the feedback's own instance. The feedback is held for the window on the wall
+    clock too, so it joins (an outside test lost one pair in 30 this way)."""
+    broker, clock = InMemoryBroker(1), Clock()
+    clock.t = 1_800_000_000.0
+    caller = Caller(broker)
+    stamp = clock.t - 60.0
+    broker.append(caller.writer.feedback_topic, b"e0",
+                  orjson.dumps({"id": "e0", "reward": 1.0, "ts": stamp}),
+                  timestamp_ms=int(stamp * 1000))
+    for i in [*range(1, 6), 0]:  # e1..e5, then e0 itself
+        broker.append(caller.writer.instances_topic, f"e{i}".encode(),
+                      orjson.dumps({"id": f"e{i}", "x": X[i].tolist(), "ts": clock.t}),
+                      timestamp_ms=int(clock.t * 1000))
+    daemon = make_daemon(broker, tmp_path, clock, limits_poll_max_records=1)
+    drain(daemon)
+    c = daemon.counters
+    assert c.feedback["unknown"] == 0 and c.feedback["joined"] == 1, c.feedback
+    assert broker.messages("dead-letter") == []

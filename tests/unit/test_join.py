@@ -131,6 +131,23 @@ def test_early_feedback_with_a_lagging_time_is_held_from_its_arrival(lag: float)
     assert [fb.event_id for fb in gone] == ["z"]  # its decision never came: unknown in time
 
 
+def test_early_feedback_outlives_a_clock_that_jumps_ahead_just_after_it() -> None:
+    """A restarted daemon: its instance clock starts behind (here at the feedback's own, lagging
+    time), and the backlog's next instances move it a minute ahead. The feedback read just
+    before its instance stays held for the window on the wall clock (an outside test lost one
+    pair in 30 this way, read as the backlog ended)."""
+    p = store(early_window_s=2.0)
+    out = p.add_feedback(["a", "z"], np.ones(2), np.full(2, 940.0), np.zeros(2, np.int64),
+                         wall=1000.0)
+    assert out.tolist() == [Outcome.HELD, Outcome.HELD]
+    decide(p, ["b"], t=1000.0)  # the backlog's instances: the clock jumps from 940 to 1000
+    assert p.advance(wall=1000.1) == []
+    decide(p, ["a"], t=1000.3)
+    assert p.drain().ids == ["a"]
+    assert p.advance(wall=1001.9) == []
+    assert [fb.event_id for fb in p.advance(wall=1002.0)] == ["z"]  # 2 s since it came
+
+
 def test_held_feedback_keeps_its_arrival_time_through_a_checkpoint() -> None:
     p = store(early_window_s=2.0)
     idle = [("instances", 0), ("feedback", 0)]
@@ -139,6 +156,7 @@ def test_held_feedback_keeps_its_arrival_time_through_a_checkpoint() -> None:
     p.add_feedback(["a"], np.ones(1), np.zeros(1), np.zeros(1, np.int64), wall=1000.5)
     restored = PendingJoins.restore(K, D, p.settings, *p.export())
     assert restored.early["a"].ts == 0.0 and restored.early["a"].held_from == 1000.5
+    assert restored.early["a"].arrived == 1000.5
     # idle time is not carried over a restart: the restored clock starts following again
     assert restored.advance(wall=1001.0, idle=idle) == []
     assert restored.advance(wall=1002.4, idle=idle) == []  # the clock: 1000.5 + 1.4 s idle
@@ -498,6 +516,7 @@ def test_a_stream_idle_before_its_first_wild_data_still_starts_its_clock() -> No
                          wall=102.0)  # wild too: counted at the feedback clock (101)
     assert out.tolist() == [Outcome.HELD] and p.early["nobody"].ts == 101.0
     assert p.clocks.now("instances", wall=102.0) == {0: -np.inf}  # no instance time believed
-    gone = p.advance(wall=103.0, idle=[("instances", 0), ("feedback", 0)])
-    assert p.clocks.now("instances", wall=103.0) == {0: 103.0}
-    assert [fb.event_id for fb in gone] == ["nobody"]  # 101 + 2 s: unknown, not held for good
+    assert p.advance(wall=103.0, idle=[("instances", 0), ("feedback", 0)]) == []
+    assert p.clocks.now("instances", wall=103.0) == {0: 103.0}  # 101 + 2 s in event time,
+    gone = p.advance(wall=104.0, idle=[("instances", 0), ("feedback", 0)])  # 102 + 2 s of wall
+    assert [fb.event_id for fb in gone] == ["nobody"]  # unknown, not held for good
