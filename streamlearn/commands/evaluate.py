@@ -310,9 +310,16 @@ def _all_rows_estimates(rows: ExperienceRows, n_train: int, policies: dict[str, 
 def _note(name: str, e: dict[str, Any]) -> str:
     """What a reader should know about one estimate."""
     ess, n = e.get("ess"), e.get("n") or 0
+    low, high = e.get("low"), e.get("high")
     if name == "bound":
+        if low is not None and high is not None and low > high:
+            return ("contradicted: low above high, no constant value fits this log (the "
+                    "policy did differently on older and newer rows: docs/daemon.md §8)")
         return "read this: valid at any sample size and weight"
     notes = []
+    if low is not None and low == high and n:
+        notes.append("an interval of zero width: every weighted reward alike, which "
+                     "understates the doubt")
     if ess is not None and ess < MIN_ESS:
         notes.append(f"not to be trusted: {ess:.0f} effective rows")
     if e.get("clipped"):

@@ -52,7 +52,8 @@ conservative once the learner's lower bound reaches (1 − α) × the baseline's
 (which needs an exploration budget: without one nothing measures the learner), and
 conservative to online once the learner's lower bound is above the baseline's upper
 bound — each switch logged, counted and kept in the checkpoint; ``kill -USR2`` (or the
-``Daemon.step_back`` call) forces a step back. Every change of mode restarts the
+``Daemon.step_back`` call) forces a step back, which also pauses ``rollout.auto`` until a
+restart with another configured mode (kept in the checkpoint too). Every change of mode restarts the
 comparisons, and only decisions made under the new mode count in them: each decision
 carries the mode's ``epoch`` (:data:`~streamlearn.engine.DECISION_COLUMNS`), so those
 still in flight at the change, served under the old mode, are learned from but not
@@ -143,6 +144,9 @@ class Adoption:
         self.events = 0
         self.agreement = math.nan
         self.served_share = math.nan  # the learner's expected share of recent decisions
+        # a step back asked for by the operator pauses rollout.auto, which would otherwise
+        # move on again on the new mode's first evidence (an outside test: 3 s later)
+        self.auto_paused = False
         self.history: list[dict[str, Any]] = []
         self.epoch = 0  # mode changes so far: decisions carry it, and only the current
         # epoch's count in the comparisons (those in flight at a change are the old mode's)
@@ -219,7 +223,7 @@ class Adoption:
         self.events += int(has.sum())
         if self.mode == "conservative":
             self.share = self.conservative_share(max(in_flight, 1) + len(r))
-        if self.settings.auto:
+        if self.settings.auto and not self.auto_paused:
             self._maybe_advance()
 
     @property
@@ -275,7 +279,11 @@ class Adoption:
         if back is None:
             log.warning("rollout: a step back was asked for, but the mode is already apprentice")
             return
-        self._switch(back, "asked for (SIGUSR2)")
+        pausing = self.settings.auto and not self.auto_paused
+        self.auto_paused = self.auto_paused or self.settings.auto
+        self._switch(back, "asked for (SIGUSR2)" + (
+            "; automatic switching paused until a restart with another rollout.mode"
+            if pausing else ""))
 
     def _switch(self, mode: str, why: str) -> None:
         old = self.mode
@@ -283,6 +291,7 @@ class Adoption:
         self.share = self._initial_share()
         self.stats = {k: ArmStats(self.settings.confidence_miss) for k in self.stats}
         self.earned, self.events = 0.0, 0
+        self.served_share = math.nan  # the new mode's decisions set it afresh
         self.epoch += 1
         self.history = [*self.history, {"from": old, "to": mode, "why": why}][-HISTORY_KEPT:]
         log.info("rollout: %s -> %s (%s)", old, mode, why)
@@ -299,7 +308,8 @@ class Adoption:
         return arrays, {"mode": self.mode, "configured": self.settings.mode,
                         "share": self.share, "earned": self.earned, "epoch": self.epoch,
                         "events": self.events, "agreement": None if math.isnan(self.agreement)
-                        else self.agreement, "history": self.history, "stats": stats}
+                        else self.agreement, "history": self.history, "stats": stats,
+                        "auto_paused": self.auto_paused}
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """A checkpoint's state. Its mode wins while ``rollout.mode`` is configured as it was
@@ -319,6 +329,7 @@ class Adoption:
         agreement = meta.get("agreement")
         self.agreement = math.nan if agreement is None else float(agreement)
         self.history = list(meta.get("history") or [])
+        self.auto_paused = bool(meta.get("auto_paused", False))
         for name, m in meta["stats"].items():
             prefix = f"adoption.{name}."
             self.stats[name] = ArmStats.from_state(

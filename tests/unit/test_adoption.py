@@ -327,6 +327,43 @@ def test_a_step_back_goes_online_conservative_apprentice_counted_and_logged(
     assert "already apprentice" in caplog.text
 
 
+def test_a_step_back_pauses_auto_until_a_restart_with_another_mode(tmp_path: Path) -> None:
+    """With rollout.auto the mode went online again 3 s after an operator's step back, on the
+    new mode's first evidence (an outside test). The step back now pauses the automatic
+    switching, across a restart too, until the configured mode changes."""
+    config = AdoptionSettings("apprentice", explore_budget=0.2, auto=True)
+    switches = Switches()
+    adoption = Adoption(config, switches)
+    play(adoption, 400, 0.3, 0.9, np.random.default_rng(2))
+    assert adoption.mode == "online"
+    adoption.step_back()
+    assert adoption.mode == "conservative" and adoption.auto_paused
+    assert switches.seen[-1][2] == ("asked for (SIGUSR2); automatic switching paused until a "
+                                    "restart with another rollout.mode")
+    play(adoption, 400, 0.3, 0.9, np.random.default_rng(3))
+    assert adoption.mode == "conservative"  # the evidence says online; the operator said no
+    again = roundtrip(adoption, tmp_path, config)
+    play(again, 400, 0.3, 0.9, np.random.default_rng(4))
+    assert again.mode == "conservative" and again.auto_paused
+    resumed = roundtrip(adoption, tmp_path, AdoptionSettings("conservative", auto=True))
+    play(resumed, 400, 0.3, 0.9, np.random.default_rng(5))
+    assert resumed.mode == "online" and not resumed.auto_paused
+
+
+def test_the_served_share_restarts_with_each_mode() -> None:
+    """The learner's served share is an average over recent decisions: after a step back to
+    apprentice it read 0.37 while the baseline served everything (an outside test). A
+    change of mode restarts it, so it reads the new mode's share from its first decisions."""
+    adoption = Adoption(AdoptionSettings("conservative", explore_budget=0.0))
+    adoption.share = 0.9
+    adoption.note_decisions(np.zeros(500, dtype=np.int64), np.zeros(500, dtype=np.int64))
+    assert adoption.served_share == pytest.approx(0.9)
+    adoption.step_back()
+    assert np.isnan(adoption.served_share)
+    adoption.note_decisions(np.zeros(10, dtype=np.int64), np.zeros(10, dtype=np.int64))
+    assert adoption.served_share == 0.0  # apprentice without a budget: the baseline's
+
+
 def test_the_history_keeps_the_last_20_switches() -> None:
     adoption = Adoption(AdoptionSettings("online"))
     for _ in range(15):

@@ -107,3 +107,16 @@ def test_parse_segments() -> None:
     assert parse_segments("2:") == (2, None) and parse_segments(None) == (None, None)
     with pytest.raises(ConfigError):
         parse_segments("a:b")
+
+
+def test_the_table_flags_a_contradicted_bound_and_a_zero_width_interval() -> None:
+    """An outside test read 'read this' beside a bound whose high end (0.115) was below its low
+    end (0.627), and no warning beside a SNIPS interval of zero width on 49 effective rows."""
+    from streamlearn.commands.evaluate import _note
+
+    assert _note("bound", {"value": 0.63, "low": 0.6267, "high": 0.1151}).startswith(
+        "contradicted: low above high")
+    assert _note("bound", {"value": 0.5, "low": 0.4, "high": 0.6}).startswith("read this")
+    zero = _note("snips", {"value": 1.0, "low": 1.0, "high": 1.0, "ess": 49.0, "n": 49})
+    assert zero.startswith("an interval of zero width")
+    assert _note("snips", {"value": 0.5, "low": 0.4, "high": 0.6, "ess": 49.0, "n": 49}) == ""
