@@ -96,9 +96,11 @@ class RankerState:
         """The rollout (while a ranker serves) watches the learned rewards of the policies
         that served them."""
         self.rollout.observe(served, rewards)
-        for arm in self.rollout.serving():
-            if arm.served:
-                self.observer.on_policy_live_value(arm.label, arm.earned / arm.served)
+        # by role: a retrained version of the live ranker rolls out under the same name, and
+        # one label for both showed the candidate's handful of events as the live one's value
+        for role, arm in (("ranker", self.rollout.live), ("candidate", self.rollout.candidate)):
+            if arm is not None and arm.served:
+                self.observer.on_policy_live_value(f"{role}:{arm.name}", arm.earned / arm.served)
         learner = self.rollout.stats.get(0)
         if learner is not None and learner.n:
             self.observer.on_policy_live_value("learner", learner.mean)
@@ -211,11 +213,16 @@ class RankerState:
             entry.update(rolled_back=arm.artifact, promoted_now=stack[-1] if stack else None)
             self.observer.on_rollback(event.reason)
             self.observer.on_promotion("rolled_back")
-            log.warning("rolled back %s v%d (%s) after %d %s served; now %s", arm.name,
-                        arm.version, event.reason, arm.served, self.rollout.settings.unit,
-                        ", ".join(f"{a.name} v{a.version}" for a in self.rollout.serving())
-                        or "the online learner")
+            # a manual rollback puts an earlier promoted ranker back after this event
+            # (rollback): it says what serves then, this would name the learner too early
+            log.warning("rolled back %s v%d (%s) after %d %s served%s", arm.name, arm.version,
+                        event.reason, arm.served, self.rollout.settings.unit,
+                        "" if event.reason == "manual" else f"; now {self._serving_text()}")
             self._new_epoch()
+        elif event.kind == "replaced":  # a newer promotion took the candidate's place
+            self.observer.on_rollback("replaced")
+            log.info("rollout of %s v%d ended after %d %s served: %s", arm.name, arm.version,
+                     arm.served, self.rollout.settings.unit, event.reason)
         elif event.kind == "consistency":
             inside = event.reason == "inside"
             self.observer.on_ope_check(inside)
@@ -229,6 +236,10 @@ class RankerState:
         self._report_shares()
         self._report_version()
         self.store.record(entry)
+
+    def _serving_text(self) -> str:
+        return ", ".join(f"{a.name} v{a.version}" for a in self.rollout.serving()) \
+            or "the online learner"
 
     def roles(self) -> dict[str, float]:
         """The share of the learner's traffic each role serves: the learner, the live ranker,
@@ -356,7 +367,7 @@ class RankerState:
                     self.arms[earlier.version] = earlier
                     self.rollout.restore_live(self._arm_of(earlier))
                     self._report_shares()
-            log.info("rolled back; now %s", stack[-1] if stack else "the online learner")
+            log.info("rolled back; now %s", self._serving_text())
             return
         if not stack:
             log.warning("rollback requested but no ranker is promoted")

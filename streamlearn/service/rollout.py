@@ -151,9 +151,6 @@ class Arm:
                 "interval": self.interval, "served": self.served, "earned": self.earned,
                 "checked": self.checked}
 
-    @property
-    def label(self) -> str:
-        return f"ranker:{self.name}"
 
 
 @dataclass

@@ -236,7 +236,7 @@ class RetrainConfig:
     every_events: int | None = spec(None, "retrain after this many learned decisions", ge=1)
     every_seconds: float | None = spec(None, "retrain at least this often", gt=0)
     window_rows: int = spec(20_000, "train on the newest rows of the log, at most this many "
-                            "(and at most 20M / (d·K): the joint feature matrix stays < 160 MB)",
+                            "(and at most 8M / (d·K): the joint feature matrix stays < 64 MB)",
                             ge=10)
     holdout_fraction: float = spec(0.2, "share of the window held out (the newest rows, in "
                                    "time; in candidate mode, requests by id hash, the only "
@@ -348,7 +348,7 @@ class DaemonSettings:
 
     def retrain_window(self) -> int:
         """Rows per retrain: ``retrain.window_rows``, capped so that the joint feature
-        matrix (rows × d·K) stays below 20 M elements (160 MB in the worker)."""
+        matrix (rows × d·K) stays below 8 M elements (64 MB in the worker)."""
         return max(10, min(self.retrain.window_rows, 8_000_000 // self.joint_width()))
 
     def joint_width(self) -> int:

@@ -38,7 +38,15 @@ class Recorder(Observer):
         self.retrains: list[float] = []
         self.failures = 0
         self.promotions: list[str] = []
+        self.rollbacks: list[str] = []
+        self.live_values: dict[str, float] = {}
         self.values: dict[tuple[str, str], tuple[float, float, float]] = {}
+
+    def on_rollback(self, reason: str) -> None:
+        self.rollbacks.append(reason)
+
+    def on_policy_live_value(self, policy: str, value: float) -> None:
+        self.live_values[policy] = value
 
     def on_retrain(self, duration_s: float) -> None:
         self.retrains.append(duration_s)
@@ -314,5 +322,34 @@ def test_a_better_ranker_is_promoted_rolled_out_and_rolled_back(
     retraining.request_rollback()  # what SIGUSR1 does in serve
     daemon.step()
     assert not retraining.exploits and observer.promotions[-1] == "rolled_back"
+    assert observer.rollbacks == ["manual"]
     state = read_ranker_state(tmp_path / "rankers")
     assert state["history"][-1]["promoted_now"] is None and state["promoted"] == []
+
+
+def test_a_candidate_replaced_by_a_newer_promotion_counts_as_replaced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """streamlearn_rollbacks_total{reason="replaced"} stayed 0 while the history recorded ten
+    candidates replaced by newer promotions (an outside test)."""
+    monkeypatch.setenv("PLANTED_LOG_DIR", str(tmp_path / "experience"))
+    broker, clock = InMemoryBroker(2), Clock()
+    observer = Recorder()
+    daemon = Daemon(retrain_settings(tmp_path, retrain_rankers="planted:CentroidOracle",
+                                     retrain_policy="ranker", retrain_every_events=300,
+                                     retrain_holdout_fraction=0.5, retrain_rollout_stages="0.5",
+                                     retrain_rollout_stage_events=100_000),
+                    InMemoryTransport(broker=broker, partitions=2),
+                    Banditron(9, 400, FixedGamma(0.3), seed=11), observer, clock)
+    daemon.restore()
+    caller = Caller(broker)
+    start = 0
+    while observer.promotions.count("promoted") < 2 and start < 3000:
+        run(daemon, caller, clock, start, start + 100)
+        start += 100
+    history = read_ranker_state(tmp_path / "rankers")["history"]
+    assert observer.promotions.count("promoted") == 2, history[-1]
+    assert observer.rollbacks == ["replaced"]
+    assert any(h.get("rollout") == "replaced" for h in history)
+    # each candidate's live value under its role: none has finished its rollout to be live
+    assert "candidate:centroidoracle" in observer.live_values
+    assert "ranker:centroidoracle" not in observer.live_values
