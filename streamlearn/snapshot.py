@@ -186,10 +186,14 @@ def read_snapshot(path: str | os.PathLike[str]) -> tuple[dict[str, np.ndarray], 
         )
     payload = arrays_path.read_bytes()
     digest = hashlib.sha256(payload).hexdigest()
-    if digest != meta.get("arrays_sha256"):
+    expected = meta.get("arrays_sha256")
+    if expected is None:  # a meta.json edited or written by hand: no checksum to hold it to
+        raise StateError(f"{meta_path} records no arrays_sha256: expected the sha256 of "
+                         f"{arrays_path.name}, got none")
+    if digest != expected:
         raise StateError(
             f"{arrays_path} is corrupt or truncated: sha256 {digest[:12]}… does not match the "
-            f"recorded {str(meta.get('arrays_sha256'))[:12]}…."
+            f"recorded {str(expected)[:12]}…."
         )
     try:
         with np.load(io.BytesIO(payload), allow_pickle=False) as npz:

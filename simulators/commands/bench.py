@@ -30,6 +30,7 @@ from streamlearn.commands.stream_options import (
     exploration_from_args,
     prepare_from_args,
 )
+from streamlearn.errors import ConfigError
 from streamlearn.learners import FixedGamma
 
 __all__ = ["add_parser", "run"]
@@ -62,6 +63,17 @@ def run(args: argparse.Namespace) -> int:
     check_dataset_arg(args)
     if args.dataset in CANDIDATE_STREAMS:  # candidate sets: their learners against VW's ADF
         from simulators import bench_candidates
+
+        # every candidate system runs at its own defaults: options for the fixed-action systems
+        # were ignored without a word (an outside test: --systems nosuch ran all twelve)
+        ignored = [f"--{name.replace('_', '-')}" for name, given in (
+            ("systems", args.systems != ",".join(DEFAULT_SYSTEMS)), ("gamma", args.gamma),
+            ("exploration", args.exploration), ("no_shuffle", args.no_shuffle),
+            ("standardise", args.standardise != "auto")) if given]
+        if ignored:
+            raise ConfigError(f"bench on a candidate-set stream runs every candidate system at "
+                              f"its defaults, so it takes no {', '.join(ignored)}. Got "
+                              f"{', '.join(ignored)} with --dataset {args.dataset}.")
 
         argv = ["--dataset", args.dataset, "--passes", str(args.passes or 1), "--seed",
                 str(args.seed if args.seed is not None else 0), "--batch-size", str(args.batch_size)]

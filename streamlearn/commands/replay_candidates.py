@@ -29,6 +29,10 @@ def replay_candidate_stream(args: argparse.Namespace) -> int:
     stream = load_candidate_stream(args.dataset, passes=args.passes or 1,
                                    seed=args.seed if args.seed is not None else 0,
                                    rounds=args.rounds, data_dir=args.data_dir, fetch=args.fetch)
+    largest = int(stream.sets.sizes.max()) if len(stream.sets) else 0
+    if args.slots is not None and args.slots > largest:  # each impossible slot printed nan
+        raise ConfigError(f"--slots must be at most the largest request's candidates ({largest} "
+                          f"on this stream). Got {args.slots}.")
     d_x, d_c = stream.sets.context.shape[1], stream.sets.items.shape[1]
     learner = CANDIDATE_LEARNERS[args.learner](d_x, d_c, seed=args.seed or 0)
     result = replay_candidates(learner, stream.sets, args.batch_size, expected=stream.expected,

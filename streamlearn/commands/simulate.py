@@ -18,6 +18,7 @@ STREAMLEARN_KAFKA_BOOTSTRAP, or ``bootstrap`` in the ``[kafka]`` table of
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 import uuid
@@ -116,15 +117,25 @@ class SimulationSummary:
 
 
 def _check(args: argparse.Namespace) -> None:
-    problems = [(args.rate < 0, f"--rate must be a number >= 0. Got {args.rate}."),
-                (args.events < 1, f"--events must be an integer >= 1. Got {args.events}."),
-                (args.delay_mean < 0, f"--delay-mean must be a number >= 0. Got {args.delay_mean}."),
-                (not 0 <= args.drop <= 1, f"--drop must be a number in [0, 1]. Got {args.drop}."),
-                (args.slots < 1, f"--slots must be an integer >= 1. Got {args.slots}."),
-                (args.wait_seconds < 0,
-                 f"--wait-seconds must be a number >= 0. Got {args.wait_seconds}."),
-                (args.progress_seconds < 0,
-                 f"--progress-seconds must be a number >= 0. Got {args.progress_seconds}.")]
+    from streamlearn.datasets.candidates import CANDIDATE_STREAMS
+
+    def finite_at_least_0(x: float) -> bool:  # NaN and inf fail (an outside test: a traceback)
+        return math.isfinite(x) and x >= 0
+
+    problems = [
+        (not finite_at_least_0(args.rate), f"--rate must be a finite number >= 0. Got {args.rate}."),
+        (args.events < 1, f"--events must be an integer >= 1. Got {args.events}."),
+        (not finite_at_least_0(args.delay_mean),
+         f"--delay-mean must be a finite number >= 0. Got {args.delay_mean}."),
+        (not 0 <= args.drop <= 1, f"--drop must be a number in [0, 1]. Got {args.drop}."),
+        (args.slots < 1, f"--slots must be an integer >= 1. Got {args.slots}."),
+        (args.slots > 1 and args.dataset not in CANDIDATE_STREAMS,
+         f"--slots needs a candidate-set dataset ({', '.join(CANDIDATE_STREAMS)}). "
+         f"Got {args.dataset!r}."),
+        (not finite_at_least_0(args.wait_seconds),
+         f"--wait-seconds must be a finite number >= 0. Got {args.wait_seconds}."),
+        (not finite_at_least_0(args.progress_seconds),
+         f"--progress-seconds must be a finite number >= 0. Got {args.progress_seconds}.")]
     for bad, message in problems:
         if bad:
             raise ConfigError(message)

@@ -453,7 +453,9 @@ class Daemon:
         journaled = self._journaled  # decided before a restart, instances not re-read yet
         for fb in self.engine.advance(wall, idle, journaled.__contains__ if journaled else None):
             src = fb.source
-            self._reject([Rejection("unknown_id", "no decision with this id appeared in time",
+            self._reject([Rejection("unknown_id", f"expected a decision with id "
+                                                  f"{str(fb.event_id)!r:.80} within the backward "
+                                                  f"window, got none",
                                     src.topic if src else self.transport.feedback_topic,
                                     src.partition if src else fb.partition,
                                     src.offset if src else -1, src.key if src else None,

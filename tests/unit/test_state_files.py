@@ -102,3 +102,17 @@ def test_rewrite_is_atomic_and_leaves_no_temporaries(tmp_path: Path) -> None:
     arrays, meta = read_snapshot(tmp_path / "s")
     assert meta["i"] == 2 and arrays["w"].tolist() == [2, 2]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+def test_a_meta_json_without_the_arrays_checksum_says_so(tmp_path: Path) -> None:
+    """A hand-edited meta.json without its checksums read 'does not match the recorded None'
+    (an outside test)."""
+    write_snapshot(tmp_path / "s", {"w": np.zeros(3)}, {"kind": "demo"})
+    meta_path = tmp_path / "s" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    for key in ("arrays_sha256", "meta_sha256"):
+        meta.pop(key, None)
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(StateError, match=r"records no arrays_sha256: expected the sha256 of "
+                                         r"arrays\.npz, got none"):
+        read_snapshot(tmp_path / "s")
