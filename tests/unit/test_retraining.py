@@ -283,12 +283,10 @@ def test_a_dead_worker_process_is_replaced(tmp_path: Path) -> None:
     assert observer.retrains, "a new worker retrained after the crash"
 
 
-def test_a_better_ranker_is_promoted_rolled_out_and_rolled_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    """The planted nearest-centroid ranker beats a barely trained Banditron: once its
-    evidence is enough it is promoted, then (policy = ranker) it serves its rollout share —
-    each decision it serves names it and picks its top action unless exploring; a rollback
-    returns to the learner."""
+def planted_ranker_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                          ) -> tuple[InMemoryBroker, Clock, Recorder, Daemon]:
+    """A Banditron daemon retraining the planted nearest-centroid ranker every 300 events,
+    policy = ranker, its rollout held at its first stage (half the events)."""
     monkeypatch.setenv("PLANTED_LOG_DIR", str(tmp_path / "experience"))
     broker, clock = InMemoryBroker(2), Clock()
     observer = Recorder()
@@ -299,6 +297,16 @@ def test_a_better_ranker_is_promoted_rolled_out_and_rolled_back(
                     InMemoryTransport(broker=broker, partitions=2),
                     Banditron(9, 400, FixedGamma(0.3), seed=11), observer, clock)
     daemon.restore()
+    return broker, clock, observer, daemon
+
+
+def test_a_better_ranker_is_promoted_rolled_out_and_rolled_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The planted nearest-centroid ranker beats a barely trained Banditron: once its
+    evidence is enough it is promoted, then (policy = ranker) it serves its rollout share —
+    each decision it serves names it and picks its top action unless exploring; a rollback
+    returns to the learner."""
+    broker, clock, observer, daemon = planted_ranker_daemon(tmp_path, monkeypatch)
     caller = Caller(broker)
     retraining = daemon.retraining
     assert retraining is not None
@@ -331,16 +339,7 @@ def test_a_candidate_replaced_by_a_newer_promotion_counts_as_replaced(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """streamlearn_rollbacks_total{reason="replaced"} stayed 0 while the history recorded ten
     candidates replaced by newer promotions (an outside test)."""
-    monkeypatch.setenv("PLANTED_LOG_DIR", str(tmp_path / "experience"))
-    broker, clock = InMemoryBroker(2), Clock()
-    observer = Recorder()
-    daemon = Daemon(retrain_settings(tmp_path, retrain_rankers="planted:CentroidOracle",
-                                     retrain_policy="ranker", retrain_every_events=300,
-                                     retrain_holdout_fraction=0.5, retrain_rollout_stages="0.5",
-                                     retrain_rollout_stage_events=100_000),
-                    InMemoryTransport(broker=broker, partitions=2),
-                    Banditron(9, 400, FixedGamma(0.3), seed=11), observer, clock)
-    daemon.restore()
+    broker, clock, observer, daemon = planted_ranker_daemon(tmp_path, monkeypatch)
     caller = Caller(broker)
     start = 0
     while observer.promotions.count("promoted") < 2 and start < 3000:
