@@ -19,11 +19,11 @@ from streamlearn.datasets.caller import SimulatedCaller, StreamSource
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
-    (["--rate", "-1"], "--rate must be a number >= 0. Got -1.0."),
+    (["--rate", "-1"], "--rate must be a finite number >= 0. Got -1.0."),
     (["--rate", "5", "--drop", "1.5"], "--drop must be a number in [0, 1]. Got 1.5."),
     (["--rate", "5", "--events", "0"], "--events must be an integer >= 1. Got 0."),
     (["--rate", "5", "--bootstrap", "bad"], "kafka.bootstrap must be HOST:PORT"),
-    (["--rate", "5", "--progress-seconds", "-1"], "--progress-seconds must be a number >= 0."),
+    (["--rate", "5", "--progress-seconds", "-1"], "--progress-seconds must be a finite number >= 0."),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv: list[str], expected: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
