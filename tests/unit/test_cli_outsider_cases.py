@@ -193,23 +193,6 @@ def test_passes_beyond_the_memory_are_refused_at_once(
         capsys.readouterr().err)
 
 
-@pytest.mark.parametrize(("argv", "expected"), [
-    (["--rate", "nan"], "--rate must be a finite number >= 0. Got nan."),
-    (["--rate", "inf"], "--rate must be a finite number >= 0. Got inf."),
-    (["--rate", "10", "--wait-seconds", "nan"], "--wait-seconds must be a finite number >= 0"),
-    (["--rate", "10", "--delay-mean", "inf"], "--delay-mean must be a finite number >= 0"),
-    (["--rate", "10", "--progress-seconds", "nan"], "--progress-seconds must be a finite number"),
-    (["--rate", "10", "--slots", "3"], "--slots needs a candidate-set dataset"),
-])
-def test_simulate_refuses_what_it_cannot_run(argv: list[str], expected: str,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
-    """An outside test: --rate nan/inf ended in a traceback, --wait-seconds nan never ended,
-    --slots on a dataset without candidate sets ran as if not given."""
-    assert main(["simulate", "--bootstrap", "127.0.0.1:1", "--events", "3", *argv]) == 2
-    err = capsys.readouterr().err
-    assert expected in err and "Traceback" not in err
-
-
 def test_candidate_replay_and_bench_refuse_options_they_would_not_honour(
         capsys: pytest.CaptureFixture[str]) -> None:
     """replay --slots 100000 printed 100,000 lines of nan; bench --systems nosuch on a

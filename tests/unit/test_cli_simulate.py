@@ -24,6 +24,14 @@ from streamlearn.datasets.caller import SimulatedCaller, StreamSource
     (["--rate", "5", "--events", "0"], "--events must be an integer >= 1. Got 0."),
     (["--rate", "5", "--bootstrap", "bad"], "kafka.bootstrap must be HOST:PORT"),
     (["--rate", "5", "--progress-seconds", "-1"], "--progress-seconds must be a finite number >= 0."),
+    # an outside test: --rate nan/inf ended in a traceback, --wait-seconds nan never ended,
+    # --slots on a dataset without candidate sets ran as if not given
+    (["--rate", "nan"], "--rate must be a finite number >= 0. Got nan."),
+    (["--rate", "inf"], "--rate must be a finite number >= 0. Got inf."),
+    (["--rate", "10", "--wait-seconds", "nan"], "--wait-seconds must be a finite number >= 0"),
+    (["--rate", "10", "--delay-mean", "inf"], "--delay-mean must be a finite number >= 0"),
+    (["--rate", "10", "--progress-seconds", "nan"], "--progress-seconds must be a finite number"),
+    (["--rate", "10", "--slots", "3"], "--slots needs a candidate-set dataset"),
 ])
 def test_bad_arguments_exit_2_with_one_line(argv: list[str], expected: str,
                                             capsys: pytest.CaptureFixture[str]) -> None:
