@@ -86,12 +86,15 @@ class RepeatLimit(logging.Filter):
         self._kinds[kind] = [now, 0.0]
         return True, 0 if seen is None else int(seen[1])
 
+    def left_out_note(self, left_out: int) -> str:
+        """What a line let through adds about those of its kind left out before it."""
+        return f" ({left_out} more like this in the last {self.window_s:.0f} s)" if left_out \
+            else ""
+
     def filter(self, record: logging.LogRecord) -> bool:
         admitted, left_out = self.admit(record.getMessage())
         if admitted and left_out:
-            record.msg = (f"{record.getMessage()} ({left_out} more like this in the last "
-                          f"{self.window_s:.0f} s)")
-            record.args = ()
+            record.msg, record.args = record.getMessage() + self.left_out_note(left_out), ()
         return admitted
 
 
@@ -220,8 +223,7 @@ def log_client_error(error: Any) -> None:
     admitted, left_out = _CLIENT_ERRORS.admit(str(error))
     if admitted or error.fatal():  # a fatal one always
         (log.error if error.fatal() else log.info)(
-            "librdkafka: %s%s", error, f" ({left_out} more like this in the last "
-                                       f"{_CLIENT_ERRORS.window_s:.0f} s)" if left_out else "")
+            "librdkafka: %s%s", error, _CLIENT_ERRORS.left_out_note(left_out))
 
 
 def _message(record: Any) -> Message:
