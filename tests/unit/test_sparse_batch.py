@@ -81,6 +81,26 @@ def test_the_sparse_fast_paths_equal_their_dense_definitions(
     assert np.array_equal(_per_output_sum(values, out, X, K, D), expected)
 
 
+WIDE = 400  # at most 6 entries a row of 400 columns: under the 5 % at which scores goes dense
+wide_rows = st.lists(st.lists(st.tuples(st.integers(0, WIDE - 1), st.sampled_from(
+    [-2.0, -1.0, -0.5, 0.5, 1.0, 1.5, 3.0])), max_size=6), min_size=1, max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(wide_rows)
+def test_sparse_scores_sum_each_row_segment_empty_rows_included(
+        drawn: list[list[tuple[int, float]]]) -> None:
+    """``scores`` on a batch sparse enough to stay sparse (one segment sum per row, empty rows
+    anywhere, an all-empty batch too) equals the dense product, bit for bit."""
+    from streamlearn.features import scores
+
+    X = as_batch(SparseBatch.from_rows([[i for i, _ in r] for r in drawn],
+                                       [[v for _, v in r] for r in drawn], WIDE), WIDE)
+    assert isinstance(X, SparseBatch)
+    W = np.arange(K * WIDE, dtype=float).reshape(K, WIDE) % 17 / 2 - 4
+    assert np.array_equal(scores(W, X), X.to_dense() @ W.T)
+
+
 def learner(name: str, diagonal: bool = False) -> Learner:
     if diagonal:  # LinUCB's diagonal mode, as at hashed sizes (d + 1 > full_max_features)
         return LinUCB(K, D, FixedGamma(0.1), full_max_features=1, seed=1)
