@@ -37,6 +37,7 @@ from streamlearn.events.raw import (
     feedback_type_of,
     is_number,
     parse_object,
+    shown_id,
     timestamp_of,
 )
 
@@ -90,7 +91,7 @@ def reward_spec(obj: dict[str, Any], event_id: str | None = None,
         if not 0 < len(cid) <= limits.max_id_length or not _reward(reward):
             raise Reject("bad_reward", f"expected 'rewards' to map candidate ids of 1 to "
                                        f"{limits.max_id_length} characters to numbers in [0, 1], "
-                                       f"got {cid!r:.40}: {reward!r:.40}", event_id)
+                                       f"got {shown_id(cid)}: {reward!r:.40}", event_id)
     return {cid: float(r) for cid, r in rewards.items()}
 
 

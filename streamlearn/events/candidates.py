@@ -42,6 +42,7 @@ from streamlearn.events.raw import (
     check_depth,
     event_id_of,
     parse_object,
+    shown_id,
     timestamp_of,
 )
 from streamlearn.features import Batch, SparseBatch
@@ -191,7 +192,7 @@ def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
         if not isinstance(cid, str) or not cid or len(cid) > limits.max_id_length:
             raise Reject("bad_candidate_id", f"expected candidate {k} to have a string 'id' of 1 "
                                              f"to {limits.max_id_length} characters, got "
-                                             f"{cid!r:.40}", event_id)
+                                             f"{shown_id(cid)}", event_id)
         try:
             forms.append(classify(candidate.get("x"), d_c, event_id))
         except Reject as err:

@@ -194,6 +194,16 @@ def event_id_of(obj: dict[str, Any], limits: DecodeLimits) -> str:
     return event_id
 
 
+def shown_id(value: object, limit: int = 40) -> str:
+    """A rejected id for a detail: its repr cut at ``limit`` characters, and when a string
+    was cut its length, which is what a too-long id is rejected for."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    length = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit]}…{length}"
+
+
 def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -50,6 +50,8 @@ def test_mixed_forms_and_sizes_decode_into_segments() -> None:
      "duplicate_candidate_id", "'a' twice"),
     ({"candidates": [{"id": 7, "x": [1, 2, 3]}]}, "bad_candidate_id", "candidate 0"),
     ({"candidates": [{"id": "", "x": [1, 2, 3]}]}, "bad_candidate_id", "string 'id'"),
+    ({"candidates": [{"id": "k" * 300, "x": [1, 2, 3]}]}, "bad_candidate_id",
+     "got 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk… (300 characters)"),
     ({"candidates": [{"id": "a", "x": [1, 2]}]}, "wrong_dimension", "candidate 'a'"),
     ({"candidates": [{"id": "a"}]}, "bad_features", "candidate 'a'"),
     ({"candidates": [{"id": "a", "x": [1, 2, 1e300]}]}, "value_out_of_range", "candidate 'a'"),

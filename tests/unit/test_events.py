@@ -379,6 +379,10 @@ def test_a_feedback_type_is_kept_and_a_bad_one_says_what_was_expected() -> None:
         orjson.dumps({"id": "t", "reward": 1.0, "type": {"a": 1}}), topic="feedback"))
     assert requests.ids == ["r", "s"] and requests.types == ["conversion", None]
     assert [(r.reason, r.detail) for r in bad] == [("bad_feedback_type", expected + "dict {'a': 1}")]
+    _, bad = decode_candidate_feedback(msgs(orjson.dumps({"id": "u", "rewards": {"k" * 300: 1.0}}),
+                                            topic="feedback"))
+    assert [r.reason for r in bad] == ["bad_reward"]
+    assert "got 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk… (300 characters): 1.0" in bad[0].detail
 
 
 @pytest.mark.parametrize("levels", [33, 100, 1010])
