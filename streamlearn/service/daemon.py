@@ -77,6 +77,10 @@ __all__ = ["Daemon", "DaemonSettings", "dead_letter_value"]
 
 log = logging.getLogger("streamlearn.daemon")
 
+#: a decision journal write waiting this long for the changelog makes ``/readyz`` answer 503
+#: (its first try may wait up to the changelog's timeout before it counts as refused)
+JOURNAL_SLOW_S = 5.0
+
 _DEAD_LETTERED = {Outcome.DUPLICATE: "duplicate_id", Outcome.UNKNOWN: "unknown_id"}
 
 
@@ -149,6 +153,7 @@ class Daemon:
         # when the changelog began refusing this partition's journal (monotonic s; None while
         # it accepts): the loop holds the batch's decisions meanwhile (see held_by_journal)
         self.journal_refused_since: float | None = None
+        self.journal_waiting_since: float | None = None  # a journal write under way, since
         self.limits = settings.limits.decode_limits()
         self.retraining = (Retraining(settings, self.observer, wall_clock)
                            if settings.retrain_enabled or settings.experience.dir else None)
@@ -191,11 +196,15 @@ class Daemon:
     def held_by_journal(self) -> str | None:
         """Why this partition publishes no decisions, when its changelog refuses the journal
         (the loop retries the batch until it is written); None otherwise. For ``/readyz``."""
-        since = self.journal_refused_since
-        if since is None:
-            return None
-        return (f"the changelog has refused the decision journal for "
-                f"{time.monotonic() - since:.0f} s: decisions held")
+        since, waiting = self.journal_refused_since, self.journal_waiting_since
+        now = time.monotonic()
+        if since is not None:
+            return (f"the changelog has refused the decision journal for {now - since:.0f} s: "
+                    "decisions held")
+        if waiting is not None and now - waiting >= JOURNAL_SLOW_S:
+            return (f"a decision journal write has waited {now - waiting:.0f} s for the "
+                    "changelog: decisions held")
+        return None
 
     def request_stop(self) -> None:
         """Ask the loop to stop after the current batch (safe from a signal handler)."""
@@ -382,6 +391,7 @@ class Daemon:
         the batch is published before it is journaled)."""
         assert self.checkpointer is not None
         while True:
+            self.journal_waiting_since = time.monotonic()
             try:
                 self.checkpointer.journal.append(ids, probs, records, columns)
                 self.journal_refused_since = None
@@ -395,6 +405,8 @@ class Daemon:
                             self.settings.retry_seconds, exc)
                 self.observer.on_changelog_failure(JOURNAL_RETRY)
                 self._stop.wait(self.settings.retry_seconds)
+            finally:
+                self.journal_waiting_since = None
 
     def _join(self, messages: list[Message], wall: float) -> None:
         """Decode and join the feedback; duplicates and unknown ids are dead-lettered."""

@@ -79,6 +79,10 @@ CHANGELOG_TOPIC_CONFIGS = {
 }
 
 
+#: A write waited on is checked this often for a writer that turned fatal meanwhile.
+WAIT_SLICE_S = 0.25
+
+
 class Fenced(OwnershipLost):
     """Another writer opened this log slot: this one may write nothing more to it (not a
     TransportError: retrying cannot help, the partition is another replica's now)."""
@@ -302,8 +306,23 @@ class KafkaKeyedLog:
             raise self._failed(exc, "a write") from exc
 
     def send_and_wait(self, key: bytes, value: bytes | None, journal: bool = False) -> int:
+        """Queue the record and wait until the broker has it (at most ``timeout_s``), in
+        slices of ``WAIT_SLICE_S``: a producer that turned fatal meanwhile (fenced while its
+        write waited on the transaction coordinator, as after a broker outage) fails the
+        write at once instead of holding the serving loop for the whole timeout."""
+        from kafka.errors import KafkaTimeoutError
+
         try:
-            return int(self._queue(key, value, journal).get(timeout=self.timeout_s).offset)
+            future = self._queue(key, value, journal)
+            deadline = time.monotonic() + self.timeout_s
+            while True:
+                try:
+                    return int(future.get(timeout=min(
+                        WAIT_SLICE_S, max(deadline - time.monotonic(), 0.0))).offset)
+                except KafkaTimeoutError:
+                    if future.is_done or time.monotonic() >= deadline \
+                            or _unusable(self._producer):
+                        raise  # the write's own failure, the whole wait, or a dead writer
         except Exception as exc:
             raise self._failed(exc, "a write") from exc
 

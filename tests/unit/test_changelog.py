@@ -448,3 +448,109 @@ def test_the_metrics_count_restores_by_source_and_every_changelog_write_refused(
     assert _sample(registry, "streamlearn_restore_duration_seconds_count",
                    source="changelog") == 1
     assert again.counters.instances == daemon.counters.instances
+
+
+class _SlowJournal(_Unreachable):
+    """A log whose first journal write takes ``stall_s`` before the broker has it (a
+    changelog broker just back from an outage), calling ``during`` near the end of it."""
+
+    def __init__(self, inner: Any, stall_s: float, during: Callable[[], None]) -> None:
+        super().__init__(inner)
+        self.stall_s, self.during = stall_s, during
+
+    def send_and_wait(self, key: bytes, value: bytes | None, journal: bool = False) -> int:
+        if journal and self.stall_s:
+            time.sleep(self.stall_s)
+            self.during()
+            self.stall_s = 0.0
+        return int(self.inner.send_and_wait(key, value, journal))
+
+
+def test_a_journal_write_that_waits_long_makes_the_partition_not_ready(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first journal write that hangs (not yet refused) holds the partition's decisions as
+    a refusal does, so /readyz says so once it has waited JOURNAL_SLOW_S (an outside test
+    saw a replica answer 200 for 30 s while its write waited on a broker just back)."""
+    import streamlearn.service.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "JOURNAL_SLOW_S", 0.05)
+    broker, clock, logs = InMemoryBroker(2), Clock(), MemoryKeyedLogs()
+    held: list[str | None] = []
+    slow = _SlowJournal(logs.open("changelog", 0), 0.2,
+                        during=lambda: held.append(daemon.held_by_journal()))
+    daemon = Daemon(daemon_settings(tmp_path), InMemoryTransport(broker=broker, partitions=2),
+                    learner(), PrometheusObserver(CollectorRegistry()), wall_clock=clock,
+                    changelog=Changelog(slow))
+    daemon.restore()
+    assert daemon.held_by_journal() is None
+    lockstep(broker, daemon, Caller(broker), clock, range(1))
+    assert len(held) == 1 and "a decision journal write has waited 0 s" in str(held[0]), held
+    assert daemon.held_by_journal() is None  # written: ready again
+    assert sorted(decisions_by_id(broker)) == sorted(f"e{i}" for i in range(BLOCK))
+
+
+class _PendingFuture:
+    """A kafka-python send future that never completes (a write stuck on the coordinator)."""
+
+    is_done = False
+
+    def get(self, timeout: float | None = None) -> Any:
+        from kafka.errors import KafkaTimeoutError
+
+        time.sleep(timeout or 0.0)
+        raise KafkaTimeoutError(f"Timeout after waiting for {timeout} secs.")
+
+
+class _StuckProducer:
+    """A transactional producer whose sends hang; its transaction manager turns fatal (fenced)
+    ``fatal_after_s`` after the first send, or never (None)."""
+
+    def __init__(self, fatal_after_s: float | None) -> None:
+        self.fatal_after_s, self.sent_at = fatal_after_s, 0.0
+        self.aborted = 0
+        producer = self
+
+        class State:
+            @property
+            def name(self) -> str:
+                fatal = producer.fatal_after_s
+                late = fatal is not None and time.monotonic() - producer.sent_at >= fatal
+                return "FATAL_ERROR" if late else "IN_TRANSACTION"
+
+        class Manager:
+            _current_state = State()
+            last_error = "InvalidProducerEpochError(None)"
+
+        self._transaction_manager = Manager()
+
+    def send(self, *args: Any, **kwargs: Any) -> _PendingFuture:
+        self.sent_at = time.monotonic()
+        return _PendingFuture()
+
+    def abort_transaction(self) -> None:
+        self.aborted += 1
+
+    def begin_transaction(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fatal_after_s", [0.3, None])
+def test_a_kafka_journal_write_fails_as_soon_as_its_writer_turns_fatal(
+        fatal_after_s: float | None) -> None:
+    """A write waits in slices: a writer fenced while the write waited fails it at once
+    (Fenced) rather than at the end of the timeout; one that stays usable is waited for the
+    whole timeout and then refused (TransportError, the transaction aborted for a retry)."""
+    from streamlearn.transport.keyed_log import WAIT_SLICE_S, KafkaKeyedLog
+
+    log = KafkaKeyedLog("127.0.0.1:1", "changelog", 0, write=False, timeout_s=1.5)
+    log._producer = producer = _StuckProducer(fatal_after_s)
+    started = time.monotonic()
+    with pytest.raises(TransportError if fatal_after_s is None else Fenced) as raised:
+        log.send_and_wait(b"k", b"v", journal=True)
+    took = time.monotonic() - started
+    if fatal_after_s is None:
+        assert took >= 1.5 and producer.aborted == 1
+        assert "Timeout after waiting" in str(raised.value)
+    else:
+        assert fatal_after_s <= took < fatal_after_s + 2 * WAIT_SLICE_S + 0.3, took
+        assert "failed for good" in str(raised.value) and "InvalidProducerEpochError" in str(raised.value)
