@@ -81,7 +81,8 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
                    round_s=k.round_seconds, on_owned=observer.on_owned_partitions, hub=hub,
                    # the changelog fences by Kafka; claims need one directory every replica sees
                    claims=None if config.checkpoint.changelog
-                   else PartitionClaims(state_dir, replica_id), on_close=close_clients)
+                   else PartitionClaims(state_dir, replica_id), on_close=close_clients,
+                   observer=observer)
 
 
 def serve_replica(replica: Replica, max_events: int | None, out: Any,

@@ -112,6 +112,20 @@ class OnlineErrorTracker:
             return float("nan")
         return 1.0 - self._exploit_value_sum / self._exploit_value_rounds
 
+    @staticmethod
+    def combined(trackers: list[OnlineErrorTracker]) -> tuple[float, float, float]:
+        """(error rate, window error rate, exploit-error estimate) over several trackers'
+        events together, e.g. the partitions one replica serves: each rate's numerator and
+        denominator summed (the window: each tracker's last ``window`` events)."""
+        rounds = sum(t.rounds for t in trackers)
+        in_window = sum(min(t._ring_pos, t.window) for t in trackers)
+        window_losses = sum(float(t._ring[:min(t._ring_pos, t.window)].sum()) for t in trackers)
+        valued = sum(t._exploit_value_rounds for t in trackers)
+        return (sum(t.mistakes for t in trackers) / rounds if rounds else 0.0,
+                window_losses / in_window if in_window else 0.0,
+                1.0 - sum(t._exploit_value_sum for t in trackers) / valued if valued
+                else float("nan"))
+
     @property
     def regret_vs_oracle(self) -> float:
         """Regret against an oracle that always plays a reward-1 action: the mistakes M."""

@@ -154,6 +154,9 @@ class Daemon:
         # it accepts): the loop holds the batch's decisions meanwhile (see held_by_journal)
         self.journal_refused_since: float | None = None
         self.journal_waiting_since: float | None = None  # a journal write under way, since
+        # the daemon reports its pending joins and error rates; a replica's partition daemons
+        # leave them to the replica, which reports its partitions' together
+        self.reports_totals = True
         self.limits = settings.limits.decode_limits()
         self.retraining = (Retraining(settings, self.observer, wall_clock)
                            if settings.retrain_enabled or settings.experience.dir else None)
@@ -193,6 +196,11 @@ class Daemon:
         return self.engine.joins
 
     # ------------------------------------------------------------------ control
+    @property
+    def pending(self) -> int:
+        """Decisions waiting for feedback plus early feedback held."""
+        return len(self.join) + len(self.join.early)
+
     def held_by_journal(self) -> str | None:
         """Why this partition publishes no decisions, when its changelog refuses the journal
         (the loop retries the batch until it is written); None otherwise. For ``/readyz``."""
@@ -294,8 +302,9 @@ class Daemon:
         self._learn()
         self.offsets.consumed(messages)
         self.counters.messages += len(messages)
-        pending = len(self.join) + len(self.join.early)
-        self.observer.on_pending(pending)
+        pending = self.pending
+        if self.reports_totals:
+            self.observer.on_pending(pending)
         if self.retraining is not None:
             self.retraining.tick(self.join.oldest_pending)
         if self.checkpointer is not None:
@@ -508,7 +517,8 @@ class Daemon:
                 log.warning("%d updates skipped: they would have made the model non-finite",
                             learned.skipped)
             self.mode.track(self.tracker, closed, rows)
-        self.observer.on_learned(learned, self.tracker, self.counters.model_version)
+        self.observer.on_learned(learned, self.tracker if self.reports_totals else None,
+                                 self.counters.model_version)
 
     # ------------------------------------------------------------------ rollout
     def request_step_back(self) -> None:

@@ -91,8 +91,11 @@ class Observer:
         self.on_action_decisions(actions)
         self.on_gamma(gamma)
 
-    def on_learned(self, learned: Learned, tracker: OnlineErrorTracker, model_version: int) -> None:
-        """One learn phase: what closed (joined, expired, shed) and what the learner applied."""
+    def on_learned(self, learned: Learned, tracker: OnlineErrorTracker | None,
+                   model_version: int) -> None:
+        """One learn phase: what closed (joined, expired, shed) and what the learner applied;
+        the error rates of ``tracker`` (None: reported elsewhere, as a replica reports its
+        partitions' together)."""
         closed, joined = learned.closed, learned.joined
         self.on_feedback("joined", int(joined.sum()), closed.delays[joined])
         self.on_feedback("expired", int(learned.expired.sum()))
@@ -110,8 +113,9 @@ class Observer:
         labelled = labels >= 0
         if labelled.any():
             self.on_regret(float(((actions != labels) & labelled).sum()))
-        self.on_error_rates(tracker.error_rate, tracker.window_error_rate,
-                            tracker.exploit_error_estimate)
+        if tracker is not None:
+            self.on_error_rates(tracker.error_rate, tracker.window_error_rate,
+                                tracker.exploit_error_estimate)
         self.on_model_version(model_version)
 
     # -- detailed calls

@@ -42,10 +42,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.learners.base import Learner
 from streamlearn.service.claims import OwnershipLost, PartitionClaims
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.group import GroupMembership
+from streamlearn.service.metrics import Observer
 from streamlearn.sync.hub import ModelHub
 
 __all__ = ["Replica"]
@@ -84,8 +86,10 @@ class Replica:
                  poll_timeout_s: float = 0.1, round_s: float = 0.0,
                  on_owned: Callable[[int, int], None] | None = None,
                  hub: ModelHub | None = None, claims: PartitionClaims | None = None,
-                 on_close: Callable[[], None] | None = None) -> None:
+                 on_close: Callable[[], None] | None = None,
+                 observer: Observer | None = None) -> None:
         self.hub, self.claims = hub, claims
+        self.observer = observer or Observer()
         self.on_close = on_close or (lambda: None)
         self.make_daemon, self.poll_timeout_s = make_daemon, poll_timeout_s
         self.round_s = round_s
@@ -142,20 +146,33 @@ class Replica:
                 daemon.model_name = next(iter(self.daemons.values())).model_name \
                     if self.daemons else daemon.model_name
             daemon.started_at_instances = daemon.instance_messages
+            daemon.reports_totals = False  # the replica reports its partitions' (_report)
             daemon.ready = True
             self.daemons[p] = daemon
             self.moves += 1
+            self.on_owned(len(self.daemons), self.moves)  # as /readyz counts them
         self.on_owned(len(self.daemons), self.moves)
+        self._report()
 
     def _revoked(self, partitions: list[int]) -> None:
         for p in partitions:
             self._retire(p, checkpoint=True)
         self.on_owned(len(self.daemons), self.moves)
+        self._report()
 
     def _lost(self, partitions: list[int]) -> None:
         for p in partitions:
             self._retire(p, checkpoint=False)
         self.on_owned(len(self.daemons), self.moves)
+        self._report()
+
+    def _report(self) -> None:
+        """The gauges that describe the replica, over the partitions it serves now: pending
+        joins summed, error rates over their events together."""
+        daemons = list(self.daemons.values())
+        self.observer.on_pending(sum(d.pending for d in daemons))
+        if daemons:
+            self.observer.on_error_rates(*OnlineErrorTracker.combined([d.tracker for d in daemons]))
 
     def _retire(self, partition: int, checkpoint: bool) -> None:
         daemon = self.daemons.pop(partition, None)
@@ -198,6 +215,7 @@ class Replica:
                 self._fenced[p] = time.monotonic()
                 continue
             filled |= daemon.counters.messages - before >= daemon.settings.limits.poll_max_records
+        self._report()
         if self._fenced:
             self._recover()
         if self.hub is not None:

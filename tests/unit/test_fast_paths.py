@@ -109,6 +109,34 @@ def test_a_tracker_fed_one_block_equals_one_fed_batch_by_batch(
 
 
 @settings(max_examples=60, deadline=None)
+@given(seed=seeds, parts=st.integers(1, 4), events=st.integers(0, 120), window=st.integers(1, 30))
+def test_combined_trackers_rate_their_events_together(seed: int, parts: int, events: int,
+                                                      window: int) -> None:
+    """A replica's error rates over its partitions' trackers: the cumulative rate and the
+    exploit estimate are those of one tracker fed every event; the window rate is the mean
+    of each tracker's last ``window`` losses."""
+    rng = np.random.default_rng(seed)
+    K = 4
+    chosen, rewards = rng.integers(0, K, events), rng.random(events).round(1)
+    probs = rng.random((events, K)) + 0.05
+    probs /= probs.sum(axis=1, keepdims=True)
+    owner = rng.integers(0, parts, events)
+    trackers, everything = [OnlineErrorTracker(window) for _ in range(parts)], OnlineErrorTracker()
+    for lo in range(0, events, 7):  # batches of up to 7, each split by partition
+        rows = np.arange(lo, min(lo + 7, events))
+        everything.observe(chosen[rows], rewards[rows], probs=probs[rows])
+        for p in range(parts):
+            mine = rows[owner[rows] == p]
+            trackers[p].observe(chosen[mine], rewards[mine], probs=probs[mine])
+    error, in_window, exploit = OnlineErrorTracker.combined(trackers)
+    assert np.isclose(error, everything.error_rate, rtol=1e-12)
+    assert np.isclose(exploit, everything.exploit_error_estimate, rtol=1e-12, equal_nan=True)
+    last = [1.0 - rewards[np.flatnonzero(owner == p)][-window:] for p in range(parts)]
+    kept = np.concatenate(last)
+    assert np.isclose(in_window, kept.mean() if len(kept) else 0.0, rtol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
 @given(seed=seeds, B=st.integers(1, 40), K=st.integers(2, 12))
 def test_banditron_coefficients_match_the_per_event_definition(seed: int, B: int, K: int) -> None:
     rng = np.random.default_rng(seed)

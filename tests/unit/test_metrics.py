@@ -233,6 +233,21 @@ def test_docs_describe_every_metric() -> None:
     assert not missing, missing
 
 
+def test_docs_list_every_dead_letter_reason() -> None:
+    """The reasons of ``streamlearn_invalid_events_total`` in docs/metrics.md are the
+    decoders' (an outside test found ``bad_baseline`` exported but not listed)."""
+    import re
+
+    from streamlearn.events import REASONS
+
+    text = (REPO / "docs" / "metrics.md").read_text()
+    row = next(line for line in text.splitlines()
+               if line.startswith("| `streamlearn_invalid_events_total`"))
+    listed = re.search(r"`reason` is one of `([^`]*)`", row)
+    assert listed is not None, row
+    assert listed.group(1).split() == list(REASONS)
+
+
 def test_grafana_dashboard_queries_use_existing_metrics_and_parse(tmp_path: Any) -> None:
     import json
     import re

@@ -27,6 +27,7 @@ from streamlearn.service import replica as replica_module
 from streamlearn.service.claims import PartitionClaims
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.daemon import Daemon
+from streamlearn.service.metrics import Observer
 from streamlearn.service.replica import Replica
 from streamlearn.snapshot import read_snapshot
 from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport, partition_for_key
@@ -53,15 +54,18 @@ class FakeMembership:
 
 
 def make_replica(broker: InMemoryBroker, state: Path, clock: Clock,
-                 claims: PartitionClaims | None = None) -> Replica:
+                 claims: PartitionClaims | None = None,
+                 observer: Observer | None = None) -> Replica:
+    """A replica over in-memory partitions; ``observer``: the one its partition daemons and
+    the replica itself report to, as ``serve`` builds them."""
     def make_daemon(p: int) -> Daemon:
         settings = settings_of(checkpoint_dir=str(state / f"partition-{p}"),
                                   checkpoint_every_events=150, checkpoint_every_seconds=1e9,
                                   join_window_seconds=30.0, limits_poll_timeout_seconds=0.0)
         transport = InMemoryTransport(broker=broker, partitions=P, only=[p])
         return Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.05), seed=1),
-                      wall_clock=clock)
-    return Replica(make_daemon, FakeMembership, claims=claims)
+                      observer, wall_clock=clock)
+    return Replica(make_daemon, FakeMembership, claims=claims, observer=observer)
 
 
 def answer(broker: InMemoryBroker, writer: InMemoryTransport, answered: set[str],
@@ -247,3 +251,46 @@ def test_readiness_names_a_partition_whose_journal_the_changelog_refuses(tmp_pat
                                     "journal for 3 s: decisions held"), reason
     replica.daemons[1].journal_refused_since = None  # written at last
     assert replica.readiness() == (True, "2 partitions owned")
+
+
+def test_the_replica_reports_pending_joins_and_error_rates_over_all_its_partitions(
+        tmp_path: Path) -> None:
+    """An outside test read one partition's pending joins on the gauge of a replica of three
+    (each partition daemon set it in turn): the replica reports its partitions' together."""
+    from prometheus_client import CollectorRegistry
+
+    from streamlearn.evaluation.online import OnlineErrorTracker
+    from streamlearn.service.metrics import PrometheusObserver
+
+    broker, clock = InMemoryBroker(P), Clock()
+    registry = CollectorRegistry()
+    observer = PrometheusObserver(registry)
+    writer = InMemoryTransport(broker=broker, partitions=P, group_id="caller")
+    replica = make_replica(broker, tmp_path, clock, observer=observer)
+    replica.membership.handlers["on_assigned"]([0, 1, 2])  # type: ignore[attr-defined]
+    clock.t += 1.0
+    for i in range(400):
+        writer.append_instance(f"e{i}".encode(), orjson.dumps({"id": f"e{i}", "x": X[i].tolist()}))
+    rounds(replica)
+    # half the decisions answered: some of every partition's learned, the rest pending
+    answered = {f"e{i}" for i in range(400) if i % 2}
+    fed = answer(broker, writer, set(f"e{i}" for i in range(400)) - answered, clock.t)
+    assert fed
+    rounds(replica)
+    pendings = [d.pending for d in replica.daemons.values()]
+    assert min(pendings) > 0 and len(pendings) == 3
+    assert registry.get_sample_value("streamlearn_pending_joins") == sum(pendings)
+    replica.daemons[0].step()  # a partition's own step leaves the replica's gauges alone
+    assert registry.get_sample_value("streamlearn_pending_joins") == sum(pendings)
+    expected = OnlineErrorTracker.combined([d.tracker for d in replica.daemons.values()])
+    rates = [registry.get_sample_value(f"streamlearn_{name}") for name in
+             ("error_rate", "window_error_rate", "exploit_error_estimate")]
+    assert rates == pytest.approx(expected) and sum(d.tracker.rounds
+                                                    for d in replica.daemons.values()) == len(fed)
+    one = replica.daemons[0].tracker
+    assert rates[0] == pytest.approx(
+        sum(d.tracker.mistakes for d in replica.daemons.values()) / len(fed))
+    assert one.rounds < len(fed)
+    replica.membership.handlers["on_revoked"]([2])  # type: ignore[attr-defined]
+    assert registry.get_sample_value("streamlearn_pending_joins") == sum(
+        d.pending for d in replica.daemons.values())
