@@ -203,7 +203,9 @@ def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
         twice = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
         raise Reject("duplicate_candidate_id", f"expected distinct candidate ids, got {twice!r:.40} "
                                                "twice", event_id)
-    slots = obj.get("slots", 1)
+    slots = obj.get("slots")
+    if slots is None:  # absent or null: one slot, as null means absent for 'ts' and 'baseline'
+        slots = 1
     most = min(len(ids), max_slots)
     if not (type(slots) is int and 1 <= slots <= most):
         raise Reject("bad_slots", f"expected 'slots' an integer in [1, {most}] (at most the "

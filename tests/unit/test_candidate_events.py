@@ -71,6 +71,15 @@ def test_each_malformed_part_has_its_reason(change: dict[str, Any], reason: str,
     assert detail in bad[0].detail and bad[0].event_id == "r9" and bad[0].offset == 1
 
 
+def test_null_slots_mean_one_slot_as_absent_ones_do() -> None:
+    """As for 'ts' and 'baseline', a null 'slots' is the default (an outside test found it
+    rejected as bad_slots)."""
+    batch, bad = decode_candidate_requests([message({**good(1), "slots": None}),
+                                            message({k: v for k, v in good(2).items()
+                                                     if k != "slots"}, 1)], D_X, D_C)
+    assert not bad and batch.ids == ["r1", "r2"] and batch.slots.tolist() == [1, 1]
+
+
 def test_every_candidate_reason_is_a_known_dead_letter_reason() -> None:
     from streamlearn.events import REASONS
     from streamlearn.events.candidates import CANDIDATE_REASONS
