@@ -126,8 +126,8 @@ def print_group(info: dict[str, Any]) -> None:
     print(f"  {'p':>3}  {owner_head:<20}{'ckpt':>6}{'instances':>11}{'joined':>9}{'expired':>9}"
           f"{'pending':>9}  offsets (next to read)")
     for row in info["partitions"]:
-        owner = row.get("owner") or {}
-        who = f"{owner.get('replica', '-')}@{owner.get('epoch', '-')}"
+        owner = row.get("owner")  # a claim file: shared storage; the changelog writes none
+        who = f"{owner.get('replica', '-')}@{owner.get('epoch', '-')}" if owner else "-"
         if row.get("written_at") is not None:  # the changelog: when, not who
             who = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["written_at"]))
         offsets = ", ".join(f"{o['topic']}[{o['partition']}] {o['next_offset']:,}"
