@@ -205,11 +205,7 @@ class RankerState:
             if event.reason != "unloadable":  # a missing file says nothing of the ranker
                 self._trial_rolled_back(arm)
             self.arms.pop(arm.version, None)
-            stack = self.store.promoted
-            if arm.artifact in stack:
-                stack.remove(arm.artifact)
-                self.state["promoted"] = stack
-            self.promoted = self.store.load(stack[-1]) if stack else None
+            stack = self._unstack(arm)
             entry.update(rolled_back=arm.artifact, promoted_now=stack[-1] if stack else None)
             self.observer.on_rollback(event.reason)
             self.observer.on_promotion("rolled_back")
@@ -220,6 +216,8 @@ class RankerState:
                         "" if event.reason == "manual" else f"; now {self._serving_text()}")
             self._new_epoch()
         elif event.kind == "replaced":  # a newer promotion took the candidate's place
+            # it never finished its rollout: not a ranker a rollback may put back to serve
+            self._unstack(arm)
             self.observer.on_rollback("replaced")
             log.info("rollout of %s v%d ended after %d %s served: %s", arm.name, arm.version,
                      arm.served, self.rollout.settings.unit, event.reason)
@@ -236,6 +234,16 @@ class RankerState:
         self._report_shares()
         self._report_version()
         self.store.record(entry)
+
+    def _unstack(self, arm: Arm) -> list[str]:
+        """Take ``arm`` off the promoted stack (the rankers a rollback may put back); the
+        stack now."""
+        stack = self.store.promoted
+        if arm.artifact in stack:
+            stack.remove(arm.artifact)
+            self.state["promoted"] = stack
+        self.promoted = self.store.load(stack[-1]) if stack else None
+        return stack
 
     def _serving_text(self) -> str:
         return ", ".join(f"{a.name} v{a.version}" for a in self.rollout.serving()) \
@@ -359,9 +367,12 @@ class RankerState:
         earlier promoted one serves again, else the learner)."""
         stack = self.store.promoted
         if self.policy == "ranker" and self.rollout.serving():
+            # a candidate rolled back leaves what served beside it serving (the learner, or
+            # the live ranker): only a live ranker rolled back puts an earlier one back
+            live_rolled_back = self.rollout.candidate is None
             self.rollout.roll_back("manual")  # the event updates the stack and the history
             stack = self.store.promoted
-            if self.rollout.live is None and self.rollout.candidate is None and stack:
+            if live_rolled_back and self.rollout.live is None and stack:
                 earlier = self.store.load(stack[-1])
                 if earlier is not None:
                     self.arms[earlier.version] = earlier

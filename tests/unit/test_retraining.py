@@ -352,3 +352,13 @@ def test_a_candidate_replaced_by_a_newer_promotion_counts_as_replaced(
     # each candidate's live value under its role: none has finished its rollout to be live
     assert "candidate:centroidoracle" in observer.live_values
     assert "ranker:centroidoracle" not in observer.live_values
+    # SIGUSR1 rolls the newest candidate back: the learner, which served beside it, serves
+    # everything; the replaced candidate never finished its rollout and is not put back
+    # (an outside test saw it go live at 95 %)
+    retraining = daemon.retraining
+    assert retraining is not None and retraining.rollout.live is None
+    retraining.request_rollback()
+    daemon.step()
+    assert retraining.rollout.serving() == [] and retraining.rollout.shares() == {0: 1.0}
+    state = read_ranker_state(tmp_path / "rankers")
+    assert state["promoted"] == [] and state["history"][-1]["promoted_now"] is None
