@@ -48,7 +48,7 @@ from streamlearn.commands.evaluate_candidates import (
     print_candidate_table,
 )
 from streamlearn.commands.stream_options import int_at_least, number_in
-from streamlearn.durability.experience import ExperienceRows
+from streamlearn.durability.experience import ExperienceRows, require_window
 from streamlearn.errors import ConfigError, DataError
 from streamlearn.evaluation.policies import (
     ESTIMATORS,
@@ -58,7 +58,7 @@ from streamlearn.evaluation.policies import (
     learner_policy,
     uniform_policy,
 )
-from streamlearn.retrain.artifact import resolve_artifact
+from streamlearn.retrain.artifact import recorded_artifact, resolve_artifact
 from streamlearn.retrain.job import (
     estimate_policies,
     estimates_on,
@@ -220,6 +220,8 @@ def _rows(args: argparse.Namespace, entry: dict[str, Any] | None
         first_, last_ = parse_segments(args.segments)
         rows = read_window(log_dir, first_, last_, args.max_rows, None)
         fraction = args.holdout_fraction or DEFAULT_HOLDOUT_FRACTION
+    if entry is not None:
+        require_window(entry, rows, log_dir)
     if len(rows) == 0:
         raise DataError(f"Expected logged rows in {log_dir}. Got none.")
     train, held, cut = split_in_time(rows, fraction)
@@ -270,7 +272,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         names.remove("current")  # the live ranker of then: evaluated by its artifact
     selection_clip = float((entry or {}).get("clip") or DEFAULT_SELECTION_CLIP)
     # --retrain V: ranker:NAME is the artifact retrain V made, not the newest one of NAME
-    pinned = {c["name"]: c["artifact"] for c in (entry or {}).get("challengers") or []
+    pinned = {c["name"]: recorded_artifact(c["artifact"], artifacts)
+              for c in (entry or {}).get("challengers") or []
               if c.get("version") == (entry or {}).get("version")}
     policies = {name: _policy(name, evaluated, train, artifacts, selection_clip, pinned)
                 for name in names}
@@ -290,7 +293,9 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
         report["challengers"] = [
             {k: c[k] for k in ("name", "version", "rows", "passed", "advantage_lower", "value",
                                "ess", "alpha")}
-            for c in judge_challengers(log_dir, [{**c, "looks": int(c.get("looks", 1)) - 1}
+            for c in judge_challengers(log_dir, [{**c, "looks": int(c.get("looks", 1)) - 1,
+                                                  "artifact": recorded_artifact(c["artifact"],
+                                                                                artifacts)}
                                                  for c in tracked],
                                        held, entry["segments"][1], entry.get("watermark"), {},
                                        entry.get("max_evidence"))]

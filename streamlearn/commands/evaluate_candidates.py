@@ -30,10 +30,10 @@ from typing import Any
 
 import orjson
 
-from streamlearn.durability.experience import ExperienceRows, read_experience
+from streamlearn.durability.experience import ExperienceRows, read_experience, require_window
 from streamlearn.durability.recorder import REQUESTS_DIR
 from streamlearn.errors import ConfigError, DataError
-from streamlearn.retrain.artifact import resolve_artifact
+from streamlearn.retrain.artifact import recorded_artifact, resolve_artifact
 from streamlearn.retrain.candidates import LoggedRequests, heldout_requests
 
 __all__ = ["CANDIDATE_ESTIMATORS", "CANDIDATE_POLICY_FORMS", "MIN_ESS", "evaluate_candidates",
@@ -96,6 +96,7 @@ def _judged(entry: dict[str, Any] | None, log_dir: Path, segments: tuple[int | N
                               f"{window.get('skipped', 'no off-policy part')}).")
         first, last = entry["segments"]
         learned = read_experience(log_dir, first, last, entry["max_rows"])
+        require_window(entry, learned, log_dir)
         d_x, d_c = _dimensions(learned, log_dir, entry)
         judged = heldout_requests(log_dir, learned, d_x, d_c, float(entry["holdout_fraction"]),
                                   entry["watermark"], entry.get("since"), entry["max_rows"],
@@ -131,7 +132,8 @@ def evaluate_candidates(log_dir: Path, names: list[str] | None, estimators: list
     # default: what the retrain judged (with --retrain), else logged and uniform
     names = list(names or (["logged", *(f"ranker:{n}" for n in ranked)] if entry is not None
                            else ["logged", "uniform"]))
-    pinned = {n: str(info["artifact"]) for n, info in ((entry or {}).get("rankers") or {}).items()
+    pinned = {n: recorded_artifact(str(info["artifact"]), artifacts)
+              for n, info in ((entry or {}).get("rankers") or {}).items()
               if (info or {}).get("artifact")}
     alphas = _alphas(entry, names, level)
     estimates: dict[str, Any] = {}

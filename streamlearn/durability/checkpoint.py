@@ -472,6 +472,13 @@ class Checkpointer:
         self.offsets = ConsumedOffsets()  # the live offsets; a snapshot saves a copy
         self.events_since = 0
         self.last_time = time.monotonic()
+        self.requested = False  # a checkpoint asked for at the next step (request)
+
+    def request(self) -> None:
+        """Make the next :meth:`due` true: state a crash must not undo has changed (a
+        rollout's step or rollback, an adoption mode switch), which would otherwise wait up
+        to ``every_events`` messages for its checkpoint."""
+        self.requested = True
 
     def restore(self, accept: Callable[[Restored], object] | None = None,
                 topics: Collection[str] | None = None) -> Restored | None:
@@ -584,7 +591,7 @@ class Checkpointer:
         one row per message read since the one before. ``every_s`` still bounds the interval.
         """
         self.events_since += n_events
-        return (self.events_since >= max(self.every_events, pending)
+        return (self.requested or self.events_since >= max(self.every_events, pending)
                 or time.monotonic() - self.last_time >= self.every_s)
 
     def save(self, transport: Transport, arrays: dict[str, np.ndarray], meta: dict[str, Any],
@@ -611,6 +618,7 @@ class Checkpointer:
         self.seq = seq
         self.events_since = 0
         self.last_time = time.monotonic()
+        self.requested = False
         if background:  # copies: the live arrays and meta change while the thread writes
             frozen = {name: np.array(a, copy=True) for name, a in arrays.items()}
             detached = orjson.loads(orjson.dumps(full_meta, option=orjson.OPT_SERIALIZE_NUMPY))

@@ -46,11 +46,12 @@ import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from streamlearn.actions import exploration_rates
-from streamlearn.errors import ConfigError, StateError
+from streamlearn.errors import ConfigError, DataError, StateError
 from streamlearn.features import Batch, SparseBatch
 from streamlearn.snapshot import pack_strings, unpack_strings
 
@@ -200,6 +201,25 @@ def _read_segment(path: Path) -> ExperienceRows | None:
         return _rows(ids, _stored_dense(arrays), {c: arrays[c] for c in _COLUMNS})
     except KeyError as exc:
         raise StateError(f"{path} lacks the array {exc}: not an experience segment.") from exc
+
+
+def require_window(entry: dict[str, Any], rows: ExperienceRows,
+                   log_dir: str | os.PathLike[str]) -> None:
+    """Refuse to reproduce a retrain (its history ``entry``) on ``rows`` that are not the
+    window it judged: segments of it removed since (retention deletes the oldest) would give
+    other figures without a word."""
+    first, last = (int(v) for v in entry["segments"])
+    expected = int(entry.get("rows") or 0)
+    if len(rows) == expected and rows.segments is not None \
+            and tuple(rows.segments) == (first, last):
+        return
+    present = set(list_segments(log_dir))
+    missing = [seq for seq in range(first, last + 1) if seq not in present]
+    why = (f"{log_dir} no longer holds segment(s) {', '.join(map(str, missing))} (experience "
+           "retention removes the oldest)" if missing else "the log has changed since")
+    raise DataError(f"Expected retrain {entry.get('version')}'s window, segments {first}..{last} "
+                    f"with {expected:,} rows, to reproduce what it judged. Got {len(rows):,} "
+                    f"rows: {why}. Evaluate the segments still there with --segments.")
 
 
 def read_experience(log_dir: str | os.PathLike[str], first_segment: int | None = None,

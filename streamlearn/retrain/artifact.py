@@ -291,6 +291,15 @@ def list_artifacts(directory: str | os.PathLike[str], name: str | None = None) -
     return [p for _, _, p in found]
 
 
+def recorded_artifact(recorded: str, directory: str | os.PathLike[str]) -> str:
+    """Where an artifact that the rankers' state recorded is now: the one of that name in
+    ``directory``, the store the state belongs to. The state records the absolute path the
+    store had then; a checkpoint directory copied or moved elsewhere holds its artifacts
+    under the same names, so the name, not the old path, says which (an artifact still at
+    the old place is another store's)."""
+    return str(Path(directory) / Path(recorded).name)
+
+
 def resolve_artifact(target: str, directory: str | os.PathLike[str]) -> RankerArtifact:
     """The artifact ``target`` names: a directory of one, else the newest of that name in
     ``directory``."""

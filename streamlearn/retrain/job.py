@@ -56,7 +56,13 @@ from streamlearn.evaluation.policies import (
 )
 from streamlearn.rankers.joint import joint_features
 from streamlearn.rankers.metrics import auc, ndcg
-from streamlearn.retrain.artifact import artifact_name, load_artifact, make_ranker, save_artifact
+from streamlearn.retrain.artifact import (
+    artifact_name,
+    load_artifact,
+    make_ranker,
+    recorded_artifact,
+    save_artifact,
+)
 from streamlearn.retrain.promotion import (
     challenger_alpha,
     deployed_policy,
@@ -242,11 +248,13 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     report_rankers: dict[str, Any] = {}
     policies = {"logged": held.probs.astype(np.float64), "learner": learner_policy(held.probs)}
     current = spec["current"]
-    if current is not None:
+    if current is not None:  # recorded paths: the artifact of that name in this store
+        current = recorded_artifact(current, spec["artifact_dir"])
         policies["current"] = deployed_policy(load_artifact(current).ranker, held)
     index = int(spec["challenger_index"])
     first_segment = None if rows.segments is None else rows.segments[0]
-    challengers = list(spec["challengers"])
+    challengers = [{**c, "artifact": recorded_artifact(c["artifact"], spec["artifact_dir"])}
+                   for c in spec["challengers"]]
     fitted: dict[str, Any] = {}
     for ranker_spec, ranker in zip(spec["rankers"], rankers, strict=True):
         name = artifact_name(ranker_spec)

@@ -24,13 +24,19 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from streamlearn.errors import StateError
-from streamlearn.retrain.artifact import RankerArtifact, list_artifacts, load_artifact
+from streamlearn.retrain.artifact import (
+    RankerArtifact,
+    list_artifacts,
+    load_artifact,
+    recorded_artifact,
+)
 
 __all__ = ["HISTORY_KEPT", "STATE_FILE", "RankerStore", "candidate_entry", "read_ranker_state",
            "retrain_entry"]
@@ -58,6 +64,9 @@ class RankerStore:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        # called after each write of the state: what serves changed, or a verdict was
+        # recorded, and the daemon's checkpoint should follow before a crash can part them
+        self.on_saved: Callable[[], None] = lambda: None
         self.state: dict[str, Any] = {"live": None, "promoted": [], "history": [],
                                       "next_version": 1, "challengers": [],
                                       "challenger_index": 0}
@@ -79,9 +88,7 @@ class RankerStore:
         """The artifact at ``path``, or None (logged) when there is none or it cannot load."""
         if not path:
             return None
-        if not Path(path).is_absolute() and not Path(path).is_dir():
-            # written relative to where serve once started: the artifact of that name here
-            path = str(self.directory / Path(path).name)
+        path = recorded_artifact(path, self.directory)  # the store may have moved since
         try:
             return load_artifact(path)
         except (StateError, OSError, ValueError) as exc:
@@ -110,6 +117,7 @@ class RankerStore:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        self.on_saved()
 
 
 def retrain_entry(result: dict[str, Any], decision: dict[str, Any], started: float,

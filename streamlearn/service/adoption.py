@@ -330,6 +330,10 @@ class Adoption:
         self.agreement = math.nan if agreement is None else float(agreement)
         self.history = list(meta.get("history") or [])
         self.auto_paused = bool(meta.get("auto_paused", False))
+        if self.mode != self.settings.mode or self.auto_paused:  # the banner says the configured
+            log.info("rollout: %s, restored from the checkpoint (configured %s%s)", self.mode,
+                     self.settings.mode, "; automatic switching paused by a step back"
+                     if self.auto_paused else "")
         for name, m in meta["stats"].items():
             prefix = f"adoption.{name}."
             self.stats[name] = ArmStats.from_state(

@@ -138,6 +138,7 @@ class Replica:
             daemon = self.make_daemon(p)
             if self.claims is not None:
                 daemon.owner_check = lambda p=p, claims=self.claims: claims.holds(p)
+            daemon.still_assigned = lambda p=p: p in self.membership.assigned()
             daemon.restore()  # before any record of p is read: the moved state comes first
             if self.learner is None:  # the replica's one learner, shared by its partitions
                 self.learner = daemon.learner

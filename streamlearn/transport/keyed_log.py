@@ -82,6 +82,14 @@ CHANGELOG_TOPIC_CONFIGS = {
 #: A write waited on is checked this often for a writer that turned fatal meanwhile.
 WAIT_SLICE_S = 0.25
 
+#: An abort of a failed transaction still running after this long: the writer starts anew
+#: (its init waits for a broker still away, so during an outage this retries every ~30 s).
+RESTART_AFTER_S = 20.0
+
+#: The changelog producer's bound on a record's delivery (kafka-python's default is 120 s):
+#: after a broker outage, the abort of a failed transaction waits for its records to fail.
+DELIVERY_TIMEOUT_MS = 15_000
+
 
 class Fenced(OwnershipLost):
     """Another writer opened this log slot: this one may write nothing more to it (not a
@@ -238,7 +246,6 @@ class KafkaKeyedLog:
                  transaction_timeout_s: float = 600.0, timeout_s: float = 30.0,
                  write: bool = True) -> None:
         from kafka import KafkaConsumer, KafkaProducer
-        from kafka.errors import KafkaError
 
         self.topic, self.slot, self.timeout_s = topic, slot, timeout_s
         self._bootstrap = bootstrap_servers
@@ -251,22 +258,45 @@ class KafkaKeyedLog:
                                           "max_request_size", "linger_ms")}
         self._lock = threading.Lock()  # commit excludes sends: Kafka refuses a send while committing
         self._producer: Any = None
+        self._aborting: Any = None  # the abort of a failed transaction, while it runs (_abort)
+        self._abort_began = 0.0
         if not write:  # a reader (inspection, tests): fences nobody, writes nothing
             return
+        # a record the broker has not taken fails within delivery_timeout_ms: the abort of its
+        # transaction waits for it (kafka-python's default, 120 s, kept the journal held that
+        # long after a broker outage had ended)
+        request_ms = int(float(str(producer_options.pop("request_timeout_ms", 10_000))))
+        delivery_ms = max(int(float(str(producer_options.pop("delivery_timeout_ms",
+                                                             DELIVERY_TIMEOUT_MS)))), request_ms)
+        self._producer_config = {
+            **{"client_id": "streamlearn-changelog", **producer_options},
+            "request_timeout_ms": request_ms, "delivery_timeout_ms": delivery_ms,
+            "max_block_ms": round(timeout_s * 1000),  # init_transactions waits this long
+            "bootstrap_servers": bootstrap_servers,
+            "transactional_id": f"{transactional_prefix}.{topic}.{slot}",
+            "transaction_timeout_ms": round(transaction_timeout_s * 1000),
+            "enable_idempotence": True, "acks": "all", "linger_ms": 0,
+            "max_request_size": 4 * 2**20}
+        self._producer = self._open_producer()
+
+    def _open_producer(self) -> Any:
+        """A transactional producer of this slot, its transaction open. Its init fences every
+        earlier writer of the slot (this one's earlier producer too)."""
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        producer: Any = None
         try:
-            self._producer = KafkaProducer(
-                **{"client_id": "streamlearn-changelog", **producer_options},
-                bootstrap_servers=bootstrap_servers,
-                transactional_id=f"{transactional_prefix}.{topic}.{slot}",
-                transaction_timeout_ms=round(transaction_timeout_s * 1000),
-                enable_idempotence=True, acks="all", linger_ms=0,
-                max_request_size=4 * 2**20)
-            self._producer.init_transactions()  # fences every earlier writer of the slot
-            _no_epoch_bump(self._producer)
-            self._producer.begin_transaction()
+            producer = KafkaProducer(**self._producer_config)
+            producer.init_transactions()
+            _no_epoch_bump(producer)
+            producer.begin_transaction()
+            return producer
         except KafkaError as exc:
-            raise TransportError(f"cannot open the changelog {topic} slot {slot} for writing: "
-                                 f"{exc}") from exc
+            if producer is not None:
+                producer.close(timeout=0)
+            raise TransportError(f"cannot open the changelog {self.topic} slot {self.slot} for "
+                                 f"writing: {exc}") from exc
 
     def _partition(self, journal: bool) -> int:
         return LANES * self.slot + int(journal)
@@ -284,20 +314,90 @@ class KafkaKeyedLog:
         return TransportError(f"{where}: {what} failed: {exc!r}")
 
     def _abort(self) -> None:
-        """After a failed write the transaction cannot commit: abort it and open the next (the
-        caller publishes its state again)."""
+        """After a failed write the transaction cannot commit: abort it (the caller publishes
+        its state again). kafka-python's ``abort_transaction`` waits for the abort without a
+        bound, and with the broker away that is as long as it is away (an outside test saw
+        the serving thread held 78 s): the abort is started here, waited for a moment, and
+        the next write waits for the rest of it (at most ``timeout_s``, see ``_queue``)."""
+        if not self._lock.acquire(timeout=self.timeout_s):  # a commit holds it: it fails too
+            return
         try:
-            self._producer.abort_transaction()
-            self._producer.begin_transaction()
+            if self._aborting is not None:  # an earlier failure's abort is still running
+                return
+            manager = self._producer._transaction_manager
+            self._aborting = manager.begin_abort()  # abort_transaction, but for its wait
+            self._abort_began = time.monotonic()
+            self._producer._sender.wakeup()
+            self._abort_done(WAIT_SLICE_S)
         except Exception as exc:  # the next send fails again and says why
+            self._aborting = None
             log.warning("changelog %s slot %d: could not abort the failed transaction: %r",
                         self.topic, self.slot, exc)
+        finally:
+            self._lock.release()
+
+    def _abort_done(self, wait_s: float) -> bool:
+        """Whether no abort is pending, waiting at most ``wait_s`` for one that is; once it is
+        done the next transaction is opened. Raises what failed the abort. With the lock."""
+        result = self._aborting
+        if result is None:
+            return True
+        deadline = time.monotonic() + wait_s
+        try:
+            while not result.wait(timeout_ms=min(WAIT_SLICE_S, max(
+                    deadline - time.monotonic(), 0.0)) * 1000):
+                if time.monotonic() - self._abort_began >= RESTART_AFTER_S:
+                    self._restart()
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+        finally:
+            if result.is_done:
+                self._aborting = None
+        self._producer.begin_transaction()
+        return True
+
+    def _restart(self) -> None:
+        """A new producer in place of one whose abort does not end: kafka-python's can wait
+        on a broker back from an outage for minutes (seen: no end 3 minutes after). Its init
+        aborts the open transaction on the broker and fences the old producer, which is
+        closed without waiting. The records of the aborted transaction stay readable (reads
+        are read_uncommitted), as after a crash. With the lock."""
+        old, self._producer = self._producer, None
+        log.warning("changelog %s slot %d: the abort of a failed transaction has not ended "
+                    "after %.0f s: starting the writer again", self.topic, self.slot,
+                    time.monotonic() - self._abort_began)
+        try:
+            old.close(timeout=0)
+        except Exception as exc:  # closing a stuck producer may complain; it writes no more
+            log.debug("closing the changelog producer: %r", exc)
+        self._aborting = None
+        self._producer = self._open_producer()
 
     def _queue(self, key: bytes, value: bytes | None, journal: bool) -> Any:
-        """Queue a record on its lane (not while a commit runs); its future."""
-        with self._lock:
+        """Queue a record on its lane (not while a commit or an abort runs); its future. A
+        commit, or the abort of a failed transaction, can wait on a broker that is away for as
+        long as it is away: the write waits for them at most ``timeout_s``, and not at all
+        once the writer turned fatal (fenced)."""
+        from kafka.errors import KafkaTimeoutError
+
+        deadline = time.monotonic() + self.timeout_s
+        while not self._lock.acquire(timeout=WAIT_SLICE_S):
+            if _unusable(self._producer):
+                raise KafkaTimeoutError("the writer failed while a commit held its writes")
+            if time.monotonic() >= deadline:
+                raise KafkaTimeoutError(f"a commit held the changelog's writes for "
+                                        f"{self.timeout_s:.0f} s")
+        try:
+            if self._producer is None:  # a restart whose init failed (the broker still away)
+                self._producer = self._open_producer()
+            if not self._abort_done(max(deadline - time.monotonic(), 0.0)):
+                raise KafkaTimeoutError("the transaction of an earlier failed write is still "
+                                        f"being aborted after {self.timeout_s:.0f} s")
             return self._producer.send(self.topic, key=key, value=value,
                                        partition=self._partition(journal))
+        finally:
+            self._lock.release()
 
     def send(self, key: bytes, value: bytes | None, journal: bool = False) -> None:
         try:
@@ -327,11 +427,18 @@ class KafkaKeyedLog:
             raise self._failed(exc, "a write") from exc
 
     def commit(self) -> None:
+        from kafka.errors import KafkaTimeoutError
+
         try:
             # everything sent is acknowledged first, with the lock free: the serving thread's
             # journal writes go on meanwhile; the commit itself is then short
             self._producer.flush(timeout=self.timeout_s)
             with self._lock:
+                if self._producer is None:
+                    raise KafkaTimeoutError("the changelog's writer is starting again")
+                if not self._abort_done(self.timeout_s):
+                    raise KafkaTimeoutError("the transaction of a failed write is still being "
+                                            f"aborted after {self.timeout_s:.0f} s")
                 self._producer.commit_transaction()
                 self._producer.begin_transaction()
         except Exception as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -505,9 +506,10 @@ class _StuckProducer:
     """A transactional producer whose sends hang; its transaction manager turns fatal (fenced)
     ``fatal_after_s`` after the first send, or never (None)."""
 
-    def __init__(self, fatal_after_s: float | None) -> None:
+    def __init__(self, fatal_after_s: float | None, abort_takes_s: float = 0.0) -> None:
         self.fatal_after_s, self.sent_at = fatal_after_s, 0.0
-        self.aborted = 0
+        self.aborted, self.begun = 0, 0
+        self.abort_takes_s = abort_takes_s  # inf: an abort that waits on a broker still away
         producer = self
 
         class State:
@@ -517,21 +519,38 @@ class _StuckProducer:
                 late = fatal is not None and time.monotonic() - producer.sent_at >= fatal
                 return "FATAL_ERROR" if late else "IN_TRANSACTION"
 
+        class Result:  # kafka-python's TransactionalRequestResult
+            def __init__(self) -> None:
+                self.done_at = time.monotonic() + producer.abort_takes_s
+
+            @property
+            def is_done(self) -> bool:
+                return time.monotonic() >= self.done_at
+
+            def wait(self, timeout_ms: float | None = None) -> bool:
+                time.sleep(max(0.0, min(self.done_at - time.monotonic(), (timeout_ms or 0) / 1e3)))
+                return self.is_done
+
         class Manager:
             _current_state = State()
             last_error = "InvalidProducerEpochError(None)"
 
-        self._transaction_manager = Manager()
+            def begin_abort(self) -> Result:
+                producer.aborted += 1
+                return Result()
+
+        class Sender:
+            def wakeup(self) -> None:
+                pass
+
+        self._transaction_manager, self._sender = Manager(), Sender()
 
     def send(self, *args: Any, **kwargs: Any) -> _PendingFuture:
         self.sent_at = time.monotonic()
         return _PendingFuture()
 
-    def abort_transaction(self) -> None:
-        self.aborted += 1
-
     def begin_transaction(self) -> None:
-        pass
+        self.begun += 1
 
 
 @pytest.mark.parametrize("fatal_after_s", [0.3, None])
@@ -554,3 +573,60 @@ def test_a_kafka_journal_write_fails_as_soon_as_its_writer_turns_fatal(
     else:
         assert fatal_after_s <= took < fatal_after_s + 2 * WAIT_SLICE_S + 0.3, took
         assert "failed for good" in str(raised.value) and "InvalidProducerEpochError" in str(raised.value)
+
+
+def test_a_failed_kafka_write_does_not_wait_out_the_abort_of_its_transaction() -> None:
+    """kafka-python's abort_transaction waits without a bound, and with the broker away the
+    serving thread waited with it (an outside test: 78 s). The abort is started and the next
+    write waits for it at most the timeout, then goes on once it is done."""
+    from streamlearn.transport.keyed_log import WAIT_SLICE_S, KafkaKeyedLog
+
+    log = KafkaKeyedLog("127.0.0.1:1", "changelog", 0, write=False, timeout_s=0.6)
+    log._producer = producer = _StuckProducer(None, abort_takes_s=2.0)
+    started = time.monotonic()
+    with pytest.raises(TransportError, match="Timeout after waiting"):
+        log.send_and_wait(b"k", b"v", journal=True)
+    assert time.monotonic() - started < 0.6 + 2 * WAIT_SLICE_S + 0.3  # not the abort's 2 s
+    assert producer.aborted == 1 and producer.begun == 0
+    with pytest.raises(TransportError, match="still being aborted"):
+        log.send(b"k", b"v")  # the abort runs on: this write waits 0.6 s for it, then fails
+    assert producer.aborted == 1  # no second abort of the same transaction
+    time.sleep(max(0.0, producer.sent_at + 2.6 - time.monotonic()))
+    log.send(b"k", b"v")  # the abort is done: the next transaction opens and takes the write
+    assert producer.begun == 1
+
+
+def test_a_writer_whose_abort_does_not_end_starts_anew(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kafka-python's abort of a transaction begun while the broker was away did not end
+    minutes after the broker came back (an outside test's outage): past RESTART_AFTER_S the
+    next write opens a new producer of the slot (its init aborts the transaction on the
+    broker) and goes on with it."""
+    from streamlearn.transport import keyed_log
+    from streamlearn.transport.keyed_log import KafkaKeyedLog
+
+    monkeypatch.setattr(keyed_log, "RESTART_AFTER_S", 0.9)
+    log = KafkaKeyedLog("127.0.0.1:1", "changelog", 0, write=False, timeout_s=0.3)
+    log._producer = stuck = _StuckProducer(None, abort_takes_s=math.inf)
+    stuck.close = lambda timeout=None: None  # type: ignore[attr-defined]
+    fresh = _StuckProducer(None)
+    opened: list[Any] = []
+    inits: list[Any] = [TransportError("cannot open the changelog (test: broker away)"), fresh]
+
+    def open_producer() -> Any:  # the first init fails: the broker is still away
+        got = inits.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        opened.append(got)
+        return got
+
+    monkeypatch.setattr(log, "_open_producer", open_producer)
+    with pytest.raises(TransportError):
+        log.send_and_wait(b"k", b"v", journal=True)  # the write fails; its abort never ends
+    with pytest.raises(TransportError, match="still being aborted"):
+        log.send(b"k", b"v")  # 0.3 s more of the abort: not yet the restart
+    time.sleep(0.3)
+    with pytest.raises(TransportError, match="broker away"):
+        log.send(b"k", b"v")  # past 0.9 s: the writer starts again, its init fails
+    assert log._producer is None and not opened
+    log.send(b"k", b"v")  # the next write opens it again, and it takes the write
+    assert opened == [fresh] and log._producer is fresh and fresh.sent_at > 0

@@ -149,6 +149,48 @@ def test_a_restart_neither_loses_nor_duplicates_log_rows(tmp_path: Path) -> None
     assert set(rows.ids) | pending == set(caller.feedback_ids)  # nothing lost
 
 
+def test_a_moved_checkpoint_directory_keeps_its_rankers_and_refuses_a_partial_window(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The rankers' state records absolute artifact paths; a checkpoint directory copied
+    elsewhere (a restore onto another volume) used them, and read another store's artifacts
+    or none (an outside test). Artifacts are found by name in the directory's own store, and
+    `evaluate --retrain V` refuses a window that retention has cut instead of quietly
+    judging fewer rows."""
+    import shutil
+
+    from streamlearn.cli import main
+
+    broker, clock = InMemoryBroker(2), Clock()
+    first = tmp_path / "first"
+    daemon = Daemon(retrain_settings(first), InMemoryTransport(broker=broker, partitions=2),
+                    learner(), Recorder(), clock)
+    daemon.restore()
+    run(daemon, Caller(broker), clock, 0, 900)
+    daemon.checkpoint(final=True)
+    history = read_ranker_state(first / "rankers")["history"]
+    entry = next(e for e in history if any(c["version"] == e["version"]
+                                           for c in e["challengers"]))
+    policy = f"ranker:{entry['challengers'][0]['name']}"
+    moved = tmp_path / "moved"
+    shutil.copytree(first, moved)
+    shutil.move(first / "rankers", tmp_path / "elsewhere")  # the old paths lead nowhere now
+    assert main(["evaluate", str(moved / "experience"), "--retrain", str(entry["version"]),
+                 "--policy", policy, "--estimator", "snips", "--json"]) == 0
+    report = orjson.loads(capsys.readouterr().out)
+    assert report["estimates"][policy]["snips"] == entry["estimates"][policy]["snips"]
+    again = Daemon(retrain_settings(moved), InMemoryTransport(broker=broker, partitions=2),
+                   learner(), Recorder(), clock)
+    again.restore()
+    assert again.retraining is not None and again.retraining.rankers.live is not None
+    assert str(again.retraining.rankers.live.path).startswith(str(moved))
+    lo, hi = entry["segments"]
+    (moved / "experience" / f"segment-{hi:08d}.npz").unlink()
+    assert main(["evaluate", str(moved / "experience"), "--retrain", str(entry["version"])]) == 2
+    err = capsys.readouterr().err
+    assert f"segments {lo}..{hi} with {entry['rows']:,} rows" in err, err
+    assert f"no longer holds segment(s) {hi} (experience retention" in err, err
+
+
 def test_a_failing_retrain_is_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
     broker, clock = InMemoryBroker(2), Clock()
     observer = Recorder()
@@ -362,3 +404,9 @@ def test_a_candidate_replaced_by_a_newer_promotion_counts_as_replaced(
     assert retraining.rollout.serving() == [] and retraining.rollout.shares() == {0: 1.0}
     state = read_ranker_state(tmp_path / "rankers")
     assert state["promoted"] == [] and state["history"][-1]["promoted_now"] is None
+    # checkpointed at once: a kill -9 now restores the rollback, not the candidate
+    daemon._settle_checkpoint(block=True)
+    crashed = Daemon(daemon.settings, InMemoryTransport(broker=broker, partitions=2),
+                     Banditron(9, 400, FixedGamma(0.3), seed=11), Recorder(), clock)
+    crashed.restore()
+    assert crashed.retraining is not None and crashed.retraining.rollout.serving() == []
