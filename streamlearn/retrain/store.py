@@ -67,6 +67,7 @@ class RankerStore:
         # called after each write of the state: what serves changed, or a verdict was
         # recorded, and the daemon's checkpoint should follow before a crash can part them
         self.on_saved: Callable[[], None] = lambda: None
+        self._unloadable: set[str] = set()  # artifacts found unloadable (logged once each)
         self.state: dict[str, Any] = {"live": None, "promoted": [], "history": [],
                                       "next_version": 1, "challengers": [],
                                       "challenger_index": 0}
@@ -92,7 +93,10 @@ class RankerStore:
         try:
             return load_artifact(path)
         except (StateError, OSError, ValueError) as exc:
-            log.error("ranker artifact %s cannot be loaded (%s); serving without it", path, exc)
+            if path not in self._unloadable:  # said once: a restore may ask twice (live, arm)
+                self._unloadable.add(path)
+                log.error("ranker artifact %s cannot be loaded (%s); serving without it",
+                          path, exc)
             return None
 
     def take_version(self) -> int:

@@ -410,3 +410,21 @@ def test_a_candidate_replaced_by_a_newer_promotion_counts_as_replaced(
                      Banditron(9, 400, FixedGamma(0.3), seed=11), Recorder(), clock)
     crashed.restore()
     assert crashed.retraining is not None and crashed.retraining.rollout.serving() == []
+
+
+def test_an_unloadable_artifact_is_reported_once(tmp_path: Path,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A restore asks for the same artifact as the newest ranker and as a rollout's arm: an
+    outside test saw its error logged twice."""
+    import logging
+
+    from streamlearn.retrain.store import RankerStore
+
+    store = RankerStore(tmp_path / "rankers")
+    store.open()
+    (tmp_path / "rankers" / "logistic-v00000003").mkdir()  # no snapshot inside
+    with caplog.at_level(logging.ERROR):
+        assert store.load("/elsewhere/rankers/logistic-v00000003") is None
+        assert store.load(str(tmp_path / "rankers" / "logistic-v00000003")) is None
+    errors = [r for r in caplog.records if "cannot be loaded" in r.getMessage()]
+    assert len(errors) == 1 and str(tmp_path / "rankers") in errors[0].getMessage()
