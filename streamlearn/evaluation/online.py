@@ -97,10 +97,15 @@ class OnlineErrorTracker:
     def error_rate(self) -> float:
         return self.mistakes / self.rounds if self.rounds else 0.0
 
+    def _window_losses(self) -> tuple[float, int]:
+        """(Σ losses, events) over the last ``window`` events."""
+        n = min(self._ring_pos, self.window)
+        return float(self._ring[:n].sum()), n
+
     @property
     def window_error_rate(self) -> float:
-        n = min(self._ring_pos, self.window)
-        return float(self._ring[:n].sum()) / n if n else 0.0  # = mean(), without its overhead
+        losses, n = self._window_losses()
+        return losses / n if n else 0.0  # = mean(), without its overhead
 
     @property
     def exploit_error_rate(self) -> float:
@@ -118,11 +123,11 @@ class OnlineErrorTracker:
         events together, e.g. the partitions one replica serves: each rate's numerator and
         denominator summed (the window: each tracker's last ``window`` events)."""
         rounds = sum(t.rounds for t in trackers)
-        in_window = sum(min(t._ring_pos, t.window) for t in trackers)
-        window_losses = sum(float(t._ring[:min(t._ring_pos, t.window)].sum()) for t in trackers)
+        windows = [t._window_losses() for t in trackers]
+        in_window = sum(n for _, n in windows)
         valued = sum(t._exploit_value_rounds for t in trackers)
         return (sum(t.mistakes for t in trackers) / rounds if rounds else 0.0,
-                window_losses / in_window if in_window else 0.0,
+                sum(losses for losses, _ in windows) / in_window if in_window else 0.0,
                 1.0 - sum(t._exploit_value_sum for t in trackers) / valued if valued
                 else float("nan"))
 
