@@ -30,6 +30,7 @@ from streamlearn.commands.inspect_group import (
 )
 from streamlearn.commands.readable import spec_text
 from streamlearn.errors import ConfigError, StateError
+from streamlearn.retrain.artifact import recorded_artifact
 from streamlearn.service.rollout import ArmStats
 from streamlearn.snapshot import ARRAYS_FILE, META_FILE, read_snapshot
 
@@ -248,9 +249,12 @@ def describe_rankers(rankers_dir: Path) -> dict[str, Any] | None:
         state: dict[str, Any] = orjson.loads(state_file.read_bytes())
     except orjson.JSONDecodeError as exc:
         raise StateError(f"{state_file} is not valid JSON: {exc}") from exc
-    promoted = state.get("promoted") or []
+    def here(recorded: Any) -> str | None:  # recorded paths are read by name in this store
+        return recorded_artifact(str(recorded), rankers_dir) if recorded else None
+
+    promoted = [here(p) for p in state.get("promoted") or []]
     history = state.get("history") or []
-    return {"live": state.get("live"), "best_measured": state.get("best_measured"),
+    return {"live": here(state.get("live")), "best_measured": here(state.get("best_measured")),
             "promoted": promoted[-1] if promoted else None,
             "rollback_to": promoted[-2] if len(promoted) > 1 else None,
             "rollbacks": sum(1 for e in history

@@ -206,20 +206,24 @@ def _read_segment(path: Path) -> ExperienceRows | None:
 def require_window(entry: dict[str, Any], rows: ExperienceRows,
                    log_dir: str | os.PathLike[str]) -> None:
     """Refuse to reproduce a retrain (its history ``entry``) on ``rows`` that are not the
-    window it judged: segments of it removed since (retention deletes the oldest) would give
-    other figures without a word."""
+    window it judged: segments of it removed since (experience retention deletes the oldest)
+    would give other figures without a word. A removed segment that held none of the
+    window's rows (all after its watermark) changes nothing unless the window was cut at its
+    row cap, where older rows could have taken their place."""
     first, last = (int(v) for v in entry["segments"])
     expected = int(entry.get("rows") or 0)
-    if len(rows) == expected and rows.segments is not None \
-            and tuple(rows.segments) == (first, last):
-        return
     present = set(list_segments(log_dir))
     missing = [seq for seq in range(first, last + 1) if seq not in present]
-    why = (f"{log_dir} no longer holds segment(s) {', '.join(map(str, missing))} (experience "
-           "retention removes the oldest)" if missing else "the log has changed since")
+    cap = entry.get("max_rows")
+    capped = cap is not None and expected >= int(cap)
+    if len(rows) == expected and not (missing and capped):
+        return
+    why = (f"{log_dir} no longer holds segment(s) {', '.join(map(str, missing))} (removed by "
+           "experience retention or by hand)" if missing else "the log has changed since")
     raise DataError(f"Expected retrain {entry.get('version')}'s window, segments {first}..{last} "
                     f"with {expected:,} rows, to reproduce what it judged. Got {len(rows):,} "
-                    f"rows: {why}. Evaluate the segments still there with --segments.")
+                    f"rows: {why}. Without --retrain, --segments A:B evaluates the segments "
+                    "still there.")
 
 
 def read_experience(log_dir: str | os.PathLike[str], first_segment: int | None = None,

@@ -14,7 +14,7 @@ import test_daemon_fake as f
 from test_daemon_fake import Caller, Clock, learner, settings
 
 from streamlearn.durability.experience import read_experience
-from streamlearn.errors import ConfigError
+from streamlearn.errors import ConfigError, DataError
 from streamlearn.learners import Banditron, FixedGamma
 from streamlearn.rankers.base import FitData, Ranker
 from streamlearn.service.daemon import Daemon
@@ -183,12 +183,25 @@ def test_a_moved_checkpoint_directory_keeps_its_rankers_and_refuses_a_partial_wi
     again.restore()
     assert again.retraining is not None and again.retraining.rankers.live is not None
     assert str(again.retraining.rankers.live.path).startswith(str(moved))
+    from streamlearn.commands.inspect import describe_rankers
+
+    shown = describe_rankers(moved / "rankers")  # inspect names the copy's own artifacts
+    assert shown is not None and str(shown["live"]).startswith(str(moved / "rankers"))
     lo, hi = entry["segments"]
-    (moved / "experience" / f"segment-{hi:08d}.npz").unlink()
+    (moved / "experience" / f"segment-{lo:08d}.npz").unlink()  # it holds rows of the window
     assert main(["evaluate", str(moved / "experience"), "--retrain", str(entry["version"])]) == 2
     err = capsys.readouterr().err
     assert f"segments {lo}..{hi} with {entry['rows']:,} rows" in err, err
-    assert f"no longer holds segment(s) {hi} (experience retention" in err, err
+    assert f"no longer holds segment(s) {lo} (removed by experience retention" in err, err
+    # a missing segment that held none of the window's rows changes nothing, unless the
+    # window was cut at its row cap (older rows could then have taken their place)
+    from streamlearn.durability.experience import require_window
+
+    left = read_experience(moved / "experience", lo + 1, hi)
+    same = {"version": 9, "segments": [lo, hi], "rows": len(left), "max_rows": None}
+    require_window(same, left, moved / "experience")
+    with pytest.raises(DataError, match=f"no longer holds segment.s. {lo} "):
+        require_window({**same, "max_rows": len(left)}, left, moved / "experience")
 
 
 def test_a_failing_retrain_is_counted_and_the_loop_goes_on(tmp_path: Path) -> None:
