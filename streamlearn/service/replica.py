@@ -58,6 +58,11 @@ log = logging.getLogger("streamlearn.replica")
 #: (service/claims.py); only a killed holder makes it wait that long
 RELEASE_GRACE_S = 2.0
 
+#: a round of the serving loop running this long makes ``/readyz`` answer 503: something in
+#: it waits (an outside test: the merged model's publish waited 30 s on a broker away, and
+#: the replica said ready with partitions the group had already taken from it)
+ROUND_STALL_S = 5.0
+
 
 class Replica:
     """The partition daemons of this replica; see the module docstring.
@@ -103,6 +108,7 @@ class Replica:
         self._stop = threading.Event()
         self.moves = 0  # partitions started here after the first assignment
         self.ready = False
+        self.round_began = time.monotonic()  # the serving thread's current round (readiness)
         self.membership = make_membership(on_assigned=self._assigned, on_revoked=self._revoked,
                                           on_lost=self._lost)
 
@@ -121,6 +127,10 @@ class Replica:
             held = daemon.held_by_journal()
             if held is not None:
                 return False, f"partition {partition}: {held}"
+        busy = time.monotonic() - self.round_began
+        if self.ready and busy >= ROUND_STALL_S:  # e.g. a publish waiting on a broker away
+            return False, (f"the serving loop has spent {busy:.0f} s in one round: decisions "
+                           "held")
         return self.ready and bool(owned), f"{len(owned)} partitions owned"
 
     # --------------------------------------------------------------- the group
@@ -196,7 +206,7 @@ class Replica:
     def step(self) -> None:
         """One round: take part in the group (rebalances happen here), then one step of
         every partition daemon."""
-        started = time.monotonic()
+        started = self.round_began = time.monotonic()
         self.membership.poll(0.0 if self.daemons else self.poll_timeout_s)
         filled = False
         for p, daemon in list(self.daemons.items()):
@@ -247,6 +257,7 @@ class Replica:
 
     def run(self, max_instances: int | None = None) -> None:
         """Serve the owned partitions until :meth:`request_stop` (or ``max_instances``)."""
+        self.round_began = time.monotonic()
         self.ready = True
         try:
             while not self._stop.is_set():

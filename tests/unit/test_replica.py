@@ -253,6 +253,36 @@ def test_readiness_names_a_partition_whose_journal_the_changelog_refuses(tmp_pat
     assert replica.readiness() == (True, "2 partitions owned")
 
 
+def test_readiness_says_when_one_round_of_the_serving_loop_waits_long(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A merged model's publish waited 30 s on a broker that was away, in the serving thread:
+    the replica answered ready while the group had already taken its partitions (an outside
+    test). A round running past ROUND_STALL_S makes it not ready, whatever waits in it."""
+    import threading
+
+    monkeypatch.setattr(replica_module, "ROUND_STALL_S", 0.1)
+    replica = make_replica(InMemoryBroker(P), tmp_path, Clock())
+    replica.membership.handlers["on_assigned"]([0, 1])  # type: ignore[attr-defined]
+    replica.ready = True
+    seen: list[tuple[bool, str]] = []
+    daemon = replica.daemons[1]
+    inner = daemon.step
+
+    def slow_step() -> None:  # something in the round waits on the broker
+        time.sleep(0.3)
+        inner()
+
+    monkeypatch.setattr(daemon, "step", slow_step)
+    probe = threading.Timer(0.2, lambda: seen.append(replica.readiness()))
+    probe.start()
+    replica.step()
+    probe.join()
+    assert seen and not seen[0][0] and "spent 0 s in one round: decisions held" in seen[0][1]
+    monkeypatch.setattr(daemon, "step", inner)
+    replica.step()
+    assert replica.readiness() == (True, "2 partitions owned")
+
+
 def test_the_replica_reports_pending_joins_and_error_rates_over_all_its_partitions(
         tmp_path: Path) -> None:
     """An outside test read one partition's pending joins on the gauge of a replica of three
