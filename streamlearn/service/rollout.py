@@ -152,7 +152,6 @@ class Arm:
                 "checked": self.checked}
 
 
-
 @dataclass
 class RolloutEvent:
     """Something the loop logs, counts and records in the ranker history."""
