@@ -24,6 +24,8 @@ from streamlearn.sync.kafka_link import KafkaModelLink, ensure_models_topic
 
 __all__ = ["build_replica", "serve_replica"]
 
+HUB_CLOSE_S = 5.0  # at shutdown: the longest wait for a models-topic send in flight
+
 
 def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     """The replica of ``config`` (kafka.membership = group), not yet serving."""
@@ -69,12 +71,13 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
     link = KafkaModelLink(bootstrap, t.models, options, client=k.client)
     hub = ModelHub(link, replica_id,
                    config.sync.every_seconds, on_sync=observer.on_model_sync,
-                   early_fraction=config.sync.early_fraction)
+                   early_fraction=config.sync.early_fraction, background_sends=True)
 
     def close_clients() -> None:  # after every partition daemon: they share these clients
         try:
             clients.close()
         finally:
+            hub.close(HUB_CLOSE_S)  # a send in flight, then the link it sends on
             link.close()
 
     return Replica(make_daemon, make_membership, poll_timeout_s=config.limits.poll_timeout_seconds,

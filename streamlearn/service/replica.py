@@ -59,8 +59,8 @@ log = logging.getLogger("streamlearn.replica")
 RELEASE_GRACE_S = 2.0
 
 #: a round of the serving loop running this long makes ``/readyz`` answer 503: something in
-#: it waits (an outside test: the merged model's publish waited 30 s on a broker away, and
-#: the replica said ready with partitions the group had already taken from it)
+#: it waits (an outside test: the merged model's publish, then on this thread, waited 30 s on
+#: a broker away, and the replica said ready with partitions the group had already taken)
 ROUND_STALL_S = 5.0
 
 
@@ -128,7 +128,7 @@ class Replica:
             if held is not None:
                 return False, f"partition {partition}: {held}"
         busy = time.monotonic() - self.round_began
-        if self.ready and busy >= ROUND_STALL_S:  # e.g. a publish waiting on a broker away
+        if self.ready and busy >= ROUND_STALL_S:  # e.g. a rebalance waiting on a broker away
             return False, (f"the serving loop has spent {busy:.0f} s in one round: decisions "
                            "held")
         return self.ready and bool(owned), f"{len(owned)} partitions owned"

@@ -29,7 +29,9 @@ model names); every replica reads the global models.
 the link to catch up and merges at the first round the link has; the serving
 thread never waits for it), reads what arrived once more right before it
 publishes version ``v + 1``, and publishes nothing if a version ≥ ``v + 1`` is
-there already. That check alone cannot stop a replica paused between it and its
+there already. Sends leave the serving thread (``background_sends``): a round that finds
+the previous send unfinished neither publishes nor merges, so a merge's catch-up always
+follows the model the merger sent before it. That check alone cannot stop a replica paused between it and its
 send (and which lost partition 0 meanwhile); the link fences such a replica at
 the broker: the Kafka link's catch-up opens the merger's transactional producer
 first, which makes the broker refuse every publish of the previous merger
@@ -54,7 +56,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from streamlearn.errors import StateError, TransportError
+from streamlearn.errors import StateError
 from streamlearn.learners.base import Learner
 from streamlearn.sync.codec import Assembler, chunk, decode_state, encode_state
 from streamlearn.sync.merge import (
@@ -64,6 +66,7 @@ from streamlearn.sync.merge import (
     rebase,
     rebase_exploration,
 )
+from streamlearn.sync.outbox import Outbox
 
 __all__ = ["ModelHub", "ModelLink", "Served"]
 
@@ -109,13 +112,22 @@ class _Learner:
 
 
 class ModelHub:
-    """See the module docstring. ``clock`` is monotonic seconds (injectable for tests)."""
+    """See the module docstring. ``clock`` is monotonic seconds (injectable for tests).
+
+    ``background_sends``: publishes run in a thread of their own (:mod:`streamlearn.sync.outbox`),
+    so that a broker that is away never holds the serving thread; one send is in flight at a
+    time, and a round that finds one still in flight neither publishes nor merges. Without it
+    (the in-memory topic) each send runs in the round that makes it.
+    """
 
     def __init__(self, link: ModelLink, replica: str, every_s: float = 2.0,
                  clock: Callable[[], float] = time.monotonic,
                  on_sync: Callable[[int, float, int], None] | None = None,
-                 early_fraction: float = 0.0) -> None:
+                 early_fraction: float = 0.0, background_sends: bool = False) -> None:
         self.link, self.replica, self.every_s, self.clock = link, replica, every_s, clock
+        self.outbox = Outbox(link.send, threaded=background_sends)
+        # what to do with the outcome of the send in flight (one at a time)
+        self._on_sent: Callable[[str | None], None] | None = None
         self.early_fraction = early_fraction
         self.on_sync = on_sync or (lambda version, age, merges: None)
         self.assembler = Assembler()
@@ -172,6 +184,7 @@ class ModelHub:
     # ---------------------------------------------------------------- a round
     def tick(self, served: Mapping[int, Served]) -> None:
         """Adopt, publish and (as the merger) merge, as due; see the module docstring."""
+        self._settle_sends()
         self.poll()
         merger = 0 in served
         if merger != self.following:  # only the merger reads the replicas' states
@@ -194,8 +207,9 @@ class ModelHub:
         # right after adopting, progress the new model lacks goes out at once: based on the
         # newest version, the next merge includes it (a state based on an older one is stale)
         new = learner.n_updated_ - max(record.updated_at_publish, record.updated_at_base)
-        if new > 0 and (adopted or now - record.last_publish >= self.every_s
-                        or new >= self.early_fraction * learner.n_updated_ > 0):
+        if new > 0 and not self.outbox.busy() and (
+                adopted or now - record.last_publish >= self.every_s
+                or new >= self.early_fraction * learner.n_updated_ > 0):
             self._publish(learner, record, now)
         # the merger: nothing read to merge, nothing to do (an idle merger used to ask the
         # broker for the topic's end every interval); otherwise read to the end, then merge
@@ -203,12 +217,30 @@ class ModelHub:
         if 0 in served:
             self.poll()  # this round's publishes too, where the link has them already
             pending = self._pending_examples()
-        if pending > 0 and (
+        # a merge waits for the send in flight: its catch-up must find that send's model
+        if pending > 0 and not self.outbox.busy() and (
                 now - self._last_merge >= self.every_s
                 or pending >= self.early_fraction * learner.n_updated_ > 0):
             self._merge_when_caught_up(now, served[0])
         self.on_sync(self.version, max(time.time() - self.global_made_at, 0.0)
                      if self.global_state is not None else 0.0, self.merges)
+
+    def close(self, timeout_s: float) -> None:
+        """Stop sending; wait up to ``timeout_s`` for the send in flight."""
+        self.outbox.close(timeout_s)
+
+    def _send(self, key: bytes, values: list[bytes], on_sent: Callable[[str | None], None]) -> None:
+        """Hand one message to the outbox; ``on_sent(error or None)`` runs in the round that
+        finds it finished (at once without background sends)."""
+        self.outbox.submit(key, values)
+        self._on_sent = on_sent
+        self._settle_sends()
+
+    def _settle_sends(self) -> None:
+        for _, error in self.outbox.finished():
+            on_sent, self._on_sent = self._on_sent, None
+            if on_sent is not None:
+                on_sent(error)
 
     def _mergeable(self) -> list[tuple[dict[str, Any], bytes]]:
         """The replica states (still encoded) the next merge includes: those based on the
@@ -230,18 +262,26 @@ class ModelHub:
     def _publish(self, learner: Learner, record: _Learner, now: float) -> None:
         arrays, meta = learner.state()
         self._seq += 1
+        seq = self._seq
         header = {"kind": "replica", "replica": self.replica, "base_version": record.base_version,
-                  "seq": self._seq, "examples": learner.n_updated_ - record.updated_at_base}
-        try:
-            self.link.send(f"replica/{self.replica}".encode(),
-                           chunk(header, encode_state(arrays, meta)))
-        except TransportError as exc:
-            log.warning("model not published (next round again): %s", exc)
-            return
-        record.published[self._seq] = (arrays, meta)
+                  "seq": seq, "examples": learner.n_updated_ - record.updated_at_base}
+        before = record.updated_at_publish, record.last_publish
+
+        def sent(error: str | None) -> None:
+            if error is None:
+                log.debug("published seq %d (base %d, %d examples)", seq, header["base_version"],
+                          header["examples"])
+                return
+            log.warning("model not published (next round again): %s", error)
+            # not adopted since (an adoption forgets every publish): publish again when due
+            if record.published.pop(seq, None) is not None:
+                record.updated_at_publish, record.last_publish = before
+
+        # recorded before it is sent: a merge including it can only be read after it is
+        record.published[seq] = (arrays, meta)
         record.updated_at_publish, record.last_publish = learner.n_updated_, now
-        log.debug("published seq %d (base %d, %d examples)", self._seq, record.base_version,
-                  header["examples"])
+        self._send(f"replica/{self.replica}".encode(), chunk(header, encode_state(arrays, meta)),
+                   sent)
 
     def _adopt(self, daemons: list[Served], record: _Learner) -> bool:
         assert self.global_state is not None
@@ -326,13 +366,15 @@ class ModelHub:
         if states_from is not None:
             header["states_from"] = states_from
         meta = {**base_meta, "counters": counters, "exploration_state": exploration}
-        try:
-            self.link.send(b"global", chunk(header, encode_state(arrays, meta)))
-        except TransportError as exc:
-            log.warning("model %d not published (next round again): %s", target, exc)
-            return
-        self.merges += 1
-        log.info("model %d merged from %d replica states (%d examples; states seen: %s)", target,
-                 len(parts), header["examples"],
-                 ", ".join(f"{w}@{int(h['base_version'])}" for w, (h, _) in
-                           sorted(self.latest.items())))
+        seen_states = ", ".join(f"{w}@{int(h['base_version'])}" for w, (h, _) in
+                                sorted(self.latest.items()))
+
+        def sent(error: str | None) -> None:
+            if error is not None:
+                log.warning("model %d not published (next round again): %s", target, error)
+                return
+            self.merges += 1
+            log.info("model %d merged from %d replica states (%d examples; states seen: %s)",
+                     target, len(parts), header["examples"], seen_states)
+
+        self._send(b"global", chunk(header, encode_state(arrays, meta)), sent)

@@ -38,9 +38,11 @@ while ``poll`` waits; polled in short slices between serving steps, it fell
 seconds behind under load). The thread buffers every message; :meth:`fetch`
 hands them over; :meth:`request_catch_up` asks the thread to read up to the
 topic's current end, and :meth:`caught_up` says (without waiting) whether it has.
-The serving thread never blocks on the models topic's reads, nor on the broker's
-acknowledgement of a state it publishes (only the merger waits for its own, which its
-next catch-up must find).
+The serving thread never blocks on the models topic: the reads are this thread's, and
+:meth:`KafkaModelLink.send` runs in the hub's send thread
+(:mod:`streamlearn.sync.outbox`), where a state waits for the broker's acknowledgement
+of the previous one (only the merger waits for its own, which its next catch-up must
+find) and a merged model for its transaction's commit.
 """
 
 from __future__ import annotations
@@ -100,7 +102,7 @@ class KafkaModelLink:
         self._states_read_to: int | None = None  # position on it at the last catch-up
         self._closed = threading.Event()
         # a replica's last state publish: a non-merger does not wait for the broker's acks
-        # on the serving thread (a few ms, twice a second); the next publish settles it
+        # (a few ms, twice a second); the next publish settles it
         self._states_in_flight: list[Delivery] = []
         try:
             self.clients = link_clients(client, bootstrap, topic, client_options or {})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamlearn.errors import TransportError
 from streamlearn.learners import exploration_from_name, make_learner
 from streamlearn.learners.base import Learner
 from streamlearn.learners.exploration import Adaptive
@@ -273,6 +276,89 @@ def test_an_idle_merger_does_not_ask_for_the_topic_end() -> None:
         clock.t += 0.3
         hub.tick(mine)
     assert link.asked == 1 and len(globals_in(topic)) == 1
+
+
+class GatedLink(InMemoryModelLink):
+    """A models topic whose sends wait until ``gate`` opens, as on a broker that is away."""
+
+    def __init__(self, topic: ModelLog) -> None:
+        super().__init__(topic)
+        self.gate = threading.Event()
+        self.sends = 0
+
+    def send(self, key: bytes, values: list[bytes]) -> None:
+        self.sends += 1
+        assert self.gate.wait(60), "the test never opened the gate"
+        super().send(key, values)
+
+
+def _until(condition: Any) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.005)
+
+
+def _until_sent(hub: ModelHub) -> None:
+    _until(lambda: not hub.outbox.busy())
+
+
+def test_a_send_waiting_on_the_broker_holds_no_round_and_no_merge_overtakes_it() -> None:
+    topic, clock = ModelLog(), Clock()
+    link = GatedLink(topic)
+    hub = ModelHub(link, "m", every_s=1.0, clock=clock, background_sends=True)
+    try:
+        mine = {0: Served(learner())}
+        X, a, r, p = data(200, 6)
+        hub.tick(mine)
+        mine[0].learner.update(X[:100], a[:100], r[:100], p[:100])
+        clock.t += 1.0
+        hub.tick(mine)  # publishes its state: the send waits on the gate, the round does not
+        _until(lambda: link.sends == 1)
+        assert hub.outbox.busy() and not topic.messages
+        mine[0].learner.update(X[100:], a[100:], r[100:], p[100:])
+        for _ in range(5):  # due again, and a merger: nothing more while the send waits
+            clock.t += 1.0
+            hub.tick(mine)
+        assert link.sends == 1 and hub.merges == 0
+        link.gate.set()
+        _until_sent(hub)
+        hub.tick(mine)  # the state is out: publish the newer one
+        _until_sent(hub)
+        hub.tick(mine)  # then merge both
+        _until_sent(hub)
+        hub.tick(mine)
+        assert [g["version"] for g in globals_in(topic)] == [1] and hub.merges == 1
+        hub.tick(mine)
+        assert mine[0].model_name == "linucb-g1" and mine[0].learner.n_updated_ == 200
+    finally:
+        link.gate.set()
+        hub.close(5)
+
+
+def test_a_state_whose_send_failed_is_published_again_at_the_next_round() -> None:
+    class FailsOnce(InMemoryModelLink):
+        sends = 0
+
+        def send(self, key: bytes, values: list[bytes]) -> None:
+            self.sends += 1
+            if self.sends == 1:
+                raise TransportError("broker away")
+            super().send(key, values)
+
+    topic, clock = ModelLog(), Clock()
+    link = FailsOnce(topic)
+    hub = ModelHub(link, "o", every_s=10.0, clock=clock)
+    theirs = {1: Served(learner())}
+    X, a, r, p = data(50, 7)
+    hub.tick(theirs)
+    theirs[1].learner.update(X, a, r, p)
+    clock.t += 10.0
+    hub.tick(theirs)  # fails
+    assert link.sends == 1 and not topic.messages
+    clock.t += 0.1  # long before the interval: the failed publish does not count as one
+    hub.tick(theirs)
+    assert link.sends == 2 and [parse(v)[0]["examples"] for _, v in topic.messages] == [50]
 
 
 @pytest.mark.slow
