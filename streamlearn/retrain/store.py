@@ -67,6 +67,9 @@ class RankerStore:
         # called after each write of the state: what serves changed, or a verdict was
         # recorded, and the daemon's checkpoint should follow before a crash can part them
         self.on_saved: Callable[[], None] = lambda: None
+        # called before each write: the owner adds what it keeps in the state (the rollout's
+        # serving arms, so that a restore can tell a checkpoint that fell behind)
+        self.before_save: Callable[[], None] = lambda: None
         self._unloadable: set[str] = set()  # artifacts found unloadable (logged once each)
         self.state: dict[str, Any] = {"live": None, "promoted": [], "history": [],
                                       "next_version": 1, "challengers": [],
@@ -114,6 +117,7 @@ class RankerStore:
         self.save()
 
     def save(self) -> None:
+        self.before_save()
         path = self.directory / STATE_FILE
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as fh:

@@ -54,6 +54,8 @@ class RankerState:
         self.promoted: RankerArtifact | None = None  # the last one that passed the gate
         self.arms: dict[int, RankerArtifact] = {}  # the rollout's arms' artifacts by version
         self._rollback_requested = False
+        if self.policy == "ranker":  # each write of state.json says who serves (see open)
+            self.store.before_save = self._record_serving
 
     @property
     def state(self) -> dict[str, Any]:
@@ -69,6 +71,7 @@ class RankerState:
         self.promoted = self.store.load(stack[-1]) if stack else None
         if rollout is not None:
             self.rollout.restore(*rollout)
+            self._reconcile()
         elif self.policy == "ranker" and self.promoted is not None:  # no rollout recorded
             self.rollout.restore_live(self._arm_of(self.promoted))
         self._load_serving()
@@ -77,6 +80,25 @@ class RankerState:
         self._report_shares()
         if served:
             log.info("serving %s", ", ".join(f"{a.name} v{a.version}" for a in served))
+
+    def _record_serving(self) -> None:
+        self.state["rollout"] = self.rollout.serving_record()
+
+    def _reconcile(self) -> None:
+        """Who serves, after a restore: ``state.json`` is written at every change of the
+        rollout (a promotion, an advance, a rollback) and the checkpoint only after it, so a
+        stop between the two writes left the checkpoint's rollout one change behind — a
+        ranker the guardrail had rolled back served again after the restart. What
+        ``state.json`` records serves; the checkpoint keeps the counts of the arms both
+        name."""
+        recorded = self.state.get("rollout")
+        if self.policy != "ranker" or recorded is None:  # a state from before this record
+            return
+        before = self._serving_text()
+        if self.rollout.set_serving(recorded):
+            log.warning("the checkpoint's rollout (%s) was behind the rankers' state.json (a "
+                        "stop between their writes): now serving %s", before,
+                        self._serving_text())
 
     def _arm_of(self, artifact: RankerArtifact, interval: dict[str, Any] | None = None) -> Arm:
         return Arm(artifact.version, artifact.name, str(artifact.path), interval)
@@ -378,6 +400,7 @@ class RankerState:
                     self.arms[earlier.version] = earlier
                     self.rollout.restore_live(self._arm_of(earlier))
                     self._report_shares()
+                    self.store.save()  # who serves now: the rollback's entry named none
             log.info("rolled back; now %s", self._serving_text())
             return
         if not stack:

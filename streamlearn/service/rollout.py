@@ -241,6 +241,35 @@ class Rollout:
         self.live = arm
         self._restart_comparisons()
 
+    def serving_record(self) -> dict[str, Any]:
+        """Who serves, as the rankers' state records it at each write (:meth:`set_serving`
+        takes it back)."""
+        return {"live": None if self.live is None else self.live.as_json(),
+                "candidate": None if self.candidate is None else self.candidate.as_json(),
+                "stage": self.stage}
+
+    def set_serving(self, record: dict[str, Any]) -> bool:
+        """Serve what ``record`` (:meth:`serving_record`) names, without an event: an arm
+        serving already keeps its counts. The comparisons restart when anything changed.
+        Whether anything did."""
+        have = {arm.version: arm for arm in self.serving()}
+
+        def arm_of(recorded: dict[str, Any] | None) -> Arm | None:
+            if recorded is None:
+                return None
+            return have.get(int(recorded["version"])) or Arm(**recorded)
+
+        live, candidate = arm_of(record.get("live")), arm_of(record.get("candidate"))
+        # the stage only means something while a candidate rolls out
+        stage = int(record.get("stage") or 0) if candidate is not None else 0
+        current = self.stage if self.candidate is not None else 0
+        if (live, candidate, stage) == (self.live, self.candidate, current):
+            return False
+        self.live, self.candidate, self.stage = live, candidate, stage
+        self.stage_start, self.stage_looks = 0, 0
+        self._restart_comparisons()
+        return True
+
     def _end_candidate(self, kind: str, reason: str) -> Arm:
         assert self.candidate is not None
         arm, self.candidate = self.candidate, None

@@ -425,6 +425,48 @@ def test_a_candidate_replaced_by_a_newer_promotion_counts_as_replaced(
     assert crashed.retraining is not None and crashed.retraining.rollout.serving() == []
 
 
+def test_a_rollback_that_state_json_holds_and_the_checkpoint_missed_stays_rolled_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rankers/state.json is written at each change of the rollout and the checkpoint after
+    it: a kill -9 between the two left a rolled-back candidate in the checkpoint's rollout,
+    and it served again after the restart."""
+    broker, clock, observer, daemon = planted_ranker_daemon(tmp_path, monkeypatch)
+    caller = Caller(broker)
+    start = 0
+    while "promoted" not in observer.promotions and start < 1000:
+        run(daemon, caller, clock, start, start + 100)
+        start += 100
+    retraining = daemon.retraining
+    assert retraining is not None and retraining.rollout.candidate is not None
+    candidate = retraining.rollout.candidate.version
+    daemon._settle_checkpoint(block=True)
+    checkpointed = daemon.checkpoint()  # the candidate at its share, on disk
+    assert checkpointed is not None
+    monkeypatch.setattr(daemon, "checkpoint", lambda *a, **k: None)  # no checkpoint after this
+    retraining.request_rollback()
+    daemon.step()
+    assert retraining.rollout.serving() == []
+    assert read_ranker_state(tmp_path / "rankers")["rollout"]["candidate"] is None
+
+    def restored() -> Daemon:
+        again = Daemon(daemon.settings, InMemoryTransport(broker=broker, partitions=2),
+                       Banditron(9, 400, FixedGamma(0.3), seed=11), Recorder(), clock)
+        again.restore()
+        assert again.retraining is not None
+        return again
+
+    again = restored()
+    assert again.retraining is not None and again.retraining.rollout.serving() == []
+    assert again.retraining.rollout.shares() == {0: 1.0}
+    # a state.json from before this record (no "rollout"): the checkpoint's rollout stands
+    state = read_ranker_state(tmp_path / "rankers")
+    del state["rollout"]
+    (tmp_path / "rankers" / "state.json").write_bytes(orjson.dumps(state))
+    older = restored()
+    assert older.retraining is not None
+    assert [a.version for a in older.retraining.rollout.serving()] == [candidate]
+
+
 def test_an_unloadable_artifact_is_reported_once(tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     """A restore asks for the same artifact as the newest ranker and as a rollout's arm: an

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamlearn.durability.experience import ExperienceRows
 from streamlearn.evaluation.offpolicy import snips
@@ -99,6 +101,47 @@ def test_the_state_round_trips_and_the_restored_rollout_goes_on_alike() -> None:
     serve(again, {LEARNER: 0.55, 3: 0.7}, 20_000, 3)
     assert [e.kind for e in events_a] == [e.kind for e in events_b]
     assert again.shares() == rollout.shares()
+
+
+def _rollout_after(steps: list[tuple[str, int]], seed: int) -> Rollout:
+    """A rollout taken through promotions, served events and rollbacks."""
+    _, rollout = recorder()
+    for kind, version in steps:
+        if kind == "promote":
+            rollout.promote(Arm(version, f"r{version}", f"/a/r-v{version}", None))
+        elif kind == "serve":
+            serve(rollout, {v: 0.3 + 0.1 * (v % 5) for v in range(9)}, 400 * version, seed)
+        else:
+            rollout.roll_back("manual")
+    return rollout
+
+
+_STEPS = st.lists(st.tuples(st.sampled_from(["promote", "serve", "rollback"]),
+                            st.integers(1, 8)), max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ours=_STEPS, theirs=_STEPS, seed=st.integers(0, 2**16))
+def test_set_serving_takes_the_recorded_arms_and_keeps_what_both_name(
+        ours: list[tuple[str, int]], theirs: list[tuple[str, int]], seed: int) -> None:
+    """A restore makes the checkpoint's rollout serve what rankers/state.json recorded:
+    afterwards it records the same arms and stage; a record of itself changes nothing; an
+    arm both name keeps the checkpoint's counts."""
+    rollout, recorded = _rollout_after(ours, seed), _rollout_after(theirs, seed + 1)
+    record = recorded.serving_record()
+    assert not rollout.set_serving(rollout.serving_record())
+    kept = {a.version: (a.served, a.earned) for a in rollout.serving()}
+    rollout.set_serving(record)
+    mine = rollout.serving_record()
+    for role in ("live", "candidate"):
+        assert (mine[role] or {}).get("version") == (record[role] or {}).get("version")
+    if record["candidate"] is not None:
+        assert mine["stage"] == record["stage"]
+    for arm in rollout.serving():
+        if arm.version in kept:
+            assert (arm.served, arm.earned) == kept[arm.version]
+    assert sum(rollout.shares().values()) == pytest.approx(1.0)
+    assert not rollout.set_serving(rollout.serving_record())
 
 
 def test_a_checkpoint_of_the_constant_mean_sequences_starts_the_comparison_afresh() -> None:
