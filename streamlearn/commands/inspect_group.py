@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from streamlearn.errors import StateError
+from streamlearn.service.replica import RELEASED_FILE
 
 __all__ = ["describe_group", "is_group_state", "print_group"]
 
@@ -48,13 +49,24 @@ def describe_group(path: Path) -> dict[str, Any]:
                 row["owner"] = orjson.loads(owner.read_bytes())
             except orjson.JSONDecodeError:
                 row["owner"] = None
+        released = directory / RELEASED_FILE
+        if released.is_file() and not owner.is_file():  # the changelog (no claim files)
+            try:
+                row["released"] = orjson.loads(released.read_bytes())
+            except orjson.JSONDecodeError:
+                row["released"] = {"at": None, "how": "released"}
         try:
             snapshot = snapshots_in(directory)[-1]
         except StateError:
             rows.append({**row, "checkpoint": None})
             continue
         rows.append(_row(row, describe(snapshot)))
-    return {"path": str(path), "partitions": rows, "totals": _totals(rows)}
+    info = {"path": str(path), "partitions": rows, "totals": _totals(rows)}
+    if any(_taken(row) for row in rows):
+        info["note"] = ("partitions marked handed over or dropped are this replica's copies of "
+                        "partitions another replica took: shown, not in the total; "
+                        "`inspect --changelog TOPIC` gives the whole group")
+    return info
 
 
 def describe_changelog(bootstrap: str, topic: str) -> dict[str, Any]:
@@ -112,7 +124,7 @@ def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     totals = {"instances": 0, "joined": 0, "expired": 0, "pending_joins": 0}
     checksum = 0
     for row in rows:
-        if row.get("checkpoint") is None:
+        if row.get("checkpoint") is None or _taken(row):
             continue
         for key in totals:
             totals[key] += int(row.get(key) or 0)
@@ -130,6 +142,8 @@ def print_group(info: dict[str, Any]) -> None:
         who = f"{owner.get('replica', '-')}@{owner.get('epoch', '-')}" if owner else "-"
         if row.get("written_at") is not None:  # the changelog: when, not who
             who = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["written_at"]))
+        if "released" in row:  # how and when this replica let it go
+            who = f"{row['released'].get('how', 'released')} {_clock(row['released'].get('at'))}"
         offsets = ", ".join(f"{o['topic']}[{o['partition']}] {o['next_offset']:,}"
                             for o in row.get("offsets") or [])
         print(f"  {row['partition']:>3}  {who:<20}{row.get('checkpoint') or '-':>6}"
@@ -141,3 +155,15 @@ def print_group(info: dict[str, Any]) -> None:
     print(f"  total: instances {t['instances']:,}, joined {t['joined']:,}, expired "
           f"{t['expired']:,}, pending {t['pending_joins']:,}, applied checksum "
           f"{t['applied_checksum']}")
+
+
+def _clock(at: object) -> str:
+    """A unix time as UTC hours:minutes:seconds ("?" when it is not a number)."""
+    if isinstance(at, bool) or not isinstance(at, (int, float)):
+        return "?"
+    return time.strftime("%H:%M:%S", time.gmtime(at))
+
+
+def _taken(row: dict[str, Any]) -> bool:
+    """A row of a partition another replica took from this one (not one it stopped with)."""
+    return row.get("released", {}).get("how") in ("handed over", "dropped")

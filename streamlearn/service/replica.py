@@ -41,6 +41,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import orjson
 
 from streamlearn.evaluation.online import OnlineErrorTracker
 from streamlearn.learners.base import Learner
@@ -62,6 +65,11 @@ RELEASE_GRACE_S = 2.0
 #: it waits (an outside test: the merged model's publish, then on this thread, waited 30 s on
 #: a broker away, and the replica said ready with partitions the group had already taken)
 ROUND_STALL_S = 5.0
+#: with the changelog (no claim files), a partition this replica stopped serving is marked
+#: ``partition-<p>/released`` — ``{"at": unix time, "how": "handed over" | "dropped" |
+#: "stopped"}`` — until it serves it again: ``streamlearn inspect`` of the replica's
+#: directory then tells a copy of a partition another replica took from one it served last
+RELEASED_FILE = "released"
 
 
 class Replica:
@@ -146,6 +154,7 @@ class Replica:
                             "%.0f s (killed?); restoring its state", p, RELEASE_GRACE_S)
         for p in new:
             daemon = self.make_daemon(p)
+            _mark_released(daemon, None)  # serving it again: no longer a cached copy
             if self.claims is not None:
                 daemon.owner_check = lambda p=p, claims=self.claims: claims.holds(p)
             daemon.still_assigned = lambda p=p: p in self.membership.assigned()
@@ -167,13 +176,13 @@ class Replica:
 
     def _revoked(self, partitions: list[int]) -> None:
         for p in partitions:
-            self._retire(p, checkpoint=True)
+            self._retire(p, checkpoint=True, how="handed over")
         self.on_owned(len(self.daemons), self.moves)
         self._report()
 
     def _lost(self, partitions: list[int]) -> None:
         for p in partitions:
-            self._retire(p, checkpoint=False)
+            self._retire(p, checkpoint=False, how="dropped")
         self.on_owned(len(self.daemons), self.moves)
         self._report()
 
@@ -185,7 +194,10 @@ class Replica:
         if daemons:
             self.observer.on_error_rates(*OnlineErrorTracker.combined([d.tracker for d in daemons]))
 
-    def _retire(self, partition: int, checkpoint: bool) -> None:
+    def _retire(self, partition: int, checkpoint: bool, how: str) -> None:
+        """Stop serving ``partition`` (its final checkpoint first with ``checkpoint``); ``how``
+        — "handed over", "dropped" (another replica has it now) or "stopped" (this replica
+        stops) — is marked in its directory under the changelog (:data:`RELEASED_FILE`)."""
         daemon = self.daemons.pop(partition, None)
         if daemon is None:
             return
@@ -200,7 +212,9 @@ class Replica:
             daemon.transport.close()
             if self.claims is not None:
                 self.claims.release(partition)  # nothing more of it is journaled here
-        log.info("partition %d %s", partition, "handed over" if checkpoint else "dropped")
+            else:
+                _mark_released(daemon, how)
+        log.info("partition %d %s", partition, how)
 
     # -------------------------------------------------------------------- loop
     def step(self) -> None:
@@ -265,10 +279,28 @@ class Replica:
                     break
                 self.step()
             for p in list(self.daemons):
-                self._retire(p, checkpoint=True)
+                self._retire(p, checkpoint=True, how="stopped")
         finally:
             self.ready = False
             for p in list(self.daemons):  # after a failure: no checkpoint of unknown state
-                self._retire(p, checkpoint=False)
+                self._retire(p, checkpoint=False, how="stopped")
             self.membership.close()
             self.on_close()  # clients shared by the partition daemons, after every daemon
+
+
+def _mark_released(daemon: Daemon, how: str | None) -> None:
+    """Write (``how``) or remove (None) the partition directory's :data:`RELEASED_FILE`; a
+    failure is logged: the marker only informs ``inspect``."""
+    directory = daemon.settings.checkpoint.dir
+    if not directory:
+        return
+    path = Path(directory) / RELEASED_FILE
+    try:
+        if how is None:
+            path.unlink(missing_ok=True)
+        elif path.parent.is_dir():
+            tmp = path.with_name(f".{RELEASED_FILE}.tmp")
+            tmp.write_bytes(orjson.dumps({"at": time.time(), "how": how}))
+            tmp.replace(path)
+    except OSError as exc:
+        log.warning("cannot update %s: %s", path, exc)

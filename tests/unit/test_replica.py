@@ -136,7 +136,7 @@ def test_partitions_move_between_replicas_and_every_feedback_is_applied_once(
     clock.t += 60.0  # idle: nothing is pending any more
     rounds(b)
     for p in list(b.daemons):
-        b._retire(p, checkpoint=True)
+        b._retire(p, checkpoint=True, how="stopped")
 
     assert sorted(decisions) == sorted(f"e{i}" for i in range(N)) and mismatches == []
     assert len(broker.messages("decisions")) > N  # b re-emitted a's unsaved decisions
@@ -162,6 +162,42 @@ def test_partitions_move_between_replicas_and_every_feedback_is_applied_once(
     assert run_inspect(args) == 0
     text = capsys.readouterr().out
     assert f"instances {N:,}, joined {N:,}" in text and "partition" not in text.split("\n")[0][:5]
+
+
+def test_inspect_of_one_replicas_directory_leaves_out_partitions_another_replica_took(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With the changelog each replica has a directory of its own, and one keeps its copy of
+    a partition the group moved away: `inspect` summed those stale copies with the
+    partitions it served (an outside test)."""
+    broker, clock = InMemoryBroker(P), Clock()
+    writer = InMemoryTransport(broker=broker, partitions=P, group_id="caller")
+    a = make_replica(broker, tmp_path / "a", clock)
+    a.membership.handlers["on_assigned"]([0, 1, 2, 3])  # type: ignore[attr-defined]
+    clock.t += 1.0
+    for i in range(400):
+        nz = np.flatnonzero(X[i])
+        writer.append_instance(f"e{i}".encode(), orjson.dumps(
+            {"id": f"e{i}", "x": {"idx": nz.tolist(), "val": X[i, nz].tolist()}}))
+    rounds(a)
+    a.membership.handlers["on_revoked"]([2, 3])  # type: ignore[attr-defined]
+    a.membership.handlers["on_lost"]([1])  # type: ignore[attr-defined]
+    a.daemons[0].checkpoint(final=True)
+    group = describe_group(tmp_path / "a")
+    rows = {row["partition"]: row for row in group["partitions"]}
+    assert [rows[p]["released"]["how"] for p in (1, 2, 3)] == ["dropped", "handed over",
+                                                              "handed over"]
+    assert "released" not in rows[0] and rows[0]["instances"] > 0
+    assert group["totals"]["instances"] == rows[0]["instances"] < 400
+    assert "another replica took" in group["note"]
+    a.membership.handlers["on_assigned"]([2])  # type: ignore[attr-defined]
+    a._retire(0, checkpoint=True, how="stopped")  # this replica stops: its copy stays counted
+    again = {row["partition"]: row for row in describe_group(tmp_path / "a")["partitions"]}
+    assert "released" not in again[2] and again[0]["released"]["how"] == "stopped"
+    args = argparse.Namespace(path=str(tmp_path / "a"), json=False, all=False, changelog=None,
+                              bootstrap=None)
+    assert run_inspect(args) == 0
+    text = capsys.readouterr().out
+    assert "handed over" in text and "dropped" in text and "stopped" in text
 
 
 class RecordingMembership(FakeMembership):
