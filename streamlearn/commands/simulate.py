@@ -161,10 +161,10 @@ def run(args: argparse.Namespace) -> int:
 def _clients(config: Any) -> tuple[Any, Any]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    from streamlearn.transport.kafka import ensure_topics
+    from streamlearn.transport.kafka import RECONNECT_BACKOFF_MAX_MS, ensure_topics
 
     k, t = config.kafka, config.topics
-    options = k.client_options()
+    options = {"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **k.client_options()}
     ensure_topics(k.bootstrap, [t.instances, t.feedback, t.decisions, t.dead_letter],
                   t.partitions, client_options=options)
     producer = KafkaProducer(bootstrap_servers=k.bootstrap, acks="all", enable_idempotence=True,

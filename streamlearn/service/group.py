@@ -41,6 +41,7 @@ from typing import Any
 
 from streamlearn.errors import TransportError
 from streamlearn.transport import kafka_logs
+from streamlearn.transport.kafka import RECONNECT_BACKOFF_MAX_MS
 
 __all__ = ["GroupMembership"]
 
@@ -111,8 +112,9 @@ class GroupMembership:
             def on_partitions_lost(self, lost: Any) -> None:  # evicted: another owns them now
                 member._hand_over("lost", lost, wait=False)
 
-        options = {k: v for k, v in (client_options or {}).items()
-                   if k in KafkaConsumer.DEFAULT_CONFIG}
+        options = {"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+                   **{k: v for k, v in (client_options or {}).items()
+                      if k in KafkaConsumer.DEFAULT_CONFIG}}
 
         def open_consumer() -> Any:
             consumer = KafkaConsumer(

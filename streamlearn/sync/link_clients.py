@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from streamlearn.errors import TransportError
+from streamlearn.transport.kafka import RECONNECT_BACKOFF_MAX_MS
 
 __all__ = ["ConfluentLinkClients", "Delivery", "KafkaPythonLinkClients", "LinkClients",
            "MergerFenced", "MergerProducer", "link_clients"]
@@ -93,10 +94,11 @@ class KafkaPythonLinkClients:
 
         self.topic, self._bootstrap = topic, bootstrap
         self.errors: tuple[type[BaseException], ...] = (KafkaError,)
-        self._producer_options = {k: v for k, v in options.items()
+        common = {"reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **options}
+        self._producer_options = {k: v for k, v in common.items()
                                   if k in KafkaProducer.DEFAULT_CONFIG}
         self.consumer = KafkaConsumer(
-            **{k: v for k, v in options.items() if k in KafkaConsumer.DEFAULT_CONFIG},
+            **{k: v for k, v in common.items() if k in KafkaConsumer.DEFAULT_CONFIG},
             bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
             isolation_level="read_committed",  # never a fenced merger's model
             auto_offset_reset="earliest",  # a compacted-away start offset: the oldest kept

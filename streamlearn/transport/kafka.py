@@ -24,11 +24,19 @@ from streamlearn.transport.protocol import (
 if TYPE_CHECKING:
     from streamlearn.transport.kafka_shared import SharedKafkaClients
 
-__all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "OFFSETS_TIMEOUT_S", "KafkaTransport",
-           "check_reachable", "ensure_topics", "open_clients", "to_message"]
+__all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "OFFSETS_TIMEOUT_S",
+           "RECONNECT_BACKOFF_MAX_MS", "KafkaTransport", "check_reachable", "ensure_topics",
+           "open_clients", "to_message"]
 
 #: How long :func:`check_reachable` waits for some bootstrap server to accept a connection.
 CONNECT_TIMEOUT_S = 5.0
+
+#: Every kafka-python client the daemon opens retries a broker connection at least this often
+#: (``reconnect_backoff_max_ms``; librdkafka's ``reconnect.backoff.max.ms`` is set alike).
+#: kafka-python's default, 30 s, doubles the wait after each failed attempt: after a broker
+#: outage of 30 s a client's next attempt could come 25 s after the broker was back, and the
+#: changelog's producers, the group membership and the models link each waited out their own.
+RECONNECT_BACKOFF_MAX_MS = 2000
 
 #: The consumer's default ``fetch_max_wait_ms`` (``kafka.fetch_wait_seconds``; kafka-python's
 #: default is 500). kafka-python keeps one
@@ -212,7 +220,8 @@ def open_clients(bootstrap_servers: str, group_id: str | None,
     consumer_opts, producer_opts = _split_options(client_options or {})
     check_reachable(bootstrap_servers)
     tuning = tuning or ClientTuning()
-    common: dict[str, object] = {"client_id": "streamlearn", "reconnect_backoff_max_ms": 2000}
+    common: dict[str, object] = {"client_id": "streamlearn",
+                                 "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS}
     fetch = {"fetch_max_wait_ms": round(tuning.fetch_wait_s * 1000),
              "fetch_min_bytes": tuning.fetch_min_bytes}
     try:

@@ -55,6 +55,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from streamlearn.errors import OwnershipLost, TransportError
+from streamlearn.transport.kafka import RECONNECT_BACKOFF_MAX_MS
 
 __all__ = ["CHANGELOG_TOPIC_CONFIGS", "LANES", "Fenced", "KafkaKeyedLog", "KeyedLog",
            "MemoryKeyedLog", "MemoryKeyedLogs", "Record", "cleanup_policy"]
@@ -269,7 +270,8 @@ class KafkaKeyedLog:
         delivery_ms = max(int(float(str(producer_options.pop("delivery_timeout_ms",
                                                              DELIVERY_TIMEOUT_MS)))), request_ms)
         self._producer_config = {
-            **{"client_id": "streamlearn-changelog", **producer_options},
+            **{"client_id": "streamlearn-changelog",
+               "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **producer_options},
             "request_timeout_ms": request_ms, "delivery_timeout_ms": delivery_ms,
             "max_block_ms": round(timeout_s * 1000),  # init_transactions waits this long
             "bootstrap_servers": bootstrap_servers,
@@ -448,7 +450,8 @@ class KafkaKeyedLog:
         from kafka import KafkaConsumer, TopicPartition
 
         consumer = KafkaConsumer(
-            **{"client_id": "streamlearn-restore", **self._consumer_options},
+            **{"client_id": "streamlearn-restore",
+               "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **self._consumer_options},
             bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
             isolation_level="read_uncommitted",
             check_crcs=False,  # every chunk is checked against its BLAKE2 digest instead

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import time
@@ -296,3 +297,53 @@ def test_librdkafka_lines_of_one_kind_are_logged_once_per_window(
                      "FAIL [thrd:127.0.0.1:29092/1]: connect failed after 3ms "
                      "(199 more like this in the last 30 s)",
                      "a different line"]
+
+
+def _recording_clients(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """kafka-python's producer and consumer replaced by recorders of their settings."""
+    import kafka
+
+    made: list[tuple[str, dict[str, Any]]] = []
+
+    class Recorder:
+        kind = ""
+
+        def __init__(self, **settings: Any) -> None:
+            made.append((self.kind, settings))
+
+        def __getattr__(self, name: str) -> Any:  # any call: nothing to do, empty partitions
+            answers: dict[str, Any] = {"partitions_for_topic": {0, 1}, "partitions_for": {0, 1},
+                                       "end_offsets": {}}
+            return lambda *args, **kwargs: answers.get(name)
+
+    class Producer(Recorder):
+        kind, DEFAULT_CONFIG = "producer", kafka.KafkaProducer.DEFAULT_CONFIG
+
+    class Consumer(Recorder):
+        kind, DEFAULT_CONFIG = "consumer", kafka.KafkaConsumer.DEFAULT_CONFIG
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Producer)
+    monkeypatch.setattr(kafka, "KafkaConsumer", Consumer)
+    return made
+
+
+def test_every_kafka_python_client_retries_the_broker_at_least_every_two_seconds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kafka-python doubles the wait between reconnects up to 30 s by default: after a broker
+    outage of 30 s the replicas' changelog producers, group membership and models link
+    each waited up to 25 s more before they noticed the broker was back."""
+    from streamlearn.sync.link_clients import KafkaPythonLinkClients
+    from streamlearn.transport.kafka import RECONNECT_BACKOFF_MAX_MS
+    from streamlearn.transport.keyed_log import KafkaKeyedLog
+
+    made = _recording_clients(monkeypatch)
+    link = KafkaPythonLinkClients("127.0.0.1:1", "models", {"security_protocol": "PLAINTEXT"})
+    link.open_merger("streamlearn-merger-models")
+    changelog = KafkaKeyedLog("127.0.0.1:1", "changelog", 0)
+    with contextlib.suppress(KeyError):  # the recorder has no end offset to read
+        next(iter(changelog.records()), None)
+    kinds = sorted(kind for kind, _ in made)
+    assert kinds == ["consumer", "consumer", "producer", "producer", "producer"], kinds
+    assert all(s["reconnect_backoff_max_ms"] == RECONNECT_BACKOFF_MAX_MS <= 2000
+               for _, s in made), made
+    assert all(s.get("security_protocol", "PLAINTEXT") == "PLAINTEXT" for _, s in made)
