@@ -287,6 +287,7 @@ class Changelog:
             if tail.manifests and tail.manifests[-1]["state"] == local_state:
                 newest = tail.manifests[-1]
                 self._adopt(newest, set(), tail.journal)
+                self._recommit(tail.journal, int(newest["seq"]))
                 return ChangelogState(newest, journal=_journal_from(tail.journal, int(newest["seq"])),
                                       records=tail.records, bytes_read=tail.bytes_read,
                                       seconds=tail.seconds)
@@ -306,6 +307,7 @@ class Changelog:
             state.meta = orjson.loads(meta_array.tobytes())
             break
         self._adopt(state.manifest, set(scan.chunks), scan.journal)
+        self._recommit(scan.journal, state.seq)
         state.journal = _journal_from(scan.journal, state.seq)
         state.seconds = scan.seconds + time.perf_counter() - started
         return state
@@ -321,6 +323,25 @@ class Changelog:
         self._old_journal = {k for s, keys in journal.items() if s < seq for k, _ in keys}
         self.journal_keys = {s: [k for k, _ in keys] for s, keys in journal.items() if s >= seq}
 
+    def _recommit(self, journal: dict[int, list[tuple[bytes, bytes]]], seq: int) -> None:
+        """Write the journal records a restore reuses (checkpoint ``seq`` on) once more, in a
+        transaction of this writer, and commit it. The previous writer's records are in its
+        open transaction, which this writer's open aborted; Kafka's log cleaner removes an
+        aborted transaction's records once it compacts their segment, so a later owner
+        would have restored without them and decided those events again, differently (an
+        outside test: 1,437 ids decided twice after a kill -9 and a move). The copies keep
+        their keys: compaction keeps one of each."""
+        if not self.log.writes:  # a reader (inspection) writes nothing
+            return
+        records = [(key, value) for s in sorted(journal) if s >= seq for key, value in journal[s]]
+        if not records:
+            return
+        for key, value in records:
+            self.log.send(key, value, journal=True)
+        self.log.commit()
+        log.info("changelog: %d journal records of the previous writer committed again",
+                 len(records))
+
     def _scan(self, start: int, fetch_chunks: bool) -> _Scan:
         """The state lane from ``start`` and the whole journal lane; a tombstone removes its
         key."""
@@ -329,7 +350,9 @@ class Changelog:
         chunks: dict[bytes, bytes] = {}
         journal: dict[bytes, bytes] = {}
         records = read = 0
-        for offset, key, value in self.log.records(start):
+        # the state lane committed: a checkpoint whose commit never came (its writer killed
+        # between the manifest and the commit) is aborted, and the cleaner removes its chunks
+        for offset, key, value in self.log.records(start, committed=True):
             self.resume_offset = max(self.resume_offset, offset + 1)
             records += 1
             read += len(value or b"")
@@ -351,6 +374,8 @@ class Changelog:
                     chunks.pop(key, None)
                 elif fetch_chunks:
                     chunks[key] = value
+        # the journal lane whether committed or not: a batch is journaled before its decisions
+        # are published, and committed only with the next checkpoint (see _recommit)
         for _offset, key, value in self.log.records(journal=True):  # small: read it all
             records += 1
             read += len(value or b"")

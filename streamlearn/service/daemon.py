@@ -409,6 +409,11 @@ class Daemon:
             self.journal_waiting_since = time.monotonic()
             try:
                 self.checkpointer.journal.append(ids, probs, records, columns)
+                if self.journal_refused_since is not None:
+                    # the refused write aborted the changelog's transaction, and with it the
+                    # journal written since the last checkpoint: Kafka's log cleaner removes
+                    # an aborted transaction's records, so checkpoint what they held soon
+                    self._checkpoint_soon()
                 self.journal_refused_since = None
                 return
             except TransportError as exc:  # not Fenced, an OwnershipLost: that propagates

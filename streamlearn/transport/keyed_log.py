@@ -18,13 +18,19 @@ chunks bound for the same partition. What the log offers:
   (it is in the log, not yet committed), :meth:`KeyedLog.commit` commits the
   transaction and opens the next one. Both lanes are written in the same
   transactions by the same (fenced) writer.
-* **reads of everything in the log**, committed or not (``read_uncommitted``):
-  a writer that was killed leaves its last transaction aborted, and the records in
-  it (the decisions it journaled and may have published) are still what the next
-  owner must know. Reading starts after the open has fenced the previous writer,
-  so nothing is written behind the reader's back.
+* **reads of everything in the log**, committed or not (``read_uncommitted``), or
+  of the committed transactions only (``committed=True``, ``read_committed``: up to
+  the last stable offset). A writer that was killed leaves its last transaction
+  aborted, and the records in it (the decisions it journaled and may have published)
+  are still what the next owner must know: the journal lane is read uncommitted, the
+  state lane committed (a checkpoint whose commit never came is not one). Reading
+  starts after the open has fenced the previous writer, so nothing is written behind
+  the reader's back.
 * **compaction** (``cleanup.policy=compact``) keeps the newest record per key and
-  drops keys whose newest record is a tombstone (value ``None``).
+  drops keys whose newest record is a tombstone (value ``None``); it also **removes
+  the records of aborted transactions** (below the last stable offset), so what must
+  outlive a dead writer is committed again by the next one
+  (:meth:`~streamlearn.durability.changelog.Changelog.restore`).
 
 :class:`MemoryKeyedLog` is the same contract in memory, for tests (with
 :meth:`MemoryKeyedLogs.compact` to play the log cleaner), :class:`KafkaKeyedLog`
@@ -98,7 +104,16 @@ class Fenced(OwnershipLost):
 
 
 class KeyedLog(Protocol):
-    """One slot (two lanes) of a compacted log, written in transactions by a fenced writer."""
+    """One slot (two lanes) of a compacted log, written in transactions by a fenced writer.
+
+    A record sent is readable at once (``records``), committed or not; the transaction it
+    is in is either committed or aborted (``commit``; the next writer's open aborts an open
+    one). Kafka's log cleaner removes the records of aborted transactions when it compacts
+    their segment: what a writer must keep has to be in a committed transaction.
+    """
+
+    #: False for a reader that fences nobody and writes nothing (inspection)
+    writes: bool
 
     def send(self, key: bytes, value: bytes | None, journal: bool = False) -> None:
         """Queue a record (``None``: a tombstone) on a lane, in the open transaction."""
@@ -109,8 +124,10 @@ class KeyedLog(Protocol):
     def commit(self) -> None:
         """Commit the open transaction (every record sent is in the log) and open the next."""
 
-    def records(self, start: int = 0, journal: bool = False) -> Iterator[Record]:
-        """Every record of a lane from offset ``start`` to its end as of this call."""
+    def records(self, start: int = 0, journal: bool = False,
+                committed: bool = False) -> Iterator[Record]:
+        """Every record of a lane from offset ``start`` to its end as of this call (with
+        ``committed``, only those of committed transactions)."""
 
     def close(self) -> None:
         """Abort nothing, commit nothing: the next writer's open aborts an open transaction."""
@@ -124,29 +141,46 @@ class MemoryKeyedLogs:
         self.lock = threading.Lock()
         self.partitions: dict[tuple[str, int], list[Record]] = {}  # (topic, Kafka partition)
         self.epochs: dict[tuple[str, int], int] = {}  # (topic, slot)
+        # (topic, Kafka partition, offset) of records in a writer's open transaction, by slot,
+        # and of records in aborted ones (which compact removes, as Kafka's cleaner does)
+        self.open_records: dict[tuple[str, int], set[tuple[str, int, int]]] = {}
+        self.aborted: set[tuple[str, int, int]] = set()
+        self.next_offsets: dict[tuple[str, int], int] = {}  # offsets are never reused
 
     def open(self, topic: str, slot: int) -> MemoryKeyedLog:
         """The writer of ``topic``'s slot ``slot``; every earlier writer is fenced."""
         with self.lock:
             where = (topic, slot)
             self.epochs[where] = self.epochs.get(where, 0) + 1
+            self.aborted |= self.open_records.pop(where, set())  # the previous writer's
             for lane in range(LANES):
                 self.partitions.setdefault((topic, LANES * slot + lane), [])
             return MemoryKeyedLog(self, where, self.epochs[where])
 
     def compact(self, topic: str, slot: int) -> None:
-        """What the log cleaner does to both lanes: keep the newest record per key, drop
-        tombstoned keys (offsets are kept)."""
+        """What the log cleaner does to both lanes, below the first record of an open
+        transaction (Kafka's cleaner stops at the last stable offset): drop the records of
+        aborted transactions, keep the newest record per key, drop tombstoned keys (offsets
+        are kept)."""
         with self.lock:
+            open_records = set().union(*self.open_records.values())
             for lane in range(LANES):
-                records = self.partitions[(topic, LANES * slot + lane)]
-                newest = {key: offset for offset, key, _ in records}
-                self.partitions[(topic, LANES * slot + lane)] = [
-                    r for r in records if newest[r[1]] == r[0] and r[2] is not None]
+                partition = LANES * slot + lane
+                records = self.partitions[(topic, partition)]
+                stable = min((o for t, p, o in open_records if (t, p) == (topic, partition)),
+                             default=None)
+                cleaned = [r for r in records if stable is None or r[0] < stable]
+                kept = [r for r in cleaned if (topic, partition, r[0]) not in self.aborted]
+                newest = {key: offset for offset, key, _ in kept}
+                self.partitions[(topic, partition)] = [
+                    r for r in kept if newest[r[1]] == r[0] and r[2] is not None
+                ] + records[len(cleaned):]
 
 
 class MemoryKeyedLog:
     """A :class:`KeyedLog` in memory (every record is in the log as soon as it is sent)."""
+
+    writes = True
 
     def __init__(self, logs: MemoryKeyedLogs, where: tuple[str, int], epoch: int) -> None:
         self.logs, self.where, self.epoch = logs, where, epoch
@@ -167,19 +201,34 @@ class MemoryKeyedLog:
         with self.logs.lock:
             self._check()
             records = self._lane(journal)
-            offset = records[-1][0] + 1 if records else 0
+            lane = (self.where[0], LANES * self.where[1] + int(journal))
+            offset = self.logs.next_offsets.get(lane, 0)
+            self.logs.next_offsets[lane] = offset + 1
             records.append((offset, key, value))
+            self.logs.open_records.setdefault(self.where, set()).add(
+                (self.where[0], LANES * self.where[1] + int(journal), offset))
             return offset
 
     def commit(self) -> None:
         with self.logs.lock:
             self._check()
+            self.logs.open_records.pop(self.where, None)
         self.commits += 1
 
-    def records(self, start: int = 0, journal: bool = False) -> Iterator[Record]:
+    def records(self, start: int = 0, journal: bool = False,
+                committed: bool = False) -> Iterator[Record]:
+        topic, partition = self.where[0], LANES * self.where[1] + int(journal)
         with self.logs.lock:
             records = list(self._lane(journal))
-        return (r for r in records if r[0] >= start)
+            # an open transaction's records are not readable committed (nor anything after
+            # them: Kafka's last stable offset), an aborted one's never
+            hidden = self.logs.aborted | set().union(*self.logs.open_records.values())
+            first_open = min((o for t, p, o in set().union(*self.logs.open_records.values())
+                              if (t, p) == (topic, partition)), default=None)
+        if not committed:
+            return (r for r in records if r[0] >= start)
+        return (r for r in records if r[0] >= start and (topic, partition, r[0]) not in hidden
+                and (first_open is None or r[0] < first_open))
 
     def close(self) -> None:
         pass
@@ -261,6 +310,7 @@ class KafkaKeyedLog:
         self._producer: Any = None
         self._aborting: Any = None  # the abort of a failed transaction, while it runs (_abort)
         self._abort_began = 0.0
+        self.writes = write
         if not write:  # a reader (inspection, tests): fences nobody, writes nothing
             return
         # a record the broker has not taken fails within delivery_timeout_ms: the abort of its
@@ -446,14 +496,17 @@ class KafkaKeyedLog:
         except Exception as exc:
             raise self._failed(exc, "a commit") from exc
 
-    def records(self, start: int = 0, journal: bool = False) -> Iterator[Record]:
+    def records(self, start: int = 0, journal: bool = False,
+                committed: bool = False) -> Iterator[Record]:
         from kafka import KafkaConsumer, TopicPartition
 
         consumer = KafkaConsumer(
             **{"client_id": "streamlearn-restore",
                "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **self._consumer_options},
             bootstrap_servers=self._bootstrap, group_id=None, enable_auto_commit=False,
-            isolation_level="read_uncommitted",
+            # read_committed: up to the last stable offset (the end an open transaction
+            # leaves readable), aborted transactions left out
+            isolation_level="read_committed" if committed else "read_uncommitted",
             check_crcs=False,  # every chunk is checked against its BLAKE2 digest instead
             fetch_max_bytes=64 * 2**20, max_partition_fetch_bytes=32 * 2**20)
         try:

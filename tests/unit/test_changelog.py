@@ -266,9 +266,12 @@ class _Killed(Exception):
 class _Dying:
     """A KeyedLog that dies (raises) at its ``after``-th write, like a writer killed mid-way."""
 
+    writes = True
+
     def __init__(self, inner: Any, after: int) -> None:
         self.inner, self.left = inner, after
-        self.manifest_sent = False
+        self.manifest_sent = False  # in the open transaction
+        self.manifest_committed = False
 
     def _tick(self) -> None:
         self.left -= 1
@@ -288,9 +291,11 @@ class _Dying:
     def commit(self) -> None:
         self._tick()
         self.inner.commit()
+        self.manifest_committed |= self.manifest_sent
+        self.manifest_sent = False
 
-    def records(self, start: int = 0, journal: bool = False) -> Any:
-        return self.inner.records(start, journal)
+    def records(self, start: int = 0, journal: bool = False, committed: bool = False) -> Any:
+        return self.inner.records(start, journal, committed)
 
     def close(self) -> None:
         pass
@@ -308,12 +313,16 @@ OPS = st.lists(st.one_of(
 def test_whoever_takes_over_restores_the_newest_checkpoint_and_every_journal_line_since(
         ops: list[tuple[str, int]], seed: int) -> None:
     """Owners publish, journal, die mid-way (at any write) and are replaced; the log is
-    compacted now and then. Every restore gives the newest checkpoint whose manifest reached
-    the log, bit for bit, and every journal line written since it by any owner."""
+    compacted now and then, which drops the records of aborted transactions (as Kafka's
+    cleaner does: a dead owner's open transaction is aborted by the next owner's open).
+    Every restore gives the newest committed checkpoint, bit for bit, and every journal line
+    written since it by any owner — also after a second takeover and a compaction (an
+    outside test: journal lines of an aborted transaction compacted away, and a later owner
+    decided those events again)."""
     rng = np.random.default_rng(seed)
     logs = MemoryKeyedLogs()
     rows = rng.integers(0, 256, (2000, 40), dtype=np.uint8)
-    published: dict[int, np.ndarray] = {}  # seq -> rows, for every manifest that reached the log
+    published: dict[int, np.ndarray] = {}  # seq -> rows, for every manifest committed
     lines: list[tuple[int, bytes]] = []  # (tag, line) of every journal write that reached the log
     seq, written = 0, 0
     dying = _Dying(logs.open("state", 0), 10**9)
@@ -328,11 +337,11 @@ def test_whoever_takes_over_restores_the_newest_checkpoint_and_every_journal_lin
                     lines.append((seq, line))
             elif op == "publish":
                 rows = np.r_[rows[1:], rng.integers(0, 256, (arg, 40), dtype=np.uint8)]
-                dying.manifest_sent = False
+                dying.manifest_committed = False
                 try:
                     owner.publish(seq + 1, {"rows": rows}, {"seq": seq + 1})
                 finally:
-                    if dying.manifest_sent:  # in the log: a restore may pick it
+                    if dying.manifest_committed:  # a restore picks it from now on
                         seq += 1
                         published[seq] = rows.copy()
             elif op == "compact":
@@ -342,7 +351,12 @@ def test_whoever_takes_over_restores_the_newest_checkpoint_and_every_journal_lin
         if op == "takeover":
             dying = _Dying(logs.open("state", 0), arg)
             owner = Changelog(dying)
-            found = owner.restore()
+            try:
+                found = owner.restore()  # writes too: the journal it reuses, committed
+            except _Killed:  # died restoring: the next owner takes over
+                dying = _Dying(logs.open("state", 0), 10**9)
+                owner = Changelog(dying)
+                found = owner.restore()
             assert found.seq == seq
             if seq:
                 assert np.array_equal(found.arrays["rows"], published[seq])
@@ -380,6 +394,8 @@ class _Unreachable:
     """A KeyedLog whose broker refuses the next ``journal`` / ``state`` writes (as many as
     given) with a TransportError, then accepts them again."""
 
+    writes = True
+
     def __init__(self, inner: Any, journal: int = 0, state: int = 0,
                  on_refuse: Callable[[], None] = lambda: None) -> None:
         self.inner, self.refuse = inner, {True: journal, False: state}
@@ -402,8 +418,8 @@ class _Unreachable:
     def commit(self) -> None:
         self.inner.commit()
 
-    def records(self, start: int = 0, journal: bool = False) -> Any:
-        return self.inner.records(start, journal)
+    def records(self, start: int = 0, journal: bool = False, committed: bool = False) -> Any:
+        return self.inner.records(start, journal, committed)
 
     def close(self) -> None:
         pass
@@ -449,6 +465,31 @@ def test_the_metrics_count_restores_by_source_and_every_changelog_write_refused(
     assert _sample(registry, "streamlearn_restore_duration_seconds_count",
                    source="changelog") == 1
     assert again.counters.instances == daemon.counters.instances
+
+
+def test_a_journal_write_refused_then_taken_asks_for_a_checkpoint_at_once(tmp_path: Path) -> None:
+    """The refused write aborted the changelog's transaction, and with it the journal since
+    the last checkpoint; Kafka's cleaner removes an aborted transaction's records, so the
+    state they held is checkpointed at the end of that step, not a checkpoint interval later."""
+    broker, clock, logs = InMemoryBroker(2), Clock(), MemoryKeyedLogs()
+    caller = Caller(broker)
+    daemon = Daemon(daemon_settings(tmp_path, retry_seconds=0.01),
+                    InMemoryTransport(broker=broker, partitions=2), learner(),
+                    wall_clock=clock, changelog=Changelog(_Unreachable(logs.open("changelog", 0))))
+    daemon.restore()
+    assert daemon.checkpointer is not None
+    asked: list[int] = []
+    daemon.checkpointer.request = lambda: asked.append(1)  # type: ignore[method-assign]
+    lockstep(broker, daemon, caller, clock, range(1))
+    assert asked == []  # nothing refused: the periodic checkpoints suffice
+    refusing = Daemon(daemon_settings(tmp_path / "second", retry_seconds=0.01),
+                      InMemoryTransport(broker=broker, partitions=2), learner(), wall_clock=clock,
+                      changelog=Changelog(_Unreachable(logs.open("changelog", 1), journal=1)))
+    refusing.restore()
+    assert refusing.checkpointer is not None
+    refusing.checkpointer.request = lambda: asked.append(2)  # type: ignore[method-assign]
+    lockstep(broker, refusing, caller, clock, range(1, 2))
+    assert asked == [2]
 
 
 class _SlowJournal(_Unreachable):
