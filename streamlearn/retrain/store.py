@@ -14,6 +14,9 @@ rename) holds
 * ``history`` — the last :data:`HISTORY_KEPT` retrains, promotions, rollout steps and
   rollbacks, each with its figures (``streamlearn inspect`` shows them; a retrain's
   entry is :func:`retrain_entry`, in candidate mode :func:`candidate_entry`);
+* ``rollout`` — who serves (``retrain.policy = "ranker"``): the live ranker, the candidate
+  and its stage, as of each write; a restore serves what it names when the checkpoint's
+  rollout fell behind it;
 * ``abandoned`` — retrains that never finished (the daemon stopped while one ran): their
   versions, when and why; their artifacts were removed;
 * ``next_version``.
@@ -21,10 +24,11 @@ rename) holds
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +74,8 @@ class RankerStore:
         # called before each write: the owner adds what it keeps in the state (the rollout's
         # serving arms, so that a restore can tell a checkpoint that fell behind)
         self.before_save: Callable[[], None] = lambda: None
+        self._held = 0  # inside one_write: saves wait for its end
+        self._save_held = False
         self._unloadable: set[str] = set()  # artifacts found unloadable (logged once each)
         self.state: dict[str, Any] = {"live": None, "promoted": [], "history": [],
                                       "next_version": 1, "challengers": [],
@@ -116,7 +122,23 @@ class RankerStore:
         self.state["history"] = [*self.state.get("history", []), entry][-HISTORY_KEPT:]
         self.save()
 
+    @contextlib.contextmanager
+    def one_write(self) -> Iterator[None]:
+        """The saves made inside are one write, at the end: a change made of several steps
+        (a rollback that puts an earlier ranker back) is never on disk half-made."""
+        self._held += 1
+        try:
+            yield
+        finally:
+            self._held -= 1
+            if not self._held and self._save_held:
+                self._save_held = False
+                self.save()
+
     def save(self) -> None:
+        if self._held:
+            self._save_held = True
+            return
         self.before_save()
         path = self.directory / STATE_FILE
         tmp = path.with_suffix(".tmp")

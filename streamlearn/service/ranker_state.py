@@ -53,7 +53,7 @@ class RankerState:
         self.live: RankerArtifact | None = None  # the newest ranker
         self.promoted: RankerArtifact | None = None  # the last one that passed the gate
         self.arms: dict[int, RankerArtifact] = {}  # the rollout's arms' artifacts by version
-        self._rollback_requested = False
+        self._rollbacks_requested = 0  # SIGUSR1s not yet acted on: each rolls one change back
         if self.policy == "ranker":  # each write of state.json says who serves (see open)
             self.store.before_save = self._record_serving
 
@@ -260,10 +260,11 @@ class RankerState:
     def _unstack(self, arm: Arm) -> list[str]:
         """Take ``arm`` off the promoted stack (the rankers a rollback may put back); the
         stack now."""
-        stack = self.store.promoted
-        if arm.artifact in stack:
-            stack.remove(arm.artifact)
-            self.state["promoted"] = stack
+        # by name: a moved or copied directory's stack names the artifacts where they were
+        # when promoted, its arms where they are now (an outside test: SIGUSR1 could not take
+        # the live ranker of a copied directory out of service)
+        stack = [a for a in self.store.promoted if Path(a).name != Path(arm.artifact).name]
+        self.state["promoted"] = stack
         self.promoted = self.store.load(stack[-1]) if stack else None
         return stack
 
@@ -365,7 +366,8 @@ class RankerState:
         return int(result.get("version") or 0) >= int(self.state.get("trial_after") or 0)
 
     def _trial_rolled_back(self, arm: Arm) -> None:
-        if arm.artifact != self.state.get("trial_artifact"):
+        trial = self.state.get("trial_artifact")
+        if trial is None or Path(arm.artifact).name != Path(str(trial)).name:
             return
         failed = int(self.state.get("failed_trials") or 0) + 1
         self.state["failed_trials"] = failed
@@ -375,13 +377,14 @@ class RankerState:
 
     # ---------------------------------------------------------------- rollback
     def request_rollback(self) -> None:
-        """Ask for :meth:`rollback` at the next :meth:`rollback_if_requested` (safe from a
-        signal handler)."""
-        self._rollback_requested = True
+        """Ask for one more :meth:`rollback` at the next :meth:`rollback_if_requested` (safe
+        from a signal handler: several signals between two steps are several rollbacks, where
+        an outside test saw four SIGUSR1s 0.4 s apart roll back three changes)."""
+        self._rollbacks_requested += 1
 
     def rollback_if_requested(self) -> None:
-        if self._rollback_requested:
-            self._rollback_requested = False
+        while self._rollbacks_requested:
+            self._rollbacks_requested -= 1
             self.rollback()
 
     def rollback(self) -> None:
@@ -390,17 +393,19 @@ class RankerState:
         stack = self.store.promoted
         if self.policy == "ranker" and self.rollout.serving():
             # a candidate rolled back leaves what served beside it serving (the learner, or
-            # the live ranker): only a live ranker rolled back puts an earlier one back
+            # the live ranker): only a live ranker rolled back puts an earlier one back. One
+            # write of state.json for both steps: a kill -9 between two writes restored the
+            # learner, not the earlier ranker (an outside test)
             live_rolled_back = self.rollout.candidate is None
-            self.rollout.roll_back("manual")  # the event updates the stack and the history
-            stack = self.store.promoted
-            if live_rolled_back and self.rollout.live is None and stack:
-                earlier = self.store.load(stack[-1])
-                if earlier is not None:
-                    self.arms[earlier.version] = earlier
-                    self.rollout.restore_live(self._arm_of(earlier))
-                    self._report_shares()
-                    self.store.save()  # who serves now: the rollback's entry named none
+            with self.store.one_write():
+                self.rollout.roll_back("manual")  # the event updates the stack and the history
+                stack = self.store.promoted
+                if live_rolled_back and self.rollout.live is None and stack:
+                    earlier = self.store.load(stack[-1])
+                    if earlier is not None:
+                        self.arms[earlier.version] = earlier
+                        self.rollout.restore_live(self._arm_of(earlier))
+                        self._report_shares()
             log.info("rolled back; now %s", self._serving_text())
             return
         if not stack:

@@ -467,6 +467,79 @@ def test_a_rollback_that_state_json_holds_and_the_checkpoint_missed_stays_rolled
     assert [a.version for a in older.retraining.rollout.serving()] == [candidate]
 
 
+def _two_promoted(directory: Path) -> tuple[Any, list[Path]]:
+    """A RankerState (policy = ranker) whose live ranker v2 was promoted after v1."""
+    from loop_helpers import settings_of
+
+    from streamlearn.retrain.artifact import make_ranker, save_artifact
+    from streamlearn.service.ranker_state import RankerState
+    from streamlearn.service.rollout import Arm
+
+    state = RankerState(settings_of(retrain_every_events=300, retrain_policy="ranker",
+                                    retrain_rankers="rocchio"),
+                        Observer(), directory, lambda: 0.0)
+    state.open()
+    ranker = make_ranker("rocchio")
+    ranker.fit(np.eye(4), np.array([1.0, 0.0, 1.0, 0.0]))
+    paths = [save_artifact(directory, "rocchio", state.take_version(), ranker, 1, 4)
+             for _ in range(2)]
+    state.state["promoted"] = [str(p) for p in paths]
+    state.rollout.restore_live(Arm(2, "rocchio", str(paths[1])))
+    state.store.save()
+    return state, paths
+
+
+def test_a_rollback_of_the_live_ranker_is_one_write_of_state_json(tmp_path: Path) -> None:
+    """SIGUSR1 on a live ranker puts the one promoted before it back: state.json was written
+    with nobody live, then again ~10 ms later with the earlier ranker, and a kill -9 between
+    the two restored the learner (an outside test)."""
+    state, paths = _two_promoted(tmp_path / "rankers")
+    writes: list[dict[str, Any]] = []
+    state.store.on_saved = lambda: writes.append(read_ranker_state(tmp_path / "rankers"))
+    state.rollback()
+    assert len(writes) == 1
+    assert writes[0]["rollout"]["live"]["version"] == 1 and writes[0]["promoted"] == [str(paths[0])]
+    assert writes[0]["history"][-1]["rolled_back"] == str(paths[1])
+
+
+def test_each_sigusr1_between_two_steps_rolls_one_change_back(tmp_path: Path) -> None:
+    """Four SIGUSR1s 0.4 s apart rolled back three changes: requests made between two steps
+    were one (an outside test)."""
+    state, _ = _two_promoted(tmp_path / "rankers")
+    state.request_rollback()
+    state.request_rollback()  # both before the loop looks
+    state.rollback_if_requested()
+    assert state.rollout.serving() == [] and state.store.promoted == []
+    state.rollback_if_requested()  # nothing more asked: nothing more done
+    assert len([h for h in state.state["history"] if "rolled_back" in h]) == 2
+
+
+def test_a_rollback_in_a_moved_directory_takes_the_live_ranker_out(tmp_path: Path) -> None:
+    """state.json names artifacts where they were when promoted; in a copied or moved
+    directory the rollout's arms name them where they are now, and SIGUSR1 left the live
+    ranker on the promoted stack: it went on serving (an outside test)."""
+    import shutil
+
+    state, _ = _two_promoted(tmp_path / "old" / "rankers")
+    rollout = state.rollout.export()
+    shutil.copytree(tmp_path / "old", tmp_path / "new")
+    shutil.rmtree(tmp_path / "old")
+    from loop_helpers import settings_of
+
+    from streamlearn.service.ranker_state import RankerState
+
+    moved = RankerState(settings_of(retrain_every_events=300, retrain_policy="ranker",
+                                    retrain_rankers="rocchio"),
+                        Observer(), tmp_path / "new" / "rankers", lambda: 0.0)
+    moved.open(rollout)
+    assert [a.version for a in moved.rollout.serving()] == [2]
+    moved.rollback()
+    assert [a.version for a in moved.rollout.serving()] == [1]
+    assert [Path(a).name for a in moved.store.promoted] == ["rocchio-v00000001"]
+    moved.rollback()
+    assert moved.rollout.serving() == [] and moved.store.promoted == []
+
+
 def test_an_unloadable_artifact_is_reported_once(tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     """A restore asks for the same artifact as the newest ranker and as a rollout's arm: an
