@@ -298,6 +298,30 @@ class Adoption:
         self.on_switch(old, mode, why)
 
     # --------------------------------------------------------------- state
+    def mode_record(self) -> dict[str, Any]:
+        """The mode as of the last switch, for a record written at the switch itself (the
+        checkpoint follows at the end of the step): :meth:`catch_up` takes it back."""
+        return {"mode": self.mode, "configured": self.settings.mode, "epoch": self.epoch,
+                "history": self.history, "auto_paused": self.auto_paused}
+
+    def catch_up(self, record: dict[str, Any]) -> bool:
+        """After :meth:`restore`: a record of a switch the restored checkpoint does not hold
+        (a crash between the switch and its checkpoint) — its mode serves, the comparisons
+        start afresh as at the switch. Whether it applied."""
+        mode = record.get("mode")
+        if record.get("configured") != self.settings.mode or mode not in MODES or \
+                int(record.get("epoch", -1)) <= self.epoch:
+            return False
+        self.mode = str(mode)
+        self.share = self._initial_share()
+        self.stats = {k: ArmStats(self.settings.confidence_miss) for k in self.stats}
+        self.earned, self.events = 0.0, 0
+        self.served_share = math.nan
+        self.epoch = int(record["epoch"])
+        self.history = list(record.get("history") or [])[-HISTORY_KEPT:]
+        self.auto_paused = bool(record.get("auto_paused", False))
+        return True
+
     def export(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arrays: dict[str, np.ndarray] = {}
         stats: dict[str, Any] = {}

@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -80,6 +82,10 @@ log = logging.getLogger("streamlearn.daemon")
 #: a decision journal write waiting this long for the changelog makes ``/readyz`` answer 503
 #: (its first try may wait up to the changelog's timeout before it counts as refused)
 JOURNAL_SLOW_S = 5.0
+
+#: the adoption mode as of its last switch, written at the switch (``<checkpoint.dir>/``):
+#: a restore whose checkpoint missed the switch takes it from here
+MODE_FILE = "rollout-mode.json"
 
 _DEAD_LETTERED = {Outcome.DUPLICATE: "duplicate_id", Outcome.UNKNOWN: "unknown_id"}
 
@@ -269,6 +275,7 @@ class Daemon:
         if restored is not None and restored.meta.get("adoption") is not None:
             self.adoption.restore({k: v for k, v in restored.arrays.items()
                                    if k.startswith("adoption.")}, restored.meta["adoption"])
+        self._recorded_mode()
         self._report_rollout()
         if self.checkpointer is None:
             return
@@ -543,7 +550,43 @@ class Daemon:
     def _on_rollout_switch(self, old: str, new: str, why: str) -> None:
         self.observer.on_rollout_switch(new)
         self._report_rollout()
+        self._record_mode()
         self._checkpoint_soon()
+
+    def _record_mode(self) -> None:
+        """Write the adoption mode to :data:`MODE_FILE` at the switch (atomically, fsync): the
+        checkpoint that follows at the end of the step was lost to a kill -9 within ~50 ms of
+        a SIGUSR2 step back, which the restart then undid (an outside test)."""
+        directory = self.settings.checkpoint.dir
+        if not directory or not Path(directory).is_dir():
+            return
+        path = Path(directory) / MODE_FILE
+        tmp = path.with_suffix(".tmp")
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(orjson.dumps(self.adoption.mode_record()))
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:  # the checkpoint at the end of the step still records it
+            log.warning("cannot write %s: %s", path, exc)
+
+    def _recorded_mode(self) -> None:
+        """After a restore: a switch :data:`MODE_FILE` holds and the checkpoint missed."""
+        directory = self.settings.checkpoint.dir
+        path = Path(directory) / MODE_FILE if directory else None
+        if path is None or not path.is_file():
+            return
+        try:
+            record = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            log.warning("ignoring %s: %s", path, exc)
+            return
+        before = self.adoption.mode
+        if isinstance(record, dict) and self.adoption.catch_up(record):
+            log.warning("rollout: the checkpoint's mode (%s) was behind %s (a stop between "
+                        "the switch and its checkpoint): %s", before, MODE_FILE,
+                        self.adoption.mode)
 
     def _checkpoint_soon(self) -> None:
         """Checkpoint at the end of this step: what serves changed (an adoption mode switch,

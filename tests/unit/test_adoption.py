@@ -519,6 +519,41 @@ def test_the_daemon_serves_the_fallback_only_inside_an_events_actions(tmp_path: 
     assert decided["f2"]["action"] == 0 and decided["f2"]["prob"] == 1.0
 
 
+def test_a_step_back_whose_checkpoint_a_crash_prevented_is_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint a switch asks for is written at the end of the step, in the
+    background: a kill -9 within ~50 ms of a SIGUSR2 step back lost it, and the restart
+    served the old mode (an outside test). The switch is also recorded at once."""
+    from streamlearn.service.daemon import MODE_FILE
+
+    broker, clock = InMemoryBroker(), Clock()
+    s = settings_of(checkpoint_dir=str(tmp_path), checkpoint_every_events=10**9,
+                    checkpoint_every_seconds=1e9, limits_poll_timeout_seconds=0.0,
+                    learner_n_actions=K, learner_n_features=D)
+    d = Daemon(s, InMemoryTransport(broker=broker, partitions=2), learner(0.1), wall_clock=clock)
+    d.restore()
+    d.checkpoint(final=True)  # online, on disk
+    monkeypatch.setattr(d, "checkpoint", lambda *a, **k: None)  # killed before the next one
+    d.request_step_back()
+    d.step()
+    assert d.adoption.mode == "conservative" and (tmp_path / MODE_FILE).is_file()
+
+    def restarted(settings: Any) -> Daemon:
+        again = Daemon(settings, InMemoryTransport(broker=broker, partitions=2), learner(0.1),
+                       wall_clock=clock)
+        again.restore()
+        return again
+
+    again = restarted(s)
+    assert again.adoption.mode == "conservative" and again.adoption.epoch == d.adoption.epoch
+    assert [h["to"] for h in again.adoption.history] == ["conservative"]
+    # another configured mode starts afresh, as with the checkpoint's own record
+    fresh = settings_of(checkpoint_dir=str(tmp_path), checkpoint_every_events=10**9,
+                        checkpoint_every_seconds=1e9, limits_poll_timeout_seconds=0.0,
+                        learner_n_actions=K, learner_n_features=D, rollout_mode="apprentice")
+    assert restarted(fresh).adoption.mode == "apprentice"
+
+
 def test_sigusr2_steps_the_daemon_back_and_the_checkpoint_keeps_it(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
