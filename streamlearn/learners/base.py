@@ -381,8 +381,9 @@ class Learner(abc.ABC):
         # the adaptive γ reads the logged distribution's maximum: its estimate of the
         # learner's own error from the rows a mixture logged would weigh each by 1/share,
         # and at the small shares of a conservative rollout that noise made the learner's
-        # share collapse from 1 to 0 (simulators/conservative_floor.py, poor baseline)
-        self.exploration.observe(actions, rewards, probs)
+        # share collapse from 1 to 0 (simulators/conservative_floor.py, poor baseline); its
+        # drift detector watches the rows the learner's own best action was played on
+        self.exploration.observe(actions, rewards, probs, exploit)
         applied = self._guarded_update(X, actions, rewards, probs, exploit)
         self.n_updated_ += applied
         self.n_skipped_updates_ += len(actions) - applied

@@ -192,3 +192,36 @@ def test_margin_aware_reports_its_base_strategy_detections() -> None:
     strategy.observe(*_exploit_feedback(rng.random(5000) < 0.95))
     strategy.observe(*_exploit_feedback(rng.random(1000) < 0.05))
     assert strategy.drift_detections_ == strategy.base.drift_detections_ == 1
+
+
+@pytest.mark.parametrize("strategy", [Adaptive(), FixedGamma(0.05, detect_drift=True)])
+def test_a_baseline_serving_the_decisions_is_no_change_in_the_learners_error(
+        strategy: Exploration) -> None:
+    """After a step back to a baseline-served mode the logged rows' maximum is the baseline's
+    action: the detector read the baseline's error (0.75 here) as the learner's (0.3) rising
+    and restarted the exploration (an outside test). It watches the learner's own best
+    action."""
+    rng = np.random.default_rng(3)
+    K, n = 4, 400
+
+    def batch(baseline_serves: bool) -> tuple[np.ndarray, ...]:
+        learner_best = rng.integers(0, K, n)  # right for 70 % of the events
+        labels = np.where(rng.random(n) < 0.7, learner_best,
+                          (learner_best + rng.integers(1, K, n)) % K)
+        probs = np.full((n, K), 0.05 / (K - 1))
+        if baseline_serves:  # a baseline plays action 0 with 95 % (right for ~1/4 of events)
+            probs[:, 0] = 0.95
+            actions = np.where(rng.random(n) < 0.95, 0, learner_best)
+        else:
+            probs[np.arange(n), learner_best] = 0.95
+            actions = learner_best
+        return actions, (actions == labels).astype(float), probs, learner_best
+
+    for _ in range(5):
+        strategy.observe(*batch(baseline_serves=False))
+    for _ in range(5):
+        strategy.observe(*batch(baseline_serves=True))
+    assert strategy.drift_detections_ == 0
+    for _ in range(5):  # the logged maximum alone (no exploit given) would have seen a change
+        strategy.observe(*batch(baseline_serves=True)[:3])
+    assert strategy.drift_detections_ > 0
