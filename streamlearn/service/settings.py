@@ -363,13 +363,18 @@ class DaemonSettings:
         """How a promoted ranker takes traffic (``retrain.rollout_*``, ``retrain.holdback``)."""
         r = self.retrain
         try:
-            return RolloutSettings(parse_stages(r.rollout_stages), r.rollout_stage_events,
-                                   r.holdback, alpha=1.0 - r.level,
-                                   unit="slots" if self.candidates.enabled else "events")
+            settings = RolloutSettings(parse_stages(r.rollout_stages), r.rollout_stage_events,
+                                       r.holdback, alpha=1.0 - r.level,
+                                       unit="slots" if self.candidates.enabled else "events")
         except ValueError as exc:
             raise ConfigError(f"retrain.rollout_stages must be increasing shares in (0, 1), "
                               f"e.g. '0.02,0.1,0.3,0.6'. Got {r.rollout_stages!r} "
                               f"({exc}).") from None
+        if settings.stages[-1] > 1.0 - settings.holdback:  # silently clamped otherwise
+            raise ConfigError(f"retrain.rollout_stages must stay at or below 1 - "
+                              f"retrain.holdback = {1.0 - settings.holdback:g} (the learner "
+                              f"keeps its holdback). Got {r.rollout_stages!r}.")
+        return settings
 
     def adoption_settings(self) -> AdoptionSettings:
         """Who serves next to an existing system (``rollout.*``)."""

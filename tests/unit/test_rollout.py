@@ -209,3 +209,16 @@ def test_the_check_fires_when_the_old_estimate_is_planted_back(seed: int) -> Non
     assert old.low > truth + 0.05, (old, truth)
     event = check_after_promotion({"low": old.low, "high": old.high}, truth, seed)
     assert event.reason == "outside" and event.detail["events"] >= 2000
+
+
+def test_a_stage_the_holdback_leaves_no_room_for_is_refused_with_what_was_expected() -> None:
+    """--retrain-rollout-stages 0.3,0.8 with --retrain-holdback 0.5 started without a word and
+    the rollout completed at 50 %: the 0.8 stage never happened (an outside test)."""
+    from loop_helpers import settings_of
+
+    from streamlearn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"at or below 1 - retrain.holdback = 0.5.*'0.3,0.8'"):
+        settings_of(retrain_rollout_stages="0.3,0.8", retrain_holdback=0.5).rollout_settings()
+    assert settings_of(retrain_rollout_stages="0.3,0.5",
+                       retrain_holdback=0.5).rollout_settings().stages == (0.3, 0.5)
