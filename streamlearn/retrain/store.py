@@ -140,6 +140,7 @@ class RankerStore:
             self._save_held = True
             return
         self.before_save()
+        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / STATE_FILE
         tmp = path.with_suffix(".tmp")
         with open(tmp, "wb") as fh:

@@ -66,6 +66,10 @@ class RankerState:
         """Reload the rankers and the rollout (``rollout``: the checkpoint's rollout state,
         if it has one)."""
         self.store.open()
+        running = self.state.get("running")
+        if running is not None:  # the last run was killed while this retrain ran
+            self.abandon(int(running["version"]), "the daemon was killed while it ran (found "
+                         "at restart); its rankers were not judged")
         self.live = self.store.load(self.state.get("live"))
         stack = self.store.promoted
         self.promoted = self.store.load(stack[-1]) if stack else None
@@ -353,8 +357,22 @@ class RankerState:
         kept = list(self.state.get("abandoned") or [])
         self.state["abandoned"] = [*kept, {"version": version, "at": self.wall_clock(),
                                            "reason": why}][-HISTORY_KEPT:]
+        if (self.state.get("running") or {}).get("version") == version:
+            del self.state["running"]
         self.store.save()
         log.info("retrain %d abandoned (%s)", version, why)
+
+    def started(self, version: int) -> None:
+        """Retrain ``version`` was handed to the worker: ``running`` in the state says so
+        until it is harvested, so that a restart after a kill -9 abandons it by name (its
+        number was skipped without a word before, an outside test)."""
+        self.state["running"] = {"version": version, "started": self.wall_clock()}
+        self.store.save()
+
+    def finished(self) -> None:
+        """The running retrain's job was harvested (applied, skipped or failed)."""
+        if self.state.pop("running", None) is not None:
+            self.store.save()
 
     def _trial_allowed(self, result: dict[str, Any]) -> bool:
         """A trial only replaces the learner (nothing else is rolled out or live: against a

@@ -96,6 +96,7 @@ class RetrainScheduler:
         retrains judge only those."""
         job = self.worker.take()
         if job is not None:
+            self.rankers.finished()
             self._harvest(job)
         if not self.enabled:
             return
@@ -126,6 +127,7 @@ class RetrainScheduler:
             return
         s = self.settings
         version = self.running_version = self.rankers.take_version()
+        self.rankers.started(version)
         spec: dict[str, Any] = {
             "log_dir": str(self.log.directory), "segments": None, "max_rows": s.retrain_window(),
             "rankers": list(s.retrain_ranker_names()),

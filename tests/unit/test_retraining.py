@@ -540,6 +540,38 @@ def test_a_rollback_in_a_moved_directory_takes_the_live_ranker_out(tmp_path: Pat
     assert moved.rollout.serving() == [] and moved.store.promoted == []
 
 
+def test_a_retrain_killed_while_it_ran_is_abandoned_by_name_at_the_restart(tmp_path: Path) -> None:
+    """A graceful stop records the retrain it interrupts as abandoned; after a kill -9 its
+    version was skipped without a word (an outside test)."""
+    from loop_helpers import settings_of
+
+    from streamlearn.retrain.artifact import make_ranker, save_artifact
+    from streamlearn.service.ranker_state import RankerState
+
+    def opened() -> RankerState:
+        state = RankerState(settings_of(retrain_every_events=300, retrain_rankers="rocchio"),
+                            Observer(), tmp_path / "rankers", lambda: 7.0)
+        state.open()
+        return state
+
+    state = opened()
+    version = state.take_version()
+    state.started(version)
+    ranker = make_ranker("rocchio")
+    ranker.fit(np.eye(4), np.array([1.0, 0.0, 1.0, 0.0]))
+    save_artifact(tmp_path / "rankers", "rocchio", version, ranker, 1, 4)  # then killed
+    assert read_ranker_state(tmp_path / "rankers")["running"]["version"] == version
+    again = opened()
+    assert again.state["abandoned"][-1]["version"] == version
+    assert "killed" in again.state["abandoned"][-1]["reason"]
+    assert "running" not in read_ranker_state(tmp_path / "rankers")
+    assert not list((tmp_path / "rankers").glob(f"*-v{version:08d}"))
+    assert again.take_version() == version + 1  # its number stays skipped
+    again.started(version + 1)
+    again.finished()  # harvested: nothing to abandon at the next start
+    assert len(opened().state["abandoned"]) == 1
+
+
 def test_an_unloadable_artifact_is_reported_once(tmp_path: Path,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     """A restore asks for the same artifact as the newest ranker and as a rollout's arm: an
