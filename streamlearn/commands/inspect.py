@@ -226,7 +226,18 @@ def _print_text(info: dict[str, Any]) -> None:
     if "rollout" in info:
         settings = (info.get("other") or {}).get("settings") or {}
         candidates = bool((settings.get("candidates") or {}).get("enabled"))
-        _print_rollout(info["rollout"], "slots" if candidates else "events")
+        adoption = info.get("adoption") or {}
+        learner_share = adoption.get("learner_share") if adoption.get("mode") not in (
+            None, "online") else None
+        policy = (settings.get("retrain") or {}).get("policy", "ranker")
+        if policy == "ranker":
+            _print_rollout(info["rollout"], "slots" if candidates else "events",
+                           None if learner_share is None else float(learner_share))
+        else:  # written by a daemon whose rankers rank but do not serve
+            print(f"serving         the learner (retrain.policy = {policy}; the rollout is "
+                  "kept for policy = ranker)")
+            _print_rollout(info["rollout"], "slots" if candidates else "events",
+                           label="kept rollout")
     if "adoption" in info:
         _print_adoption(info["adoption"])
     other = info.get("other") or {}
@@ -266,17 +277,31 @@ def describe_rankers(rankers_dir: Path) -> dict[str, Any] | None:
             "history": history}
 
 
-def _print_rollout(rollout: dict[str, Any], unit: str = "events") -> None:
-    """Who serves which share; ``unit``: what a share is of (candidate mode: slots)."""
+def _print_rollout(rollout: dict[str, Any], unit: str = "events",
+                   of_learner: float | None = None, label: str = "serving") -> None:
+    """Who serves which share; ``unit``: what a share is of (candidate mode: slots).
+    ``of_learner``: next to a caller's baseline (rollout mode apprentice or conservative),
+    the learner's share of the events, which the rollout's shares divide; the line then
+    gives shares of all the events, the baseline's included (an outside test read a
+    candidate at 10 % where it served 1 %)."""
+    scale = 1.0 if of_learner is None else of_learner
     parts = []
     for role in ("live", "candidate"):
         arm = rollout.get(role)
         if arm:
             stage = f", stage {rollout['stage']}" if role == "candidate" else ""
-            parts.append(f"{role} {arm['ranker']} v{arm['version']} {100 * (arm['share'] or 0):.0f} %"
+            parts.append(f"{role} {arm['ranker']} v{arm['version']} "
+                         f"{_percent(scale * (arm['share'] or 0))}"
                          f"{stage} ({arm['served'] or 0:,} learned {unit} served)")
-    parts.append(f"learner {100 * (rollout.get('learner_share') or 0):.0f} %")
-    print(f"serving         {'; '.join(parts)}")
+    parts.append(f"learner {_percent(scale * (rollout.get('learner_share') or 0))}")
+    if of_learner is not None:
+        parts.append(f"baseline {_percent(1.0 - of_learner)}")
+    print(f"{label:<16}{'; '.join(parts)}")
+
+
+def _percent(share: float) -> str:
+    """A share as a percentage: whole numbers, one decimal below 10 % (1.2 %, not 1 %)."""
+    return f"{100 * share:.1f} %" if 0 < share < 0.1 else f"{100 * share:.0f} %"
 
 
 def _print_adoption(adoption: dict[str, Any]) -> None:

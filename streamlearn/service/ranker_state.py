@@ -82,8 +82,13 @@ class RankerState:
         served = self.rollout.serving()
         self._report_version()
         self._report_shares()
-        if served:
+        if served and self.policy == "ranker":
             log.info("serving %s", ", ".join(f"{a.name} v{a.version}" for a in served))
+        elif served:  # the learner decides; the rankers only rank (an outside test read the
+            # old "serving" line as the ranker taking the traffic)
+            log.info("the checkpoint's rollout (%s) is kept but serves nothing: "
+                     "retrain.policy = %s (the learner decides)",
+                     ", ".join(f"{a.name} v{a.version}" for a in served), self.policy)
 
     def _record_serving(self) -> None:
         self.state["rollout"] = self.rollout.serving_record()

@@ -222,3 +222,21 @@ def test_a_stage_the_holdback_leaves_no_room_for_is_refused_with_what_was_expect
         settings_of(retrain_rollout_stages="0.3,0.8", retrain_holdback=0.5).rollout_settings()
     assert settings_of(retrain_rollout_stages="0.3,0.5",
                        retrain_holdback=0.5).rollout_settings().stages == (0.3, 0.5)
+
+
+def test_inspect_gives_a_rollout_next_to_a_baseline_as_shares_of_all_the_events(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """In apprentice mode the rollout's shares divide the learner's 10 %: inspect said
+    "candidate 10 %, learner 90 %" where /metrics said candidate 0.01, learner 0.09,
+    baseline 0.9 (an outside test)."""
+    from streamlearn.commands.inspect import _print_rollout
+
+    rollout = {"candidate": {"ranker": "memoryoracle", "version": 7, "share": 0.1, "served": 14},
+               "live": None, "stage": 0, "learner_share": 0.9}
+    _print_rollout(rollout, of_learner=0.1)
+    line = capsys.readouterr().out
+    assert "candidate memoryoracle v7 1.0 %" in line and "learner 9.0 %" in line
+    assert "baseline 90 %" in line
+    _print_rollout(rollout)  # online: the rollout's shares are the events'
+    line = capsys.readouterr().out
+    assert "candidate memoryoracle v7 10 %" in line and "baseline" not in line
