@@ -703,7 +703,8 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
                   file=out, flush=True)
         if settings.rollout.mode != "online":
             print(f"streamlearn serve: rollout {settings.rollout.mode} as configured (a "
-                  f"checkpoint's mode wins, logged when restored) next to the caller's "
+                  f"checkpoint written with this rollout.mode keeps its own mode, logged when "
+                  f"restored) next to the caller's "
                   f"baseline (explore budget {settings.rollout.explore_budget:g}, alpha "
                   f"{settings.rollout.alpha:g}{', automatic' if settings.rollout.auto else ''}); "
                   f"SIGUSR2 steps back", file=out, flush=True)

@@ -207,8 +207,14 @@ class FixedActions:
                         record["baseline"] = baseline
             adoption.note_decisions(kept["exploit"], kept["baseline"])
             daemon.journal_and_encode(values, fresh, records, fresh_probs, kept)
+        # the learner's own γ, as decided: the logged rows are a mixture while a baseline or a
+        # ranker shares the decisions, and their exploration rate is not the learner's (an
+        # outside test saw a fixed γ of 0.3 reported as 0.34–0.52 during a rollout)
+        own = decided.columns.get("gamma")
+        rates = own if own is not None and len(own) == len(probs) \
+            else exploration_rates(probs, batch.mask)
         return Published(values, fresh, int(decided.explored.sum()), actions,
-                         float(exploration_rates(probs, batch.mask).sum()) / max(len(probs), 1))
+                         float(np.sum(rates)) / max(len(probs), 1))
 
     def freeze(self, engine: Engine, tracker: OnlineErrorTracker, counters: Counters,
                settings: DaemonSettings) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -519,6 +519,35 @@ def test_the_daemon_serves_the_fallback_only_inside_an_events_actions(tmp_path: 
     assert decided["f2"]["action"] == 0 and decided["f2"]["prob"] == 1.0
 
 
+def test_the_reported_gamma_is_the_learners_own_beside_a_baseline(tmp_path: Path) -> None:
+    """With a fixed γ of 0.3 the exploration gauge read 0.34-0.52 while a baseline or a
+    ranker shared the decisions: it was inferred from the logged mixture (an outside test)."""
+    from streamlearn.service.metrics import Observer
+
+    class Gammas(Observer):
+        def __init__(self) -> None:
+            self.seen: list[float] = []
+
+        def on_gamma(self, gamma: float) -> None:
+            self.seen.append(gamma)
+
+    broker, clock, observer = InMemoryBroker(), Clock(), Gammas()
+    s = settings_of(checkpoint_dir=str(tmp_path), limits_poll_timeout_seconds=0.0,
+                    learner_n_actions=K, learner_n_features=D, rollout_mode="conservative",
+                    rollout_baseline="constant:1")
+    d = Daemon(s, InMemoryTransport(broker=broker, partitions=2), learner(0.3),
+               observer=observer, wall_clock=clock)
+    d.restore()
+    rng = np.random.default_rng(5)
+    writer = InMemoryTransport(broker=broker, partitions=2, group_id="caller")
+    for i in range(200):
+        writer.append_instance(f"e{i}".encode(), orjson.dumps(
+            {"id": f"e{i}", "x": rng.normal(size=D).tolist()}))
+    for _ in range(5):
+        d.step()
+    assert observer.seen and all(g == pytest.approx(0.3) for g in observer.seen), observer.seen
+
+
 def test_a_step_back_whose_checkpoint_a_crash_prevented_is_kept(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checkpoint a switch asks for is written at the end of the step, in the
