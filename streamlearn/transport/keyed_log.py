@@ -205,8 +205,7 @@ class MemoryKeyedLog:
             offset = self.logs.next_offsets.get(lane, 0)
             self.logs.next_offsets[lane] = offset + 1
             records.append((offset, key, value))
-            self.logs.open_records.setdefault(self.where, set()).add(
-                (self.where[0], LANES * self.where[1] + int(journal), offset))
+            self.logs.open_records.setdefault(self.where, set()).add((*lane, offset))
             return offset
 
     def commit(self) -> None:
@@ -220,14 +219,14 @@ class MemoryKeyedLog:
         topic, partition = self.where[0], LANES * self.where[1] + int(journal)
         with self.logs.lock:
             records = list(self._lane(journal))
-            # an open transaction's records are not readable committed (nor anything after
-            # them: Kafka's last stable offset), an aborted one's never
-            hidden = self.logs.aborted | set().union(*self.logs.open_records.values())
+            # read committed: nothing from an open transaction's first record on (Kafka's
+            # last stable offset), and an aborted transaction's records never
+            aborted = {o for t, p, o in self.logs.aborted if (t, p) == (topic, partition)}
             first_open = min((o for t, p, o in set().union(*self.logs.open_records.values())
                               if (t, p) == (topic, partition)), default=None)
         if not committed:
             return (r for r in records if r[0] >= start)
-        return (r for r in records if r[0] >= start and (topic, partition, r[0]) not in hidden
+        return (r for r in records if r[0] >= start and r[0] not in aborted
                 and (first_open is None or r[0] < first_open))
 
     def close(self) -> None:
