@@ -29,14 +29,17 @@ model names); every replica reads the global models.
 the link to catch up and merges at the first round the link has; the serving
 thread never waits for it), reads what arrived once more right before it
 publishes version ``v + 1``, and publishes nothing if a version ≥ ``v + 1`` is
-there already. Sends leave the serving thread (``background_sends``): a round that finds
-the previous send unfinished neither publishes nor merges, so a merge's catch-up always
-follows the model the merger sent before it. That check alone cannot stop a replica paused between it and its
+there already. That check alone cannot stop a replica paused between it and its
 send (and which lost partition 0 meanwhile); the link fences such a replica at
 the broker: the Kafka link's catch-up opens the merger's transactional producer
 first, which makes the broker refuse every publish of the previous merger
 (:mod:`streamlearn.sync.kafka_link`). Global versions on the topic are unique
 and increasing. Readers adopt only versions newer than their own.
+
+**Sends off the serving thread** (``background_sends``): a send to Kafka can wait on the
+broker, so it runs in a thread of its own, one at a time (:mod:`streamlearn.sync.outbox`). A
+round that finds the previous send unfinished neither publishes nor merges, so a merge's
+catch-up always follows the model the merger sent before it.
 
 Bounded loss, no double counting: a replica's progress is counted in the
 global model once (its included publish, or carried by the rebase); what a
