@@ -39,6 +39,7 @@ from streamlearn import __version__
 from streamlearn.errors import StateError
 
 __all__ = ["FORMAT_VERSION", "check_replaceable", "meta_checksum", "pack_strings", "read_snapshot",
+           "replace_file",
            "unpack_strings", "write_snapshot"]
 
 FORMAT_VERSION = 1
@@ -105,6 +106,15 @@ def _write_file(path: Path, payload: bytes) -> None:
         fh.write(payload)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def replace_file(path: str | os.PathLike[str], payload: bytes) -> None:
+    """Write ``payload`` as the file ``path`` atomically: a sibling temporary file, fsynced,
+    renamed over it (a reader or a crash sees the old file or the new one, whole)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    _write_file(tmp, payload)
+    os.replace(tmp, target)
 
 
 def write_snapshot(path: str | os.PathLike[str], arrays: dict[str, np.ndarray],

@@ -41,6 +41,7 @@ from streamlearn.retrain.artifact import (
     load_artifact,
     recorded_artifact,
 )
+from streamlearn.snapshot import replace_file
 
 __all__ = ["HISTORY_KEPT", "STATE_FILE", "RankerStore", "candidate_entry", "read_ranker_state",
            "retrain_entry"]
@@ -141,13 +142,8 @@ class RankerStore:
             return
         self.before_save()
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / STATE_FILE
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(orjson.dumps(self.state, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        replace_file(self.directory / STATE_FILE, orjson.dumps(
+            self.state, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         self.on_saved()
 
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections import Counter
@@ -72,6 +71,7 @@ from streamlearn.service.modes import ServingMode, mode_for
 from streamlearn.service.outputs import Outputs, dead_letter_value
 from streamlearn.service.retraining import Retraining
 from streamlearn.service.settings import DaemonSettings, blas_threads
+from streamlearn.snapshot import replace_file
 from streamlearn.transport.align import InputAligner
 from streamlearn.transport.protocol import Message, Transport
 
@@ -561,13 +561,8 @@ class Daemon:
         if not directory or not Path(directory).is_dir():
             return
         path = Path(directory) / MODE_FILE
-        tmp = path.with_suffix(".tmp")
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(orjson.dumps(self.adoption.mode_record()))
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            replace_file(path, orjson.dumps(self.adoption.mode_record()))
         except OSError as exc:  # the checkpoint at the end of the step still records it
             log.warning("cannot write %s: %s", path, exc)
 

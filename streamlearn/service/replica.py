@@ -51,6 +51,7 @@ from streamlearn.service.claims import OwnershipLost, PartitionClaims
 from streamlearn.service.daemon import Daemon
 from streamlearn.service.group import GroupMembership
 from streamlearn.service.metrics import Observer
+from streamlearn.snapshot import replace_file
 from streamlearn.sync.hub import ModelHub
 
 __all__ = ["Replica"]
@@ -299,8 +300,6 @@ def _mark_released(daemon: Daemon, how: str | None) -> None:
         if how is None:
             path.unlink(missing_ok=True)
         elif path.parent.is_dir():
-            tmp = path.with_name(f".{RELEASED_FILE}.tmp")
-            tmp.write_bytes(orjson.dumps({"at": time.time(), "how": how}))
-            tmp.replace(path)
+            replace_file(path, orjson.dumps({"at": time.time(), "how": how}))
     except OSError as exc:
         log.warning("cannot update %s: %s", path, exc)
