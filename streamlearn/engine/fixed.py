@@ -341,21 +341,23 @@ class Engine:
             rows = rows[(closed.labels[rows] >= 0) & (closed.outcome[rows] == Outcome.JOINED.value)]
         if len(rows):
             X, actions, rewards, probs = closed.X, closed.actions, closed.rewards, closed.probs
-            exploit = own_choices(closed.probs, closed.columns["exploit"])
+            decided = closed.columns["exploit"]  # the learner's own best action, as it decided
+            exploit = own_choices(closed.probs, decided)
             if self.learner.full_information:
                 actions, rewards = closed.labels, np.ones(len(closed))
             if len(rows) < len(closed):  # the usual case (every row) needs no gathers
-                X, actions, rewards, probs, exploit = (
-                    take_rows(X, rows), actions[rows], rewards[rows], probs[rows], exploit[rows])
+                X, actions, rewards, probs, exploit, decided = (
+                    take_rows(X, rows), actions[rows], rewards[rows], probs[rows], exploit[rows],
+                    decided[rows])
             before = self.learner.n_skipped_updates_
             # what closed was decided here and joined from checked feedback: the learner takes
             # it without checking it again (Learner.learn_checked)
             if len(rows) <= LEARN_CHUNK:
-                self.learner.learn_checked(X, actions, rewards, probs, exploit)
+                self.learner.learn_checked(X, actions, rewards, probs, exploit, decided)
             else:
                 for lo in range(0, len(rows), LEARN_CHUNK):
                     part = np.arange(lo, min(lo + LEARN_CHUNK, len(rows)))
                     self.learner.learn_checked(take_rows(X, part), actions[part], rewards[part],
-                                               probs[part], exploit[part])
+                                               probs[part], exploit[part], decided[part])
             skipped = self.learner.n_skipped_updates_ - before
         return Learned(closed, rows, skipped)

@@ -370,20 +370,27 @@ class Learner(abc.ABC):
         self.learn_checked(batch, a, r, p, ex.astype(np.int64, copy=False))
 
     def learn_checked(self, X: Batch, actions: np.ndarray, rewards: np.ndarray,
-                      probs: np.ndarray, exploit: np.ndarray) -> None:
+                      probs: np.ndarray, exploit: np.ndarray,
+                      decided_exploit: np.ndarray | None = None) -> None:
         """:meth:`update` on inputs already in the form it checks them into: a float64 batch
         of finite features, int64 actions and exploit actions in [0, K), float64 rewards in
         [0, 1], (B, K) logged distributions giving each chosen action a positive probability
         (a full-information learner: any). The engine learns its closed decisions this way:
         what it hands over was made by ``decide`` and joined from checked feedback, so
         checking it again cost a dozen reductions a batch (~25 µs, 7 % of a LinUCB batch of
-        64). The guard against a non-finite state stays."""
+        64). The guard against a non-finite state stays.
+
+        ``decided_exploit``: the learner's best action as it decided, also on rows it had no
+        chance to serve (``exploit`` is then the logged action it learns from: the engine's
+        ``own_choices``); the exploration's drift detector watches the rows where that
+        action was played (default: ``exploit``)."""
         # the adaptive γ reads the logged distribution's maximum: its estimate of the
         # learner's own error from the rows a mixture logged would weigh each by 1/share,
         # and at the small shares of a conservative rollout that noise made the learner's
         # share collapse from 1 to 0 (simulators/conservative_floor.py, poor baseline); its
         # drift detector watches the rows the learner's own best action was played on
-        self.exploration.observe(actions, rewards, probs, exploit)
+        self.exploration.observe(actions, rewards, probs,
+                                 exploit if decided_exploit is None else decided_exploit)
         applied = self._guarded_update(X, actions, rewards, probs, exploit)
         self.n_updated_ += applied
         self.n_skipped_updates_ += len(actions) - applied

@@ -519,6 +519,50 @@ def test_the_daemon_serves_the_fallback_only_inside_an_events_actions(tmp_path: 
     assert decided["f2"]["action"] == 0 and decided["f2"]["prob"] == 1.0
 
 
+def test_a_step_back_to_the_baseline_is_no_change_the_learners_drift_detector_sees(
+        tmp_path: Path) -> None:
+    """After SIGUSR2 (online -> conservative: the baseline serves nearly everything) the
+    drift detector read the baseline's rows as the learner's — the engine learns them with
+    the logged action as the learner's choice where the learner had no chance — reported a
+    change 0.45 s later and the learner explored at near-random error (an outside test)."""
+    from streamlearn.learners import make_learner
+
+    broker, clock = InMemoryBroker(), Clock()
+    s = settings_of(checkpoint_dir=str(tmp_path), limits_poll_timeout_seconds=0.0,
+                    learner_n_actions=K, learner_n_features=D, rollout_baseline="constant:1")
+    lr = make_learner("linucb", K, D, None, seed=3)  # the default drift-aware exploration
+    d = Daemon(s, InMemoryTransport(broker=broker, partitions=2), lr, wall_clock=clock)
+    d.restore()
+    writer = InMemoryTransport(broker=broker, partitions=2, group_id="caller")
+    rng = np.random.default_rng(8)
+    answered: set[str] = set()
+    labels: dict[str, int] = {}
+
+    def rounds(lo: int, hi: int) -> None:
+        for start in range(lo, hi, 100):
+            for i in range(start, start + 100):
+                x = rng.normal(size=D)
+                x[1] -= 3.0  # action 1, the baseline's, is rarely right
+                labels[f"e{i}"] = int(np.argmax(x[:K]))
+                writer.append_instance(f"e{i}".encode(), orjson.dumps(
+                    {"id": f"e{i}", "x": x.tolist()}))
+            d.step()
+            for event_id, decision in decisions_by_id(broker).items():
+                if event_id not in answered:
+                    answered.add(event_id)
+                    writer.append_feedback(event_id.encode(), orjson.dumps(
+                        {"id": event_id, "reward": float(decision[0]["action"] == labels[event_id])}))
+            clock.t += 0.1
+            d.step()
+
+    rounds(0, 3000)
+    before = d.learner.drift_detections_
+    d.request_step_back()
+    rounds(3000, 3600)  # the conservative share starts at 0: the baseline serves everything
+    assert d.adoption.mode == "conservative"
+    assert d.learner.drift_detections_ == before
+
+
 def test_the_reported_gamma_is_the_learners_own_beside_a_baseline(tmp_path: Path) -> None:
     """With a fixed γ of 0.3 the exploration gauge read 0.34-0.52 while a baseline or a
     ranker shared the decisions: it was inferred from the logged mixture (an outside test)."""
