@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from streamlearn.join.aggregate import POLICIES, weights_problem
 from streamlearn.join.pending import JoinSettings
 from streamlearn.service.adoption import AdoptionSettings, parse_baseline
 from streamlearn.service.rollout import RolloutSettings
+
+log = logging.getLogger("streamlearn.retrain")
 
 __all__ = ["DAEMON_GC_THRESHOLDS", "CandidatesConfig", "CheckpointConfig", "DaemonSettings",
            "ExperienceConfig", "JoinConfig", "LearnerConfig", "LimitsConfig", "MetricsConfig",
@@ -370,10 +373,11 @@ class DaemonSettings:
             raise ConfigError(f"retrain.rollout_stages must be increasing shares in (0, 1), "
                               f"e.g. '0.02,0.1,0.3,0.6'. Got {r.rollout_stages!r} "
                               f"({exc}).") from None
-        if settings.stages[-1] > 1.0 - settings.holdback:  # silently clamped otherwise
-            raise ConfigError(f"retrain.rollout_stages must stay at or below 1 - "
-                              f"retrain.holdback = {1.0 - settings.holdback:g} (the learner "
-                              f"keeps its holdback). Got {r.rollout_stages!r}.")
+        most = 1.0 - settings.holdback
+        if settings.stages[-1] > most + 1e-9:  # said, not silently clamped (an outside test)
+            log.warning("retrain.rollout_stages %s: a share above 1 - retrain.holdback = %g is "
+                        "served as %g (the learner keeps its holdback), and the rollout "
+                        "completes there", r.rollout_stages, most, most)
         return settings
 
     def adoption_settings(self) -> AdoptionSettings:
