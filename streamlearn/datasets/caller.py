@@ -242,6 +242,9 @@ class SimulatedCaller:
         self.next_instance = 0
         self._rng = np.random.default_rng([seed, 2])
         self._labels = np.full(LABEL_RING, -1, dtype=np.int64)
+        # labels of decisions made before a restart that the restored daemon still awaits
+        # (answer_restored): instance n's label is a pure function of (seed, n)
+        self._restored: dict[int, int] = {}
         self._queue = FeedbackQueue()
 
     @property
@@ -274,9 +277,24 @@ class SimulatedCaller:
 
     def label_of(self, n: int) -> int:
         """The label of instance ``n`` (-1 when unknown: not sent, or too long ago)."""
+        if n in self._restored:  # answered once
+            return self._restored.pop(n)
         if 0 <= n < self.next_instance and n >= self.next_instance - LABEL_RING:
             return int(self._labels[n % LABEL_RING])
         return -1
+
+    def answer_restored(self, ids: Sequence[str], actions: np.ndarray, now: float) -> None:
+        """Answer decisions made before a restart that the restored daemon still awaits, as
+        the caller of a real deployment would: feedback read from its topic after the restart
+        (a new process's caller never saw those decisions, and every one expired at the
+        default reward, which counted against a ranker in rollout, an outside test)."""
+        numbers = [number_of(i, self.prefix) for i in ids]
+        known = [(n, int(a)) for n, a in zip(numbers, np.asarray(actions).tolist(), strict=True)
+                 if n >= 0]
+        for n, _ in known:
+            self._restored[n] = int(self.source.take(n, 1)[1][0])
+        self.answer([orjson.dumps({"id": f"{self.prefix}{n}", "action": a}) for n, a in known],
+                    now)
 
     def answer(self, values: Sequence[bytes | None], now: float) -> None:
         """Read a batch of decision messages; schedule (or drop) the feedback of each of ours."""

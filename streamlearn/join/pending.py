@@ -290,6 +290,11 @@ class PendingJoins:
             seen.add(event_id)
         return out
 
+    def pending_decisions(self) -> tuple[list[Any], np.ndarray]:
+        """The ids of the decisions waiting for feedback and their actions (in no order)."""
+        slots = np.fromiter(self.slot_of.values(), dtype=np.int64, count=len(self.slot_of))
+        return list(self.slot_of), np.asarray(self.action[slots], dtype=np.int64)
+
     def oldest_pending(self) -> float:
         """When the oldest pending decision was made (inf when none waits): every decision
         made earlier is closed. One scan of the store: for occasional use."""

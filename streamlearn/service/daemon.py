@@ -73,6 +73,7 @@ from streamlearn.service.retraining import Retraining
 from streamlearn.service.settings import DaemonSettings, blas_threads
 from streamlearn.snapshot import replace_file
 from streamlearn.transport.align import InputAligner
+from streamlearn.transport.embedded import EmbeddedTransport
 from streamlearn.transport.protocol import Message, Transport
 
 __all__ = ["Daemon", "DaemonSettings", "dead_letter_value"]
@@ -290,6 +291,13 @@ class Daemon:
         log.info("restored checkpoint %d from %s (%d pending joins, %d journaled decisions)",
                  restored.seq, "the changelog" if self.checkpointer.restored_from == "changelog"
                  else "disk", len(self.join), len(self._journaled))
+        if isinstance(self.transport, EmbeddedTransport) and len(self.join):
+            # the embedded caller is new with this process: it answers what the restored
+            # daemon still awaits, as a real caller's feedback topic would hold it
+            ids, actions = self.join.pending_decisions()
+            if self.transport.answer_restored([str(i) for i in ids], actions):
+                log.info("the embedded caller answers the %d restored pending decisions",
+                         len(ids))
 
     def _thaw(self, restored: Restored) -> None:
         """Replace the engine and counters by the restored snapshot's."""

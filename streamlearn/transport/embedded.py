@@ -40,6 +40,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
+
 from streamlearn.datasets.caller import CallerStats, SimulatedCaller, StreamSource
 from streamlearn.datasets.candidate_caller import CandidateCaller, make_caller
 from streamlearn.errors import ConfigError, TransportError
@@ -158,6 +160,15 @@ class EmbeddedTransport(InMemoryTransport):
             if taken or time.monotonic() >= deadline:
                 return taken
             time.sleep(min(0.002, max(deadline - time.monotonic(), 0.0)))
+
+    def answer_restored(self, ids: Sequence[str], actions: np.ndarray) -> bool:
+        """The restored daemon still awaits these decisions, made before its restart: the
+        caller answers them as if it had read them (fixed actions only; whether it did)."""
+        if not isinstance(self.caller, SimulatedCaller):
+            return False
+        with self.broker.changed:
+            self.caller.answer_restored(list(ids), actions, float(self._clock()))
+        return True
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Decisions are answered by the simulated caller; dead letters are kept (bounded)."""

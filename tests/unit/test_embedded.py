@@ -217,3 +217,46 @@ def test_ohsumed_caller_holds_one_copy_and_plays_twenty_shuffled_passes() -> Non
     caller = make_caller("ohsumed-candidates", None, "e", 0.2, 0.0, 4, 2)
     assert isinstance(caller, CandidateCaller) and len(caller.stream) == 106
     assert caller.instances(2200, 0.0) == twenty.instances(2200, 0.0)
+
+
+def test_a_restarted_embedded_daemon_gets_the_feedback_of_its_restored_pending_decisions(
+        tmp_path: object) -> None:
+    """A new process's caller never saw the decisions the restored daemon awaits: all of them
+    expired at the default reward (and counted against a ranker in rollout, an outside
+    test). It answers them now, with the labels the stream gives those instances."""
+    from pathlib import Path
+
+    from loop_helpers import settings_of
+
+    from streamlearn.learners import Banditron, FixedGamma
+    from streamlearn.service.daemon import Daemon
+
+    clock = FakeClock()
+    settings = settings_of(checkpoint_dir=str(Path(str(tmp_path))), limits_poll_timeout_seconds=0.0,
+                           learner_n_actions=9, learner_n_features=400)
+
+    def daemon() -> Daemon:
+        transport = EmbeddedTransport(chunk=100, delay_mean_s=30.0, seed=5, clock=clock,
+                                      max_instances=600)
+        d = Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.1), seed=1),
+                   wall_clock=clock)
+        d.restore()
+        return d
+
+    first = daemon()
+    for _ in range(10):
+        first.step()
+    pending = first.pending
+    assert pending > 100  # 30 s of delay: nothing answered yet
+    first.checkpoint(final=True)
+    first.close()
+    again = daemon()
+    assert again.pending == pending
+    for _ in range(80):  # 400 s: past (nearly) every delay, inside the 600 s join window
+        clock.now += 5.0
+        again.step()
+    feedback = again.counters.feedback
+    assert feedback["expired"] == 0 and feedback["late"] == 0
+    # the first process's pending decisions got their feedback from the new caller (they
+    # waited, to expire 600 s on at the default reward), and so did the new ones
+    assert again.pending == 0 and feedback["joined"] == 2 * 600
