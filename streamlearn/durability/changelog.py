@@ -80,6 +80,11 @@ MANIFEST_KEY = b"m"
 #: stopped the loop, found by an outside test)
 JOURNAL_RECORD_BYTES = 512 * 1024
 META_ARRAY = "__meta__"  # the snapshot's JSON, stored as one more array
+#: The journal's transaction is committed at least this often (between checkpoints too): an
+#: open transaction is aborted when its writer dies (the next writer's open) or outlives the
+#: broker's transaction timeout (600 s: a checkpoint interval longer than that fenced the
+#: writer, an outside test), and Kafka's cleaner removes an aborted transaction's records
+JOURNAL_COMMIT_S = 30.0
 
 
 def _gear_table() -> np.ndarray:
@@ -213,6 +218,8 @@ class Changelog:
         # restore's tail scan of the local copy's checkpoint starts there)
         self.resume_offset = 0
         self._lock = threading.Lock()  # journal_keys: the serving thread and the writer's
+        self._committed_at = time.monotonic()  # the last commit of the log's transaction
+        self._publishing = False  # a checkpoint is being written (its commit comes soon)
 
     # ------------------------------------------------------------------ writing
     def journal(self, seq: int, lines: bytes) -> None:
@@ -225,12 +232,23 @@ class Changelog:
             self.log.send_and_wait(key, part, journal=True)
             with self._lock:
                 self.journal_keys.setdefault(seq, []).append(key)
+        # not while a checkpoint is written: its commit would wait for the chunks in flight
+        if time.monotonic() - self._committed_at >= JOURNAL_COMMIT_S and not self._publishing:
+            self.log.commit()
+            self._committed_at = time.monotonic()
 
     def publish(self, seq: int, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Write checkpoint ``seq``: the chunks the log does not hold, the manifest, commit;
         then tombstones for what the committed manifest made obsolete. ``meta`` gets the
         manifest's ``state`` id (written with the local snapshot, it says whether the local
         copy is the changelog's newest)."""
+        self._publishing = True
+        try:
+            self._publish(seq, arrays, meta)
+        finally:
+            self._publishing = False
+
+    def _publish(self, seq: int, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         state = str(meta.get("changelog_state") or uuid.uuid4().hex)
         meta_bytes = np.frombuffer(orjson.dumps(meta, option=orjson.OPT_SERIALIZE_NUMPY),
                                    dtype=np.uint8)
@@ -258,6 +276,7 @@ class Changelog:
         manifest = {"seq": seq, "state": state, "arrays": described, "written_at": time.time()}
         at = self.log.send_and_wait(MANIFEST_KEY, orjson.dumps(manifest))
         self.log.commit()
+        self._committed_at = time.monotonic()
         self.resume_offset = at + 1  # the next checkpoint's records all come after
         self.bytes_written += new_bytes
         obsolete = (self.stored | self._garbage) - needed
@@ -282,18 +301,21 @@ class Changelog:
         manifest is that state, the local snapshot is current and no chunk is fetched
         (``manifest`` set, ``arrays`` empty). Otherwise the whole partition is read.
         """
+        began = time.perf_counter()
+        journal, journal_records, journal_bytes = self._read_journal()
+        self._recommit(journal)  # first: until then, the dead writer's journal is aborted
         if local_state is not None:
-            tail = self._scan(local_from, fetch_chunks=False)
+            tail = self._scan(local_from, fetch_chunks=False, journal=journal)
             if tail.manifests and tail.manifests[-1]["state"] == local_state:
                 newest = tail.manifests[-1]
-                self._adopt(newest, set(), tail.journal)
-                self._recommit(tail.journal, int(newest["seq"]))
-                return ChangelogState(newest, journal=_journal_from(tail.journal, int(newest["seq"])),
-                                      records=tail.records, bytes_read=tail.bytes_read,
-                                      seconds=tail.seconds)
-        scan = self._scan(0, fetch_chunks=True)
-        started = time.perf_counter()
-        state = ChangelogState(records=scan.records, bytes_read=scan.bytes_read)
+                self._adopt(newest, set(), journal)
+                return ChangelogState(newest, journal=_journal_from(journal, int(newest["seq"])),
+                                      records=tail.records + journal_records,
+                                      bytes_read=tail.bytes_read + journal_bytes,
+                                      seconds=time.perf_counter() - began)
+        scan = self._scan(0, fetch_chunks=True, journal=journal)
+        state = ChangelogState(records=scan.records + journal_records,
+                               bytes_read=scan.bytes_read + journal_bytes)
         for manifest in reversed(scan.manifests):  # the newest one whose chunks are all there
             try:
                 arrays = {name: _assemble(name, spec, scan.chunks)
@@ -306,10 +328,9 @@ class Changelog:
             state.manifest, state.arrays = manifest, arrays
             state.meta = orjson.loads(meta_array.tobytes())
             break
-        self._adopt(state.manifest, set(scan.chunks), scan.journal)
-        self._recommit(scan.journal, state.seq)
-        state.journal = _journal_from(scan.journal, state.seq)
-        state.seconds = scan.seconds + time.perf_counter() - started
+        self._adopt(state.manifest, set(scan.chunks), journal)
+        state.journal = _journal_from(journal, state.seq)
+        state.seconds = time.perf_counter() - began
         return state
 
     def _adopt(self, manifest: dict[str, Any] | None, chunks_seen: set[bytes],
@@ -323,32 +344,56 @@ class Changelog:
         self._old_journal = {k for s, keys in journal.items() if s < seq for k, _ in keys}
         self.journal_keys = {s: [k for k, _ in keys] for s, keys in journal.items() if s >= seq}
 
-    def _recommit(self, journal: dict[int, list[tuple[bytes, bytes]]], seq: int) -> None:
-        """Write the journal records a restore reuses (checkpoint ``seq`` on) once more, in a
-        transaction of this writer, and commit it. The previous writer's records are in its
-        open transaction, which this writer's open aborted; Kafka's log cleaner removes an
-        aborted transaction's records once it compacts their segment, so a later owner
-        would have restored without them and decided those events again, differently (an
-        outside test: 1,437 ids decided twice after a kill -9 and a move). The copies keep
-        their keys: compaction keeps one of each."""
+    def _recommit(self, journal: dict[int, list[tuple[bytes, bytes]]]) -> None:
+        """Write every journal record a restore found once more, in a transaction of this
+        writer, and commit it — before anything else is read. The previous writer's last
+        records are in its open transaction, which this writer's open aborted; Kafka's log
+        cleaner removes an aborted transaction's records once it compacts their segment, so
+        a later owner would have restored without them and decided those events again,
+        differently (an outside test: 1,437 ids decided twice after a kill -9 and a move;
+        with the commit after the state lane's read, a writer killed while reading lost
+        them the same way). The copies keep their keys: compaction keeps one of each; the
+        records of checkpoints older than the one restored are tombstoned at this writer's
+        first checkpoint, as before."""
         if not self.log.writes:  # a reader (inspection) writes nothing
             return
-        records = [(key, value) for s in sorted(journal) if s >= seq for key, value in journal[s]]
+        records = [(key, value) for s in sorted(journal) for key, value in journal[s]]
         if not records:
             return
         for key, value in records:
             self.log.send(key, value, journal=True)
         self.log.commit()
+        self._committed_at = time.monotonic()
         log.info("changelog: %d journal records of the previous writer committed again",
                  len(records))
 
-    def _scan(self, start: int, fetch_chunks: bool) -> _Scan:
-        """The state lane from ``start`` and the whole journal lane; a tombstone removes its
-        key."""
+    def _read_journal(self) -> tuple[dict[int, list[tuple[bytes, bytes]]], int, int]:
+        """The journal lane, committed or not (a batch is journaled before its decisions are
+        published; what a dead writer journaled is in its aborted transaction): its records
+        by checkpoint, the records read and their bytes."""
+        journal: dict[bytes, bytes] = {}
+        records = read = 0
+        for _offset, key, value in self.log.records(journal=True):  # small: read it all
+            records += 1
+            read += len(value or b"")
+            if value is None:
+                journal.pop(key, None)
+            elif key.startswith(b"j/"):
+                journal[key] = value
+        by_seq: dict[int, list[tuple[bytes, bytes]]] = {}
+        for key, value in journal.items():
+            parts = key.split(b"/")
+            if len(parts) == 3 and parts[1].isdigit():
+                by_seq.setdefault(int(parts[1]), []).append((key, value))
+        return by_seq, records, read
+
+    def _scan(self, start: int, fetch_chunks: bool,
+              journal: dict[int, list[tuple[bytes, bytes]]]) -> _Scan:
+        """The state lane from ``start`` (``journal``: the journal lane, read before); a
+        tombstone removes its key."""
         began = time.perf_counter()
         manifests: list[dict[str, Any]] = []
         chunks: dict[bytes, bytes] = {}
-        journal: dict[bytes, bytes] = {}
         records = read = 0
         # the state lane committed: a checkpoint whose commit never came (its writer killed
         # between the manifest and the commit) is aborted, and the cleaner removes its chunks
@@ -374,21 +419,7 @@ class Changelog:
                     chunks.pop(key, None)
                 elif fetch_chunks:
                     chunks[key] = value
-        # the journal lane whether committed or not: a batch is journaled before its decisions
-        # are published, and committed only with the next checkpoint (see _recommit)
-        for _offset, key, value in self.log.records(journal=True):  # small: read it all
-            records += 1
-            read += len(value or b"")
-            if value is None:
-                journal.pop(key, None)
-            elif key.startswith(b"j/"):
-                journal[key] = value
-        by_seq: dict[int, list[tuple[bytes, bytes]]] = {}
-        for key, value in journal.items():
-            parts = key.split(b"/")
-            if len(parts) == 3 and parts[1].isdigit():
-                by_seq.setdefault(int(parts[1]), []).append((key, value))
-        return _Scan(manifests, chunks, by_seq, records, read, time.perf_counter() - began)
+        return _Scan(manifests, chunks, journal, records, read, time.perf_counter() - began)
 
     def close(self) -> None:
         self.log.close()

@@ -671,3 +671,55 @@ def test_a_writer_whose_abort_does_not_end_starts_anew(monkeypatch: pytest.Monke
     assert log._producer is None and not opened
     log.send(b"k", b"v")  # the next write opens it again, and it takes the write
     assert opened == [fresh] and log._producer is fresh and fresh.sent_at > 0
+
+
+class _Recording(_Unreachable):
+    """A log that records the order of reads and commits."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.calls: list[str] = []
+
+    def commit(self) -> None:
+        self.calls.append("commit")
+        super().commit()
+
+    def records(self, start: int = 0, journal: bool = False, committed: bool = False) -> Any:
+        self.calls.append("read journal" if journal else "read state")
+        return super().records(start, journal, committed)
+
+
+def test_a_restore_commits_the_journal_before_it_reads_the_state_lane() -> None:
+    """An outside re-test killed the restoring replica while it read the state lane: the dead
+    writer's journal, aborted by the restorer's open and committed again only after that
+    read, was then compacted away and a third owner decided 998 events again."""
+    logs = MemoryKeyedLogs()
+    first = Changelog(logs.open("changelog", 0))
+    first.publish(1, {"w": np.arange(4.0)}, {"seq": 1})
+    first.journal(1, b'{"id": "e1"}\n')  # then it dies
+    recording = _Recording(logs.open("changelog", 0))
+    found = Changelog(recording).restore()
+    assert found.journal == {1: [b'{"id": "e1"}\n']}
+    assert recording.calls[:3] == ["read journal", "commit", "read state"], recording.calls
+    logs.compact("changelog", 0)
+    third = Changelog(logs.open("changelog", 0)).restore()  # the second died after that
+    assert third.journal == found.journal and third.seq == 1
+
+
+def test_the_journal_is_committed_between_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Committed only with each checkpoint, a journal transaction outlived the broker's
+    transaction timeout (600 s) under a longer checkpoint interval: the broker aborted it,
+    the writer was fenced, and the cleaner removed the journal (an outside re-test)."""
+    import streamlearn.durability.changelog as changelog_module
+
+    logs = MemoryKeyedLogs()
+    recording = _Recording(logs.open("changelog", 0))
+    writer = Changelog(recording)
+    writer.journal(0, b"a\n")
+    assert "commit" not in recording.calls  # not yet 30 s
+    monkeypatch.setattr(changelog_module, "JOURNAL_COMMIT_S", 0.0)
+    writer.journal(0, b"b\n")
+    assert recording.calls.count("commit") == 1
+    writer._publishing = True  # a checkpoint is being written: its own commit comes
+    writer.journal(0, b"c\n")
+    assert recording.calls.count("commit") == 1
