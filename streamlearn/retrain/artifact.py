@@ -300,6 +300,13 @@ def recorded_artifact(recorded: str, directory: str | os.PathLike[str]) -> str:
     return str(Path(directory) / Path(recorded).name)
 
 
+def same_artifact(recorded: str, other: str) -> bool:
+    """Whether two recorded artifact paths name the same artifact: by name, as
+    :func:`recorded_artifact` finds one (a store copied or moved records old paths beside new
+    ones)."""
+    return Path(recorded).name == Path(other).name
+
+
 def resolve_artifact(target: str, directory: str | os.PathLike[str]) -> RankerArtifact:
     """The artifact ``target`` names: a directory of one, else the newest of that name in
     ``directory``."""

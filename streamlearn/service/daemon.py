@@ -565,19 +565,21 @@ class Daemon:
         """Write the adoption mode to :data:`MODE_FILE` at the switch (atomically, fsync): the
         checkpoint that follows at the end of the step was lost to a kill -9 within ~50 ms of
         a SIGUSR2 step back, which the restart then undid (an outside test)."""
-        directory = self.settings.checkpoint.dir
-        if not directory or not Path(directory).is_dir():
+        path = self._mode_path()
+        if path is None or not path.parent.is_dir():
             return
-        path = Path(directory) / MODE_FILE
         try:
             replace_file(path, orjson.dumps(self.adoption.mode_record()))
         except OSError as exc:  # the checkpoint at the end of the step still records it
             log.warning("cannot write %s: %s", path, exc)
 
+    def _mode_path(self) -> Path | None:
+        directory = self.settings.checkpoint.dir
+        return Path(directory) / MODE_FILE if directory else None
+
     def _recorded_mode(self) -> None:
         """After a restore: a switch :data:`MODE_FILE` holds and the checkpoint missed."""
-        directory = self.settings.checkpoint.dir
-        path = Path(directory) / MODE_FILE if directory else None
+        path = self._mode_path()
         if path is None or not path.is_file():
             return
         try:

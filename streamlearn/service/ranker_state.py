@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from streamlearn.retrain.artifact import RankerArtifact
+from streamlearn.retrain.artifact import RankerArtifact, same_artifact
 from streamlearn.retrain.promotion import candidate_promotion, promotion_decision, still_judged
 from streamlearn.retrain.store import HISTORY_KEPT, RankerStore, candidate_entry, retrain_entry
 from streamlearn.service.metrics import Observer
@@ -272,7 +272,7 @@ class RankerState:
         # by name: a moved or copied directory's stack names the artifacts where they were
         # when promoted, its arms where they are now (an outside test: SIGUSR1 could not take
         # the live ranker of a copied directory out of service)
-        stack = [a for a in self.store.promoted if Path(a).name != Path(arm.artifact).name]
+        stack = [a for a in self.store.promoted if not same_artifact(a, arm.artifact)]
         self.state["promoted"] = stack
         self.promoted = self.store.load(stack[-1]) if stack else None
         return stack
@@ -390,7 +390,7 @@ class RankerState:
 
     def _trial_rolled_back(self, arm: Arm) -> None:
         trial = self.state.get("trial_artifact")
-        if trial is None or Path(arm.artifact).name != Path(str(trial)).name:
+        if trial is None or not same_artifact(str(trial), arm.artifact):
             return
         failed = int(self.state.get("failed_trials") or 0) + 1
         self.state["failed_trials"] = failed
