@@ -544,8 +544,8 @@ class Checkpointer:
         found = self.changelog.restore(state_id if isinstance(state_id, str) else None,
                                        start if is_count(start) else 0)
         self.journal.restored = found.journal
-        log.info("changelog read: %d records, %.1f MB in %.2f s", found.records,
-                 found.bytes_read / 1e6, found.seconds)
+        log.info("changelog read: %d records, %.1f MB in %.2f s (for %s)", found.records,
+                 found.bytes_read / 1e6, found.seconds, self.directory)
         if found.manifest is None or not found.arrays:
             return None  # nothing there, or the local copy is current
         seq = found.seq

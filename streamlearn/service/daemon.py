@@ -288,9 +288,11 @@ class Daemon:
         self._journaled = self.checkpointer.journal.load(restored.seq, self.mode.journal_width)
         assigned = self.transport.assignment()
         self.transport.seek({k: v for k, v in self.offsets.snapshot().items() if k in assigned})
-        log.info("restored checkpoint %d from %s (%d pending joins, %d journaled decisions)",
-                 restored.seq, "the changelog" if self.checkpointer.restored_from == "changelog"
-                 else "disk", len(self.join), len(self._journaled))
+        # the directory names the partition of a group replica (partition-<p>)
+        log.info("restored checkpoint %d from %s (%d pending joins, %d journaled decisions) "
+                 "into %s", restored.seq,
+                 "the changelog" if self.checkpointer.restored_from == "changelog" else "disk",
+                 len(self.join), len(self._journaled), self.checkpointer.directory)
         if isinstance(self.transport, EmbeddedTransport) and len(self.join):
             # the embedded caller is new with this process: it answers what the restored
             # daemon still awaits, as a real caller's feedback topic would hold it
