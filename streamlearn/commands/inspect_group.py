@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from streamlearn.errors import StateError
-from streamlearn.service.replica import RELEASED_FILE
+from streamlearn.service.replica import RELEASED_FILE, TAKEN_BY_ANOTHER
 
 __all__ = ["describe_group", "is_group_state", "print_group"]
 
@@ -166,4 +166,4 @@ def _clock(at: object) -> str:
 
 def _taken(row: dict[str, Any]) -> bool:
     """A row of a partition another replica took from this one (not one it stopped with)."""
-    return row.get("released", {}).get("how") in ("handed over", "dropped")
+    return row.get("released", {}).get("how") in TAKEN_BY_ANOTHER

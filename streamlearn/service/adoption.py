@@ -285,13 +285,17 @@ class Adoption:
             "; automatic switching paused until a restart with another rollout.mode"
             if pausing else ""))
 
-    def _switch(self, mode: str, why: str) -> None:
-        old = self.mode
+    def _begin(self, mode: str) -> None:
+        """Serve ``mode`` from its start: its share, and the comparisons afresh."""
         self.mode = mode
         self.share = self._initial_share()
         self.stats = {k: ArmStats(self.settings.confidence_miss) for k in self.stats}
         self.earned, self.events = 0.0, 0
         self.served_share = math.nan  # the new mode's decisions set it afresh
+
+    def _switch(self, mode: str, why: str) -> None:
+        old = self.mode
+        self._begin(mode)
         self.epoch += 1
         self.history = [*self.history, {"from": old, "to": mode, "why": why}][-HISTORY_KEPT:]
         log.info("rollout: %s -> %s (%s)", old, mode, why)
@@ -312,11 +316,7 @@ class Adoption:
         if record.get("configured") != self.settings.mode or mode not in MODES or \
                 int(record.get("epoch", -1)) <= self.epoch:
             return False
-        self.mode = str(mode)
-        self.share = self._initial_share()
-        self.stats = {k: ArmStats(self.settings.confidence_miss) for k in self.stats}
-        self.earned, self.events = 0.0, 0
-        self.served_share = math.nan
+        self._begin(str(mode))
         self.epoch = int(record["epoch"])
         self.history = list(record.get("history") or [])[-HISTORY_KEPT:]
         self.auto_paused = bool(record.get("auto_paused", False))

@@ -71,6 +71,8 @@ ROUND_STALL_S = 5.0
 #: "stopped"}`` — until it serves it again: ``streamlearn inspect`` of the replica's
 #: directory then tells a copy of a partition another replica took from one it served last
 RELEASED_FILE = "released"
+#: the ``how`` of a partition another replica took (the others: this replica stopped)
+TAKEN_BY_ANOTHER = frozenset({"handed over", "dropped"})
 
 
 class Replica:
