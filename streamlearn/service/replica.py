@@ -120,6 +120,7 @@ class Replica:
         self.moves = 0  # partitions started here after the first assignment
         self.ready = False
         self.round_began = time.monotonic()  # the serving thread's current round (readiness)
+        self.restoring: int | None = None  # the partition whose state is being restored
         self.membership = make_membership(on_assigned=self._assigned, on_revoked=self._revoked,
                                           on_lost=self._lost)
 
@@ -134,6 +135,9 @@ class Replica:
         """``(ready, reason)`` for ``/readyz`` (any thread): serving partitions, none of them
         held by a changelog that refuses its journal."""
         owned = list(self.daemons.items())  # one step: the serving thread may change the dict
+        restoring = self.restoring
+        if restoring is not None:  # the serving thread decides nothing until it is done
+            return False, f"partition {restoring}: restoring its state: decisions held"
         for partition, daemon in owned:
             held = daemon.held_by_journal()
             if held is not None:
@@ -161,7 +165,11 @@ class Replica:
             if self.claims is not None:
                 daemon.owner_check = lambda p=p, claims=self.claims: claims.holds(p)
             daemon.still_assigned = lambda p=p: p in self.membership.assigned()
-            daemon.restore()  # before any record of p is read: the moved state comes first
+            self.restoring = p
+            try:
+                daemon.restore()  # before any record of p is read: the moved state comes first
+            finally:
+                self.restoring = None
             if self.learner is None:  # the replica's one learner, shared by its partitions
                 self.learner = daemon.learner
             else:

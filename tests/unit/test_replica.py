@@ -289,6 +289,32 @@ def test_readiness_names_a_partition_whose_journal_the_changelog_refuses(tmp_pat
     assert replica.readiness() == (True, "2 partitions owned")
 
 
+def test_readiness_is_not_ready_while_a_partition_restores(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica restoring a partition it was just given decides nothing meanwhile, for any
+    of its partitions; it answered ready through a restore after a broker outage (an outside
+    test) until the round had run ROUND_STALL_S."""
+    replica = make_replica(InMemoryBroker(P), tmp_path, Clock())
+    replica.membership.handlers["on_assigned"]([0])  # type: ignore[attr-defined]
+    replica.ready = True
+    assert replica.readiness() == (True, "1 partitions owned")
+    seen: list[tuple[bool, str]] = []
+    restore = Daemon.restore
+
+    def probed_restore(daemon: Daemon) -> None:
+        seen.append(replica.readiness())  # what /readyz answers from another thread now
+        restore(daemon)
+
+    monkeypatch.setattr(Daemon, "restore", probed_restore)
+    replica.membership.handlers["on_assigned"]([0, 1])  # type: ignore[attr-defined]
+    assert seen == [(False, "partition 1: restoring its state: decisions held")]
+    assert replica.readiness() == (True, "2 partitions owned")
+    monkeypatch.setattr(Daemon, "restore", lambda daemon: (_ for _ in ()).throw(OSError("x")))
+    with pytest.raises(OSError):  # a failed restore does not leave the replica "restoring"
+        replica.membership.handlers["on_assigned"]([0, 1, 2])  # type: ignore[attr-defined]
+    assert replica.restoring is None
+
+
 def test_readiness_says_when_one_round_of_the_serving_loop_waits_long(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A merged model's publish waited 30 s on a broker that was away, in the serving thread:
