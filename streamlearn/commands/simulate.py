@@ -95,6 +95,7 @@ class SimulationSummary:
     instances_sent: int = 0
     decisions_received: int = 0
     foreign_decisions: int = 0  # decisions for ids this run did not send
+    repeated_decisions: int = 0  # copies of decisions answered already (a daemon re-publishing)
     feedback_sent: int = 0
     dropped: int = 0
     rewards: float = 0.0
@@ -109,9 +110,11 @@ class SimulationSummary:
         sending = (f"; {self.instances_sent / self.sending_seconds:,.0f}/s over the "
                    f"{self.sending_seconds:.1f} s of sending, the rest waiting for decisions"
                    if 0 < self.sending_seconds < self.seconds else "")
+        repeated = (f" (and {self.repeated_decisions} repeated copies, not answered again)"
+                    if self.repeated_decisions else "")
         return (f"streamlearn simulate: run {self.run_id}: sent {self.instances_sent} instances "
                 f"in {self.seconds:.1f} s ({rate:,.0f}/s{sending}); decisions received "
-                f"{self.decisions_received}; feedback sent {self.feedback_sent}; dropped "
+                f"{self.decisions_received}{repeated}; feedback sent {self.feedback_sent}; dropped "
                 f"{self.dropped}; missing decisions {self.missing_decisions}; reward rate "
                 f"{reward_rate:.4f}")
 
@@ -248,6 +251,7 @@ def simulate(config: Any, dataset: str = "synnonsep", data_dir: str | None = Non
         consumer.close()
     summary.instances_sent, summary.decisions_received = stats.instances_sent, stats.decisions_received
     summary.foreign_decisions = stats.foreign_decisions + stats.unparsable_decisions
+    summary.repeated_decisions = stats.repeated_decisions
     summary.feedback_sent, summary.dropped = stats.feedback_sent, stats.dropped
     summary.rewards = stats.rewards_sent
     summary.missing_decisions = stats.instances_sent - stats.decisions_received

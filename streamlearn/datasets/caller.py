@@ -36,7 +36,7 @@ from streamlearn.events.raw import own_copy
 from streamlearn.features import SparseBatch
 
 __all__ = ["CallerStats", "FeedbackQueue", "SimulatedCaller", "StreamSource", "encode_instances",
-           "number_of"]
+           "number_of", "restored_numbers"]
 
 LABEL_RING = 1 << 20  # labels kept for decisions this many instances behind the newest
 KEEP_OUTPUTS = 1000  # last decisions / dead letters kept for inspection
@@ -160,7 +160,8 @@ class CallerStats:
 
     instances_sent: int = 0
     decisions_received: int = 0
-    foreign_decisions: int = 0  # decisions for ids this caller did not send (or forgot)
+    foreign_decisions: int = 0  # decisions for ids this caller did not send
+    repeated_decisions: int = 0  # copies of decisions for its own ids, answered already
     unparsable_decisions: int = 0
     feedback_sent: int = 0
     dropped: int = 0
@@ -168,11 +169,32 @@ class CallerStats:
     recent_decisions: deque[bytes] = field(default_factory=lambda: deque(maxlen=KEEP_OUTPUTS))
     dead_letters: deque[bytes] = field(default_factory=lambda: deque(maxlen=KEEP_OUTPUTS))
 
+    def count_others(self, others: np.ndarray, numbers: np.ndarray, sent: int) -> None:
+        """Count the decisions ``others`` (a mask over ``numbers``, their instance numbers, −1
+        for an id of another shape) that were not answered: a number below ``sent`` is a
+        repeated copy of one of ours, any other foreign."""
+        own = others & (numbers >= 0) & (numbers < sent)
+        self.repeated_decisions += int(own.sum())
+        self.foreign_decisions += int(others.sum()) - int(own.sum())
+
 
 def number_of(event_id: str, prefix: str) -> int:
     """The instance number of ``<prefix><n>``, -1 for an id of another shape."""
     digits = event_id[len(prefix):]
     return int(digits) if event_id.startswith(prefix) and digits.isdigit() else -1
+
+
+def restored_numbers(decisions: Sequence[bytes], prefix: str) -> list[int]:
+    """The numbers of a caller's own requests among restored decision messages."""
+    numbers = []
+    for value in decisions:
+        try:
+            n = number_of(str(orjson.loads(value)["id"]), prefix)
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            continue
+        if n >= 0:
+            numbers.append(n)
+    return numbers
 
 
 class FeedbackQueue:
@@ -283,18 +305,14 @@ class SimulatedCaller:
             return int(self._labels[n % LABEL_RING])
         return -1
 
-    def answer_restored(self, ids: Sequence[str], actions: np.ndarray, now: float) -> None:
+    def answer_restored(self, decisions: Sequence[bytes], now: float) -> None:
         """Answer decisions made before a restart that the restored daemon still awaits, as
         the caller of a real deployment would: feedback read from its topic after the restart
         (a new process's caller never saw those decisions, and every one expired at the
         default reward, which counted against a ranker in rollout, an outside test)."""
-        numbers = [number_of(i, self.prefix) for i in ids]
-        known = [(n, int(a)) for n, a in zip(numbers, np.asarray(actions).tolist(), strict=True)
-                 if n >= 0]
-        for n, _ in known:
+        for n in restored_numbers(decisions, self.prefix):
             self._restored[n] = int(self.source.take(n, 1)[1][0])
-        self.answer([orjson.dumps({"id": f"{self.prefix}{n}", "action": a}) for n, a in known],
-                    now)
+        self.answer(decisions, now)
 
     def answer(self, values: Sequence[bytes | None], now: float) -> None:
         """Read a batch of decision messages; schedule (or drop) the feedback of each of ours."""
@@ -313,8 +331,10 @@ class SimulatedCaller:
             return
         n_arr, a_arr = np.array(numbers, dtype=np.int64), np.array(actions, dtype=np.int64)
         labels = np.array([self.label_of(n) for n in numbers], dtype=np.int64)
-        ours = labels >= 0
-        self.stats.foreign_decisions += int((~ours).sum())
+        first = np.zeros(len(n_arr), dtype=bool)
+        first[np.unique(n_arr, return_index=True)[1]] = True
+        ours = (labels >= 0) & first  # an id twice in one batch is answered once
+        self.stats.count_others(~ours, n_arr, self.next_instance)
         self.stats.decisions_received += int(ours.sum())
         n_arr, a_arr, labels = n_arr[ours], a_arr[ours], labels[ours]
         self._labels[n_arr % LABEL_RING] = -1  # answered once: a repeated decision is foreign

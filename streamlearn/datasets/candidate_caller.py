@@ -32,6 +32,7 @@ from streamlearn.datasets.caller import (
     SimulatedCaller,
     StreamSource,
     number_of,
+    restored_numbers,
 )
 from streamlearn.datasets.candidates import CANDIDATE_STREAMS, CandidateStream, request_cycle
 from streamlearn.datasets.catalogue import check_dataset_name
@@ -102,6 +103,15 @@ class CandidateCaller:
         self.stats.instances_sent += max(count, 0)
         return out
 
+    def answer_restored(self, decisions: Sequence[bytes], now: float) -> None:
+        """Answer decisions made before a restart that the restored daemon still awaits (its
+        requests are behind this new caller's first: it awaits them now), as the caller of a
+        real deployment would read them from its feedback topic."""
+        for n in restored_numbers(decisions, self.prefix):
+            if self.next_instance - AWAIT_RING <= n < self.next_instance:
+                self._awaiting[n % AWAIT_RING] = True
+        self.answer(decisions, now)
+
     def answer(self, values: Sequence[bytes | None], now: float) -> None:
         """Read decisions; schedule (or drop) the per-candidate rewards of each of ours: the
         message is ``{"rewards": {<placed candidate>: r, ...}}``, or ``{"reward": 0.0}`` when
@@ -122,7 +132,7 @@ class CandidateCaller:
             n = number_of(event_id, self.prefix)
             if not (0 <= n < self.next_instance and n >= self.next_instance - AWAIT_RING
                     and self._awaiting[n % AWAIT_RING]):
-                self.stats.foreign_decisions += 1
+                self.stats.count_others(np.ones(1, dtype=bool), np.array([n]), self.next_instance)
                 continue
             self._awaiting[n % AWAIT_RING] = False
             self.stats.decisions_received += 1

@@ -140,6 +140,11 @@ class CandidateEngine:
         self._request_of[pid] = (request, candidate)
         self.slates.setdefault(request, []).append(pid)
 
+    def pending_placements(self) -> dict[str, list[str]]:
+        """Per request awaiting feedback, the ids of its placed candidates still pending."""
+        return {request: [self._request_of[pid][1] for pid in pids if pid in self._request_of]
+                for request, pids in self.slates.items()}
+
     def is_known(self, ids: Sequence[str]) -> np.ndarray:
         """Per request id: pending, recently closed, or repeated earlier in ``ids``."""
         seen: set[str] = set()

@@ -296,10 +296,10 @@ class Daemon:
         if isinstance(self.transport, EmbeddedTransport) and len(self.join):
             # the embedded caller is new with this process: it answers what the restored
             # daemon still awaits, as a real caller's feedback topic would hold it
-            ids, actions = self.join.pending_decisions()
-            if self.transport.answer_restored([str(i) for i in ids], actions):
-                log.info("the embedded caller answers the %d restored pending decisions",
-                         len(ids))
+            decisions = self.mode.pending_decisions(self.engine)
+            self.transport.answer_restored(decisions)
+            log.info("the embedded caller answers the %d restored pending decisions",
+                     len(decisions))
 
     def _thaw(self, restored: Restored) -> None:
         """Replace the engine and counters by the restored snapshot's."""

@@ -105,6 +105,8 @@ class ServingMode(Protocol):
 
     def track(self, tracker: OnlineErrorTracker, closed: Closed, rows: np.ndarray) -> None: ...
 
+    def pending_decisions(self, engine: Any) -> list[bytes]: ...
+
 
 def mode_for(settings: DaemonSettings) -> ServingMode:
     """The mode ``settings`` ask for (``candidates.enabled``)."""
@@ -231,6 +233,13 @@ class FixedActions:
         tracker.observe(closed.actions[rows], closed.rewards[rows], closed.labels[rows],
                         closed.probs[rows])
 
+    def pending_decisions(self, engine: Engine) -> list[bytes]:
+        """The decisions still awaiting feedback, as decision messages with what a caller
+        needs to answer them (id and action)."""
+        ids, actions = engine.joins.pending_decisions()
+        return [orjson.dumps({"id": i, "action": a})
+                for i, a in zip(ids, actions.tolist(), strict=True)]
+
 
 class CandidateSets:
     """Requests that carry their own candidates and ask for ``slots`` of them (module doc)."""
@@ -312,6 +321,12 @@ class CandidateSets:
         # near 1 wherever a slot explored or a ranker placed it)
         return Published(values, fresh, int(explored.sum()), np.zeros(0, np.int64),
                          float(decided.gamma[fresh].mean()) if len(fresh) else 0.0)
+
+    def pending_decisions(self, engine: CandidateEngine) -> list[bytes]:
+        """The requests still awaiting feedback, as decision messages with what a caller
+        needs to answer them (id and the placed candidates' ids)."""
+        return [orjson.dumps({"id": request, "candidates": [{"id": c} for c in placed]})
+                for request, placed in engine.pending_placements().items()]
 
     def freeze(self, engine: CandidateEngine, tracker: OnlineErrorTracker, counters: Counters,
                settings: DaemonSettings) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -40,8 +40,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
-
 from streamlearn.datasets.caller import CallerStats, SimulatedCaller, StreamSource
 from streamlearn.datasets.candidate_caller import CandidateCaller, make_caller
 from streamlearn.errors import ConfigError, TransportError
@@ -161,14 +159,12 @@ class EmbeddedTransport(InMemoryTransport):
                 return taken
             time.sleep(min(0.002, max(deadline - time.monotonic(), 0.0)))
 
-    def answer_restored(self, ids: Sequence[str], actions: np.ndarray) -> bool:
-        """The restored daemon still awaits these decisions, made before its restart: the
-        caller answers them as if it had read them (fixed actions only; whether it did)."""
-        if not isinstance(self.caller, SimulatedCaller):
-            return False
+    def answer_restored(self, decisions: Sequence[bytes]) -> None:
+        """The restored daemon still awaits these decisions (messages with their ids and
+        actions or placed candidates), made before its restart: the caller answers them as if
+        it had read them from the decisions topic."""
         with self.broker.changed:
-            self.caller.answer_restored(list(ids), actions, float(self._clock()))
-        return True
+            self.caller.answer_restored(decisions, float(self._clock()))
 
     def produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         """Decisions are answered by the simulated caller; dead letters are kept (bounded)."""

@@ -71,8 +71,21 @@ def test_decisions_are_answered_with_reward_one_iff_action_is_label() -> None:
     stats = caller.stats
     assert stats.decisions_received == 6
     assert stats.foreign_decisions + stats.unparsable_decisions == 2
-    caller.answer(decisions[:1], 11.0)  # answered ids are forgotten: a repeat is foreign
-    assert caller.due(11.0) == [] and stats.foreign_decisions == 2
+    assert stats.foreign_decisions == 1 and stats.repeated_decisions == 0
+    caller.answer(decisions[:1], 11.0)  # answered once: a re-published copy is not answered
+    assert caller.due(11.0) == [] and stats.foreign_decisions == 1
+    assert stats.repeated_decisions == 1  # ... and counted as ours, repeated, not foreign
+
+
+def test_an_id_twice_in_one_batch_is_answered_once() -> None:
+    """A restarted daemon re-publishes a decision it journaled (identical): both copies can
+    arrive in one poll, and each was answered (feedback sent twice for one id)."""
+    caller = caller_with_labels([0, 1, 2])
+    copy = orjson.dumps({"id": "r-1", "action": 1})
+    caller.answer([copy, orjson.dumps({"id": "r-0", "action": 2}), copy], 1.0)
+    assert sorted(orjson.loads(v)["id"] for _, v in caller.due(1.0)) == ["r-0", "r-1"]
+    assert caller.stats.decisions_received == 2 and caller.stats.repeated_decisions == 1
+    assert caller.stats.foreign_decisions == 0
 
 
 def test_drop_and_delay() -> None:
@@ -134,3 +147,16 @@ def test_the_summary_gives_the_sending_rate_beside_the_wall_clock_rate() -> None
            "decisions)" in summary.text()
     assert "of sending" not in simulate_module.SimulationSummary(
         "r", instances_sent=10, seconds=4.0, sending_seconds=4.0).text()
+
+
+def test_the_candidate_caller_counts_a_repeated_decision_as_ours() -> None:
+    from streamlearn.datasets.candidate_caller import CandidateCaller
+    from streamlearn.datasets.candidates import synthetic_candidates
+
+    caller = CandidateCaller(synthetic_candidates(10, d_x=2, d_c=3, seed=1), delay_mean_s=0.0)
+    caller.instances(2, now=0.0)
+    cid = caller.stream.candidate_ids[0]
+    decision = orjson.dumps({"id": "e0", "candidates": [{"id": cid, "prob": 1.0}]})
+    caller.answer([decision, decision, orjson.dumps({"id": "e7", "candidates": []})], now=0.0)
+    assert len(caller.due(0.0)) == 1 and caller.stats.decisions_received == 1
+    assert (caller.stats.repeated_decisions, caller.stats.foreign_decisions) == (1, 1)

@@ -219,27 +219,36 @@ def test_ohsumed_caller_holds_one_copy_and_plays_twenty_shuffled_passes() -> Non
     assert caller.instances(2200, 0.0) == twenty.instances(2200, 0.0)
 
 
+@pytest.mark.parametrize("candidates", [False, True], ids=["fixed-actions", "candidate-sets"])
 def test_a_restarted_embedded_daemon_gets_the_feedback_of_its_restored_pending_decisions(
-        tmp_path: object) -> None:
+        tmp_path: object, candidates: bool) -> None:
     """A new process's caller never saw the decisions the restored daemon awaits: all of them
     expired at the default reward (and counted against a ranker in rollout, an outside
-    test). It answers them now, with the labels the stream gives those instances."""
+    test). It answers them now, with the labels (or the placed candidates' rewards) the
+    stream gives those requests."""
     from pathlib import Path
 
     from loop_helpers import settings_of
 
+    from streamlearn.candidates.learners import CandidateLinUCB
     from streamlearn.learners import Banditron, FixedGamma
     from streamlearn.service.daemon import Daemon
 
     clock = FakeClock()
+    shape = ({"candidates_enabled": True, "candidates_shared_features": 5,
+              "candidates_candidate_features": 5, "learner_n_actions": 2,
+              "learner_n_features": 10} if candidates
+             else {"learner_n_actions": 9, "learner_n_features": 400})
     settings = settings_of(checkpoint_dir=str(Path(str(tmp_path))), limits_poll_timeout_seconds=0.0,
-                           learner_n_actions=9, learner_n_features=400)
+                           **shape)
 
     def daemon() -> Daemon:
-        transport = EmbeddedTransport(chunk=100, delay_mean_s=30.0, seed=5, clock=clock,
-                                      max_instances=600)
-        d = Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.1), seed=1),
-                   wall_clock=clock)
+        transport = EmbeddedTransport(
+            chunk=100, delay_mean_s=30.0, seed=5, clock=clock, max_instances=600,
+            dataset="synthetic-candidates" if candidates else "synnonsep", slots=2)
+        learner = (CandidateLinUCB(5, 5, seed=1) if candidates
+                   else Banditron(9, 400, FixedGamma(0.1), seed=1))
+        d = Daemon(settings, transport, learner, wall_clock=clock)
         d.restore()
         return d
 
@@ -259,4 +268,6 @@ def test_a_restarted_embedded_daemon_gets_the_feedback_of_its_restored_pending_d
     assert feedback["expired"] == 0 and feedback["late"] == 0
     # the first process's pending decisions got their feedback from the new caller (they
     # waited, to expire 600 s on at the default reward), and so did the new ones
-    assert again.pending == 0 and feedback["joined"] == 2 * 600
+    assert again.pending == 0
+    assert feedback["joined"] == 2 * 600 * (2 if candidates else 1)  # one join per slot
+    assert again.transport.stats.foreign_decisions == 0  # type: ignore[attr-defined]
