@@ -71,6 +71,7 @@ from streamlearn.retrain.promotion import (
     importance,
     judge,
     key_of,
+    not_before,
 )
 
 __all__ = ["DEFAULT_CLIP", "bound_estimate", "estimate_dict", "estimate_policies", "estimates_on",
@@ -80,7 +81,8 @@ DEFAULT_CLIP = 20.0
 DEFAULTS: dict[str, Any] = {"segments": None, "max_rows": None, "clip": DEFAULT_CLIP,
                             "holdout_fraction": 0.2, "current": None, "level": 0.95,
                             "estimators": ["ips", "snips", "dr"], "watermark": None,
-                            "challengers": [], "challenger_index": 0, "max_evidence": None}
+                            "challengers": [], "challenger_index": 0, "max_evidence": None,
+                            "since": None}
 
 
 def _finite(value: float) -> float | None:
@@ -253,8 +255,9 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         policies["current"] = deployed_policy(load_artifact(current).ranker, held)
     index = int(spec["challenger_index"])
     first_segment = None if rows.segments is None else rows.segments[0]
-    challengers = [{**c, "artifact": recorded_artifact(c["artifact"], spec["artifact_dir"])}
-                   for c in spec["challengers"]]
+    epoch = None if spec["since"] is None else float(spec["since"])
+    challengers = [{**c, "artifact": recorded_artifact(c["artifact"], spec["artifact_dir"]),
+                    "since": not_before(c["since"], epoch)} for c in spec["challengers"]]
     fitted: dict[str, Any] = {}
     for ranker_spec, ranker in zip(spec["rankers"], rankers, strict=True):
         name = artifact_name(ranker_spec)
@@ -272,7 +275,8 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         index += 1
         fitted[str(path)] = ranker
         challengers.append({"name": name, "artifact": str(path), "version": int(spec["version"]),
-                            "since": cut, "first_segment": first_segment, "index": index,
+                            "since": not_before(cut, epoch), "first_segment": first_segment,
+                            "index": index,
                             "alpha": challenger_alpha(alpha, index), "looks": 0})
     policies["uniform"] = uniform_policy(held.probs)
     constant = best_constant(train, clip)

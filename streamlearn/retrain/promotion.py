@@ -61,6 +61,7 @@ __all__ = [
     "judge",
     "judge_weighted",
     "key_of",
+    "not_before",
     "paired_advantage",
     "passes",
     "promotion_decision",
@@ -95,6 +96,15 @@ def from_key(rows: ExperienceRows, key: list[Any]) -> np.ndarray:
     time, hashed = float(key[0]), np.uint64(int(key[1]))
     t = np.asarray(rows.decided_at)
     return np.asarray((t > time) | ((t == time) & (hash_strings(list(rows.ids)) >= hashed)))
+
+
+def not_before(key: list[Any], epoch: float | None) -> list[Any]:
+    """An evidence start ``key`` moved to ``epoch`` (when what is live last changed) if it
+    is earlier: a challenger is judged only on rows that what is live now decided (the
+    comparator of its paired advantage is the logger)."""
+    if epoch is None or (float(key[0]), int(key[1])) >= (epoch, 0):
+        return key
+    return [float(epoch), 0]
 
 
 def key_of(rows: ExperienceRows, row: int) -> list[Any]:

@@ -40,6 +40,11 @@ __all__ = ["RankerState"]
 
 log = logging.getLogger("streamlearn.retrain")
 
+#: why a retrain that ran while what is live changed promotes nothing
+STALE = ("what serves changed while this retrain ran, so its rankers were judged against "
+         "what served before: none is promoted (the next retrain judges new ones against "
+         "what serves now)")
+
 
 class RankerState:
     """The ranker store, the promotion, the rollout and the rollback (module doc)."""
@@ -183,10 +188,13 @@ class RankerState:
                 for metric in ("auc", "ndcg"):
                     if info.get(metric) is not None:
                         self.observer.on_ranker_metric(metric, float(info[metric]))
+        stale = self._changed_since(started)
+        if stale:
+            decision = {**decision, "promote": False, "reason": f"{STALE}: {decision['reason']}"}
         entry = retrain_entry(result, decision, started, self.wall_clock())
         if decision.get("promote"):
             self._promote(decision, entry)
-        else:
+        elif not stale:  # a stale retrain's challengers were dropped with the epoch it began in
             self.state["challengers"] = still_judged(judged)
             self.state["challenger_index"] = int(result.get("challenger_index") or 0)
         outcome = "promoted" if entry["promoted"] else "rejected"
@@ -210,6 +218,15 @@ class RankerState:
             self.rollout.promote(self._arm_of(artifact, decision.get("value")))
             self._report_shares()
         self._report_version()
+
+    def _changed_since(self, started: float) -> bool:
+        """Whether what is live changed after a retrain's job started at ``started``: its
+        challengers were then judged against what served before, and a promotion would
+        replace a policy none of them was compared with (an outside test saw 6 of 9 such
+        promotions claim an advantage above the true one, and a worse ranker complete its
+        rollout)."""
+        epoch = self.evidence_since()
+        return epoch is not None and started < epoch
 
     def _new_epoch(self) -> None:
         """What is live changed: the challengers judged against the old one are dropped and
@@ -334,9 +351,14 @@ class RankerState:
                  (result.get("learner") or {}).get("ndcg"))
         # the miss probability spent so far since what serves last changed (also when the
         # verdicts are only reported: each one is a look that must stay within level)
-        self.state["challenger_index"] = int(result.get("challenger_index") or 0)
+        stale = self._changed_since(started)
+        if not stale:  # else the spending restarted with the epoch that began meanwhile
+            self.state["challenger_index"] = int(result.get("challenger_index") or 0)
         if self.policy == "ranker":
             decision = candidate_promotion(result, trial=self._trial_allowed(result))
+            if stale:
+                decision = {**decision, "promote": False, "trial": False,
+                            "reason": f"{STALE}: {decision['reason']}"}
             entry.update(promoted=bool(decision.get("promote")), reason=decision.get("reason"),
                          trial=bool(decision.get("trial")))
             if decision.get("trial"):

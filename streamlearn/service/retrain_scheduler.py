@@ -151,6 +151,7 @@ class RetrainScheduler:
             spec["challengers"] = challengers
             spec["max_evidence"] = MAX_EVIDENCE_WINDOWS * s.retrain_window()
             spec["challenger_index"] = index
+            spec["since"] = self.rankers.evidence_since()  # judged on what serves now
             self.worker.submit(run_retrain, spec)
         self._last_start, self.since_last, self._overrun_reported = now, 0, False
         log.info("retrain %d started on up to %d logged decisions (%s)", version,

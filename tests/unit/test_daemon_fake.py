@@ -47,7 +47,8 @@ class Caller:
 
     def publish(self, lo: int, hi: int, ts: float) -> None:
         for i in range(lo, hi):
-            value = {"id": f"e{i}", "x": X[i].tolist(), "label": int(Y[i]), "ts": ts}
+            row = i % len(X)  # a long run cycles through the stream
+            value = {"id": f"e{i}", "x": X[row].tolist(), "label": int(Y[row]), "ts": ts}
             self.writer.append_instance(f"e{i}".encode(), orjson.dumps(value))
 
     def answer(self, ts: float) -> None:
@@ -59,7 +60,7 @@ class Caller:
             i = int(d["id"][1:])
             if self.drop_every and i % self.drop_every == 0:
                 continue  # this feedback never comes
-            reward = float(d["action"] == Y[i])
+            reward = float(d["action"] == Y[i % len(Y)])
             self.writer.append_feedback(m.key, orjson.dumps({"id": d["id"], "reward": reward,
                                                               "ts": ts}))
             self.feedback_ids.append(d["id"])

@@ -338,16 +338,16 @@ def test_a_dead_worker_process_is_replaced(tmp_path: Path) -> None:
     assert observer.retrains, "a new worker retrained after the crash"
 
 
-def planted_ranker_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def planted_ranker_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: float = 0.5
                           ) -> tuple[InMemoryBroker, Clock, Recorder, Daemon]:
     """A Banditron daemon retraining the planted nearest-centroid ranker every 300 events,
-    policy = ranker, its rollout held at its first stage (half the events)."""
+    policy = ranker, its rollout held at its first stage (``stage`` of the events)."""
     monkeypatch.setenv("PLANTED_LOG_DIR", str(tmp_path / "experience"))
     broker, clock = InMemoryBroker(2), Clock()
     observer = Recorder()
     daemon = Daemon(retrain_settings(tmp_path, retrain_rankers="planted:CentroidOracle",
                                      retrain_policy="ranker", retrain_every_events=300,
-                                     retrain_holdout_fraction=0.5, retrain_rollout_stages="0.5",
+                                     retrain_holdout_fraction=0.5, retrain_rollout_stages=str(stage),
                                      retrain_rollout_stage_events=100_000),
                     InMemoryTransport(broker=broker, partitions=2),
                     Banditron(9, 400, FixedGamma(0.3), seed=11), observer, clock)
@@ -393,11 +393,12 @@ def test_a_better_ranker_is_promoted_rolled_out_and_rolled_back(
 def test_a_candidate_replaced_by_a_newer_promotion_counts_as_replaced(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """streamlearn_rollbacks_total{reason="replaced"} stayed 0 while the history recorded ten
-    candidates replaced by newer promotions (an outside test)."""
-    broker, clock, observer, daemon = planted_ranker_daemon(tmp_path, monkeypatch)
+    candidates replaced by newer promotions (an outside test). The second is judged against
+    what serves once the first is promoted (the rollout's shares: the first at 10 %)."""
+    broker, clock, observer, daemon = planted_ranker_daemon(tmp_path, monkeypatch, stage=0.1)
     caller = Caller(broker)
     start = 0
-    while observer.promotions.count("promoted") < 2 and start < 3000:
+    while observer.promotions.count("promoted") < 2 and start < 4000:
         run(daemon, caller, clock, start, start + 100)
         start += 100
     history = read_ranker_state(tmp_path / "rankers")["history"]
@@ -588,3 +589,41 @@ def test_an_unloadable_artifact_is_reported_once(tmp_path: Path,
         assert store.load(str(tmp_path / "rankers" / "logistic-v00000003")) is None
     errors = [r for r in caplog.records if "cannot be loaded" in r.getMessage()]
     assert len(errors) == 1 and str(tmp_path / "rankers") in errors[0].getMessage()
+
+
+def test_challengers_are_judged_only_against_what_serves_now(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Retrains ran back to back: the next one's rows all predated a promotion, its
+    challengers were judged against the learner and replaced the ranker just promoted, which
+    none was compared with (an outside test: 6 of 9 such promotions claimed an advantage
+    above the true one). A challenger's evidence starts when what is live last changed, and
+    a retrain that started before that change promotes nothing."""
+    from streamlearn.service.ranker_state import STALE
+
+    broker, clock, observer, daemon = planted_ranker_daemon(tmp_path, monkeypatch, stage=0.1)
+    caller = Caller(broker)
+    rankers = daemon.retraining.rankers  # type: ignore[union-attr]
+    start = 0
+    while "promoted" not in observer.promotions and start < 1500:
+        run(daemon, caller, clock, start, start + 100)
+        start += 100
+    epoch = rankers.evidence_since()
+    assert epoch is not None, "promoted"
+    run(daemon, caller, clock, start, start + 900)
+    later = [h for h in read_ranker_state(tmp_path / "rankers")["history"]
+             if h.get("started", 0) >= epoch and h.get("challengers")]
+    assert later
+    for entry in later:  # every row of their evidence was decided by what serves now
+        assert all(c["since"][0] >= epoch for c in entry["challengers"]), entry["challengers"]
+    # a retrain that started before the last change: its verdicts are not acted on
+    passed = {"name": "centroidoracle", "version": 99, "artifact": "nowhere", "passed": True,
+              "advantage_lower": 0.5, "rows": 500, "ess": 400.0, "alpha": 0.025,
+              "value": {"low": 0.5, "high": 0.9, "mean": 0.7}, "looks": 1, "since": [0.0, 0],
+              "first_segment": 0, "index": 1}
+    kept = list(rankers.state.get("challengers") or [])
+    before = observer.promotions.count("promoted")
+    rankers.apply({"version": 99, "challengers": [passed], "rankers": {}}, started=epoch - 1.0)
+    entry = read_ranker_state(tmp_path / "rankers")["history"][-1]
+    assert not entry["promoted"] and entry["reason"].startswith(STALE)
+    assert observer.promotions.count("promoted") == before
+    assert rankers.state.get("challengers") == kept  # the stale ones are not carried
