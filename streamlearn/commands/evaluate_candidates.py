@@ -128,7 +128,8 @@ def evaluate_candidates(log_dir: Path, names: list[str] | None, estimators: list
                         ) -> dict[str, Any]:
     """The JSON report of ``streamlearn evaluate`` on a candidate-mode log (module doc)."""
     judged, (d_x, d_c) = _judged(entry, log_dir, segments, max_rows)
-    ranked = [n for n in ((entry or {}).get("rankers") or {})]
+    ranked = [n for n, info in ((entry or {}).get("rankers") or {}).items()
+              if (info or {}).get("artifact")]  # (a ranker that failed has none)
     # default: what the retrain judged (with --retrain), else logged and uniform
     names = list(names or (["logged", *(f"ranker:{n}" for n in ranked)] if entry is not None
                            else ["logged", "uniform"]))

@@ -143,7 +143,15 @@ class Ranker(abc.ABC):
         """One score per row of ``X`` (higher ranks first)."""
         if not hasattr(self, "n_features_in_"):
             raise ConfigError(f"This {type(self).__name__} is not fitted yet; call fit first.")
-        return self._score(as_matrix(X, self.n_features_in_))
+        rows = as_matrix(X, self.n_features_in_)
+        scores = np.asarray(self._score(rows), dtype=np.float64)
+        if scores.shape != (len(rows),) or not np.isfinite(scores).all():
+            # user code: what a ranker gives is checked here, once for every caller (the
+            # retrain's judging and the serving loop, which takes the ranker out on it)
+            raise DataError(f"{type(self).__name__}.score must give one finite number per "
+                            f"row: expected shape ({len(rows)},), got shape {scores.shape}"
+                            f"{' with NaN or infinity' if scores.shape == (len(rows),) else ''}.")
+        return scores
 
     @abc.abstractmethod
     def _score(self, X: np.ndarray) -> np.ndarray:

@@ -48,6 +48,7 @@ __all__ = [
     "RANKERS",
     "RankerArtifact",
     "artifact_name",
+    "every_ranker_failed",
     "find_artifact",
     "list_artifacts",
     "load_artifact",
@@ -129,6 +130,14 @@ def make_ranker(spec: str, queries: bool = False) -> Ranker:
     if cls.requires_qid and not queries:
         raise _qid_error(cls.__name__)
     return cls()
+
+
+def every_ranker_failed(failed: dict[str, str], count: int) -> None:
+    """Raise when all ``count`` rankers of a retrain failed (nothing to report: the retrain
+    fails, a counted failure); one that fails among others is reported and counted."""
+    if count and len(failed) == count:
+        raise RuntimeError("every ranker failed: " + "; ".join(
+            f"{name}: {why}" for name, why in failed.items()))
 
 
 def artifact_name(spec: str) -> str:

@@ -57,7 +57,12 @@ from streamlearn.evaluation.policies import holdout_mask
 from streamlearn.features import hash_strings
 from streamlearn.rankers.base import Ranker
 from streamlearn.rankers.metrics import auc, ndcg
-from streamlearn.retrain.artifact import artifact_name, make_ranker, save_artifact
+from streamlearn.retrain.artifact import (
+    artifact_name,
+    every_ranker_failed,
+    make_ranker,
+    save_artifact,
+)
 from streamlearn.retrain.promotion import challenger_alpha, judge_weighted
 
 log = logging.getLogger("streamlearn.retrain")
@@ -290,20 +295,27 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     judged = heldout_requests(Path(log_dir), rows, d_x, d_c, fraction, spec.get("watermark"),
                               spec.get("since"), spec.get("max_rows"))
     report: dict[str, Any] = {}
+    failed: dict[str, str] = {}
     for name_spec, ranker in zip(names, rankers, strict=True):
         name = artifact_name(name_spec)
         labels = (rewards[train] > 0).astype(np.float64) if ranker.binary_labels \
             else rewards[train]
         fit_started = time.perf_counter()
-        ranker.fit(phi[train], labels, qid=qid[train], sample_weight=weights[train])
+        try:  # user code: one ranker that fails leaves the others judged
+            ranker.fit(phi[train], labels, qid=qid[train], sample_weight=weights[train])
+            held_scores, train_scores = ranker.score(phi[test]), ranker.score(phi[train])
+            quality = _heldout_quality(held_scores, rewards[test], qid[test], weights[test])
+        except Exception as exc:
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            report[name] = {"spec": name_spec, "failed": failed[name]}
+            continue
         fit_seconds = time.perf_counter() - fit_started
         path = save_artifact(artifact_dir, name, version, ranker, 1, phi.shape[1],
                              {"spec": name_spec, "train_rows": len(train), "clip": clip,
                               "candidates": {"d_x": d_x, "d_c": d_c}})
         report[name] = {"spec": name_spec, "artifact": str(path), "fit_seconds": fit_seconds,
-                        **_heldout_quality(np.asarray(ranker.score(phi[test])), rewards[test],
-                                           qid[test], weights[test])}
-        if np.ptp(np.asarray(ranker.score(phi[train]), dtype=np.float64)) == 0.0:
+                        **quality}
+        if np.ptp(train_scores) == 0.0:
             # a fit that kept nothing (AdaRank with no eligible round): every candidate ties,
             # and the tie-break by row order would pass the learner's own order off as its
             report[name].update(ndcg=None, auc=None, degenerate=(
@@ -316,8 +328,10 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
             report[name]["offpolicy"] = judged.judge(ranker, challenger_alpha(1.0 - level, index))
             report[name]["offpolicy"].update(alpha=challenger_alpha(1.0 - level, index),
                                              version=version)
+    every_ranker_failed(failed, len(rankers))
     train_queries = len(np.unique(qid[train]))
     return {
+        "failed_rankers": failed,
         "version": version, "log_dir": str(Path(log_dir)), "candidates": {"d_x": d_x, "d_c": d_c},
         "segments": list(rows.segments) if rows.segments else None, "rows": len(rows),
         "train_rows": len(train), "heldout_rows": len(test), "train_queries": train_queries,

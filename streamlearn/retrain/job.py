@@ -58,6 +58,7 @@ from streamlearn.rankers.joint import joint_features
 from streamlearn.rankers.metrics import auc, ndcg
 from streamlearn.retrain.artifact import (
     artifact_name,
+    every_ranker_failed,
     load_artifact,
     make_ranker,
     recorded_artifact,
@@ -259,25 +260,34 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
     challengers = [{**c, "artifact": recorded_artifact(c["artifact"], spec["artifact_dir"]),
                     "since": not_before(c["since"], epoch)} for c in spec["challengers"]]
     fitted: dict[str, Any] = {}
+    failed: dict[str, str] = {}
     for ranker_spec, ranker in zip(spec["rankers"], rankers, strict=True):
         name = artifact_name(ranker_spec)
         fit_started = time.perf_counter()
-        ranker.fit(joint, labels, sample_weight=weights)
+        try:  # user code: one ranker that fails leaves the others judged
+            ranker.fit(joint, labels, sample_weight=weights)
+            deployed = deployed_policy(ranker, held)  # its scores checked on every action
+            quality = _quality(ranker, held, n_actions, clip)
+        except Exception as exc:
+            failed[name] = f"{type(exc).__name__}: {exc}"
+            report_rankers[name] = {"spec": ranker_spec, "failed": failed[name]}
+            continue
         fit_seconds = time.perf_counter() - fit_started
         path = save_artifact(spec["artifact_dir"], name, int(spec["version"]), ranker, n_actions,
                              n_features, {"spec": ranker_spec, "segments": rows.segments,
                                           "train_rows": len(train), "clip": clip,
                                           "evidence_since": cut})
-        policies[f"ranker:{name}"] = deployed_policy(ranker, held)
+        policies[f"ranker:{name}"] = deployed
         report_rankers[name] = {"spec": ranker_spec, "artifact": str(path),
                                 "policy": f"ranker:{name}", "fit_seconds": fit_seconds,
-                                **_quality(ranker, held, n_actions, clip)}
+                                **quality}
         index += 1
         fitted[str(path)] = ranker
         challengers.append({"name": name, "artifact": str(path), "version": int(spec["version"]),
                             "since": not_before(cut, epoch), "first_segment": first_segment,
                             "index": index,
                             "alpha": challenger_alpha(alpha, index), "looks": 0})
+    every_ranker_failed(failed, len(rankers))
     policies["uniform"] = uniform_policy(held.probs)
     constant = best_constant(train, clip)
     policies["best_constant"] = constant_policy(len(held), n_actions, constant)
@@ -295,6 +305,7 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         "current": {"policy": "current" if current is not None else "logged",
                     "artifact": None if current is None else str(current)},
         "best_constant": constant, "rankers": report_rankers, "estimates": estimates,
+        "failed_rankers": failed,
         "challengers": judged, "challenger_index": index, "max_evidence": spec["max_evidence"],
         "duration_seconds": time.perf_counter() - started,
     }

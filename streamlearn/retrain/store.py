@@ -187,5 +187,5 @@ def candidate_entry(result: dict[str, Any], best: str | None, started: float,
             "watermark": result.get("watermark"), "since": result.get("since"),
             "holdout_fraction": result.get("holdout_fraction"), "level": result.get("level"),
             "rankers": {n: {k: i.get(k) for k in ("ndcg", "auc", "fit_seconds", "offpolicy",
-                                                  "artifact", "degenerate")}
+                                                  "artifact", "degenerate", "failed")}
                         for n, i in rankers.items()}}

@@ -168,6 +168,7 @@ class RankerState:
     # ------------------------------------------------------------ promotion
     def apply(self, result: dict[str, Any], started: float) -> None:
         """A finished retrain's result (``started``: when its job was handed to the worker)."""
+        self._count_failed(result)
         for policy, by_estimator in result.get("estimates", {}).items():
             for estimator, e in by_estimator.items():
                 # an estimate with no matched held-out row is null in the JSON: NaN on the gauge
@@ -218,6 +219,15 @@ class RankerState:
             self.rollout.promote(self._arm_of(artifact, decision.get("value")))
             self._report_shares()
         self._report_version()
+
+    def _count_failed(self, result: dict[str, Any]) -> None:
+        """Each ranker that failed in a retrain whose others were judged (its fit or its
+        scores raised, or its scores were not finite) is a counted retrain failure: before,
+        one NaN-scoring ranker skipped every retrain, uncounted (an outside test)."""
+        for name, why in (result.get("failed_rankers") or {}).items():
+            self.observer.on_retrain_failure()
+            log.error("retrain %s: ranker %s failed (%s); the others were judged without it",
+                      result.get("version"), name, why)
 
     def _changed_since(self, started: float) -> bool:
         """Whether what is live changed after a retrain's job started at ``started``: its
@@ -324,6 +334,7 @@ class RankerState:
         :func:`~streamlearn.retrain.promotion.candidate_promotion`: a ranker promoted (or
         entering as a trial) takes its share of the slots through the same guarded
         :class:`~streamlearn.service.rollout.Rollout` as fixed actions."""
+        self._count_failed(result)
         rankers = result.get("rankers", {})
         # the value per slot (every slot pooled, given the logged prefix): what was live, on
         # policy, and each ranker as deployed, with its confidence sequence
@@ -336,7 +347,8 @@ class RankerState:
                     math.nan if iv.get(k) is None else float(iv[k]) for k in ("mean", "low", "high")))
         scored = [(info["ndcg"], name) for name, info in rankers.items()
                   if info.get("ndcg") is not None]
-        best = max(scored)[1] if scored else next(iter(rankers), None)
+        best = max(scored)[1] if scored else next(
+            (name for name, info in rankers.items() if "artifact" in info), None)
         entry = candidate_entry(result, best, started, self.wall_clock())
         if best is not None:
             info = rankers[best]
@@ -419,6 +431,32 @@ class RankerState:
         self.state["trial_after"] = int(self.state["next_version"]) + 2 ** failed
         log.info("trial of %s v%d rolled back (trial %d to fail): the next trial waits for "
                  "retrain %d", arm.name, arm.version, failed, self.state["trial_after"])
+
+    def failed_in_serving(self, artifact: RankerArtifact, why: str) -> None:
+        """A ranker whose scores failed in the decide step (it raised, or gave scores of
+        another shape or not finite): it ranks and serves nothing from now on, which
+        ``state.json`` records (a restart does not meet it again), and the failure counts
+        as a retrain failure. Before, a user ranker that raised only in the serving process
+        stopped the daemon, and every restart stopped again (an outside test)."""
+        path = str(artifact.path)
+        self.observer.on_retrain_failure()
+        with self.store.one_write():
+            for arm in list(self.rollout.serving()):
+                if same_artifact(arm.artifact, path):  # the event unstacks it, a new epoch
+                    self.rollout.roll_back("failing", arm)
+            stack = [a for a in self.store.promoted if not same_artifact(a, path)]
+            if stack != self.store.promoted:
+                self.state["promoted"] = stack
+                self.promoted = self.store.load(stack[-1]) if stack else None
+                self._new_epoch()
+            if self.live is not None and same_artifact(str(self.live.path), path):
+                self.live, self.state["live"] = None, None
+            self.store.record({"at": self.wall_clock(), "failed_in_serving": path,
+                               "reason": why})
+        self._report_version()
+        self._report_shares()
+        log.error("ranker %s v%d failed in the serving loop (%s): it no longer ranks or "
+                  "serves; now %s", artifact.name, artifact.version, why, self._serving_text())
 
     # ---------------------------------------------------------------- rollback
     def request_rollback(self) -> None:

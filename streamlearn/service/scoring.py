@@ -17,8 +17,10 @@ from streamlearn.candidates.sets import CandidateSets
 from streamlearn.candidates.slates import SlateMixture
 from streamlearn.durability.experience import dense_rows
 from streamlearn.engine import Mixture
+from streamlearn.errors import DataError
 from streamlearn.features import Batch
 from streamlearn.rankers.joint import action_scores
+from streamlearn.retrain.artifact import RankerArtifact
 from streamlearn.service.ranker_state import RankerState
 
 __all__ = ["Scorer", "ranking_lists"]
@@ -48,7 +50,27 @@ class Scorer:
         ranker = self.rankers.serving
         if ranker is None:
             return None
-        return action_scores(ranker.ranker, dense_rows(X), self.n_actions)
+        scores = self._checked(ranker, dense_rows(X))
+        if scores is None:  # it failed and was taken out: what ranks now, if any
+            return None if self.rankers.serving is ranker else self.scores(X)
+        return scores
+
+    def _checked(self, artifact: RankerArtifact, rows: np.ndarray, joint: bool = False
+                 ) -> np.ndarray | None:
+        """A retrained ranker's scores (user code) of each action of dense ``rows`` (B, K),
+        or with ``joint`` of each joint feature row (N,); None when they failed (it raised,
+        or gave scores of another shape or not finite: ``Ranker.score`` checks): the ranker
+        is then taken out of serving (:meth:`RankerState.failed_in_serving`) and the batch
+        goes on without it."""
+        try:
+            scores = (artifact.ranker.score(rows) if joint else
+                      action_scores(artifact.ranker, rows, self.n_actions))
+            if not np.isfinite(scores).all():  # (the built-in linear ones skip score())
+                raise DataError("its scores hold NaN or infinity")
+            return scores
+        except Exception as exc:  # user code: never fatal to the loop
+            self.rankers.failed_in_serving(artifact, f"{type(exc).__name__}: {exc}")
+            return None
 
     def mixture(self, X: Batch, ranking: np.ndarray | None) -> Mixture | None:
         """The policies that share this batch (``retrain.policy = "ranker"``), or None when
@@ -67,7 +89,12 @@ class Scorer:
                 scores[arm.version] = ranking
                 continue
             dense = dense_rows(X) if dense is None else dense
-            scores[arm.version] = action_scores(artifact.ranker, dense, self.n_actions)
+            checked = self._checked(artifact, dense)
+            if checked is None:  # taken out of the rollout: the shares changed
+                if arm in rollout.serving():
+                    return None  # (cannot happen: not taken out; the learner serves)
+                return self.mixture(X, ranking if rankers.serving is serving else None)
+            scores[arm.version] = checked
         return rollout.mixture(scores)
 
     def slate_mixture(self, sets: CandidateSets) -> SlateMixture | None:
@@ -83,10 +110,15 @@ class Scorer:
         if not arms:
             return None
         phi = joint_features(sets)
+        scores = []
+        for arm in arms:
+            artifact = rankers.arms[arm.version]
+            checked = self._checked(artifact, phi, joint=True)
+            if checked is None:  # taken out of the rollout: the shares changed
+                return None if arm in rankers.rollout.serving() else self.slate_mixture(sets)
+            scores.append(checked)
         return SlateMixture(tuple(arm.version for arm in arms),
-                            tuple(shares[arm.version] for arm in arms),
-                            tuple(np.asarray(rankers.arms[arm.version].ranker.score(phi),
-                                             dtype=np.float64) for arm in arms))
+                            tuple(shares[arm.version] for arm in arms), tuple(scores))
 
     def policy_names(self) -> dict[int, str]:
         """Version → the name a decision served by that ranker carries (``"policy"``)."""

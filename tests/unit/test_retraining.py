@@ -33,6 +33,16 @@ class Exploding(Ranker):
         return np.zeros(len(X))
 
 
+class NaNScoring(Ranker):
+    """A ranker that fits, but scores NaN."""
+
+    def _fit(self, data: FitData) -> None:
+        pass
+
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        return np.full(len(X), np.nan)
+
+
 class Recorder(Observer):
     def __init__(self) -> None:
         self.retrains: list[float] = []
@@ -214,6 +224,23 @@ def test_a_failing_retrain_is_counted_and_the_loop_goes_on(tmp_path: Path) -> No
     run(daemon, caller, clock, 0, 800)
     assert observer.failures >= 2 and observer.retrains == []
     assert daemon.counters.instances == 800
+
+
+def test_a_ranker_that_fails_among_others_is_counted_and_the_others_are_judged(
+        tmp_path: Path) -> None:
+    """One NaN-scoring ranker skipped every retrain ("y_score must be finite"), uncounted, so
+    the good ranker beside it was never judged and no alert fired (an outside test)."""
+    broker, clock = InMemoryBroker(2), Clock()
+    observer = Recorder()
+    daemon = Daemon(retrain_settings(tmp_path, retrain_rankers="rocchio,test_retraining:NaNScoring"),
+                    InMemoryTransport(broker=broker, partitions=2), learner(), observer, clock)
+    daemon.restore()
+    run(daemon, Caller(broker), clock, 0, 800)
+    assert len(observer.retrains) >= 2 and observer.failures == len(observer.retrains)
+    history = read_ranker_state(tmp_path / "rankers")["history"]
+    assert history and all(c["name"] == "rocchio" for h in history for c in h["challengers"])
+    assert all(h["challengers"] for h in history)
+    assert not list((tmp_path / "rankers").glob("nanscoring-*"))  # no artifact of it
 
 
 def test_a_window_without_rewards_is_skipped_not_failed(tmp_path: Path) -> None:
@@ -627,3 +654,48 @@ def test_challengers_are_judged_only_against_what_serves_now(
     assert not entry["promoted"] and entry["reason"].startswith(STALE)
     assert observer.promotions.count("promoted") == before
     assert rankers.state.get("challengers") == kept  # the stale ones are not carried
+
+
+@pytest.mark.parametrize("failure", ["raises", "nan"])
+def test_a_ranker_whose_scores_fail_in_the_serving_loop_is_taken_out_not_fatal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str) -> None:
+    """A user ranker that raised only in the serving process stopped the daemon, and every
+    restart stopped again (an outside test). Its scores failing (raising, or not finite)
+    take it out of serving and ranking, a counted retrain failure; the restart serves the
+    learner."""
+    import planted
+
+    broker, clock, observer, daemon = planted_ranker_daemon(tmp_path, monkeypatch)
+    caller = Caller(broker)
+    retraining = daemon.retraining
+    assert retraining is not None
+    start = 0
+    while "promoted" not in observer.promotions and start < 1500:
+        run(daemon, caller, clock, start, start + 100)
+        start += 100
+    assert retraining.exploits and observer.failures == 0
+
+    def broken(self: Any, X: np.ndarray) -> np.ndarray:
+        if failure == "raises":
+            raise ZeroDivisionError("planted in the serving process")
+        return np.full(len(X), np.nan)
+
+    monkeypatch.setattr(planted.CentroidOracle, "_score", broken)
+    published = len(broker.messages("decisions"))
+    run(daemon, caller, clock, start, start + 200, wait_for_retrain=False)
+    assert daemon.counters.instances == start + 200  # every event decided
+    assert len(broker.messages("decisions")) == published + 200
+    assert observer.failures >= 1 and not retraining.exploits
+    assert retraining.rankers.serving is None  # nothing ranks with it either
+    late = [orjson.loads(m.value or b"") for m in broker.messages("decisions")][published:]
+    assert not any("policy" in d or "ranking" in d for d in late[-100:])
+    state = read_ranker_state(tmp_path / "rankers")
+    assert state["promoted"] == [] and state["live"] is None
+    assert any("failed_in_serving" in h for h in state["history"])
+    daemon.checkpoint(final=True)
+    again = Daemon(daemon.settings, InMemoryTransport(broker=broker, partitions=2),
+                   Banditron(9, 400, FixedGamma(0.3), seed=11), Recorder(), clock)
+    again.restore()  # the restart meets the ranker no more
+    assert again.retraining is not None and again.retraining.rollout.serving() == []
+    run(again, caller, clock, start + 200, start + 300, wait_for_retrain=False)
+    assert again.counters.instances == start + 300
