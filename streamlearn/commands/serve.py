@@ -484,9 +484,10 @@ class Progress:
     In candidate mode (``slots=True``) an event is a request, and feedback is counted per
     placed slot: the labels say so. Next to a baseline (rollout mode apprentice or
     conservative, read from the mode gauge: it may change while serving) what is published
-    is the baseline's choice on most events, so the error rates and γ, which are those of
-    the published decisions, say so (``published cum-error``, ``published γ``), and the
-    line adds the learner's side: the share it serves, the error (1 − mean reward) each side
+    is the baseline's choice on most events, so the error rates, which are those of the
+    published decisions, say so (``published cum-error``), γ is the learner's own
+    (``learner γ``: ``streamlearn_exploration_gamma``), and the line adds the learner's
+    side: the share it serves, the error (1 − mean reward) each side
     made on the events it served since the mode began, and how often the learner's own
     choice is the baseline.
     """
@@ -508,7 +509,7 @@ class Progress:
         gamma = self._get("streamlearn_exploration_gamma") if decided > 0 else None
         per = "-slots" if self.slots else ""
         beside = self.rollout_mode() is not None
-        extra = [("published γ" if beside else "γ", number_or_dash(gamma)),
+        extra = [("learner γ" if beside else "γ", number_or_dash(gamma)),
                  *(self._learner_side() if beside else ()),
                  (f"joined{per}",
                   f"{self._get('streamlearn_feedback_total', {'outcome': 'joined'}):,.0f}"),
