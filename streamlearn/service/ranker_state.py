@@ -59,6 +59,7 @@ class RankerState:
         self.promoted: RankerArtifact | None = None  # the last one that passed the gate
         self.arms: dict[int, RankerArtifact] = {}  # the rollout's arms' artifacts by version
         self._rollbacks_requested = 0  # SIGUSR1s not yet acted on: each rolls one change back
+        self._live_labels: dict[str, str | None] = {}  # role → its live-value label reported
         if self.policy == "ranker":  # each write of state.json says who serves (see open)
             self.store.before_save = self._record_serving
 
@@ -132,14 +133,26 @@ class RankerState:
         """The rollout (while a ranker serves) watches the learned rewards of the policies
         that served them."""
         self.rollout.observe(served, rewards)
-        # by role: a retrained version of the live ranker rolls out under the same name, and
-        # one label for both showed the candidate's handful of events as the live one's value
-        for role, arm in (("ranker", self.rollout.live), ("candidate", self.rollout.candidate)):
-            if arm is not None and arm.served:
-                self.observer.on_policy_live_value(f"{role}:{arm.name}", arm.earned / arm.served)
+        self._report_live_values()
         learner = self.rollout.stats.get(0)
         if learner is not None and learner.n:
             self.observer.on_policy_live_value("learner", learner.mean)
+
+    def _report_live_values(self) -> None:
+        """What the live ranker and the candidate earned, by role: a retrained version of the
+        live ranker rolls out under the same name, and one label for both showed the
+        candidate's handful of events as the live one's value. A label whose arm left its
+        role (a rollout completed, a rollback) reads NaN: it held its last value for good
+        (an outside test)."""
+        for role, arm in (("ranker", self.rollout.live), ("candidate", self.rollout.candidate)):
+            label = None if arm is None else f"{role}:{arm.name}"
+            before = self._live_labels.get(role)
+            if before is not None and before != label:
+                self.observer.on_policy_live_value(before, math.nan)
+            self._live_labels[role] = label
+            if arm is not None and label is not None:
+                self.observer.on_policy_live_value(
+                    label, arm.earned / arm.served if arm.served else math.nan)
 
     # ------------------------------------------------------- the retrain jobs
     def take_version(self) -> int:
@@ -291,6 +304,7 @@ class RankerState:
                 "inside" if inside else "OUTSIDE (miscalibrated)")
         self._report_shares()
         self._report_version()
+        self._report_live_values()
         self.store.record(entry)
 
     def _unstack(self, arm: Arm) -> list[str]:

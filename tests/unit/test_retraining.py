@@ -443,6 +443,8 @@ def test_a_candidate_replaced_by_a_newer_promotion_counts_as_replaced(
     retraining.request_rollback()
     daemon.step()
     assert retraining.rollout.serving() == [] and retraining.rollout.shares() == {0: 1.0}
+    # a role nobody holds any more reads NaN (it kept its last value for good)
+    assert np.isnan(observer.live_values["candidate:centroidoracle"])
     state = read_ranker_state(tmp_path / "rankers")
     assert state["promoted"] == [] and state["history"][-1]["promoted_now"] is None
     # checkpointed at once: a kill -9 now restores the rollback, not the candidate
