@@ -37,6 +37,7 @@ from streamlearn.events.raw import (
     feedback_type_of,
     is_number,
     parse_object,
+    shown,
     shown_id,
     timestamp_of,
 )
@@ -80,18 +81,18 @@ def reward_spec(obj: dict[str, Any], event_id: str | None = None,
         reward = obj["reward"]
         if not _reward(reward):
             raise Reject("bad_reward", f"expected 'reward' as a number in [0, 1], got "
-                                       f"{reward!r:.40}", event_id)
+                                       f"{shown(reward, 40)}", event_id)
         return float(reward)
     rewards = obj["rewards"]
     if not (isinstance(rewards, dict) and 0 < len(rewards) <= MAX_NAMED):
         raise Reject("bad_reward", f"expected 'rewards' as an object of 1 to {MAX_NAMED} "
                                    f"candidate ids, got {type(rewards).__name__} "
-                                   f"{rewards!r:.40}", event_id)
+                                   f"{shown(rewards, 40)}", event_id)
     for cid, reward in rewards.items():
         if not 0 < len(cid) <= limits.max_id_length or not _reward(reward):
             raise Reject("bad_reward", f"expected 'rewards' to map candidate ids of 1 to "
                                        f"{limits.max_id_length} characters to numbers in [0, 1], "
-                                       f"got {shown_id(cid)}: {reward!r:.40}", event_id)
+                                       f"got {shown_id(cid)}: {shown(reward, 40)}", event_id)
     return {cid: float(r) for cid, r in rewards.items()}
 
 

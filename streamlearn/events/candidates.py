@@ -42,6 +42,7 @@ from streamlearn.events.raw import (
     check_depth,
     event_id_of,
     parse_object,
+    shown,
     shown_id,
     timestamp_of,
 )
@@ -196,12 +197,12 @@ def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
         try:
             forms.append(classify(candidate.get("x"), d_c, event_id))
         except Reject as err:
-            raise Reject(err.reason, f"candidate {cid!r:.40}: {err.detail}", event_id) from err
+            raise Reject(err.reason, f"candidate {shown(cid, 40)}: {err.detail}", event_id) from err
         ids.append(cid)
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         twice = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
-        raise Reject("duplicate_candidate_id", f"expected distinct candidate ids, got {twice!r:.40} "
+        raise Reject("duplicate_candidate_id", f"expected distinct candidate ids, got {shown(twice, 40)} "
                                                "twice", event_id)
     slots = obj.get("slots")
     if slots is None:  # absent or null: one slot, as null means absent for 'ts' and 'baseline'
@@ -210,13 +211,13 @@ def _request(msg: RawMessage, d_x: int, d_c: int, limits: DecodeLimits,
     if not (type(slots) is int and 1 <= slots <= most):
         raise Reject("bad_slots", f"expected 'slots' an integer in [1, {most}] (at most the "
                                   f"number of candidates, {len(ids)}, and the deployment's "
-                                  f"{max_slots}), got {slots!r:.20}", event_id)
+                                  f"{max_slots}), got {shown(slots, 20)}", event_id)
     baseline = obj.get("baseline")
     index = -1
     if baseline is not None:
         if type(baseline) is not str or baseline not in ids:
             raise Reject("bad_baseline", "expected 'baseline' as the id of one of the request's "
-                                         f"candidates, got {baseline!r:.40}", event_id)
+                                         f"candidates, got {shown(baseline, 40)}", event_id)
         index = ids.index(baseline)
     return _Request(msg, event_id, ts, shared, forms, ids, slots, dense, index)
 
@@ -292,7 +293,7 @@ def _decode_chunk(
         bad = [k for k in range(sizes[i]) if not ok_items[starts[i] + k]]
         if bad:
             reason, detail = explain(*r.forms()[bad[0]], d_c, limits)
-            detail = f"candidate {r.candidate_ids[bad[0]]!r:.40}: {detail}"
+            detail = f"candidate {shown(r.candidate_ids[bad[0]], 40)}: {detail}"
         else:
             assert r.shared is not None
             reason, detail = explain(*r.shared, d_x, limits)

@@ -35,6 +35,7 @@ from streamlearn.events.raw import (
     feedback_type_of,
     is_number,
     parse_object,
+    shown,
     timestamp_of,
 )
 
@@ -101,7 +102,7 @@ def decode_feedback(
             reward = obj.get("reward")
             if not (is_number(reward) and 0.0 <= reward <= 1.0):  # type: ignore[operator]
                 raise Reject("bad_reward", f"expected 'reward' as a number in [0, 1], "
-                                           f"got {reward!r:.40}", event_id)
+                                           f"got {shown(reward, 40)}", event_id)
             event_type = feedback_type_of(obj, event_id)
             ids.append(event_id)
             rewards.append(float(reward))  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from streamlearn.events.raw import (
     check_depth,
     event_id_of,
     parse_object,
+    shown,
     timestamp_of,
 )
 from streamlearn.features import Batch, concat_rows, take_rows
@@ -151,20 +152,20 @@ def _row(msg: RawMessage, n_features: int, n_actions: int, limits: DecodeLimits)
         and all(type(a) is int and 0 <= a < n_actions for a in actions)
     ):
         raise Reject("bad_actions", f"expected a non-empty list of integer actions in "
-                                    f"[0, {n_actions}), got {actions!r:.60}", event_id)
+                                    f"[0, {n_actions}), got {shown(actions, 60)}", event_id)
     label = obj.get("label", -1)
     if label != -1 and not (isinstance(label, int) and not isinstance(label, bool)
                             and 0 <= label < n_actions):
-        raise Reject("bad_label", f"expected 'label' in [0, {n_actions}), got {label!r:.40}",
+        raise Reject("bad_label", f"expected 'label' in [0, {n_actions}), got {shown(label, 40)}",
                      event_id)
     baseline = obj.get("baseline")
     if baseline is not None:
         if not (type(baseline) is int and 0 <= baseline < n_actions):
             raise Reject("bad_baseline", f"expected 'baseline' as an integer action in "
-                                         f"[0, {n_actions}), got {baseline!r:.40}", event_id)
+                                         f"[0, {n_actions}), got {shown(baseline, 40)}", event_id)
         if actions is not None and baseline not in actions:
             raise Reject("bad_baseline", f"expected 'baseline' among the event's actions "
-                                         f"{actions!r:.60}, got {baseline}", event_id)
+                                         f"{shown(actions, 60)}, got {baseline}", event_id)
     return _Row(msg, event_id, ts, form, payload, actions, int(label),
                 -1 if baseline is None else int(baseline))
 

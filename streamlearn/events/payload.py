@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from streamlearn.events.raw import DecodeLimits, Reject
+from streamlearn.events.raw import DecodeLimits, Reject, shown
 from streamlearn.features import Batch, SparseBatch, hash_names
 
 __all__ = ["DenseRows", "classify", "dense_feature_batch", "explain", "feature_batch",
@@ -306,9 +306,9 @@ def _entries(form: str, payload: Any) -> list[tuple[str, object]]:
     if form == "dense":
         return [(f"x[{i}]", v) for i, v in enumerate(payload)]
     if form == "sparse":
-        return [(f"x.val[{j}] (feature {i!r:.20})", v) for j, (i, v) in
+        return [(f"x.val[{j}] (feature {shown(i, 20)})", v) for j, (i, v) in
                 enumerate(zip(payload[0], payload[1], strict=True))]
-    return [(f"x[{name!r:.40}]", v) for name, v in payload.items()]
+    return [(f"x[{shown(name, 40)}]", v) for name, v in payload.items()]
 
 
 def explain(form: str, payload: Any, n_features: int, limits: DecodeLimits) -> tuple[str, str]:
@@ -316,9 +316,9 @@ def explain(form: str, payload: Any, n_features: int, limits: DecodeLimits) -> t
     if form == "sparse":
         for j, i in enumerate(payload[0]):
             if not (isinstance(i, (int, float)) and not isinstance(i, bool)):
-                return "bad_features", f"x.idx[{j}] is not a number: {i!r:.40}"
+                return "bad_features", f"x.idx[{j}] is not a number: {shown(i, 40)}"
             if i != int(i):
-                return "bad_features", f"x.idx[{j}] = {i!r} is not an integer index"
+                return "bad_features", f"x.idx[{j}] = {shown(i)} is not an integer index"
             if not 0 <= i < n_features:
                 return ("wrong_dimension", f"x.idx[{j}] = {int(i)} is outside the "
                                            f"{n_features} features [0, {n_features})")
@@ -327,7 +327,7 @@ def explain(form: str, payload: Any, n_features: int, limits: DecodeLimits) -> t
         try:
             value = float(v)  # type: ignore[arg-type]
         except (TypeError, ValueError, OverflowError):
-            return "bad_features", f"{where} is not a number: {v!r:.40}"
+            return "bad_features", f"{where} is not a number: {shown(v, 40)}"
         if not np.isfinite(value):
             return "non_finite", f"{where} is {value}"
         if abs(value) > limits.max_abs_feature:

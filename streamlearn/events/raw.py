@@ -15,7 +15,7 @@ import orjson
 
 __all__ = ["DEFAULT_LIMITS", "MAX_TYPE_LENGTH", "DecodeLimits", "Message", "RawMessage", "Reject",
            "Rejection", "check_depth", "depth_exceeds", "event_id_of", "feedback_type_of",
-           "is_number", "own_copy", "parse_object", "timestamp_of"]
+           "is_number", "own_copy", "parse_object", "shown", "shown_id", "timestamp_of"]
 
 #: the longest feedback ``type`` accepted (a short name: click, conversion, dwell)
 MAX_TYPE_LENGTH = 64
@@ -194,14 +194,29 @@ def event_id_of(obj: dict[str, Any], limits: DecodeLimits) -> str:
     return event_id
 
 
+def shown(value: object, limit: int = 40) -> str:
+    """A rejected value for a detail, as the JSON it came in (``null``, ``true``, ``"2"``:
+    Python's ``None``, ``True``, ``'2'`` told a caller that writes JSON something else, an
+    outside test), cut at ``limit`` characters.
+
+    >>> shown(None), shown(True), shown("2"), shown([1.5, {"a": None}]), shown("x" * 50, 10)
+    ('null', 'true', '"2"', '[1.5,{"a":null}]', '"xxxxxxxxx…')
+    """
+    try:
+        text = orjson.dumps(value).decode()
+    except TypeError:  # not from JSON (a test's object): Python's own form
+        text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 1]}…"
+
+
 def shown_id(value: object, limit: int = 40) -> str:
-    """A rejected id for a detail: its repr cut at ``limit`` characters, and when a string
-    was cut its length, which is what a too-long id is rejected for."""
-    text = repr(value)
-    if len(text) <= limit:
+    """A rejected id for a detail: :func:`shown`, and when a string was cut its length,
+    which is what a too-long id is rejected for."""
+    text = shown(value, limit + 1)
+    if not text.endswith("…"):
         return text
     length = f" ({len(value)} characters)" if isinstance(value, str) else ""
-    return f"{text[:limit]}…{length}"
+    return f"{text}{length}"
 
 
 def is_number(value: object) -> bool:
@@ -213,7 +228,7 @@ def timestamp_of(obj: dict[str, Any], msg: RawMessage, event_id: str) -> float:
     if ts is None:
         return msg.timestamp_ms / 1000.0
     if not is_number(ts) or not np.isfinite(ts):
-        raise Reject("bad_timestamp", f"expected 'ts' to be a finite number, got {ts!r:.40}",
+        raise Reject("bad_timestamp", f"expected 'ts' to be a finite number, got {shown(ts)}",
                      event_id)
     return float(ts)
 
@@ -225,7 +240,7 @@ def feedback_type_of(obj: dict[str, Any], event_id: str) -> str | None:
     if kind is None or (type(kind) is str and 0 < len(kind) <= MAX_TYPE_LENGTH):
         return kind
     got = (f"a string of {len(kind)} characters" if isinstance(kind, str)
-           else f"{type(kind).__name__} {kind!r:.40}")
+           else f"{type(kind).__name__} {shown(kind, 40)}")
     raise Reject("bad_feedback_type", f"expected 'type' as a string of 1 to {MAX_TYPE_LENGTH} "
                                       f"characters, got {got}", event_id)
 

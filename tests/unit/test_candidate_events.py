@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamlearn.events.candidates import decode_candidate_requests
-from streamlearn.events.raw import DecodeLimits
+from streamlearn.events.raw import DecodeLimits, shown
 from streamlearn.transport.protocol import Message
 
 D_X, D_C = 2, 3
@@ -47,16 +47,16 @@ def test_mixed_forms_and_sizes_decode_into_segments() -> None:
     ({"candidates": [1, 2]}, "bad_candidates", "objects"),
     ({"candidates": [{"id": "a", "x": [1, 2, 3]}] * 1001}, "too_many_candidates", "at most 1000"),
     ({"candidates": [{"id": "a", "x": [1, 2, 3]}, {"id": "a", "x": [1, 2, 3]}]},
-     "duplicate_candidate_id", "'a' twice"),
+     "duplicate_candidate_id", '"a" twice'),
     ({"candidates": [{"id": 7, "x": [1, 2, 3]}]}, "bad_candidate_id", "candidate 0"),
     ({"candidates": [{"id": "", "x": [1, 2, 3]}]}, "bad_candidate_id", "string 'id'"),
     ({"candidates": [{"id": "k" * 300, "x": [1, 2, 3]}]}, "bad_candidate_id",
-     "got 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk… (300 characters)"),
-    ({"candidates": [{"id": "a", "x": [1, 2]}]}, "wrong_dimension", "candidate 'a'"),
-    ({"candidates": [{"id": "a"}]}, "bad_features", "candidate 'a'"),
-    ({"candidates": [{"id": "a", "x": [1, 2, 1e300]}]}, "value_out_of_range", "candidate 'a'"),
+     'got "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk… (300 characters)'),
+    ({"candidates": [{"id": "a", "x": [1, 2]}]}, "wrong_dimension", 'candidate "a"'),
+    ({"candidates": [{"id": "a"}]}, "bad_features", 'candidate "a"'),
+    ({"candidates": [{"id": "a", "x": [1, 2, 1e300]}]}, "value_out_of_range", 'candidate "a"'),
     ({"candidates": [{"id": "é😀", "x": {"idx": [0, 1], "val": [1.0]}}]}, "bad_features",
-     "candidate 'é😀'"),
+     'candidate "é😀"'),
     ({"slots": 4}, "bad_slots", "[1, 3]"),
     ({"slots": 0}, "bad_slots", "[1, 3]"),
     ({"slots": True}, "bad_slots", "integer"),
@@ -219,7 +219,7 @@ def test_baselines_decode_alike_on_the_dense_fast_path_and_the_walk(
             assert value["baseline"] not in [c["id"] for c in value["candidates"]] or \
                 not isinstance(value["baseline"], str)
             assert r.detail == ("expected 'baseline' as the id of one of the request's "
-                                f"candidates, got {value['baseline']!r:.40}")
+                                f"candidates, got {shown(value['baseline'], 40)}")
             assert r.value == orjson.dumps(value)
 
 
@@ -233,7 +233,7 @@ def test_a_candidate_baseline_must_be_one_of_the_requests_candidate_ids(baseline
         return
     assert batch.ids == ["r1"] and [b.reason for b in bad] == ["bad_baseline"]
     assert bad[0].detail == ("expected 'baseline' as the id of one of the request's candidates, "
-                             f"got {baseline!r:.40}")
+                             f"got {shown(baseline, 40)}")
     assert bad[0].event_id == "r9" and bad[0].value == orjson.dumps(value)
     ok, _ = decode_candidate_requests([message({**good(9), "baseline": "item-2"})], D_X, D_C)
     assert np.asarray(ok.baselines).tolist() == [2]

@@ -230,14 +230,14 @@ def test_valid_dense_rows_round_trip_exactly(rows: list[list[float]]) -> None:
     ({"idx": [3, 1], "val": [1.0, 5e15]}, "value_out_of_range",
      "x.val[1] (feature 1) = 5e+15 is beyond ±1e+12 (limits.max_abs_feature)"),
     ({"price": 1.0, "count": -2e13}, "value_out_of_range",
-     "x['count'] = -2e+13 is beyond ±1e+12 (limits.max_abs_feature)"),
+     'x["count"] = -2e+13 is beyond ±1e+12 (limits.max_abs_feature)'),
     ([9e11, 9e11, 0.0, 0.0], "value_out_of_range",
      "the squared norm of x, 1.62e+24, exceeds 1e+24 (limits.max_row_squared_norm)"),
     ({"idx": [1.5], "val": [1.0]}, "bad_features", "x.idx[0] = 1.5 is not an integer index"),
     ({"idx": [0, 7], "val": [1.0, 1.0]}, "wrong_dimension",
      "x.idx[1] = 7 is outside the 4 features [0, 4)"),
     ([1, 2, 3], "wrong_dimension", "expected 4 features in the dense 'x', got 3"),
-    ([1, "a", 3, 4], "bad_features", "x[1] is not a number: 'a'"),
+    ([1, "a", 3, 4], "bad_features", 'x[1] is not a number: "a"'),
     ([1, "nan", 3, 4], "non_finite", "x[1] is nan"),
 ])
 def test_dead_letter_details_say_what_was_wrong(x: object, reason: str, detail: str) -> None:
@@ -378,11 +378,11 @@ def test_a_feedback_type_is_kept_and_a_bad_one_says_what_was_expected() -> None:
         orjson.dumps({"id": "s", "reward": 1.0}),
         orjson.dumps({"id": "t", "reward": 1.0, "type": {"a": 1}}), topic="feedback"))
     assert requests.ids == ["r", "s"] and requests.types == ["conversion", None]
-    assert [(r.reason, r.detail) for r in bad] == [("bad_feedback_type", expected + "dict {'a': 1}")]
+    assert [(r.reason, r.detail) for r in bad] == [("bad_feedback_type", expected + 'dict {"a":1}')]
     _, bad = decode_candidate_feedback(msgs(orjson.dumps({"id": "u", "rewards": {"k" * 300: 1.0}}),
                                             topic="feedback"))
     assert [r.reason for r in bad] == ["bad_reward"]
-    assert "got 'kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk… (300 characters): 1.0" in bad[0].detail
+    assert 'got "kkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkkk… (300 characters): 1.0' in bad[0].detail
 
 
 @pytest.mark.parametrize("levels", [33, 100, 1010])

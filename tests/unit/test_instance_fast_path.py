@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from streamlearn.events import instances
 from streamlearn.events.payload import explain, feature_batch
-from streamlearn.events.raw import DecodeLimits, Reject, Rejection
+from streamlearn.events.raw import DecodeLimits, Reject, Rejection, shown
 from streamlearn.features import SparseBatch
 from streamlearn.transport.protocol import Message
 
@@ -181,7 +181,7 @@ def test_every_bad_baseline_is_a_bad_baseline_rejection_that_keeps_the_whole_eve
     assert r.reason == "bad_baseline", r
     assert r.detail.startswith(f"expected 'baseline' as an integer action in [0, {K}), got ")
     got = orjson.loads(value)["baseline"]  # as the daemon read it
-    assert r.detail.endswith(f"got {got!r:.40}"), (r.detail, got)
+    assert r.detail.endswith(f"got {shown(got, 40)}"), (r.detail, got)
     assert (r.event_id, r.value, r.key, r.topic, r.partition, r.offset) == (
         "bad", value, f"k{neighbours}".encode(), "instances", 1, 10 + neighbours)
 
@@ -199,7 +199,7 @@ def test_a_baseline_outside_the_events_actions_is_a_bad_baseline(baseline: int,
         assert refused == [] and np.asarray(batch.baselines).tolist() == [baseline]
         return
     assert [r.reason for r in refused] == ["bad_baseline"] and batch.ids == []
-    assert refused[0].detail == (f"expected 'baseline' among the event's actions {actions!r}, "
+    assert refused[0].detail == (f"expected 'baseline' among the event's actions {shown(actions, 60)}, "
                                  f"got {baseline}")
     assert refused[0].event_id == "a" and refused[0].value == value
 
