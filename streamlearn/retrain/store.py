@@ -166,7 +166,7 @@ def retrain_entry(result: dict[str, Any], decision: dict[str, Any], started: flo
         "challengers": [{k: c.get(k) for k in (
             "name", "version", "artifact", "since", "first_segment", "last_segment", "index",
             "alpha", "looks", "rows", "passed", "advantage_lower", "value", "ess",
-            "max_weight", "exhausted")} for c in judged]}
+            "max_weight", "mean_weight", "exhausted")} for c in judged]}
 
 
 def candidate_entry(result: dict[str, Any], best: str | None, started: float,
