@@ -108,6 +108,7 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 log.segment.bytes=16777216
 log.retention.check.interval.ms=300000
+log.cleaner.backoff.ms=1000
 num.network.threads=2
 num.io.threads=2
 num.recovery.threads.per.data.dir=1

@@ -381,7 +381,12 @@ def _check_changelog_topic(config: Config) -> None:
     """Create the changelog topic if missing; refuse one of another partition count, or one
     that is not compacted."""
     from streamlearn.transport.kafka import ensure_topics
-    from streamlearn.transport.keyed_log import CHANGELOG_TOPIC_CONFIGS, LANES, cleanup_policy
+    from streamlearn.transport.keyed_log import (
+        CHANGELOG_TOPIC_CONFIGS,
+        LANES,
+        MIN_COMPACTION_LAG_MS,
+        topic_settings,
+    )
 
     k, t = config.kafka, config.topics
     assert k.bootstrap is not None  # checked by load_config
@@ -394,7 +399,17 @@ def _check_changelog_topic(config: Config) -> None:
         raise ConfigError(f"topics.changelog {t.changelog!r} must have {want} partitions (two "
                           f"per partition of {t.instances!r}). Got {have}; create it anew, or "
                           f"name another (it is created when missing).")
-    policy = cleanup_policy(k.bootstrap, t.changelog, options)
+    found = topic_settings(k.bootstrap, t.changelog, ("cleanup.policy", "min.compaction.lag.ms"),
+                           options)
+    policy, lag = found.get("cleanup.policy"), found.get("min.compaction.lag.ms")
+    if lag is not None and lag.isdigit() and int(lag) < MIN_COMPACTION_LAG_MS:
+        logging.getLogger("streamlearn.changelog").warning(
+            "topics.changelog %r has min.compaction.lag.ms = %s: a killed replica's last "
+            "journal records can be compacted away before the next owner reads them, and "
+            "those events decided again differently; set it to at least %d "
+            "(kafka-configs.sh --alter --entity-type topics --entity-name %s "
+            "--add-config min.compaction.lag.ms=%d)", t.changelog, lag, MIN_COMPACTION_LAG_MS,
+            t.changelog, MIN_COMPACTION_LAG_MS)
     if policy is not None and "compact" not in policy.split(","):
         raise ConfigError(f"topics.changelog {t.changelog!r} must be compacted (cleanup.policy "
                           f"= compact: time-based retention would delete chunks the newest "

@@ -220,6 +220,7 @@ class Changelog:
         self._lock = threading.Lock()  # journal_keys: the serving thread and the writer's
         self._committed_at = time.monotonic()  # the last commit of the log's transaction
         self._publishing = False  # a checkpoint is being written (its commit comes soon)
+        self.where = "its partition"  # named in log lines (the checkpointer names its directory)
 
     # ------------------------------------------------------------------ writing
     def journal(self, seq: int, lines: bytes) -> None:
@@ -236,6 +237,17 @@ class Changelog:
         if time.monotonic() - self._committed_at >= JOURNAL_COMMIT_S and not self._publishing:
             self.log.commit()
             self._committed_at = time.monotonic()
+
+    def journal_again(self, batches: dict[int, bytes]) -> None:
+        """Journal lines a restore reuses from a local disk (by checkpoint), written as this
+        writer's and committed at once (:meth:`_recommit` does the same for what the
+        changelog itself held)."""
+        for seq, lines in sorted(batches.items()):
+            self.journal(seq, lines)
+        self.log.commit()
+        self._committed_at = time.monotonic()
+        log.info("changelog: %d journal lines of the local disk committed again (for %s)",
+                 sum(lines.count(b"\n") for lines in batches.values()), self.where)
 
     def publish(self, seq: int, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
         """Write checkpoint ``seq``: the chunks the log does not hold, the manifest, commit;
@@ -364,8 +376,8 @@ class Changelog:
             self.log.send(key, value, journal=True)
         self.log.commit()
         self._committed_at = time.monotonic()
-        log.info("changelog: %d journal records of the previous writer committed again",
-                 len(records))
+        log.info("changelog: %d journal records of the previous writer committed again (for %s)",
+                 len(records), self.where)
 
     def _read_journal(self) -> tuple[dict[int, list[tuple[bytes, bytes]]], int, int]:
         """The journal lane, committed or not (a batch is journaled before its decisions are

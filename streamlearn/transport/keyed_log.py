@@ -64,7 +64,7 @@ from streamlearn.errors import OwnershipLost, TransportError
 from streamlearn.transport.kafka import RECONNECT_BACKOFF_MAX_MS
 
 __all__ = ["CHANGELOG_TOPIC_CONFIGS", "LANES", "Fenced", "KafkaKeyedLog", "KeyedLog",
-           "MemoryKeyedLog", "MemoryKeyedLogs", "Record", "cleanup_policy"]
+           "MemoryKeyedLog", "MemoryKeyedLogs", "Record", "topic_settings"]
 
 log = logging.getLogger("streamlearn.changelog")
 
@@ -73,6 +73,13 @@ Record = tuple[int, bytes, bytes | None]
 
 #: Kafka partitions per slot: the state lane, then the journal lane.
 LANES = 2
+
+#: Records younger than this are never compacted, the records of aborted transactions
+#: included: a dead writer's last journal records stay readable this long for the owners
+#: that follow, even when one of them dies while it restores. Without it an outside test saw
+#: the cleaner remove them between the next owner's open (which aborts the dead writer's
+#: transaction) and its read, and ids decided again differently.
+MIN_COMPACTION_LAG_MS = 5 * 60_000
 
 #: Topic settings of a changelog topic created by streamlearn: compacted, segments small and
 #: young enough that the cleaner gets to them within minutes (the active segment is never
@@ -83,6 +90,7 @@ CHANGELOG_TOPIC_CONFIGS = {
     "segment.ms": str(5 * 60_000),
     "min.cleanable.dirty.ratio": "0.2",
     "max.message.bytes": str(2 * 2**20),
+    "min.compaction.lag.ms": str(MIN_COMPACTION_LAG_MS),
 }
 
 
@@ -240,9 +248,9 @@ def _fenced(exc: BaseException) -> bool:
         or "fenced" in str(exc).lower()
 
 
-def cleanup_policy(bootstrap_servers: str, topic: str,
-                   client_options: Mapping[str, object] | None = None) -> str | None:
-    """The ``cleanup.policy`` of an existing topic (None when the broker does not say)."""
+def topic_settings(bootstrap_servers: str, topic: str, names: tuple[str, ...],
+                   client_options: Mapping[str, object] | None = None) -> dict[str, str]:
+    """The values of the settings ``names`` of an existing topic (those the broker says)."""
     from kafka import KafkaAdminClient
     from kafka.admin import ConfigResource, ConfigResourceType
 
@@ -251,16 +259,18 @@ def cleanup_policy(bootstrap_servers: str, topic: str,
     admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers, **options)
     try:
         described = admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, topic, configs={"cleanup.policy": None})],
-            config_filter="all")
+            [ConfigResource(ConfigResourceType.TOPIC, topic,
+                            configs=dict.fromkeys(names))], config_filter="all")
     finally:
         admin.close()
+    found: dict[str, str] = {}
     for by_name in (described or {}).values():
-        entry = (by_name.get(topic) or {}).get("cleanup.policy") if isinstance(by_name, dict) \
-            else None
-        if isinstance(entry, dict) and entry.get("value") is not None:
-            return str(entry["value"])
-    return None
+        entries = by_name.get(topic) or {} if isinstance(by_name, dict) else {}
+        for name in names:
+            entry = entries.get(name)
+            if isinstance(entry, dict) and entry.get("value") is not None:
+                found[name] = str(entry["value"])
+    return found
 
 
 def _no_epoch_bump(producer: Any) -> None:

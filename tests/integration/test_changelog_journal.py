@@ -11,6 +11,7 @@ keeps is what a ``read_committed`` reader sees).
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from streamlearn.durability.changelog import Changelog
@@ -44,3 +45,51 @@ def test_a_dead_writers_journal_is_committed_again_by_the_writer_that_restores_i
         third.log.close()
     finally:
         second.log.close()
+
+
+def _dead_writers_journal(kafka_bootstrap: str, topic_configs: dict[str, str]) -> str:
+    """A topic whose writer journaled 20 records and died (its transaction left open), and
+    the next writer, which opened (aborting it): the topic's name."""
+    topic = f"journal-lag-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [topic], LANES, topic_configs=topic_configs)
+    first = KafkaKeyedLog(kafka_bootstrap, topic, 0)
+    for i in range(20):
+        first.send_and_wait(f"j/1/dead-{i}".encode(), b"decision", journal=True)
+    first.close()
+    return topic
+
+
+def _journal_left(kafka_bootstrap: str, topic: str) -> int:
+    reader = KafkaKeyedLog(kafka_bootstrap, topic, 0, write=False)
+    try:
+        return sum(key.startswith(b"j/1/dead-") for _, key, _ in reader.records(journal=True))
+    finally:
+        reader.close()
+
+
+def test_the_changelog_topic_keeps_a_dead_writers_journal_from_the_cleaner(
+        kafka_bootstrap: str) -> None:
+    """Kafka's cleaner removes an aborted transaction's records: an outside test saw it do so
+    between the next owner's open (which aborts the dead writer's transaction) and its read,
+    with a fast-compacting changelog, and ids decided again differently. The changelog topic
+    is created with min.compaction.lag.ms (MIN_COMPACTION_LAG_MS), which keeps records that
+    young from the cleaner. Both topics here roll segments every second; the one without the
+    lag shows the cleaner ran (this broker cleans every second: deploy/kafka/kafka.sh)."""
+    fast = {"segment.ms": "1000", "min.cleanable.dirty.ratio": "0.01",
+            "delete.retention.ms": "1000"}
+    kept = _dead_writers_journal(kafka_bootstrap, {**CHANGELOG_TOPIC_CONFIGS, **fast})
+    control = _dead_writers_journal(kafka_bootstrap, {**CHANGELOG_TOPIC_CONFIGS, **fast,
+                                                      "min.compaction.lag.ms": "0"})
+    writers = [KafkaKeyedLog(kafka_bootstrap, t, 0) for t in (kept, control)]  # abort them
+    try:
+        deadline = time.monotonic() + 60
+        while _journal_left(kafka_bootstrap, control) and time.monotonic() < deadline:
+            for n, writer in enumerate(writers):  # appends roll the journal's segments
+                writer.send_and_wait(b"j/2/next-%d" % n, b"x", journal=True)
+                writer.commit()
+            time.sleep(1.0)
+        assert _journal_left(kafka_bootstrap, control) == 0, "the cleaner never ran"
+        assert _journal_left(kafka_bootstrap, kept) == 20
+    finally:
+        for writer in writers:
+            writer.close()

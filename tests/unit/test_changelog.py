@@ -13,7 +13,7 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from loop_helpers import Clock, decisions_by_id
+from loop_helpers import Clock, decisions_by_id, drain
 from prometheus_client import CollectorRegistry
 from test_daemon_fake import BLOCK, Caller, N, direct_weights, learner, lockstep, weights_of
 from test_daemon_fake import settings as daemon_settings
@@ -198,6 +198,43 @@ def test_a_restart_on_its_own_disk_reads_only_the_changelog_tail(tmp_path: Path)
     again.restore()
     assert again.checkpointer is not None and again.checkpointer.restored_from == "local"
     assert again.counters.instances == daemon.counters.instances
+
+
+def test_a_restart_from_its_own_disk_commits_its_local_journal_for_the_next_owner(
+        tmp_path: Path) -> None:
+    """A replica killed after journaling decisions restarts on its own disk and restores
+    from it, with its local journal: the changelog's copy was in its killed transaction,
+    aborted by the reopen, and the cleaner had removed it. It dies again before a
+    checkpoint; the next owner, on another disk, must still re-emit those decisions
+    identically (an outside test: 211 journaled decisions restored from disk, none by the
+    next owner from the changelog, 800 ids decided again differently)."""
+    broker, clock, logs = InMemoryBroker(2), Clock(), MemoryKeyedLogs()
+    caller = Caller(broker)
+    first = make_daemon(broker, logs, tmp_path / "a", clock, checkpoint_every_events=10**6,
+                        checkpoint_every_seconds=1e9)
+    lockstep(broker, first, caller, clock, range(2))
+    first.checkpoint(final=True)  # the changelog's newest checkpoint is the disk's
+    clock.t += 1.0
+    caller.publish(2 * BLOCK, 3 * BLOCK, ts=clock.t)
+    drain(first)  # decided and journaled (disk and changelog), not answered: then killed
+    decided = {k: v[0] for k, v in decisions_by_id(broker).items()}
+    again = Daemon(daemon_settings(tmp_path / "a", checkpoint_every_events=10**6,
+                                   checkpoint_every_seconds=1e9),
+                   InMemoryTransport(broker=broker, partitions=2), learner(), wall_clock=clock,
+                   changelog=Changelog(logs.open("changelog", 0)))  # the open aborts the first's
+    logs.compact("changelog", 0)  # the cleaner runs before the restore reads
+    again.restore()
+    assert again.checkpointer is not None and again.checkpointer.restored_from == "local"
+    del again  # killed again, before any checkpoint
+    logs.compact("changelog", 0)
+    clock.t += 5.0  # a decision made anew would differ (its ts): only the journal's match
+    third = make_daemon(broker, logs, tmp_path / "b", clock)
+    assert third.checkpointer is not None and third.checkpointer.restored_from == "changelog"
+    drain(third)
+    for event_id, copies in decisions_by_id(broker).items():
+        assert all(copy == decided.get(event_id, copies[0]) for copy in copies), event_id
+    repeated = [k for k, v in decisions_by_id(broker).items() if len(v) > 1]
+    assert len(repeated) >= BLOCK // 2  # the third re-read the killed run's input
 
 
 def test_a_daemon_whose_changelog_was_taken_stops_before_publishing(tmp_path: Path) -> None:
