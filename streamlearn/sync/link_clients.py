@@ -342,8 +342,12 @@ class ConfluentLinkClients:
     def open_merger(self, transactional_id: str) -> MergerProducer:
         from confluent_kafka import Producer
 
+        from streamlearn.transport import confluent
+
         producer = Producer({**self._common, "client.id": "streamlearn-models-merger",
-                             "acks": "all", "linger.ms": 5, "transactional.id": transactional_id})
+                             "acks": "all", "linger.ms": 5, "transactional.id": transactional_id,
+                             "logger": confluent.MERGER_LOG,
+                             "error_cb": confluent.log_merger_error})
         producer.init_transactions(30)
         return _ConfluentMerger(producer, self.topic)
 

@@ -299,6 +299,24 @@ def test_librdkafka_lines_of_one_kind_are_logged_once_per_window(
                      "a different line"]
 
 
+def test_the_merger_producers_fencing_lines_are_routine(caplog: pytest.LogCaptureFixture) -> None:
+    """Every handover of the merger role logged librdkafka's ERROR ADDPARTS, CRITICAL TXNERR
+    and CRITICAL FATAL lines (an outside test): being fenced by the next merger is planned.
+    They are INFO lines now (not shown at the default WARNING); other lines keep their level."""
+    from streamlearn.transport.confluent import MERGER_LOG
+
+    fenced = "FATAL [thrd:main]: Fatal error: Broker: Producer attempted an operation with an " \
+             "old epoch: Producer fenced by a newer instance"
+    with caplog.at_level(logging.WARNING, logger=MERGER_LOG.name):
+        MERGER_LOG.critical(fenced)
+        MERGER_LOG.error("FAIL [thrd:127.0.0.1:1/bootstrap]: connect failed after 1ms")
+    assert [(r.levelname, r.getMessage()[:4]) for r in caplog.records] == [("ERROR", "FAIL")]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=MERGER_LOG.name):
+        MERGER_LOG.critical(fenced + " (again)")
+    assert [r.levelname for r in caplog.records] == ["INFO"]
+
+
 def _recording_clients(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
     """kafka-python's producer and consumer replaced by recorders of their settings."""
     import kafka
