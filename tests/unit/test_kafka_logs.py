@@ -53,3 +53,33 @@ def test_install_is_idempotent() -> None:
     kafka_logs.install()
     logger = logging.getLogger(kafka_logs.TRANSPORT_LOGGER)
     assert sum(isinstance(f, kafka_logs.ClosedSocketReadFilter) for f in logger.filters) == 1
+
+
+def test_a_task_registering_a_socket_released_by_close_is_not_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The selector's side of the same race (an outside test, during a changelog open): a
+    task registers a socket its close has released (descriptor -1); kafka-python's own
+    register_event raises, and its loop logs "Unhandled exception in task" with it."""
+    import selectors
+    import socket
+
+    from kafka.net.selector import NetworkSelector
+
+    kafka_logs.install()
+    net = NetworkSelector()
+    released = socket.socket()
+    released.close()
+    logger = logging.getLogger(kafka_logs.SELECTOR_LOGGER)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=kafka_logs.SELECTOR_LOGGER):
+        try:
+            net.register_event(released, selectors.EVENT_READ, lambda: None)
+        except ValueError:
+            logger.exception("Unhandled exception in task %s:", "task")  # as its loop does
+        try:
+            raise ValueError("another bug")
+        except ValueError:
+            logger.exception("Unhandled exception in task %s:", "task")
+    messages = [str(r.exc_info[1]) for r in caplog.records
+                if r.name == kafka_logs.SELECTOR_LOGGER and r.exc_info]
+    assert messages == ["another bug"]
