@@ -303,13 +303,13 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         fit_started = time.perf_counter()
         try:  # user code: one ranker that fails leaves the others judged
             ranker.fit(phi[train], labels, qid=qid[train], sample_weight=weights[train])
+            fit_seconds = time.perf_counter() - fit_started
             held_scores, train_scores = ranker.score(phi[test]), ranker.score(phi[train])
             quality = _heldout_quality(held_scores, rewards[test], qid[test], weights[test])
         except Exception as exc:
             failed[name] = f"{type(exc).__name__}: {exc}"
             report[name] = {"spec": name_spec, "failed": failed[name]}
             continue
-        fit_seconds = time.perf_counter() - fit_started
         path = save_artifact(artifact_dir, name, version, ranker, 1, phi.shape[1],
                              {"spec": name_spec, "train_rows": len(train), "clip": clip,
                               "candidates": {"d_x": d_x, "d_c": d_c}})

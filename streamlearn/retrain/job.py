@@ -266,13 +266,13 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
         fit_started = time.perf_counter()
         try:  # user code: one ranker that fails leaves the others judged
             ranker.fit(joint, labels, sample_weight=weights)
+            fit_seconds = time.perf_counter() - fit_started
             deployed = deployed_policy(ranker, held)  # its scores checked on every action
             quality = _quality(ranker, held, n_actions, clip)
         except Exception as exc:
             failed[name] = f"{type(exc).__name__}: {exc}"
             report_rankers[name] = {"spec": ranker_spec, "failed": failed[name]}
             continue
-        fit_seconds = time.perf_counter() - fit_started
         path = save_artifact(spec["artifact_dir"], name, int(spec["version"]), ranker, n_actions,
                              n_features, {"spec": ranker_spec, "segments": rows.segments,
                                           "train_rows": len(train), "clip": clip,
