@@ -8,9 +8,10 @@ on the training part), and ``ranker:NAME`` (the newest artifact ``NAME-v<version
 directory) — a ranker as the loop deploys it: its best allowed action, explored with
 the rate the learner used at each logged decision.
 
-Estimators (``--estimator``): ``bound`` (a betting confidence sequence: valid at any
-effective sample size, with weights of any size, however often it is read — the one
-to read), and the point estimates ``ips`` (unbiased, noisy), ``snips`` (biased towards
+Estimators (``--estimator``): ``bound`` (a confidence sequence for the running average of
+the policy's conditional values: valid at any effective sample size, with weights of any
+size, however often it is read, also when the policy or the world changed along the rows
+— the one to read), and the point estimates ``ips`` (unbiased, noisy), ``snips`` (biased towards
 the logger's own behaviour on small samples) and ``dr`` (as good as its reward model,
 fitted on other rows). Weights are unclipped unless ``--clip`` is given. The table
 says which to read and flags an estimate resting on few effective rows.
@@ -337,8 +338,9 @@ def _print_table(report: dict[str, Any]) -> None:
     print(f"log {report['log_dir']}  segments {report['segments']}  rows {report['rows']:,}"
           f"{' (held-out slice)' if report['holdout_only'] else ''}  {clip}  "
           f"level {report['level']}")
-    print("Read 'bound': a confidence sequence (betting), valid at any effective sample size, "
-          "with weights of any size. ips/snips/dr are point estimates: ips unbiased but noisy, "
+    print("Read 'bound': a confidence sequence (for the running average of the policy's values "
+          "along the rows), valid at any effective sample size, with weights of any size. "
+          "ips/snips/dr are point estimates: ips unbiased but noisy, "
           "snips pulled towards the logger's behaviour on few effective rows, dr as good as its "
           "reward model.")
     width = max(len("policy"), *(len(p) for p in report["estimates"]))

@@ -373,8 +373,14 @@ def _history_line(entry: dict[str, Any], unit: str = "events") -> str:
                 f"interval [{iv.get('low', float('nan')):.4f}, {iv.get('high', float('nan')):.4f}]")
     if "rolled_back" in entry:
         return f"rolled back {entry['rolled_back']} -> {entry.get('promoted_now') or 'learner'}"
+    if "failed_in_serving" in entry:
+        return (f"FAILED IN SERVING {Path(str(entry['failed_in_serving'])).name}: taken out "
+                f"({entry.get('reason')})")
     verdict = f"PROMOTED {entry.get('ranker')}" if entry.get("promoted") else "none promoted"
-    return f"retrain v{entry.get('version')}: {verdict} ({entry.get('reason')}){_held_out_quality(entry)}"
+    failed = entry.get("failed_rankers") or {}
+    failures = "".join(f"; ranker {name} FAILED ({why})" for name, why in failed.items())
+    return (f"retrain v{entry.get('version')}: {verdict} ({entry.get('reason')}){failures}"
+            f"{_held_out_quality(entry)}")
 
 
 def _held_out_quality(entry: dict[str, Any]) -> str:

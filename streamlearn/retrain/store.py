@@ -163,6 +163,7 @@ def retrain_entry(result: dict[str, Any], decision: dict[str, Any], started: flo
         "promoted": bool(decision.get("promote")), "reason": decision.get("reason"),
         "advantage_lower": decision.get("advantage_lower"),
         "max_evidence": result.get("max_evidence"),
+        "failed_rankers": result.get("failed_rankers") or {},
         "challengers": [{k: c.get(k) for k in (
             "name", "version", "artifact", "since", "first_segment", "last_segment", "index",
             "alpha", "looks", "rows", "passed", "advantage_lower", "value", "ess",
@@ -186,6 +187,7 @@ def candidate_entry(result: dict[str, Any], best: str | None, started: float,
             "candidates": result.get("candidates"), "max_rows": result.get("max_rows"),
             "watermark": result.get("watermark"), "since": result.get("since"),
             "holdout_fraction": result.get("holdout_fraction"), "level": result.get("level"),
+            "failed_rankers": result.get("failed_rankers") or {},
             "rankers": {n: {k: i.get(k) for k in ("ndcg", "auc", "fit_seconds", "offpolicy",
                                                   "artifact", "degenerate", "failed")}
                         for n, i in rankers.items()}}

@@ -65,7 +65,8 @@ CHANGELOG_FAILURES = (JOURNAL_RETRY, CHECKPOINT_LOCAL_ONLY)
 #: (guardrail), than the learner's holdback (holdback), no better after ten stages' worth of
 #: events (stalled), replaced by a newer promotion (replaced), asked for (manual), or whose
 #: artifact no longer loads at a restart (unloadable)
-ROLLBACK_REASONS = ("guardrail", "holdback", "stalled", "replaced", "manual", "unloadable")
+ROLLBACK_REASONS = ("guardrail", "holdback", "stalled", "replaced", "manual", "unloadable",
+                    "failing")
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 DELAY_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
