@@ -88,7 +88,10 @@ class Ranker(abc.ABC):
     def get_params(self) -> dict[str, Any]:
         """The constructor's hyperparameters by name."""
         sig = inspect.signature(type(self).__init__)
-        return {p: getattr(self, p) for p in sig.parameters if p != "self"}
+        # a ranker without a constructor of its own has object's (*args, **kwargs): none
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        return {name: getattr(self, name) for name, p in sig.parameters.items()
+                if name != "self" and p.kind in named}
 
     def clone(self) -> Self:
         """A fresh, unfitted ranker with the same hyperparameters."""

@@ -306,13 +306,13 @@ def run_candidate_retrain(spec: dict[str, Any]) -> dict[str, Any]:
             fit_seconds = time.perf_counter() - fit_started
             held_scores, train_scores = ranker.score(phi[test]), ranker.score(phi[train])
             quality = _heldout_quality(held_scores, rewards[test], qid[test], weights[test])
+            path = save_artifact(artifact_dir, name, version, ranker, 1, phi.shape[1],
+                                 {"spec": name_spec, "train_rows": len(train), "clip": clip,
+                                  "candidates": {"d_x": d_x, "d_c": d_c}})
         except Exception as exc:
             failed[name] = f"{type(exc).__name__}: {exc}"
             report[name] = {"spec": name_spec, "failed": failed[name]}
             continue
-        path = save_artifact(artifact_dir, name, version, ranker, 1, phi.shape[1],
-                             {"spec": name_spec, "train_rows": len(train), "clip": clip,
-                              "candidates": {"d_x": d_x, "d_c": d_c}})
         report[name] = {"spec": name_spec, "artifact": str(path), "fit_seconds": fit_seconds,
                         **quality}
         if np.ptp(train_scores) == 0.0:

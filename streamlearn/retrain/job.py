@@ -269,14 +269,14 @@ def run_retrain(spec: dict[str, Any]) -> dict[str, Any]:
             fit_seconds = time.perf_counter() - fit_started
             deployed = deployed_policy(ranker, held)  # its scores checked on every action
             quality = _quality(ranker, held, n_actions, clip)
+            path = save_artifact(spec["artifact_dir"], name, int(spec["version"]), ranker,
+                                 n_actions, n_features,
+                                 {"spec": ranker_spec, "segments": rows.segments,
+                                  "train_rows": len(train), "clip": clip, "evidence_since": cut})
         except Exception as exc:
             failed[name] = f"{type(exc).__name__}: {exc}"
             report_rankers[name] = {"spec": ranker_spec, "failed": failed[name]}
             continue
-        path = save_artifact(spec["artifact_dir"], name, int(spec["version"]), ranker, n_actions,
-                             n_features, {"spec": ranker_spec, "segments": rows.segments,
-                                          "train_rows": len(train), "clip": clip,
-                                          "evidence_since": cut})
         policies[f"ranker:{name}"] = deployed
         report_rankers[name] = {"spec": ranker_spec, "artifact": str(path),
                                 "policy": f"ranker:{name}", "fit_seconds": fit_seconds,

@@ -156,6 +156,26 @@ def test_a_user_ranker_with_unrepresentable_state_is_refused(tmp_path: Path) -> 
     assert list(tmp_path.iterdir()) == []
 
 
+class _NoConstructor(Ranker):
+    """A user ranker with no hyperparameters and no constructor of its own."""
+
+    def _fit(self, data: FitData) -> None:
+        self.w_ = data.X[data.y > 0].mean(axis=0)
+
+    def _score(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray(X @ self.w_)
+
+
+def test_a_user_ranker_without_a_constructor_saves_and_loads(tmp_path: Path) -> None:
+    """Its parameters were read from object's (*args, **kwargs): saving it failed ("has no
+    attribute 'args'") and failed every retrain it was in (an outside-style check)."""
+    X = np.random.default_rng(0).normal(size=(40, 3))
+    ranker = make_ranker(f"{__name__}:_NoConstructor").fit(X, (X[:, 0] > 0).astype(float))
+    assert ranker.get_params() == {}
+    path = save_artifact(tmp_path, "noconstructor", 1, ranker, 1, 3)
+    np.testing.assert_array_equal(load_artifact(path).ranker.score(X), ranker.score(X))
+
+
 def test_an_allowed_action_scored_minus_infinity_still_ranks_before_disallowed_ones() -> None:
     """rankings/greedy share the daemon's order (engine.best_first): a disallowed action never
     appears, even when an allowed one scores −inf (argsort over −inf ties used to let it in)."""
