@@ -369,6 +369,17 @@ def test_a_dead_worker_process_is_replaced(tmp_path: Path) -> None:
     assert observer.retrains, "a new worker retrained after the crash"
 
 
+def until_promoted(daemon: Daemon, caller: Caller, clock: Clock, observer: Recorder,
+                   limit: int) -> int:
+    """Serve blocks of 100 events until a ranker is promoted (or ``limit`` events): the next
+    event number."""
+    start = 0
+    while "promoted" not in observer.promotions and start < limit:
+        run(daemon, caller, clock, start, start + 100)
+        start += 100
+    return start
+
+
 def planted_ranker_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: float = 0.5
                           ) -> tuple[InMemoryBroker, Clock, Recorder, Daemon]:
     """A Banditron daemon retraining the planted nearest-centroid ranker every 300 events,
@@ -396,10 +407,7 @@ def test_a_better_ranker_is_promoted_rolled_out_and_rolled_back(
     caller = Caller(broker)
     retraining = daemon.retraining
     assert retraining is not None
-    start = 0
-    while "promoted" not in observer.promotions and start < 1000:
-        run(daemon, caller, clock, start, start + 100)
-        start += 100
+    start = until_promoted(daemon, caller, clock, observer, 1000)
     history = read_ranker_state(tmp_path / "rankers")["history"]
     assert "promoted" in observer.promotions, history[-1]["reason"]
     assert retraining.exploits and retraining.promoted is not None
@@ -470,10 +478,7 @@ def test_a_rollback_that_state_json_holds_and_the_checkpoint_missed_stays_rolled
     and it served again after the restart."""
     broker, clock, observer, daemon = planted_ranker_daemon(tmp_path, monkeypatch)
     caller = Caller(broker)
-    start = 0
-    while "promoted" not in observer.promotions and start < 1000:
-        run(daemon, caller, clock, start, start + 100)
-        start += 100
+    until_promoted(daemon, caller, clock, observer, 1000)
     retraining = daemon.retraining
     assert retraining is not None and retraining.rollout.candidate is not None
     candidate = retraining.rollout.candidate.version
@@ -640,10 +645,7 @@ def test_challengers_are_judged_only_against_what_serves_now(
     broker, clock, observer, daemon = planted_ranker_daemon(tmp_path, monkeypatch, stage=0.1)
     caller = Caller(broker)
     rankers = daemon.retraining.rankers  # type: ignore[union-attr]
-    start = 0
-    while "promoted" not in observer.promotions and start < 1500:
-        run(daemon, caller, clock, start, start + 100)
-        start += 100
+    start = until_promoted(daemon, caller, clock, observer, 1500)
     epoch = rankers.evidence_since()
     assert epoch is not None, "promoted"
     run(daemon, caller, clock, start, start + 900)
@@ -679,10 +681,7 @@ def test_a_ranker_whose_scores_fail_in_the_serving_loop_is_taken_out_not_fatal(
     caller = Caller(broker)
     retraining = daemon.retraining
     assert retraining is not None
-    start = 0
-    while "promoted" not in observer.promotions and start < 1500:
-        run(daemon, caller, clock, start, start + 100)
-        start += 100
+    start = until_promoted(daemon, caller, clock, observer, 1500)
     assert retraining.exploits and observer.failures == 0
 
     def broken(self: Any, X: np.ndarray) -> np.ndarray:
