@@ -109,8 +109,8 @@ class _FencingIsRoutine(logging.Filter):
     ERROR ADDPARTS, CRITICAL TXNERR and CRITICAL FATAL lines at every handover)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if "fenced" in text.lower():
+        text = record.getMessage().lower()
+        if "fenced" in text or "old epoch" in text:  # (ADDPARTS says only the latter)
             record.levelno, record.levelname = logging.INFO, "INFO"
             # the level was checked before the record was made, at the line's own
             return logging.getLogger(record.name).isEnabledFor(logging.INFO)
@@ -125,7 +125,7 @@ MERGER_LOG.addFilter(RepeatLimit())
 
 def log_merger_error(error: Any) -> None:
     """The merger producer's client errors: being fenced by a newer merger is routine."""
-    if "fenced" in str(error).lower():
+    if "fenced" in str(error).lower() or "old epoch" in str(error).lower():
         log.info("librdkafka (models merger): %s: another replica is the merger now", error)
         return
     log_client_error(error)

@@ -93,3 +93,24 @@ def test_the_changelog_topic_keeps_a_dead_writers_journal_from_the_cleaner(
     finally:
         for writer in writers:
             writer.close()
+
+
+def test_serve_refuses_a_changelog_topic_that_lets_the_cleaner_at_young_records(
+        kafka_bootstrap: str) -> None:
+    """An outside test ran on past the warning this used to be and saw 1,585 ids decided
+    again differently: the refusal names the setting and the command that fixes it."""
+    import pytest
+
+    from streamlearn.commands.serve import _check_changelog_topic
+    from streamlearn.config import load_config
+    from streamlearn.errors import ConfigError
+
+    name = f"lagless-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [name], 2 * 2, topic_configs={
+        **CHANGELOG_TOPIC_CONFIGS, "min.compaction.lag.ms": "60000"})
+    config = load_config(environ={}, cli={
+        "kafka.bootstrap": kafka_bootstrap, "topics.changelog": name,
+        "topics.instances": f"{name}-in", "topics.partitions": "2"})
+    with pytest.raises(ConfigError, match=r"min.compaction.lag.ms = 60000; set it with "
+                                          r"kafka-configs.sh --alter"):
+        _check_changelog_topic(config)

@@ -309,6 +309,9 @@ def test_the_merger_producers_fencing_lines_are_routine(caplog: pytest.LogCaptur
              "old epoch: Producer fenced by a newer instance"
     with caplog.at_level(logging.WARNING, logger=MERGER_LOG.name):
         MERGER_LOG.critical(fenced)
+        MERGER_LOG.error('ADDPARTS [streamlearn-models-merger#producer-6]: Failed to add '
+                         'partition "m" [0] to transaction: Broker: Producer attempted an '
+                         'operation with an old epoch')
         MERGER_LOG.error("FAIL [thrd:127.0.0.1:1/bootstrap]: connect failed after 1ms")
     assert [(r.levelname, r.getMessage()[:4]) for r in caplog.records] == [("ERROR", "FAIL")]
     caplog.clear()
