@@ -200,7 +200,7 @@ def shown(value: object, limit: int = 40) -> str:
     outside test), cut at ``limit`` characters.
 
     >>> shown(None), shown(True), shown("2"), shown([1.5, {"a": None}]), shown("x" * 50, 10)
-    ('null', 'true', '"2"', '[1.5,{"a":null}]', '"xxxxxxxxx…')
+    ('null', 'true', '"2"', '[1.5,{"a":null}]', '"xxxxxxxx…')
     """
     try:
         text = orjson.dumps(value).decode()

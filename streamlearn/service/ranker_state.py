@@ -254,7 +254,8 @@ class RankerState:
         arm = self.rollout.candidate
         named = "a candidate" if arm is None else f"{arm.name} v{arm.version}"
         return (f"not promoted while {named} rolls out (its evidence is the rollout's "
-                "mixture; challengers are judged again once it completes or is rolled back)")
+                "mixture; the retrains after its completion or rollback judge theirs against "
+                "what serves then)")
 
     def _changed_since(self, started: float) -> bool:
         """Whether what is live changed after a retrain's job started at ``started``: its
