@@ -63,8 +63,9 @@ def describe_group(path: Path) -> dict[str, Any]:
         rows.append(_row(row, describe(snapshot)))
     info = {"path": str(path), "partitions": rows, "totals": _totals(rows)}
     if any(_taken(row) for row in rows):
-        info["note"] = ("partitions marked handed over or dropped are this replica's copies of "
-                        "partitions another replica took: shown, not in the total; "
+        info["note"] = ("partitions marked handed over, dropped or not reassigned (after a "
+                        "kill) are this replica's copies of partitions another replica took: "
+                        "shown, not in the total; "
                         "`inspect --changelog TOPIC` gives the whole group")
     return info
 

@@ -85,7 +85,7 @@ def build_replica(config: Config, observer: PrometheusObserver) -> Replica:
                    # the changelog fences by Kafka; claims need one directory every replica sees
                    claims=None if config.checkpoint.changelog
                    else PartitionClaims(state_dir, replica_id), on_close=close_clients,
-                   observer=observer)
+                   observer=observer, state_dir=state_dir if config.checkpoint.changelog else None)
 
 
 def serve_replica(replica: Replica, max_events: int | None, out: Any,

@@ -72,7 +72,10 @@ ROUND_STALL_S = 5.0
 #: directory then tells a copy of a partition another replica took from one it served last
 RELEASED_FILE = "released"
 #: the ``how`` of a partition another replica took (the others: this replica stopped)
-TAKEN_BY_ANOTHER = frozenset({"handed over", "dropped"})
+TAKEN_BY_ANOTHER = frozenset({"handed over", "dropped", "not reassigned"})
+#: the ``how`` of a partition a killed run of this replica served and the group did not give
+#: back at its restart (a kill -9 marks nothing: its copies were counted by ``inspect``)
+NOT_REASSIGNED = "not reassigned"
 
 
 class Replica:
@@ -103,8 +106,11 @@ class Replica:
                  on_owned: Callable[[int, int], None] | None = None,
                  hub: ModelHub | None = None, claims: PartitionClaims | None = None,
                  on_close: Callable[[], None] | None = None,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, state_dir: Path | None = None) -> None:
         self.hub, self.claims = hub, claims
+        # with the changelog: the directory of this replica's partition copies, whose copies
+        # of a killed run the first assignment marks (_mark_left_behind)
+        self.state_dir = state_dir
         self.observer = observer or Observer()
         self.on_close = on_close or (lambda: None)
         self.make_daemon, self.poll_timeout_s = make_daemon, poll_timeout_s
@@ -183,7 +189,29 @@ class Replica:
             self.moves += 1
             self.on_owned(len(self.daemons), self.moves)  # as /readyz counts them
         self.on_owned(len(self.daemons), self.moves)
+        if self.state_dir is not None:
+            self._mark_left_behind(self.state_dir)
+            self.state_dir = None  # once: the copies of this run are marked as they go
         self._report()
+
+    def _mark_left_behind(self, state_dir: Path) -> None:
+        """At the first assignment of this run: a partition directory the group did not give
+        back, left unmarked by a killed run (or ``stopped`` by a clean one), is marked
+        :data:`NOT_REASSIGNED` (another
+        replica took it; ``inspect`` leaves the copy out of the total, an outside test
+        summed 98,132 instances over three replicas for 80,500 served). Serving it again
+        later removes the mark."""
+        assigned = set(self.membership.assigned())
+        for directory in sorted(state_dir.glob("partition-*")):
+            number = directory.name.removeprefix("partition-")
+            if not (number.isdigit() and directory.is_dir()) or int(number) in assigned:
+                continue
+            try:  # "stopped" with the last run, or unmarked (killed): another's now
+                how = orjson.loads((directory / RELEASED_FILE).read_bytes()).get("how")
+            except (OSError, orjson.JSONDecodeError, AttributeError):
+                how = None
+            if how not in TAKEN_BY_ANOTHER:
+                _write_released(directory, NOT_REASSIGNED)
 
     def _revoked(self, partitions: list[int]) -> None:
         for p in partitions:
@@ -305,7 +333,11 @@ def _mark_released(daemon: Daemon, how: str | None) -> None:
     directory = daemon.settings.checkpoint.dir
     if not directory:
         return
-    path = Path(directory) / RELEASED_FILE
+    _write_released(Path(directory), how)
+
+
+def _write_released(directory: Path, how: str | None) -> None:
+    path = directory / RELEASED_FILE
     try:
         if how is None:
             path.unlink(missing_ok=True)
