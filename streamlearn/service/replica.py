@@ -201,7 +201,8 @@ class Replica:
         replica took it; ``inspect`` leaves the copy out of the total, an outside test
         summed 98,132 instances over three replicas for 80,500 served). Serving it again
         later removes the mark."""
-        assigned = set(self.membership.assigned())
+        # what it serves now counts too: a client may not list a partition in its own callback
+        assigned = set(self.membership.assigned()) | set(self.daemons)
         for directory in sorted(state_dir.glob("partition-*")):
             number = directory.name.removeprefix("partition-")
             if not (number.isdigit() and directory.is_dir()) or int(number) in assigned:
