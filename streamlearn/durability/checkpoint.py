@@ -234,13 +234,14 @@ class DecisionJournal:
         if self._file.tell() and _last_byte(path) != b"\n":
             self._file.write(b"\n")  # end a torn last line: the next record starts a line of its own
 
-    def append(self, event_ids: list[str], probs: np.ndarray, messages: list[dict[str, Any]],
+    def append(self, event_ids: list[str], probs: np.ndarray | list[list[float]],
+               messages: list[dict[str, Any]],
                columns: Mapping[str, np.ndarray] | None = None) -> None:
         """Journal one batch of decisions (before they are produced), with the engine's
         per-decision ``columns`` (one value per decision each) under ``"c"``."""
         if self._file is None or not event_ids:
             return
-        rows = probs.tolist()
+        rows = probs.tolist() if isinstance(probs, np.ndarray) else probs
         if columns:
             per_row = [dict(zip(columns, values, strict=True))
                        for values in zip(*(c.tolist() for c in columns.values()), strict=True)]
@@ -644,8 +645,11 @@ class Checkpointer:
         self.journal.open_segment(seq)
         carried = list(carry)
         if carried:
+            # rows of their own widths: a candidate batch's width is its largest slot count
+            # (np.array of them failed on a restored journal of mixed batches, seen in CI)
             self.journal.append([c.message["id"] for c in carried],
-                                np.array([c.probs for c in carried]), [c.message for c in carried])
+                                [np.asarray(c.probs).tolist() for c in carried],
+                                [c.message for c in carried])
         path = self.directory / f"ckpt-{seq:08d}"
         full_meta = {**meta, "seq": seq, "offsets": offsets_to_json(offsets)}
         if self.changelog is not None:  # which changelog checkpoint the local one is

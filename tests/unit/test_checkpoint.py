@@ -151,3 +151,22 @@ def test_rows_written_under_a_backlog_grow_linearly(tmp_path: Path, every_events
             written += pending
             ck.events_since = 0
     assert written <= 2 * n + every_events
+
+
+def test_carried_decisions_of_mixed_widths_go_into_the_next_segment(tmp_path: Path) -> None:
+    """A candidate batch's journaled width is its largest slot count, so a restored journal
+    holds rows of several widths; carrying them into a checkpoint's new segment made one
+    array of them and failed (seen in CI, a candidate daemon restarted after a kill)."""
+    from streamlearn.durability.checkpoint import JournaledDecision
+
+    ck, t = Checkpointer(tmp_path), RecordingTransport(tmp_path)
+    def placed(event_id: str, ids: list[str]) -> dict[str, object]:
+        return {"id": event_id, "candidates": [{"id": c, "prob": 0.5} for c in ids],
+                "prob": 0.5 ** len(ids), "ranking": ids, "ts": 1.0}
+
+    carried = [JournaledDecision(-1, [0.5], placed("r1", ["a"])),
+               JournaledDecision(-1, [0.5, 0.5], placed("r2", ["a", "b"]))]
+    ck.offsets.consumed([(*TP, 9)])
+    seq = ck.save(t, {"w": np.zeros(3)}, {}, carry=carried)
+    found = ck.journal.load(seq, 2)
+    assert {i: d.probs for i, d in found.items()} == {"r1": [0.5], "r2": [0.5, 0.5]}
