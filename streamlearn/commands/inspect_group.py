@@ -11,7 +11,6 @@ checksum of applied feedback, summed over the partitions as the crash tests comp
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,21 +18,13 @@ from typing import Any
 import orjson
 
 from streamlearn.errors import StateError
-from streamlearn.service.replica import RELEASED_FILE, TAKEN_BY_ANOTHER
+from streamlearn.service.replica import TAKEN_BY_ANOTHER, partition_dirs, read_released
 
 __all__ = ["describe_group", "is_group_state", "print_group"]
 
-_PARTITION = re.compile(r"^partition-(\d+)$")
-
-
-def _partitions(path: Path) -> list[tuple[int, Path]]:
-    return sorted((int(m.group(1)), p) for p in path.iterdir()
-                  if (m := _PARTITION.match(p.name)) and p.is_dir())
-
-
 def is_group_state(path: Path) -> bool:
     """A directory of ``partition-<p>`` checkpoint directories."""
-    return path.is_dir() and bool(_partitions(path))
+    return path.is_dir() and bool(partition_dirs(path))
 
 
 def describe_group(path: Path) -> dict[str, Any]:
@@ -41,7 +32,7 @@ def describe_group(path: Path) -> dict[str, Any]:
     from streamlearn.commands.inspect import describe, snapshots_in
 
     rows = []
-    for partition, directory in _partitions(path):
+    for partition, directory in partition_dirs(path):
         row: dict[str, Any] = {"partition": partition}
         owner = directory / "owner"
         if owner.is_file():
@@ -49,12 +40,9 @@ def describe_group(path: Path) -> dict[str, Any]:
                 row["owner"] = orjson.loads(owner.read_bytes())
             except orjson.JSONDecodeError:
                 row["owner"] = None
-        released = directory / RELEASED_FILE
-        if released.is_file() and not owner.is_file():  # the changelog (no claim files)
-            try:
-                row["released"] = orjson.loads(released.read_bytes())
-            except orjson.JSONDecodeError:
-                row["released"] = {"at": None, "how": "released"}
+        released = read_released(directory)
+        if released is not None and not owner.is_file():  # the changelog (no claim files)
+            row["released"] = released
         try:
             snapshot = snapshots_in(directory)[-1]
         except StateError:

@@ -38,10 +38,12 @@ consumer outside the group's generation.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -54,7 +56,7 @@ from streamlearn.service.metrics import Observer
 from streamlearn.snapshot import replace_file
 from streamlearn.sync.hub import ModelHub
 
-__all__ = ["Replica"]
+__all__ = ["Replica", "partition_dirs", "read_released"]
 
 log = logging.getLogger("streamlearn.replica")
 
@@ -203,15 +205,9 @@ class Replica:
         later removes the mark."""
         # what it serves now counts too: a client may not list a partition in its own callback
         assigned = set(self.membership.assigned()) | set(self.daemons)
-        for directory in sorted(state_dir.glob("partition-*")):
-            number = directory.name.removeprefix("partition-")
-            if not (number.isdigit() and directory.is_dir()) or int(number) in assigned:
-                continue
-            try:  # "stopped" with the last run, or unmarked (killed): another's now
-                how = orjson.loads((directory / RELEASED_FILE).read_bytes()).get("how")
-            except (OSError, orjson.JSONDecodeError, AttributeError):
-                how = None
-            if how not in TAKEN_BY_ANOTHER:
+        for partition, directory in partition_dirs(state_dir):
+            marked = read_released(directory)  # "stopped" by the last run, or none (killed)
+            if partition not in assigned and (marked or {}).get("how") not in TAKEN_BY_ANOTHER:
                 _write_released(directory, NOT_REASSIGNED)
 
     def _revoked(self, partitions: list[int]) -> None:
@@ -335,6 +331,28 @@ def _mark_released(daemon: Daemon, how: str | None) -> None:
     if not directory:
         return
     _write_released(Path(directory), how)
+
+
+_PARTITION_DIR = re.compile(r"^partition-(\d+)$")
+
+
+def partition_dirs(path: Path) -> list[tuple[int, Path]]:
+    """The ``partition-<p>`` directories under a replica's ``checkpoint.dir``, by partition."""
+    return sorted((int(m.group(1)), p) for p in path.iterdir()
+                  if (m := _PARTITION_DIR.match(p.name)) and p.is_dir())
+
+
+def read_released(directory: Path) -> dict[str, Any] | None:
+    """A partition directory's :data:`RELEASED_FILE` (None when it has none; an unreadable one
+    says only that it was released)."""
+    path = directory / RELEASED_FILE
+    if not path.is_file():
+        return None
+    try:
+        marked = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        marked = None
+    return marked if isinstance(marked, dict) else {"at": None, "how": "released"}
 
 
 def _write_released(directory: Path, how: str | None) -> None:

@@ -103,14 +103,20 @@ LIBRDKAFKA_LOG.addFilter(RepeatLimit())
 _CLIENT_ERRORS = RepeatLimit()
 
 
+def _about_fencing(text: str) -> bool:
+    """Whether a librdkafka line or error is about this producer being fenced (ADDPARTS
+    says only "old epoch")."""
+    lowered = text.lower()
+    return "fenced" in lowered or "old epoch" in lowered
+
+
 class _FencingIsRoutine(logging.Filter):
     """A line about being fenced, as INFO: for the models topic's merger producer a newer
     merger fencing it is the planned handover of the role (an outside test saw librdkafka's
     ERROR ADDPARTS, CRITICAL TXNERR and CRITICAL FATAL lines at every handover)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage().lower()
-        if "fenced" in text or "old epoch" in text:  # (ADDPARTS says only the latter)
+        if _about_fencing(record.getMessage()):
             record.levelno, record.levelname = logging.INFO, "INFO"
             # the level was checked before the record was made, at the line's own
             return logging.getLogger(record.name).isEnabledFor(logging.INFO)
@@ -125,7 +131,7 @@ MERGER_LOG.addFilter(RepeatLimit())
 
 def log_merger_error(error: Any) -> None:
     """The merger producer's client errors: being fenced by a newer merger is routine."""
-    if "fenced" in str(error).lower() or "old epoch" in str(error).lower():
+    if _about_fencing(str(error)):
         log.info("librdkafka (models merger): %s: another replica is the merger now", error)
         return
     log_client_error(error)
