@@ -43,7 +43,7 @@ def build_state(pending: int, closed: int, d: int, k: int, seed: int = 0) -> Pen
     add(store, rng, 0, pending, d, k)
     ids = [f"req-{uuid.UUID(int=int(rng.integers(0, 2**63))).hex}" for _ in range(closed)]
     for lo in range(0, closed, 10_000):  # closed a batch at a time, as the loop closes them
-        store.recent.add_all(ids[lo:lo + 10_000], 1, now=0.0)
+        store.recent.add_all(ids[lo:lo + 10_000], 1, now=0.0, wall=0.0)
     return store
 
 

@@ -363,7 +363,7 @@ class CandidateEngine:
             keys.append(request_key(request))
             hows.append(how)
         if keys:
-            self.joins.recent.add(keys, hows, self.joins.now(-np.inf))
+            self.joins.recent.add_unaged(keys, hows)
 
 
 def _held_rewards(value: Any) -> list[HeldReward]:

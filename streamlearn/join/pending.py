@@ -357,7 +357,7 @@ class PendingJoins:
         self.clocks.observe("feedback", partitions, decided_at, floor_only=True)
         overflow = len(self.slot_of) + B - self.settings.max_pending
         if overflow > 0:
-            self._shed(min(overflow, len(self.slot_of)), self.now(wall))
+            self._shed(min(overflow, len(self.slot_of)), wall)
         while len(self._free) < B:
             self._grow(self.capacity * 2)
         slots = np.array(self._free[-B:][::-1], dtype=np.int64)
@@ -376,12 +376,11 @@ class PendingJoins:
         if self.early:
             matched = [i for i, event_id in enumerate(ids) if event_id in self.early]
             if matched:
-                self._apply_held(slots[matched], [self.pop_early(ids[i]) for i in matched],
-                                 self.now(wall))
+                self._apply_held(slots[matched], [self.pop_early(ids[i]) for i in matched], wall)
         excess = len(self.slot_of) - self.settings.max_pending
         if excess > 0:  # the batch alone holds more than the bound: its first ones go too
             waiting = slots[self.active[slots]]
-            self._shed_slots(waiting[:excess], self.now(wall))
+            self._shed_slots(waiting[:excess], wall)
 
     def pop_early(self, event_id: Any) -> EarlyFeedback:
         """Stop holding the feedback of ``event_id`` (KeyError when none is held)."""
@@ -389,13 +388,13 @@ class PendingJoins:
         self._held_values -= len(held.rewards)
         return held
 
-    def _apply_held(self, slots: np.ndarray, held: list[EarlyFeedback], now: float) -> None:
+    def _apply_held(self, slots: np.ndarray, held: list[EarlyFeedback], wall: float) -> None:
         """Held feedback for the new decisions ``slots``: each one's values in their order,
         the k-th values of every decision in one batch."""
         for k in range(max(len(fb.rewards) for fb in held)):
             rows = [i for i, fb in enumerate(held) if len(fb.rewards) > k]
             self._apply(slots[rows], np.array([held[i].rewards[k] for i in rows]),
-                        np.array([held[i].ts for i in rows]), now)
+                        np.array([held[i].ts for i in rows]), wall)
 
     def add_joined(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                    labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
@@ -424,7 +423,7 @@ class PendingJoins:
             outcome=np.zeros(B, dtype=np.int8), delays=feedback_ts - decided_at,
             learn=np.ones(B, dtype=bool), decided_at=np.asarray(decided_at, dtype=np.float64),
             model_version=versions, columns=self._given_columns(columns, B)))
-        self.recent.add_all(ids, int(Outcome.JOINED), newest)
+        self.recent.add_all(ids, int(Outcome.JOINED), newest, wall)
 
     def _given_columns(self, columns: Mapping[str, np.ndarray] | None, n: int
                        ) -> dict[str, np.ndarray]:
@@ -435,12 +434,12 @@ class PendingJoins:
             out[name] = np.zeros(n, dtype=dtype) if given is None else _column(given, dtype, n)
         return out
 
-    def _shed(self, n: int, now: float) -> None:
+    def _shed(self, n: int, wall: float) -> None:
         live = np.flatnonzero(self.active)
-        self._shed_slots(live[np.argsort(self.decided_at[live], kind="stable")[:n]], now)
+        self._shed_slots(live[np.argsort(self.decided_at[live], kind="stable")[:n]], wall)
 
-    def _shed_slots(self, slots: np.ndarray, now: float) -> None:
-        self._close(slots, np.full(len(slots), Outcome.SHED, dtype=np.int8), now)
+    def _shed_slots(self, slots: np.ndarray, wall: float) -> None:
+        self._close(slots, np.full(len(slots), Outcome.SHED, dtype=np.int8), wall)
         self.shed_total += len(slots)
 
     # ---------------------------------------------------------------- feedback
@@ -471,7 +470,6 @@ class PendingJoins:
                                   partitions[i:i + 1], wall,
                                   None if sources is None else sources[i:i + 1])
                 for i in range(n)])
-        now = self.now(wall)
         out = np.full(n, Outcome.UNKNOWN, dtype=np.int8)
         get = self.slot_of.get
         slots = np.fromiter((get(i, -1) for i in ids), dtype=np.int64, count=n)
@@ -482,12 +480,12 @@ class PendingJoins:
             if late.any():
                 ls = s[late]
                 self._close(ls, np.where(self.n_feedback[ls] > 0, Outcome.JOINED,
-                                         Outcome.EXPIRED).astype(np.int8), now)
+                                         Outcome.EXPIRED).astype(np.int8), wall)
                 out[pending[late]] = Outcome.LATE
             joining, s = pending[~late], s[~late]
             first = self.n_feedback[s] == 0
             out[joining] = np.where(first, Outcome.JOINED, Outcome.AGGREGATED)
-            self._apply(s, rewards[joining], ts[joining], now)
+            self._apply(s, rewards[joining], ts[joining], wall)
         for i in np.flatnonzero(slots < 0).tolist():  # not pending: recent, early or unknown
             out[i] = self._not_pending(ids[i], float(rewards[i]), float(ts[i]),
                                        int(partitions[i]), None if sources is None else sources[i],
@@ -520,8 +518,8 @@ class PendingJoins:
             return Outcome.HELD
         return Outcome.UNKNOWN
 
-    def _apply(self, slots: np.ndarray, rewards: np.ndarray, ts: np.ndarray, now: float) -> None:
-        """Feedback for pending decisions ``slots`` (distinct), inside their windows (``now``:
+    def _apply(self, slots: np.ndarray, rewards: np.ndarray, ts: np.ndarray, wall: float) -> None:
+        """Feedback for pending decisions ``slots`` (distinct), inside their windows (``wall``:
         when the earliest policy closes them: recently closed ids are remembered from then)."""
         if not len(slots):
             return
@@ -533,8 +531,7 @@ class PendingJoins:
         self.feedback_ts[slots] = np.where(first, ts, self.feedback_ts[slots])
         self.n_feedback[slots] += 1
         if policy == "earliest":
-            self._close(slots, np.full(len(slots), Outcome.JOINED, dtype=np.int8),
-                        now)
+            self._close(slots, np.full(len(slots), Outcome.JOINED, dtype=np.int8), wall)
 
     # ------------------------------------------------------------------ expiry
     def advance(self, wall: float, idle: Iterable[tuple[str, int]] = (),
@@ -551,7 +548,7 @@ class PendingJoins:
         for stream, partition in idle:
             self.clocks.mark_idle(stream, [partition], wall)
         if not self.slot_of and not self.early:  # nothing pending: only the clocks move
-            self.recent.age(self.now(wall))
+            self.recent.age(self.now(wall), wall)
             return []
         feedback_now = self.clocks.now("feedback", wall)
         newest = max(feedback_now.values(), default=-np.inf)
@@ -563,7 +560,7 @@ class PendingJoins:
                        <= _per_partition(feedback_now, self.partition[live])]
             if len(due):
                 self._close(due, np.where(self.n_feedback[due] > 0, Outcome.JOINED,
-                                          Outcome.EXPIRED).astype(np.int8), self.now(wall))
+                                          Outcome.EXPIRED).astype(np.int8), wall)
             remaining = self.active[live]
             self._oldest = float(self.decided_at[live[remaining]].min()) if remaining.any() \
                 else np.inf
@@ -584,10 +581,10 @@ class PendingJoins:
                     unknown.append(self.pop_early(held[n].event_id))
             self._early_oldest = float(ts[~gone].min()) if (~gone).any() else np.inf
             self._early_first_arrival = float(arrived[~gone].min()) if (~gone).any() else np.inf
-        self.recent.age(self.now(wall))
+        self.recent.age(self.now(wall), wall)
         return unknown
 
-    def _close(self, slots: np.ndarray, outcome: np.ndarray, now: float) -> None:
+    def _close(self, slots: np.ndarray, outcome: np.ndarray, wall: float) -> None:
         if not len(slots):
             return
         self.active[slots] = False
@@ -595,7 +592,7 @@ class PendingJoins:
         pop = self.slot_of.pop
         for event_id in ids:
             pop(event_id)
-        self.recent.add(ids, outcome.tolist(), now)
+        self.recent.add(ids, outcome.tolist(), self.now(wall), wall)
         self._closing.append((slots, outcome))
 
     @property

@@ -8,19 +8,30 @@ needs, with no per-id eviction work — unless more than ``capacity`` ids close
 within a window: then memory stays bounded and an id is remembered for the
 next ``capacity`` to 2 × ``capacity`` closes instead (docs/daemon.md §3).
 
+A generation's age is counted on two clocks, and it ages only when both have
+passed a window: the join's event time (``now``) and the caller's wall clock.
+Event time alone leaps when a restart re-reads a backlog whose instance stream
+runs ahead of its feedback stream: a decision closed early in the leap was
+forgotten within a second of wall time, before its own feedback was re-read,
+which then waited for a decision that never came and was dead-lettered as
+unknown (506 feedback events in one CI run).
+
 >>> recent = RecentlyClosed(window_s=10.0, capacity=100)
->>> recent.add(["a", "b"], [0, 1], now=0.0)
+>>> recent.add(["a", "b"], [0, 1], now=0.0, wall=0.0)
 >>> recent.get("a"), recent.get("z")
 (0, None)
->>> recent.add(["c"], [0], now=12.0)  # the first generation is 12 s old: it ages
+>>> recent.add(["c"], [0], now=12.0, wall=12.0)  # the first generation is 12 s old: it ages
 >>> recent.get("a"), recent.get("c")
 (0, 0)
->>> recent.add(["d"], [0], now=25.0)  # and is forgotten one window later
+>>> recent.add(["d"], [0], now=25.0, wall=25.0)  # and is forgotten one window later
 >>> recent.get("a"), recent.get("c"), len(recent)
 (None, 0, 2)
+>>> recent.age(now=60.0, wall=26.0)  # 35 s of event time, 1 s of wall: not a window of both
+>>> recent.get("c")
+0
 >>> full = RecentlyClosed(window_s=600.0, capacity=2)
 >>> for t, i in enumerate("pqrst"):
-...     full.add([i], [0], now=float(t))  # within one window, but 2 per generation
+...     full.add([i], [0], now=float(t), wall=float(t))  # within one window, 2 per generation
 >>> [i for i in "pqrst" if i in full]
 ['r', 's', 't']
 
@@ -88,7 +99,8 @@ class RecentlyClosed:
         self.window_s, self.capacity = window_s, capacity
         self.young: dict[Any, int] = {}
         self.old: dict[Any, int] = {}
-        self.young_since = -np.inf  # when the young generation started
+        self.young_since = -np.inf  # when the young generation started (event time)
+        self.young_since_wall: float | None = None  # and by the wall clock (None: not yet)
         self._young_packed, self._old_packed = _Packed(), _Packed()
 
     def __len__(self) -> int:
@@ -101,24 +113,35 @@ class RecentlyClosed:
         how = self.young.get(event_id)
         return self.old.get(event_id) if how is None else how
 
-    def add(self, ids: Sequence[Any], how: Sequence[int], now: float) -> None:
-        self.age(now)
+    def add(self, ids: Sequence[Any], how: Sequence[int], now: float, wall: float) -> None:
+        self.age(now, wall)
+        self.add_unaged(ids, how)
+
+    def add_unaged(self, ids: Sequence[Any], how: Sequence[int]) -> None:
+        """Add to the young generation as it is: for ids whose closing (of their parts) aged
+        the memory in the same step already."""
         ids, how = list(ids), list(how)  # copies: the caller's may be reused
         self.young.update(zip(ids, how, strict=True))
         self._young_packed.add(ids, how)
 
-    def add_all(self, ids: Sequence[Any], how: int, now: float) -> None:
-        self.age(now)
+    def add_all(self, ids: Sequence[Any], how: int, now: float, wall: float) -> None:
+        self.age(now, wall)
         ids = list(ids)
         self.young.update(dict.fromkeys(ids, how))
         self._young_packed.add(ids, how)
 
-    def age(self, now: float) -> None:
-        """Start a new generation when the young one spans a window or is full."""
+    def age(self, now: float, wall: float) -> None:
+        """Start a new generation when the young one spans a window of event time and of
+        wall time, or is full."""
+        if self.young_since_wall is None:  # new, or restored: the wall clock counts from here
+            self.young_since_wall = wall
         if not math.isfinite(self.young_since):
             self.young_since = now
-        elif now - self.young_since >= self.window_s or len(self.young) >= self.capacity:
-            self.old, self.young, self.young_since = self.young, {}, now
+        elif ((now - self.young_since >= self.window_s
+               and wall - self.young_since_wall >= self.window_s)
+              or len(self.young) >= self.capacity):
+            self.old, self.young = self.young, {}
+            self.young_since, self.young_since_wall = now, wall
             self._old_packed, self._young_packed = self._young_packed, _Packed()
 
     def export(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:

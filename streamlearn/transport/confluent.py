@@ -338,6 +338,39 @@ def watermarks(consumer: Any, partition: Any, deadline: float) -> tuple[int, int
                 raise
 
 
+def start_positions(consumer: Any, partitions: list[Any], auto_offset_reset: str,
+                    deadline: float) -> list[Any]:
+    """The ``confluent_kafka.TopicPartition`` s with the offsets reading starts from: the
+    group's committed offsets, read here and asked again while the coordinator settles (until
+    ``deadline``, ``time.monotonic()``), else the ``auto_offset_reset`` end of the log.
+
+    An assignment without offsets leaves the committed-offset lookup to librdkafka, which can
+    stall for good: an OffsetFetch answered with a request-level error (a group coordinator
+    still loading, as on a broker that creates ``__consumer_offsets`` for this very request)
+    leaves the partition waiting and is never asked again
+    (https://github.com/confluentinc/librdkafka/issues/5586). A daemon started on a fresh
+    broker then read nothing for three minutes, until its test gave up. Raises
+    KafkaException when the offsets cannot be read by ``deadline``.
+    """
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
+
+    while True:
+        try:
+            found = consumer.committed(partitions, timeout=max(deadline - time.monotonic(), 0.001))
+        except KafkaException as exc:
+            if _pause_to_ask_again(exc.args[0] if exc.args else None, deadline):
+                continue
+            raise
+        error = next((tp.error for tp in found if tp.error is not None), None)
+        if error is None:
+            break
+        if not _pause_to_ask_again(error, deadline):
+            raise KafkaException(error)
+    reset = OFFSET_BEGINNING if auto_offset_reset == "earliest" else OFFSET_END
+    return [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else reset)
+            for tp in found]
+
+
 def _records(records: list[Any], where: str) -> list[Message]:
     """The records as messages; an error event is skipped when librdkafka recovers from it by
     itself (a broker away: the next polls resume) and raised otherwise."""
@@ -377,7 +410,7 @@ class ConfluentTransport:
         shared: SharedConfluentClients | None = None,
         tuning: ClientTuning | None = None,
     ) -> None:
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         self.instances_topic = instances_topic
         self.feedback_topic = feedback_topic
@@ -413,10 +446,20 @@ class ConfluentTransport:
             raise TransportError(f"expected partitions within 0..{n_inst - 1}, got {partitions}")
         self._assigned = {(t, p) for t in (instances_topic, feedback_topic) for p in chosen}
         self._tp = {tp: TopicPartition(*tp) for tp in sorted(self._assigned)}
+        reset = auto_offset_reset if shared is None else shared.auto_offset_reset
+        try:
+            starts = start_positions(self._consumer, list(self._tp.values()), reset,
+                                     time.monotonic() + self._timeout_s)
+        except KafkaException as exc:
+            self.close()
+            raise TransportError(f"could not read the committed offsets of group {group_id!r} "
+                                 f"within {self._timeout_s:g} s: {exc}") from exc
+        self._sought.update({(tp.topic, tp.partition): tp.offset for tp in starts
+                             if tp.offset >= 0})
         if shared is None:
-            self._consumer.assign(list(self._tp.values()))
+            self._consumer.assign(starts)
         else:
-            shared.attach(self._tp)
+            shared.attach(self._tp, starts)
         for topic in (decisions_topic, dead_letter_topic):  # output metadata now, not at a send
             try:
                 self._metadata(topic)
@@ -708,14 +751,16 @@ class SharedConfluentClients:
             bootstrap_servers, group_id, client_options, auto_offset_reset, tuning,
             self.deliveries.on_delivery, self.commits.on_commit)
         self.bootstrap_servers = bootstrap_servers
+        self.auto_offset_reset = auto_offset_reset
         self.fetch_max_records = fetch_max_records
         self._partitions = PartitionBuffers()
         self._closed = False
 
-    def attach(self, partitions: Mapping[Partition, Any]) -> None:
-        """Add a transport's partitions to the consumer's assignment."""
+    def attach(self, partitions: Mapping[Partition, Any], starts: list[Any]) -> None:
+        """Add a transport's partitions to the consumer's assignment, reading from ``starts``
+        (:func:`start_positions`)."""
         self._partitions.attach(partitions)
-        self.consumer.incremental_assign(list(partitions.values()))
+        self.consumer.incremental_assign(starts)
 
     def detach(self, partitions: Iterable[Partition]) -> None:
         """Remove a (closing) transport's partitions and their buffered records."""

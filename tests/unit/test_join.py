@@ -520,3 +520,30 @@ def test_a_stream_idle_before_its_first_wild_data_still_starts_its_clock() -> No
     assert p.clocks.now("instances", wall=103.0) == {0: 103.0}  # 101 + 2 s in event time,
     gone = p.advance(wall=104.0, idle=[("instances", 0), ("feedback", 0)])  # 102 + 2 s of wall
     assert [fb.event_id for fb in gone] == ["nobody"]  # unknown, not held for good
+
+
+def test_a_reread_backlog_does_not_forget_closed_ids_before_their_feedback_comes() -> None:
+    """A restart re-reads a backlog whose instance stream runs ahead of its feedback stream
+    (the aligner passed over a slow feedback fetch): the join's event time leaps by many
+    windows within a second of wall time. A decision closed early in that leap is still
+    remembered when its feedback, re-read a moment later, arrives: the feedback is ``late``
+    (counted), not held and then dead-lettered as ``unknown`` (seen in CI: 506 of them)."""
+    p = store(window_s=3.0, early_window_s=10.0)
+    wall = 1000.0
+    p.add_decisions(["o1"], np.zeros((1, D)), np.array([0]), np.full((1, K), 1 / K),
+                    np.array([1]), np.array([100.0]), np.zeros(1, np.int64), wall=wall)
+    for k in range(1, 6):  # the rest of the backlog: event times 5 s apart, read at once
+        p.add_decisions([f"b{k}"], np.zeros((1, D)), np.array([0]), np.full((1, K), 1 / K),
+                        np.array([1]), np.array([100.0 + 5 * k]), np.zeros(1, np.int64),
+                        wall=wall + 0.01 * k)
+        p.clocks.observe("feedback", np.zeros(1, np.int64), np.array([100.0 + 5 * k]))
+        p.advance(wall + 0.01 * k)
+    assert "o1" not in p.slot_of  # expired by the feedback clock, 25 s of event time later
+    out = p.add_feedback(["o1"], np.array([1.0]), np.array([104.0]), np.zeros(1, np.int64),
+                         wall=wall + 0.1)
+    assert Outcome(int(out[0])) == Outcome.LATE
+    # once a window of event time *and* of wall time has passed twice, it is forgotten
+    for k in (1, 2, 3):
+        p.clocks.observe("feedback", np.zeros(1, np.int64), np.array([130.0 + 4 * k]))
+        p.advance(wall + 4.0 * k)
+    assert "o1" not in p.recent

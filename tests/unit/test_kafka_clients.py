@@ -6,6 +6,7 @@ import contextlib
 import importlib.util
 import logging
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -368,3 +369,68 @@ def test_every_kafka_python_client_retries_the_broker_at_least_every_two_seconds
     assert all(s["reconnect_backoff_max_ms"] == RECONNECT_BACKOFF_MAX_MS <= 2000
                for _, s in made), made
     assert all(s.get("security_protocol", "PLAINTEXT") == "PLAINTEXT" for _, s in made)
+
+
+class _LoadingCoordinator:
+    """A consumer whose committed-offset lookup fails while its group coordinator loads: first
+    as a raised error, then as per-partition errors, then answered (offset 5 for partition 0,
+    none committed for partition 1)."""
+
+    def __init__(self, code: int, raised: int, per_partition: int) -> None:
+        self.code, self.raised, self.per_partition, self.calls = code, raised, per_partition, 0
+
+    def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        if self.calls <= self.raised:
+            raise KafkaException(KafkaError(self.code))
+        failing = self.calls <= self.raised + self.per_partition
+        # librdkafka's TopicPartition has a read-only error: a stand-in with its four fields
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition,
+                                offset=5 if tp.partition == 0 else -1001,
+                                error=KafkaError(self.code) if failing else None)
+                for tp in partitions]
+
+
+@pytest.mark.parametrize("reset", ["earliest", "latest"])
+def test_reading_starts_at_the_committed_offsets_asked_again_while_the_coordinator_loads(
+        reset: str) -> None:
+    """librdkafka's own lookup after an assignment without offsets can stall for good (a
+    request-level error leaves the partition waiting, never asked again:
+    https://github.com/confluentinc/librdkafka/issues/5586): a daemon on a fresh broker read
+    nothing for three minutes. The transport reads the committed offsets itself, asks again
+    while the coordinator settles, and assigns explicit positions: the committed offset, else
+    the reset end of the log."""
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
+
+    from streamlearn.transport.confluent import start_positions
+
+    consumer = _LoadingCoordinator(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, raised=2,
+                                   per_partition=2)
+    starts = start_positions(consumer, [TopicPartition("t", 0), TopicPartition("t", 1)], reset,
+                             time.monotonic() + 5)
+    assert consumer.calls == 5
+    assert [(tp.partition, tp.offset) for tp in starts] == [
+        (0, 5), (1, OFFSET_BEGINNING if reset == "earliest" else OFFSET_END)]
+
+
+def test_a_lasting_committed_offsets_error_is_raised_at_once_a_settling_one_at_the_deadline(
+        ) -> None:
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    from streamlearn.transport.confluent import start_positions
+
+    lasting = _LoadingCoordinator(KafkaError.GROUP_AUTHORIZATION_FAILED, raised=100,
+                                  per_partition=0)
+    with pytest.raises(KafkaException):
+        start_positions(lasting, [TopicPartition("t", 0)], "earliest", time.monotonic() + 5)
+    assert lasting.calls == 1
+    settling = _LoadingCoordinator(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, raised=0,
+                                   per_partition=10**6)
+    started = time.monotonic()
+    with pytest.raises(KafkaException):
+        start_positions(settling, [TopicPartition("t", 0)], "earliest", time.monotonic() + 0.5)
+    assert time.monotonic() - started < 2.0

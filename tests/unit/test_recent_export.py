@@ -34,11 +34,11 @@ def test_every_export_equals_packing_the_dicts(steps: list[tuple[str, list[str],
     for op, batch, code, dt in steps:
         now += dt
         if op == "add":
-            recent.add(batch, [code] * len(batch), now)
+            recent.add(batch, [code] * len(batch), now, now)
         elif op == "add_all":
-            recent.add_all(batch, code, now)
+            recent.add_all(batch, code, now, now)
         elif op == "age":
-            recent.age(now)
+            recent.age(now, now)
         utf8, ends, how, young, since = recent.export()
         for got, want in zip((utf8, ends, how, young), reference(recent), strict=True):
             np.testing.assert_array_equal(got, want)
@@ -53,9 +53,9 @@ def test_every_export_equals_packing_the_dicts(steps: list[tuple[str, list[str],
 
 def test_an_export_packs_only_the_ids_added_since_the_last_one() -> None:
     recent = RecentlyClosed(window_s=1e9, capacity=10**6)
-    recent.add_all([f"e{i}" for i in range(1000)], 0, now=0.0)
+    recent.add_all([f"e{i}" for i in range(1000)], 0, now=0.0, wall=0.0)
     recent.export()
-    recent.add_all(["new"], 0, now=1.0)
+    recent.add_all(["new"], 0, now=1.0, wall=1.0)
     packed = recent._young_packed
     assert [len(ids) for ids, _ in packed.unpacked] == [1]  # the 1,000 are packed already
     assert unpack_strings(*recent.export()[:2])[-2:] == ["e999", "new"]
