@@ -372,6 +372,10 @@ class Daemon:
         reused = ({i: j for i in batch.ids if (j := self._journaled.pop(i, None)) is not None}
                   if self._journaled else {})
         published = self.mode.decide(self, batch, wall, reused)
+        late = self.join.take_held_late()
+        if late:
+            self.counters.feedback["late"] += late
+            self.observer.on_feedback("late", late)
         self.outputs.decisions([i.encode("utf-8") for i in batch.ids], published.values)
         self._count_decided(batch.messages, published.fresh, published.n_explored,
                             published.actions, published.gamma)
@@ -503,11 +507,14 @@ class Daemon:
                   self.transport.feedback_topic: "feedback"}
         idle = [(stream[topic], partition) for topic, partition in self.aligner.idle - seen]
         journaled = self._journaled  # decided before a restart, instances not re-read yet
+        settings = self.join.settings
         for fb in self.engine.advance(wall, idle, journaled.__contains__ if journaled else None):
             src = fb.source
             self._reject([Rejection("unknown_id", f"expected a decision with id "
                                                   f"{str(fb.event_id)!r:.80} within the backward "
-                                                  f"window, got none",
+                                                  f"window ({settings.early_window_s:g} s), got "
+                                                  f"none, nor one closed in the last "
+                                                  f"{settings.remembered_s:g} s",
                                     src.topic if src else self.transport.feedback_topic,
                                     src.partition if src else fb.partition,
                                     src.offset if src else -1, src.key if src else None,

@@ -542,8 +542,46 @@ def test_a_reread_backlog_does_not_forget_closed_ids_before_their_feedback_comes
     out = p.add_feedback(["o1"], np.array([1.0]), np.array([104.0]), np.zeros(1, np.int64),
                          wall=wall + 0.1)
     assert Outcome(int(out[0])) == Outcome.LATE
-    # once a window of event time *and* of wall time has passed twice, it is forgotten
+    # once the memory's span of event time *and* of wall time (a minute at least, with this
+    # short window) has passed twice, it is forgotten
     for k in (1, 2, 3):
-        p.clocks.observe("feedback", np.zeros(1, np.int64), np.array([130.0 + 4 * k]))
-        p.advance(wall + 4.0 * k)
+        p.clocks.observe("feedback", np.zeros(1, np.int64), np.array([130.0 + 61 * k]))
+        p.advance(wall + 61.0 * k)
     assert "o1" not in p.recent
+
+
+def test_a_short_window_remembers_closed_ids_for_a_minute() -> None:
+    """With a 5 s window, feedback 5-8 s after its decision closed was forgotten and
+    dead-lettered as unknown (an outside test: 142 of them); a closed id is now remembered for
+    at least a minute, so such feedback is a duplicate (earliest policy) or late."""
+    for policy, outcome in (("earliest", Outcome.DUPLICATE), ("sum", Outcome.LATE)):
+        p = store(window_s=5.0, duplicate_policy=policy)
+        decide(p, ["a"], t=0.0)
+        assert feedback(p, ["a"], [1.0], t=1.0) == []
+        advance(p, 6.0)  # the sum policy closes at the window's end
+        p.drain()
+        for t in (20.0, 40.0, 50.0):
+            advance(p, t)
+            out = p.add_feedback(["a"], np.ones(1), np.array([t]), np.zeros(1, np.int64), wall=t)
+            assert Outcome(int(out[0])) == outcome, (policy, t)
+        assert not p.early
+
+
+def test_held_feedback_past_its_window_is_late_when_its_decision_comes() -> None:
+    """Feedback held for a decision that then appears with the feedback's time at or past the
+    window's end has no effect and is counted late, as if it had come after the decision (an
+    outside test: a restart re-read feedback before its journaled instance and joined
+    feedback 0.4-2.9 s past a 5 s window)."""
+    p = store(window_s=5.0, early_window_s=30.0, duplicate_policy="sum")
+    p.add_feedback(["late", "ok"], np.array([1.0, 1.0]), np.array([107.0, 103.0]),
+                   np.zeros(2, np.int64), wall=200.0)
+    assert set(p.early) == {"late", "ok"}
+    p.add_decisions(["late", "ok"], np.zeros((2, D)), np.array([0, 1]), np.full((2, K), 1 / K),
+                    np.array([1, 1]), np.array([100.0, 100.0]), np.zeros(2, np.int64), wall=200.0)
+    assert p.take_held_late() == 1 and p.take_held_late() == 0
+    advance(p, 106.0)
+    closed = p.drain()
+    by_id = dict(zip(closed.ids, closed.outcome.tolist(), strict=True))
+    rewards = dict(zip(closed.ids, closed.rewards.tolist(), strict=True))
+    assert by_id == {"late": EXPIRED, "ok": JOINED}
+    assert rewards == {"late": 0.0, "ok": 1.0}
