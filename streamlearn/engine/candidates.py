@@ -253,7 +253,8 @@ class CandidateEngine:
                 if key not in self.joins.early:
                     continue
                 fb = self.joins.pop_early(key)
-                held = self.early_rewards.pop(key, None) or [(r, 1.0, fb.ts) for r in fb.rewards]
+                held = self.early_rewards.pop(key, None) or [
+                    (r, 1.0, t) for r, t in zip(fb.rewards, fb.times, strict=True)]
                 requests += [rid] * len(held)
                 events += [(spec, weight, fb.ts if ts is None else ts) for spec, weight, ts in held]
                 parts += [fb.partition] * len(held)

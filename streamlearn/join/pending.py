@@ -195,6 +195,13 @@ class EarlyFeedback:
     source: Message | None = None  # the first message, for a dead letter if it becomes unknown
     held_from: float = -math.inf  # -inf: from ts (a checkpoint written before held_from)
     arrived: float = -math.inf  # the caller's wall time; -inf: a checkpoint written before it
+    # each value's own event time (the first is ts), to judge each against the window when
+    # the decision comes; empty: every value at ts (a checkpoint written before times)
+    times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.times:
+            self.times = [self.ts] * len(self.rewards)
 
     @property
     def hold_start(self) -> float:
@@ -393,12 +400,21 @@ class PendingJoins:
             matched = [i for i, event_id in enumerate(ids) if event_id in self.early]
             if matched:
                 held = [self.pop_early(ids[i]) for i in matched]
-                # held feedback is judged by the window as feedback arriving after its decision
-                # is: a restart that re-reads feedback before its instance (journaled, so held
-                # however late) joined feedback 0.4-2.9 s past a 5 s window (an outside test)
+                # each held value is judged by the window as feedback arriving after its
+                # decision is: a restart that re-reads feedback before its instance (journaled,
+                # so held however late) joined feedback 0.1-2.9 s past a 5 s window (outside
+                # tests; the second one found the later values of an id, judged by its first)
                 due = self.decided_at[slots[matched]] + self.settings.window_s
-                on_time = [k for k, fb in enumerate(held) if fb.ts < due[k]]
-                self.held_late += len(held) - len(on_time)
+                on_time = []
+                for k, fb in enumerate(held):
+                    kept = [j for j, t in enumerate(fb.times) if t < due[k]]
+                    if len(kept) < len(fb.times):
+                        # the first value is counted here; the others were, as they came
+                        self.held_late += int(0 not in kept)
+                        fb.rewards = [fb.rewards[j] for j in kept]
+                        fb.times = [fb.times[j] for j in kept]
+                    if kept:
+                        on_time.append(k)
                 if on_time:
                     self._apply_held(slots[[matched[k] for k in on_time]],
                                      [held[k] for k in on_time], wall)
@@ -408,8 +424,9 @@ class PendingJoins:
             self._shed_slots(waiting[:excess], wall)
 
     def take_held_late(self) -> int:
-        """How many ids' held feedback was found late when their decisions came, since the
-        last call (each such id's first value: the others were counted as they arrived)."""
+        """How many held feedback events were found late when their decisions came, since
+        the last call: the first value of an id (its later values, late or not, were counted
+        as duplicates as they arrived; a late one has no effect all the same)."""
         late, self.held_late = self.held_late, 0
         return late
 
@@ -425,7 +442,7 @@ class PendingJoins:
         for k in range(max(len(fb.rewards) for fb in held)):
             rows = [i for i, fb in enumerate(held) if len(fb.rewards) > k]
             self._apply(slots[rows], np.array([held[i].rewards[k] for i in rows]),
-                        np.array([held[i].ts for i in rows]), wall)
+                        np.array([held[i].times[k] for i in rows]), wall)
 
     def add_joined(self, ids: Sequence[Any], X: Batch, actions: np.ndarray, probs: np.ndarray,
                    labels: np.ndarray, decided_at: np.ndarray, partitions: np.ndarray,
@@ -537,6 +554,7 @@ class PendingJoins:
             if not room:
                 return Outcome.UNKNOWN
             held.rewards.append(reward)
+            held.times.append(ts)
             self._held_values += 1
             return Outcome.AGGREGATED
         if self.settings.early_window_s > 0 and room:
@@ -804,7 +822,7 @@ def _early_json(fb: EarlyFeedback) -> dict[str, Any]:
     source = None if src is None else {
         "topic": src.topic, "partition": src.partition, "offset": src.offset,
         "key_b64": _b64(src.key), "value_b64": _b64(src.value), "timestamp_ms": src.timestamp_ms}
-    return {"event_id": fb.event_id, "rewards": fb.rewards, "ts": fb.ts,
+    return {"event_id": fb.event_id, "rewards": fb.rewards, "ts": fb.ts, "times": fb.times,
             "partition": fb.partition, "source": source,
             **{name: time for name, time in (("held_from", fb.held_from), ("arrived", fb.arrived))
                if math.isfinite(time)}}
@@ -828,8 +846,12 @@ def _early_from_json(data: dict[str, Any]) -> EarlyFeedback:
     if math.isnan(held_from) or math.isnan(arrived):
         raise ValueError(f"held feedback of {data['event_id']!r:.80} must have times, got "
                          f"held_from {held_from!r}, arrived {arrived!r}")
+    times = [float(t) for t in data.get("times") or [data["ts"]] * len(rewards)]
+    if len(times) != len(rewards) or not all(math.isfinite(t) for t in times):
+        raise ValueError(f"held feedback of {data['event_id']!r:.80} must have one finite time "
+                         f"per value, got {times!r:.80} for {len(rewards)} values")
     return EarlyFeedback(data["event_id"], rewards, float(data["ts"]), int(partition), message,
-                         held_from, arrived)
+                         held_from, arrived, times)
 
 
 def _stored_ids(arrays: dict[str, np.ndarray], name: str) -> list[str]:
