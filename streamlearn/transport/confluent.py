@@ -338,11 +338,33 @@ def watermarks(consumer: Any, partition: Any, deadline: float) -> tuple[int, int
                 raise
 
 
+def read_committed(consumer: Any, partitions: list[Any], deadline: float) -> list[Any]:
+    """The group's committed offsets of ``partitions`` (``confluent_kafka.TopicPartition`` s,
+    offset < 0 where none is committed), asked again while the coordinator settles (until
+    ``deadline``, ``time.monotonic()``): a raised error and a per-partition one alike.
+    Raises KafkaException on a lasting error, or a settling one at the deadline."""
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            found: list[Any] = consumer.committed(
+                partitions, timeout=max(deadline - time.monotonic(), 0.001))
+        except KafkaException as exc:
+            if _pause_to_ask_again(exc.args[0] if exc.args else None, deadline):
+                continue
+            raise
+        error = next((tp.error for tp in found if tp.error is not None), None)
+        if error is None:
+            return found
+        if not _pause_to_ask_again(error, deadline):
+            raise KafkaException(error)
+
+
 def start_positions(consumer: Any, partitions: list[Any], auto_offset_reset: str,
                     deadline: float) -> list[Any]:
     """The ``confluent_kafka.TopicPartition`` s with the offsets reading starts from: the
-    group's committed offsets, read here and asked again while the coordinator settles (until
-    ``deadline``, ``time.monotonic()``), else the ``auto_offset_reset`` end of the log.
+    group's committed offsets (:func:`read_committed`), else the ``auto_offset_reset`` end of
+    the log.
 
     An assignment without offsets leaves the committed-offset lookup to librdkafka, which can
     stall for good: an OffsetFetch answered with a request-level error (a group coordinator
@@ -352,23 +374,11 @@ def start_positions(consumer: Any, partitions: list[Any], auto_offset_reset: str
     broker then read nothing for three minutes, until its test gave up. Raises
     KafkaException when the offsets cannot be read by ``deadline``.
     """
-    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaException, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
-    while True:
-        try:
-            found = consumer.committed(partitions, timeout=max(deadline - time.monotonic(), 0.001))
-        except KafkaException as exc:
-            if _pause_to_ask_again(exc.args[0] if exc.args else None, deadline):
-                continue
-            raise
-        error = next((tp.error for tp in found if tp.error is not None), None)
-        if error is None:
-            break
-        if not _pause_to_ask_again(error, deadline):
-            raise KafkaException(error)
     reset = OFFSET_BEGINNING if auto_offset_reset == "earliest" else OFFSET_END
     return [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else reset)
-            for tp in found]
+            for tp in read_committed(consumer, partitions, deadline)]
 
 
 def _records(records: list[Any], where: str) -> list[Message]:
@@ -638,7 +648,8 @@ class ConfluentTransport:
 
         self._check_open()
         try:
-            found = self._consumer.committed(list(self._tp.values()), timeout=self._timeout_s)
+            found = read_committed(self._consumer, list(self._tp.values()),
+                                   time.monotonic() + self._timeout_s)
         except KafkaException as exc:
             raise TransportError(f"could not read committed offsets: {exc}") from exc
         return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
