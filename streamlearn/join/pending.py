@@ -18,8 +18,8 @@ A decision waits for feedback for an *experimental-unit window* (``window_s``).
   time if later) and of the caller's wall clock (:class:`EarlyFeedback`); every value of
   the id is kept (an aggregating policy aggregates them as if they had come just after
   the decision, in their order); if the decision does not appear by then the feedback is
-  ``UNKNOWN``; if it appears with the held feedback's event time at or past its window's
-  end, the feedback is late like any other (no effect; counted by :meth:`take_held_late`).
+  ``UNKNOWN``; a held value whose own event time is at or past the window's end of the
+  decision that then appears is late like any other (no effect; :meth:`take_held_late`).
 * A decision that closes without feedback is ``EXPIRED``: with
   ``expiry="default_reward"`` it is learned with ``default_reward``, with ``"drop"``
   it is not learned from.
@@ -846,12 +846,12 @@ def _early_from_json(data: dict[str, Any]) -> EarlyFeedback:
     if math.isnan(held_from) or math.isnan(arrived):
         raise ValueError(f"held feedback of {data['event_id']!r:.80} must have times, got "
                          f"held_from {held_from!r}, arrived {arrived!r}")
-    times = [float(t) for t in data.get("times") or [data["ts"]] * len(rewards)]
-    if len(times) != len(rewards) or not all(math.isfinite(t) for t in times):
+    held = EarlyFeedback(data["event_id"], rewards, float(data["ts"]), int(partition), message,
+                         held_from, arrived, [float(t) for t in data.get("times", [])])
+    if len(held.times) != len(rewards) or not all(math.isfinite(t) for t in held.times):
         raise ValueError(f"held feedback of {data['event_id']!r:.80} must have one finite time "
-                         f"per value, got {times!r:.80} for {len(rewards)} values")
-    return EarlyFeedback(data["event_id"], rewards, float(data["ts"]), int(partition), message,
-                         held_from, arrived, times)
+                         f"per value, got {held.times!r:.80} for {len(rewards)} values")
+    return held
 
 
 def _stored_ids(arrays: dict[str, np.ndarray], name: str) -> list[str]:
