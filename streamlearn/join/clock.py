@@ -74,13 +74,17 @@ class EventClock:
         return self._now
 
     def to_json(self) -> list[float | None]:
-        # idle time is not carried over a restart: the downtime may hide unread data
         return [v if np.isfinite(v) else None for v in (self.event_time, self._now)]
 
     @classmethod
     def from_json(cls, values: list[float | None]) -> EventClock:
+        """A clock restarted where it was. The downtime is not idle time (it may hide unread
+        data), but the time the clock had reached is: an idle period after the restart moves
+        it on from there, not from its last data (else a stream idle for T before a restart
+        stalled for T after each one, and feedback held for a forgotten id stayed held)."""
         clock = cls()
         clock.event_time, clock._now = (-np.inf if v is None else float(v) for v in values)
+        clock.event_time = max(clock.event_time, clock._now)
         return clock
 
 

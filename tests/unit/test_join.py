@@ -258,7 +258,31 @@ def test_event_clock_follows_event_time_and_the_wall_only_while_idle() -> None:
     assert c.now(1006.0) == 105.0  # never goes back
     again = EventClock.from_json(c.to_json())  # e.g. in a new process after a restart
     assert again.now(99_999.0) == 105.0  # downtime is not idle time
+    again.mark_idle(wall=100_000.0)  # idle after the restart: on from where it was, at once
+    assert again.now(100_002.0) == 107.0
     assert EventClock.from_json(EventClock().to_json()).now(1e9) == -np.inf
+
+
+def test_feedback_held_for_a_forgotten_id_becomes_unknown_after_a_restart_on_a_quiet_stream(
+) -> None:
+    """An outside test: feedback for an id forgotten long before came while the instance
+    stream was quiet, and stayed held across three restarts: each restored instance clock
+    went back to its last instance's time and idled from there, so after each restart it
+    stood still for as long as the stream had been quiet before (here 300 s)."""
+    p = store(early_window_s=10.0)
+    idle = [("instances", 0), ("feedback", 0)]
+    decide(p, ["old"], t=1000.0)
+    p.advance(wall=1000.0, idle=idle)
+    p.advance(wall=1300.0, idle=idle)  # quiet for 300 s: the instance clock is at 1300
+    assert p.drain().ids == ["old"]  # expired, and forgotten by the time its feedback comes
+    out = p.add_feedback(["gone"], np.ones(1), np.full(1, 1300.0), np.zeros(1, np.int64),
+                         wall=1300.0)
+    assert out.tolist() == [Outcome.HELD]
+    assert p.advance(wall=1304.0, idle=idle) == []  # killed 4 s later, up again at 1400:
+    p = PendingJoins.restore(K, D, p.settings, *p.export())
+    assert p.advance(wall=1400.0, idle=idle) == []  # the downtime is not idle time
+    assert p.advance(wall=1405.9, idle=idle) == []  # 9.9 s of idle time in all
+    assert [fb.event_id for fb in p.advance(wall=1406.0, idle=idle)] == ["gone"]
 
 
 def test_partition_clocks_are_independent_and_floors_only_start_a_clock() -> None:
