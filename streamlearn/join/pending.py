@@ -409,8 +409,10 @@ class PendingJoins:
                 for k, fb in enumerate(held):
                     kept = [j for j, t in enumerate(fb.times) if t < due[k]]
                     if len(kept) < len(fb.times):
-                        # the first value is counted here; the others were, as they came
-                        self.held_late += int(0 not in kept)
+                        # an id's values count one outcome each: the others were counted as
+                        # they came (duplicates); the first is counted here when none is on
+                        # time, else the decision's one `joined` stands for it
+                        self.held_late += int(not kept)
                         fb.rewards = [fb.rewards[j] for j in kept]
                         fb.times = [fb.times[j] for j in kept]
                     if kept:
@@ -425,8 +427,9 @@ class PendingJoins:
 
     def take_held_late(self) -> int:
         """How many held feedback events were found late when their decisions came, since
-        the last call: the first value of an id (its later values, late or not, were counted
-        as duplicates as they arrived; a late one has no effect all the same)."""
+        the last call: the first value of an id none of whose values was on time (its later
+        values, late or not, were counted as duplicates as they arrived; with one on time the
+        decision joins, and its `joined` counts the first value)."""
         late, self.held_late = self.held_late, 0
         return late
 

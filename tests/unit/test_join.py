@@ -597,21 +597,27 @@ def test_held_feedback_past_its_window_is_late_when_its_decision_comes() -> None
     outside test: a restart re-read feedback before its journaled instance and joined
     feedback 0.4-2.9 s past a 5 s window)."""
     p = store(window_s=5.0, early_window_s=30.0, duplicate_policy="sum")
-    p.add_feedback(["late", "ok", "mixed"], np.array([1.0, 1.0, 0.25]),
-                   np.array([107.0, 103.0, 102.0]), np.zeros(3, np.int64), wall=200.0)
-    # a second value of "mixed", past the window: judged by its own time, not its first's
-    p.add_feedback(["mixed"], np.array([0.5]), np.array([105.5]), np.zeros(1, np.int64),
-                   wall=200.5)
-    assert set(p.early) == {"late", "ok", "mixed"}
+    ids = ["late", "ok", "mixed", "late-first"]
+    first = p.add_feedback(ids, np.array([1.0, 1.0, 0.25, 0.5]),
+                           np.array([107.0, 103.0, 102.0, 106.0]), np.zeros(4, np.int64),
+                           wall=200.0)
+    # second values past the window ("mixed") and inside it ("late-first"): each judged by
+    # its own time, not its id's first
+    later = p.add_feedback(["mixed", "late-first"], np.array([0.5, 0.125]),
+                           np.array([105.5, 104.0]), np.zeros(2, np.int64), wall=200.5)
+    assert set(p.early) == set(ids)
     arrays, meta = p.export()  # a restart while they are held keeps each value's time
     p = PendingJoins.restore(K, D, p.settings, arrays, meta)
-    p.add_decisions(["late", "ok", "mixed"], np.zeros((3, D)), np.array([0, 1, 2]),
-                    np.full((3, K), 1 / K), np.array([1, 1, 1]), np.full(3, 100.0),
-                    np.zeros(3, np.int64), wall=201.0)
+    p.add_decisions(ids, np.zeros((4, D)), np.array([0, 1, 2, 3]), np.full((4, K), 1 / K),
+                    np.array([1, 1, 1, 1]), np.full(4, 100.0), np.zeros(4, np.int64), wall=201.0)
+    # "late" alone: "late-first" joins, and its one `joined` counts its first value
     assert p.take_held_late() == 1 and p.take_held_late() == 0
     advance(p, 106.0)
     closed = p.drain()
     by_id = dict(zip(closed.ids, closed.outcome.tolist(), strict=True))
     rewards = dict(zip(closed.ids, closed.rewards.tolist(), strict=True))
-    assert by_id == {"late": EXPIRED, "ok": JOINED, "mixed": JOINED}
-    assert rewards == {"late": 0.0, "ok": 1.0, "mixed": 0.25}
+    assert by_id == {"late": EXPIRED, "ok": JOINED, "mixed": JOINED, "late-first": JOINED}
+    assert rewards == {"late": 0.0, "ok": 1.0, "mixed": 0.25, "late-first": 0.125}
+    # one outcome per feedback event: 6 events = 3 joined + 1 late + 2 duplicates
+    assert first.tolist() == [Outcome.HELD] * 4
+    assert later.tolist() == [Outcome.AGGREGATED] * 2  # counted as duplicates
