@@ -274,7 +274,7 @@ def test_feedback_held_for_a_forgotten_id_becomes_unknown_after_a_restart_on_a_q
     decide(p, ["old"], t=1000.0)
     p.advance(wall=1000.0, idle=idle)
     p.advance(wall=1300.0, idle=idle)  # quiet for 300 s: the instance clock is at 1300
-    assert p.drain().ids == ["old"]  # expired, and forgotten by the time its feedback comes
+    assert p.drain().ids == ["old"]  # it only started the clocks: "gone" was never decided here
     out = p.add_feedback(["gone"], np.ones(1), np.full(1, 1300.0), np.zeros(1, np.int64),
                          wall=1300.0)
     assert out.tolist() == [Outcome.HELD]
