@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "OFFSETS_TIMEOUT_S",
            "RECONNECT_BACKOFF_MAX_MS", "KafkaTransport", "check_reachable", "ensure_topics",
-           "open_clients", "to_message"]
+           "open_clients", "open_offsets_reader", "to_message"]
 
 #: How long :func:`check_reachable` waits for some bootstrap server to accept a connection.
 CONNECT_TIMEOUT_S = 5.0
@@ -243,6 +243,27 @@ def open_clients(bootstrap_servers: str, group_id: str | None,
     return consumer, producer
 
 
+def open_offsets_reader(bootstrap_servers: str,
+                        client_options: Mapping[str, object] | None = None) -> Any:
+    """A consumer of no group that only asks for offsets, beside a transport's own.
+
+    The broker answers one connection's requests in order, so a ListOffsets request sent on
+    a consumer's connection waits behind the fetch the broker holds there (up to
+    ``kafka.fetch_wait_seconds``); this consumer never fetches, so it is answered at once."""
+    from kafka import KafkaConsumer
+    from kafka.errors import KafkaError
+
+    consumer_opts, _ = _split_options(client_options or {})
+    try:
+        return KafkaConsumer(**{"client_id": "streamlearn",
+                                "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+                                **consumer_opts},
+                             bootstrap_servers=bootstrap_servers, group_id=None,
+                             enable_auto_commit=False)
+    except KafkaError as exc:
+        raise TransportError(f"cannot connect to Kafka at {bootstrap_servers}: {exc}") from exc
+
+
 @dataclass(slots=True)
 class _Pending:
     topic: str
@@ -320,6 +341,8 @@ class KafkaTransport:
         self._pending: list[_Pending] = []
         self._closed = False
         self._shared = shared
+        self._client_options = dict(client_options or {})
+        self._offsets_reader: Any = None  # see end_offsets: opened when first needed
         if shared is None:
             self._consumer, self._producer = open_clients(
                 bootstrap_servers, group_id, client_options, auto_offset_reset, tuning)
@@ -515,12 +538,16 @@ class KafkaTransport:
         return found
 
     def end_offsets(self) -> Offsets:
-        """Log-end offsets of the assigned partitions."""
+        """Log-end offsets of the assigned partitions, asked through a consumer of their own
+        (:func:`open_offsets_reader`: not behind the fetch the broker holds for this one)."""
         from kafka.errors import KafkaError
 
         self._check_open()
+        if self._offsets_reader is None:  # only the lag tracker asks, once a second
+            self._offsets_reader = open_offsets_reader(self.bootstrap_servers,
+                                                       self._client_options)
         try:
-            ends = self._consumer.end_offsets(
+            ends = self._offsets_reader.end_offsets(
                 list(self._tp.values()),
                 timeout_ms=self._offsets_timeout_ms)
         except KafkaError as exc:
@@ -557,6 +584,8 @@ class KafkaTransport:
         except TransportError:
             pass  # the error already says how many messages are lost; close anyway
         self._closed = True
+        if getattr(self, "_offsets_reader", None) is not None:
+            self._offsets_reader.close(autocommit=False)
         if self._shared is not None:  # the clients stay open for the other transports
             self._shared.detach(getattr(self, "_tp", {}))
             return

@@ -332,3 +332,32 @@ def test_the_latency_settings_reach_the_clients(make_transport: Factory) -> None
     assert t._consumer.config["fetch_max_wait_ms"] == 10
     assert t._consumer.config["fetch_min_bytes"] == 512
     assert t._producer.config["linger_ms"] == 2
+
+
+def test_end_offsets_do_not_wait_behind_a_fetch_in_flight(make_transport: Factory) -> None:
+    """The broker answers one connection's requests in order, so a ListOffsets sent on the
+    consumer's connection waits for the fetch the broker is holding there (up to
+    ``fetch_wait_seconds``). The lag tracker asks once a second from the serving loop: on
+    librdkafka, asking each partition on the consumer held the loop up to 4 × 50 ms and a
+    decision at 50 events/s up to 83 ms (docs/performance.md). Here a fetch waits up to
+    1.5 s: end offsets must come without it (the old way took ≥ 1.5 s per partition asked)."""
+    from streamlearn.transport.protocol import ClientTuning
+
+    t = make_transport(group_id="ends", tuning=ClientTuning(fetch_wait_s=1.5))
+    produce_keyed(t, t.instances_topic, range(6), "e")
+    t.flush(10.0)
+    got: list[Message] = []
+    started = time.monotonic()
+    while len(got) < 6 and time.monotonic() - started < 20.0:
+        got.extend(t.poll(500, 0.5))
+    assert len(got) == 6
+    assert t.end_offsets()  # the first call may open a connection: not timed
+    t.poll(500, 0.3)  # caught up and idle: the consumer's next fetch is held at the broker
+    timings = []
+    for _ in range(3):
+        began = time.monotonic()
+        ends = t.end_offsets()
+        timings.append(time.monotonic() - began)
+        assert sum(ends[(t.instances_topic, p)] for p in range(PARTITIONS)) == 6
+        t.poll(500, 0.2)
+    assert max(timings) < 1.0, timings
