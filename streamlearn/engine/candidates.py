@@ -248,16 +248,25 @@ class CandidateEngine:
             requests: list[str] = []
             events: list[HeldReward] = []
             parts: list[int] = []
-            for rid in ids:
+            due = np.asarray(decided_at) + self.joins.settings.window_s
+            for r, rid in enumerate(ids):
                 key = request_key(rid)
                 if key not in self.joins.early:
                     continue
                 fb = self.joins.pop_early(key)
-                held = self.early_rewards.pop(key, None) or [
-                    (r, 1.0, t) for r, t in zip(fb.rewards, fb.times, strict=True)]
-                requests += [rid] * len(held)
-                events += [(spec, weight, fb.ts if ts is None else ts) for spec, weight, ts in held]
-                parts += [fb.partition] * len(held)
+                held = [(spec, weight, fb.ts if ts is None else ts) for spec, weight, ts in
+                        self.early_rewards.pop(key, None) or [
+                            (v, 1.0, t) for v, t in zip(fb.rewards, fb.times, strict=True)]]
+                # each held event is judged by the window as feedback arriving after its
+                # decision is (PendingJoins.add_decisions does so for fixed actions): one at or
+                # past the window's end has no effect. One outcome per event: the others were
+                # counted as they came (held, then duplicates); the first is counted late here
+                # when none is on time, else the request's joined slots stand for it
+                on_time = [event for event in held if event[2] < due[r]]
+                self.joins.held_late += int(not on_time)
+                requests += [rid] * len(on_time)
+                events += on_time
+                parts += [fb.partition] * len(on_time)
             if requests:
                 self._spread(requests, [e[0] for e in events], np.array([e[1] for e in events]),
                              np.array([e[2] for e in events]), np.array(parts, dtype=np.int64),

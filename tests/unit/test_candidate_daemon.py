@@ -427,3 +427,31 @@ def test_who_placed_each_slot_reaches_the_closed_slots_and_survives_a_restart() 
     again = fresh.decide(["r1"], sets.take(np.array([0])), list("abc"), np.array([2]),
                          np.zeros(1, int), wall=5.0, known=known)
     assert again.served_by[0].tolist() == [9, 0] and again.chosen[0].tolist() == d.chosen[0].tolist()
+
+
+def test_held_request_feedback_past_its_window_is_counted_late_once() -> None:
+    """Feedback held for a request whose decision then comes is judged by the window as on
+    the fixed-action path: a value at or past the window's end has no effect, and each event
+    counts one outcome — a request none of whose held events is on time counts its first one
+    late (the others were duplicates as they came); one with an on-time event joins."""
+    settings_ = JoinSettings(window_s=5.0, early_window_s=30.0, duplicate_policy="sum")
+    engine = CandidateEngine(CandidateLinUCB(2, 3, seed=0), settings_, 2)
+    ids = ["late", "ok", "late-first"]
+    first = engine.feedback(ids, [1.0, 1.0, 0.5], np.array([107.0, 103.0, 106.0]),
+                            np.zeros(3, np.int64), wall=99.0)
+    later = engine.feedback(["late-first"], [0.125], np.array([104.0]), np.zeros(1, np.int64),
+                            wall=99.5)
+    assert first.tolist() == [Outcome.HELD] * 3 and later.tolist() == [Outcome.AGGREGATED]
+    rng = np.random.default_rng(0)
+    sets = CandidateSets(rng.normal(size=(3, 2)), rng.normal(size=(6, 3)), np.array([0, 2, 4, 6]))
+    cids = [f"c{j}" for j in range(6)]
+    decided = engine.decide(ids, sets, cids, np.ones(3, np.int64), np.zeros(3, np.int64),
+                            wall=100.0)  # the window ends at 105
+    assert engine.joins.take_held_late() == 1 and engine.joins.take_held_late() == 0
+    pending = {request: pair_id(request, cids[int(decided.chosen[r, 0])])
+               for r, request in enumerate(ids)}
+    slot = {request: engine.joins.slot_of[pid] for request, pid in pending.items()}
+    assert {r: int(engine.joins.n_feedback[s]) for r, s in slot.items()} == {
+        "late": 0, "ok": 1, "late-first": 1}
+    assert {r: float(engine.joins.reward[s]) for r, s in slot.items()} == {
+        "late": 0.0, "ok": 1.0, "late-first": 0.125}
