@@ -145,11 +145,39 @@ class _FlakyWatermarks:
         return 0, 42
 
 
-def _transport_over(consumer: Any, timeout_s: float = 5.0) -> ConfluentTransport:
+class _FlakyListOffsets:
+    """An admin client whose ListOffsets answers fail ``failures`` times with ``code`` first
+    (per partition, as librdkafka reports them: in each partition's future)."""
+
+    def __init__(self, code: int, failures: int) -> None:
+        self.code, self.failures, self.calls = code, failures, 0
+
+    def list_offsets(self, specs: dict[Any, Any], request_timeout: float) -> dict[Any, Any]:
+        from concurrent.futures import Future
+        from types import SimpleNamespace
+
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.calls += 1
+        answers: dict[Any, Any] = {}
+        for tp in specs:
+            answer: Future[Any] = Future()
+            if self.calls <= self.failures:
+                answer.set_exception(KafkaException(KafkaError(self.code)))
+            else:
+                answer.set_result(SimpleNamespace(offset=42))
+            answers[tp] = answer
+        return answers
+
+
+def _transport_over(admin: Any = None, timeout_s: float = 5.0, consumer: Any = None,
+                    ) -> ConfluentTransport:
+    from confluent_kafka import TopicPartition
+
     transport = object.__new__(ConfluentTransport)
     transport._closed = False
-    transport._consumer = consumer
-    transport._tp = {("t", 0): object()}
+    transport._admin, transport._consumer = admin, consumer
+    transport._tp = {("t", 0): TopicPartition("t", 0)}
     transport._offsets_timeout_s = timeout_s
     return transport
 
@@ -160,9 +188,9 @@ def test_end_offsets_ask_again_while_a_restarted_broker_settles_its_leaders() ->
     from confluent_kafka import KafkaError
 
     for code in (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE):
-        consumer = _FlakyWatermarks(code, failures=3)
-        assert _transport_over(consumer).end_offsets() == {("t", 0): 42}
-        assert consumer.calls == 4
+        admin = _FlakyListOffsets(code, failures=3)
+        assert _transport_over(admin).end_offsets() == {("t", 0): 42}
+        assert admin.calls == 4
 
 
 def test_the_models_link_asks_again_while_a_new_models_topic_elects_its_leader() -> None:
@@ -204,11 +232,11 @@ def test_end_offsets_fail_at_once_on_a_lasting_error_and_at_the_deadline_on_a_tr
     pytest.importorskip("confluent_kafka")
     from confluent_kafka import KafkaError
 
-    lasting = _FlakyWatermarks(KafkaError.TOPIC_AUTHORIZATION_FAILED, failures=100)
+    lasting = _FlakyListOffsets(KafkaError.TOPIC_AUTHORIZATION_FAILED, failures=100)
     with pytest.raises(TransportError, match="could not read end offsets"):
         _transport_over(lasting).end_offsets()
     assert lasting.calls == 1
-    settling = _FlakyWatermarks(KafkaError.NOT_LEADER_FOR_PARTITION, failures=10**6)
+    settling = _FlakyListOffsets(KafkaError.NOT_LEADER_FOR_PARTITION, failures=10**6)
     started = time.monotonic()
     with pytest.raises(TransportError, match="end offsets"):
         _transport_over(settling, timeout_s=0.5).end_offsets()
@@ -247,7 +275,7 @@ def _committing_transport(consumer: _SettlingCoordinator, timeout_s: float = 5.0
                           ) -> ConfluentTransport:
     from streamlearn.transport.confluent import _Commits
 
-    transport = _transport_over(consumer, timeout_s)
+    transport = _transport_over(timeout_s=timeout_s, consumer=consumer)
     transport._commits, transport._assigned = _Commits(), {("t", 0)}
     transport._shared, transport._read, transport.bootstrap_servers = None, [], "fake"
     consumer.transport = transport
