@@ -449,6 +449,21 @@ def _numbered(directory: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path
     return sorted(out)
 
 
+def copy_holding_the_lock(array: np.ndarray) -> np.ndarray:
+    """A read-only copy of ``array``, made without letting go of the interpreter's lock.
+
+    ``np.array(a, copy=True)`` of more than a few hundred elements lets other Python threads
+    run while it copies, and getting the lock back waits for the thread that took it: up to
+    the 5 ms switch interval when that thread is busy, as kafka-python's network thread is
+    under a backlog. A snapshot copies some 25 arrays: ~100 ms of the serving thread in a
+    microbenchmark with one busy thread beside it, 0.4-1.8 ms through ``tobytes`` (one
+    ``memcpy`` holding the lock; docs/performance.md, 2026-12-06).
+    """
+    if array.dtype.hasobject:  # not in a snapshot; copied as numpy does it
+        return np.array(array, copy=True)
+    return np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
+
+
 class Checkpointer:
     """Writes and restores checkpoints in ``directory``; see the module docstring.
 
@@ -633,11 +648,15 @@ class Checkpointer:
 
     def save(self, transport: Transport, arrays: dict[str, np.ndarray], meta: dict[str, Any],
              flush_timeout_s: float = 30.0, carry: Iterable[JournaledDecision] = (),
-             background: bool = False) -> int:
+             background: bool = False,
+             finish: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
+             ) -> int:
         """Flush → next journal segment (+ ``carry``) → snapshot with :attr:`offsets` → commit
         (waited for) → prune. With ``background``, the snapshot is written on a thread of its
         own and the commit (not waited for) and prune wait for :meth:`settle`; a write in
-        flight is settled first."""
+        flight is settled first. ``finish`` (arrays → the arrays written) runs where the
+        snapshot is written: on the writer thread for a background one, so that work which
+        only makes the snapshot smaller does not hold the caller."""
         self.settle(transport)
         offsets = self.offsets.snapshot()
         transport.flush(flush_timeout_s)
@@ -660,21 +679,24 @@ class Checkpointer:
         self.last_time = time.monotonic()
         self.requested = False
         if background:  # copies: the live arrays and meta change while the thread writes
-            frozen = {name: np.array(a, copy=True) for name, a in arrays.items()}
+            frozen = {name: copy_holding_the_lock(a) for name, a in arrays.items()}
             detached = orjson.loads(orjson.dumps(full_meta, option=orjson.OPT_SERIALIZE_NUMPY))
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(1, thread_name_prefix="streamlearn-snapshot")
             self._in_flight = (seq, offsets, self._writer.submit(self._write, seq, path, frozen,
-                                                                 detached))
+                                                                 detached, finish))
             return seq
-        self._write(seq, path, arrays, full_meta)
+        self._write(seq, path, arrays, full_meta, finish)
         self._written(transport, seq, offsets, wait_for_commit=True)
         return seq
 
     def _write(self, seq: int, path: Path, arrays: dict[str, np.ndarray],
-               meta: dict[str, Any]) -> None:
+               meta: dict[str, Any],
+               finish: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None) -> None:
         """The snapshot on disk, then in the changelog (if any: a broker away leaves it local
         only, the next one is published; a fenced changelog raises Fenced)."""
+        if finish is not None:
+            arrays = finish(arrays)
         write_snapshot(path, arrays, meta)
         if self.changelog is not None and not write_or_warn(self.changelog, seq, arrays, meta):
             self.local_only += 1

@@ -723,6 +723,18 @@ class PendingJoins:
                 "recent_young_since": young_since if np.isfinite(young_since) else None}
         return arrays, meta
 
+    @staticmethod
+    def packed(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A snapshot's arrays with :meth:`export`'s rows made smaller (:meth:`RowStore.packed`;
+        the other arrays as they are): for the snapshot's writer thread, so that the serving
+        thread only copies the rows."""
+        prefix = "pending.x."
+        rows = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        if not rows:
+            return arrays
+        kept = {k: v for k, v in arrays.items() if not k.startswith(prefix)}
+        return {**kept, **{prefix + k: v for k, v in RowStore.packed(rows).items()}}
+
     @classmethod
     def restore(cls, n_actions: int, n_features: int, settings: JoinSettings,
                 arrays: dict[str, np.ndarray], meta: dict[str, Any],

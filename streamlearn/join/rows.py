@@ -165,25 +165,36 @@ class RowStore:
         self.length[slots] = 0  # their arena entries are dead; compaction reclaims them
 
     def export(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """The rows of ``slots`` as plain arrays (dense block + CSR block + which is which).
+        """The rows of ``slots`` as plain arrays (dense block + CSR block + which is which),
+        fresh copies of the live ones; :meth:`packed` makes them smaller for a snapshot.
 
-        Dense rows that are mostly zeros are saved in CSR form too (a snapshot of
-        many pending 0/1 rows would otherwise be mostly zeros).
+        The least work that copies the rows: the serving thread calls this while deciding
+        waits, so what makes a snapshot smaller is left to :meth:`packed`, which a
+        background snapshot runs on its writer thread. Each numpy call of more than a few
+        hundred elements lets another Python thread take the interpreter's lock, and under
+        a backlog kafka-python's network thread takes it for up to the 5 ms switch interval:
+        the packing's eight calls held a 10,000-row checkpoint's serving thread 50-150 ms
+        (docs/performance.md, 2026-12-06).
         """
         sparse = self.is_sparse[slots]
         dense_slots = slots[~sparse]
         dense = (self.dense[dense_slots] if self.dense is not None
                  else np.zeros((len(dense_slots), self.n_features)))
         csr = self._sparse_take(slots[sparse])
-        out = {"is_sparse": sparse, "indptr": csr.indptr, "indices": csr.indices,
-               "values": csr.values}
-        if dense.size and np.count_nonzero(dense) < 0.5 * dense.size:
-            packed = as_sparse(dense)
-            out.update({"dense_indptr": packed.indptr, "dense_indices": packed.indices,
-                        "dense_values": packed.values, "dense": np.zeros((0, self.n_features))})
-        else:
-            out["dense"] = dense
-        return out
+        return {"is_sparse": sparse, "indptr": csr.indptr, "indices": csr.indices,
+                "values": csr.values, "dense": dense}
+
+    @staticmethod
+    def packed(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """:meth:`export`'s arrays with a dense block that is mostly zeros in CSR form (a
+        snapshot of many pending 0/1 rows would otherwise be mostly zeros); already packed
+        arrays are returned as they are."""
+        dense = arrays["dense"]
+        if "dense_indptr" in arrays or not dense.size or np.count_nonzero(dense) >= 0.5 * dense.size:
+            return arrays
+        packed = as_sparse(dense)
+        return {**arrays, "dense_indptr": packed.indptr, "dense_indices": packed.indices,
+                "dense_values": packed.values, "dense": np.zeros((0, dense.shape[1]))}
 
     @staticmethod
     def imported(arrays: dict[str, np.ndarray], n_features: int) -> Batch:

@@ -664,7 +664,8 @@ class Daemon:
         try:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,
-                                         carry=self._journaled.values(), background=background)
+                                         carry=self._journaled.values(), background=background,
+                                         finish=PendingJoins.packed)
         except TransportError as exc:  # the flush failed: nothing written, nothing committed
             log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
             self._retry_checkpoint_at = wall + self.settings.retry_seconds

@@ -64,6 +64,27 @@ def test_the_loop_goes_on_while_the_snapshot_is_written(tmp_path: Path,
     assert restored.arrays["w"].tolist() == [1.0, 2.0] and restored.meta["n"] == [1]
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_finish_runs_where_the_snapshot_is_written_and_its_arrays_are_saved(
+        tmp_path: Path, background: bool) -> None:
+    """``finish`` (what only makes a snapshot smaller: the pending rows' packing) runs on the
+    writer thread of a background snapshot, not on the loop's, and on the loop's thread for
+    any other; what it returns is what the snapshot holds."""
+    ck, t = Checkpointer(tmp_path), Recording(tmp_path)
+    ran_on: list[str] = []
+
+    def finish(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        ran_on.append(threading.current_thread().name)
+        return {**arrays, "w": arrays["w"] * 2}
+
+    ck.save(t, {"w": np.array([1.0, 2.0])}, {}, background=background, finish=finish)
+    ck.settle(t)
+    assert len(ran_on) == 1
+    assert ran_on[0].startswith("streamlearn-snapshot") == background
+    restored = Checkpointer(tmp_path).restore()
+    assert restored is not None and restored.arrays["w"].tolist() == [2.0, 4.0]
+
+
 def test_the_next_checkpoint_waits_for_the_write_in_flight(tmp_path: Path,
                                                            held_writes: threading.Event) -> None:
     ck, t = Checkpointer(tmp_path), Recording(tmp_path)
@@ -112,3 +133,20 @@ def test_a_crash_during_the_write_replays_its_decisions_and_reuses_no_number(
     again.offsets.consumed([(*TP, 29)])
     assert again.save(t, {"w": np.ones(1)}, {}) == 3  # not 2: journal-2 is not appended to
     held_writes.set()
+
+
+@pytest.mark.parametrize("array", [
+    np.array(3.0), np.zeros((0, 401)), np.arange(20.0).reshape(4, 5)[:, ::2],
+    np.asfortranarray(np.arange(6.0).reshape(2, 3)), np.array([True, False]),
+    np.array([b"ab", b"c"]), np.arange(5, dtype=np.int64),
+    np.zeros(3, dtype=[("a", "i4"), ("b", "f8")])], ids=repr)
+def test_a_background_snapshots_copies_are_equal_and_detached(array: np.ndarray) -> None:
+    """The copies a background snapshot takes (through ``tobytes``, holding the interpreter's
+    lock) have the live array's dtype, shape and values, and do not change with it."""
+    copy = checkpoint_module.copy_holding_the_lock(array)
+    assert copy.dtype == array.dtype and copy.shape == array.shape
+    assert np.array_equal(copy, array)
+    before = copy.copy()
+    if array.size:
+        array[...] = array.flat[-1]  # the live array changes in place
+    assert np.array_equal(copy, before)

@@ -20,6 +20,7 @@ from streamlearn.learners.base import Learner
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.daemon import Daemon, DaemonSettings
+from streamlearn.snapshot import read_snapshot
 from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
 
 N, BLOCK = 1500, 100
@@ -311,6 +312,28 @@ def test_restored_daemon_keeps_its_pending_joins_while_idle(tmp_path: Path) -> N
     clock.t += 5.0  # the 5 s window has passed since the decisions
     second.step()
     assert len(second.join) == 0 and second.counters.feedback["expired"] == 100
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_pending_rows_are_packed_in_the_snapshot_and_restore_as_they_were(
+        tmp_path: Path, background: bool) -> None:
+    """The loop's snapshot holds its pending rows (mostly zeros, as SynNonSep's) in CSR form,
+    packed where the snapshot is written (off the serving thread for a background one), and a
+    restart reads back the very rows it decided on."""
+    broker, clock = InMemoryBroker(2), Clock()
+    Caller(broker).publish(0, 100, ts=clock.t)
+    first = make_daemon(broker, tmp_path, clock)
+    drain(first)
+    assert first.checkpoint(background=background) == 1
+    first._settle_checkpoint(block=True)
+    arrays, _ = read_snapshot(tmp_path / "ckpt-00000001")
+    assert arrays["pending.x.dense"].size == 0 and len(arrays["pending.x.dense_indptr"]) == 101
+    second = make_daemon(broker, tmp_path, clock)
+    ids = [f"e{i}" for i in range(100)]
+    slots = np.array([second.join.slot_of[i] for i in ids])
+    rows = second.join.rows.take(slots)
+    rows = rows if isinstance(rows, np.ndarray) else rows.to_dense()
+    assert np.array_equal(rows[:, :X.shape[1]], X[:100])
 
 
 def test_journaled_decisions_survive_a_checkpoint_taken_while_replaying(tmp_path: Path) -> None:

@@ -383,15 +383,24 @@ def test_few_rows_sample_alike_in_python_and_in_numpy(rows: int, actions: int, s
 
 @settings(max_examples=40, deadline=None)
 @given(seed=seeds, n=st.integers(1, 80), d=st.integers(1, 20), density=st.floats(0.0, 1.0),
-       first=st.integers(0, 1500), in_slot_order=st.booleans())
+       first=st.integers(0, 1500), in_slot_order=st.booleans(), packed=st.booleans())
 def test_exported_rows_import_in_the_saved_order(seed: int, n: int, d: int, density: float,
-                                                 first: int, in_slot_order: bool) -> None:
+                                                 first: int, in_slot_order: bool,
+                                                 packed: bool) -> None:
     """Rows exported in slot order (the dense rows first: imported without a reorder) or in any
-    order (dense and sparse interleaved: reordered) come back as they were put."""
+    order (dense and sparse interleaved: reordered) come back as they were put, whether or
+    not the export was packed for a snapshot (a dense block mostly zeros as CSR)."""
     X, store, slots = filled_store(seed, n, d, density, first)
     with small_matrix():
         order = np.sort(slots) if in_slot_order else slots
-        back = RowStore.imported(store.export(order), d)
+        exported = store.export(order)
+        if packed:
+            exported = RowStore.packed(exported)
+            dense_rows = int((~exported["is_sparse"]).sum())
+            mostly_zero = np.count_nonzero(X[~store.is_sparse[slots]]) < 0.5 * dense_rows * d
+            assert ("dense_indptr" in exported) == (dense_rows > 0 and mostly_zero)
+            assert RowStore.packed(exported) is exported  # packing twice changes nothing
+        back = RowStore.imported(exported, d)
     want = X[np.argsort(slots)] if in_slot_order else X
     got = back.to_dense() if isinstance(back, SparseBatch) else back
     assert np.array_equal(got, want)

@@ -240,7 +240,8 @@ def test_mostly_zero_dense_rows_are_saved_compactly_and_exactly() -> None:
     ids = [f"e{i}" for i in range(50)]
     p.add_decisions(ids, X, np.zeros(50, np.int64), probs, np.full(50, -1), np.zeros(50),
                     np.zeros(50, np.int64), wall=0.0)
-    arrays, meta = p.export()
+    arrays, meta = p.export()  # the rows as they are; packed where a snapshot is written
+    arrays = PendingJoins.packed(arrays)
     assert sum(a.nbytes for a in arrays.values()) < X.nbytes / 20
     q = PendingJoins.restore(K, 1000, p.settings, arrays, meta)
     advance(q, 1e9)
