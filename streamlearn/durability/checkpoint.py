@@ -650,13 +650,15 @@ class Checkpointer:
              flush_timeout_s: float = 30.0, carry: Iterable[JournaledDecision] = (),
              background: bool = False,
              finish: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None,
-             ) -> int:
+             handed_over: Collection[str] = ()) -> int:
         """Flush → next journal segment (+ ``carry``) → snapshot with :attr:`offsets` → commit
         (waited for) → prune. With ``background``, the snapshot is written on a thread of its
         own and the commit (not waited for) and prune wait for :meth:`settle`; a write in
         flight is settled first. ``finish`` (arrays → the arrays written) runs where the
         snapshot is written: on the writer thread for a background one, so that work which
-        only makes the snapshot smaller does not hold the caller."""
+        only makes the snapshot smaller does not hold the caller. A background snapshot
+        copies the arrays first, except those named in ``handed_over``: copies the caller
+        made for it, which nothing else holds or changes."""
         self.settle(transport)
         offsets = self.offsets.snapshot()
         transport.flush(flush_timeout_s)
@@ -679,7 +681,8 @@ class Checkpointer:
         self.last_time = time.monotonic()
         self.requested = False
         if background:  # copies: the live arrays and meta change while the thread writes
-            frozen = {name: copy_holding_the_lock(a) for name, a in arrays.items()}
+            frozen = {name: a if name in handed_over else copy_holding_the_lock(a)
+                      for name, a in arrays.items()}
             detached = orjson.loads(orjson.dumps(full_meta, option=orjson.OPT_SERIALIZE_NUMPY))
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(1, thread_name_prefix="streamlearn-snapshot")

@@ -724,6 +724,13 @@ class PendingJoins:
         return arrays, meta
 
     @staticmethod
+    def exported_copy(name: str) -> bool:
+        """Whether :meth:`export`'s array ``name`` is a copy that nothing else holds: every
+        ``pending.*`` one is gathered from the live arrays (fancy indexing, new arrays); the
+        recently closed ids' generations are kept and shared."""
+        return name.startswith("pending.")
+
+    @staticmethod
     def packed(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A snapshot's arrays with :meth:`export`'s rows made smaller (:meth:`RowStore.packed`;
         the other arrays as they are): for the snapshot's writer thread, so that the serving

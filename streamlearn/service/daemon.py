@@ -665,7 +665,9 @@ class Daemon:
             seq = self.checkpointer.save(self.transport, arrays, meta,
                                          self.settings.flush_timeout_seconds,
                                          carry=self._journaled.values(), background=background,
-                                         finish=PendingJoins.packed)
+                                         finish=PendingJoins.packed,
+                                         handed_over=[name for name in arrays
+                                                      if PendingJoins.exported_copy(name)])
         except TransportError as exc:  # the flush failed: nothing written, nothing committed
             log.warning("checkpoint skipped (nothing committed), retrying later: %s", exc)
             self._retry_checkpoint_at = wall + self.settings.retry_seconds
