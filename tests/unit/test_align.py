@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from streamlearn.transport.align import InputAligner
 from streamlearn.transport.memory import InMemoryBroker, InMemoryTransport
+from streamlearn.transport.protocol import Message
 
 
 class Clock:
@@ -48,6 +49,52 @@ def test_a_partition_with_unread_records_holds_the_others_at_most_max_wait() -> 
     assert aligner.poll(10, 0.0) == []
     clock.t = 0.06
     assert [m.timestamp_ms for m in aligner.poll(10, 0.0)] == [10]
+
+
+class Timed(InMemoryTransport):
+    """Records the timeout of every poll; a poll returns up to ``fetch`` records whatever it is
+    asked (as a Kafka client hands out a whole fetch); ``lagging`` reports unread feedback
+    that never comes."""
+
+    def __init__(self, fetch: int = 0, lagging: bool = False) -> None:
+        super().__init__(partitions=1)
+        self.timeouts: list[float] = []
+        self.fetch, self.lagging = fetch, lagging
+
+    def poll(self, max_records: int, timeout_s: float) -> list[Message]:
+        self.timeouts.append(timeout_s)
+        return super().poll(max(max_records, self.fetch), timeout_s)
+
+    def unread(self) -> dict[tuple[str, int], int | None]:
+        return {**super().unread(), **({("feedback", 0): 5} if self.lagging else {})}
+
+
+def test_a_remainder_buffered_by_an_earlier_poll_does_not_wait_for_input() -> None:
+    """The last messages of a burst, fetched with the ones before but beyond ``max_records``,
+    leave at the next poll without its waiting for more input (they waited the whole poll
+    timeout, 0.1 s at the end of every burst, before)."""
+    transport = Timed(fetch=30)
+    for i in range(30):
+        transport.broker.append("instances", b"e", b"{}", timestamp_ms=i)
+    aligner = InputAligner(transport)
+    assert len(aligner.poll(20, 0.1)) == 20 and len(aligner) == 10
+    assert [m.timestamp_ms for m in aligner.poll(20, 0.1)] == list(range(20, 30))
+    assert transport.timeouts == [0.1, 0.0]
+    assert aligner.poll(20, 0.1) == [] and transport.timeouts[-1] == 0.1  # nothing buffered
+
+
+def test_messages_held_back_by_another_partition_wait_on_the_poll_not_a_spin() -> None:
+    """Buffered messages that may not leave yet (a partition with unread records has nothing
+    here) do not make the poll return at once: the loop would spin until they may."""
+    clock = Clock()
+    transport = Timed(lagging=True)
+    transport.broker.append("instances", b"e", b"{}", timestamp_ms=10)
+    aligner = InputAligner(transport, max_wait_s=0.05, clock=clock)
+    assert aligner.poll(10, 0.1) == [] and aligner.poll(10, 0.1) == []
+    assert transport.timeouts == [0.1, 0.1]
+    clock.t = 0.06  # the lagging partition is passed over: the instance may leave now
+    assert [m.timestamp_ms for m in aligner.poll(10, 0.1)] == [10]
+    assert transport.timeouts[-1] == 0.0
 
 
 def test_idle_partitions_are_the_caught_up_ones_with_nothing_buffered() -> None:
