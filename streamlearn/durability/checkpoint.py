@@ -474,8 +474,8 @@ class Checkpointer:
     keep
         Snapshots kept (>= 2 so a corrupt newest one has a fallback).
     every_events, every_s
-        A checkpoint is due after this many input messages (or as many as there are pending
-        decisions, if more: :meth:`due`) or seconds, whichever first.
+        A checkpoint is due after this many input messages (or as many as the last snapshot
+        held pending decisions, if more: :meth:`due`) or seconds, whichever first.
     """
 
     def __init__(self, directory: str | os.PathLike[str], keep: int = 2,
@@ -504,6 +504,8 @@ class Checkpointer:
         self.events_since = 0
         self.last_time = time.monotonic()
         self.requested = False  # a checkpoint asked for at the next step (request)
+        self._pending_now = 0  # as the last due() was told
+        self.pending_saved = 0  # decisions pending when the last snapshot was taken
 
     def request(self) -> None:
         """Make the next :meth:`due` true: state a crash must not undo has changed (a
@@ -636,14 +638,19 @@ class Checkpointer:
     def due(self, n_events: int, pending: int = 0) -> bool:
         """Count ``n_events`` processed input messages; whether a checkpoint is due now.
 
-        With ``pending`` decisions awaiting feedback, the message count due is at least
-        ``pending``: a snapshot writes every pending decision's row, so under a backlog whose
-        feedback has not come (yet) a snapshot every ``every_events`` messages would write
-        rows in proportion to the backlog *squared*; this way a snapshot writes at most about
-        one row per message read since the one before. ``every_s`` still bounds the interval.
+        ``pending``: the decisions awaiting feedback now, each a row the next snapshot
+        writes. The message count due is at least the number the previous snapshot wrote
+        (:attr:`pending_saved`): under a backlog whose feedback has not come (yet) a snapshot
+        every ``every_events`` messages would write rows in proportion to the backlog
+        *squared*; this way the intervals double, and as each message adds at most one
+        pending decision, a snapshot writes at most two rows per message read since the one
+        before. (Counting against the decisions pending *now*, which grow with the messages,
+        left only ``every_s`` to checkpoint a backlog after its first ``every_events``, an
+        outside test found.) ``every_s`` still bounds the interval.
         """
         self.events_since += n_events
-        return (self.requested or self.events_since >= max(self.every_events, pending)
+        self._pending_now = pending
+        return (self.requested or self.events_since >= max(self.every_events, self.pending_saved)
                 or time.monotonic() - self.last_time >= self.every_s)
 
     def save(self, transport: Transport, arrays: dict[str, np.ndarray], meta: dict[str, Any],
@@ -678,6 +685,7 @@ class Checkpointer:
             full_meta["changelog_from"] = self.changelog.resume_offset
         self.seq = seq
         self.events_since = 0
+        self.pending_saved = self._pending_now
         self.last_time = time.monotonic()
         self.requested = False
         if background:  # copies: the live arrays and meta change while the thread writes

@@ -162,8 +162,8 @@ class CheckpointConfig:
     dir: Path | None = spec(None, "checkpoint directory; unset = no checkpoints (state is lost "  # noqa: RUF009
                             "on exit)", kind="dir")
     every_events: int = spec(10_000, "checkpoint after this many input messages (instances + "
-                             "feedback), or as many as there are pending decisions if more "
-                             "(a snapshot holds their rows)", ge=1)
+                             "feedback), or as many as the last snapshot held pending "
+                             "decisions if more (a snapshot holds their rows)", ge=1)
     every_seconds: float = spec(60.0, "checkpoint at least this often", gt=0)
     keep: int = spec(2, "snapshots kept", ge=1)
     fsync_journal: bool = spec(False, "fsync the decision journal after every batch (survives "

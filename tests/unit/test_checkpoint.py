@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamlearn.durability.checkpoint import Checkpointer
 from streamlearn.errors import StateError, TransportError
@@ -130,27 +133,69 @@ def test_due_by_count_or_time(tmp_path: Path) -> None:
         Checkpointer(tmp_path, every_events=0)
 
 
-def test_due_waits_for_as_many_messages_as_there_are_pending_decisions(tmp_path: Path) -> None:
-    ck = Checkpointer(tmp_path, every_events=100, every_s=3600)
-    assert not ck.due(100, pending=250)
-    assert not ck.due(149, pending=250)
-    assert ck.due(1, pending=250)
-    ck.events_since = 0
-    assert ck.due(100, pending=40)  # a short backlog: every_events as before
+def test_due_waits_for_as_many_messages_as_the_last_snapshot_had_pending_decisions(
+        tmp_path: Path) -> None:
+    ck, t = Checkpointer(tmp_path, every_events=100, every_s=3600), RecordingTransport(tmp_path)
+    assert ck.due(100, pending=250)  # nothing saved yet: every_events
+    save(ck, t, 1, 0.0)  # ... with 250 decisions pending
+    assert not ck.due(100, pending=300) and not ck.due(149, pending=400)
+    assert ck.due(1, pending=400)
+    save(ck, t, 2, 0.0)
+    ck.due(0, pending=40)
+    save(ck, t, 3, 0.0)  # the backlog was answered: every_events as before
+    assert ck.due(100, pending=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(every=st.integers(1, 50),
+       steps=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1,
+                      max_size=120))
+def test_a_snapshot_writes_at_most_two_rows_per_message_since_the_last(
+        tmp_path_factory: pytest.TempPathFactory, every: int,
+        steps: list[tuple[int, int]]) -> None:
+    """Whatever the feedback does, each message adding at most one pending decision: every
+    snapshot due by count writes at most max(2 x the messages read since the last one,
+    every_events + those messages) rows, and a backlog whose feedback never comes is still
+    checkpointed by count (its intervals double; it was checkpointed only by time after its
+    first snapshot)."""
+    tmp = tmp_path_factory.mktemp("due")
+    ck, t = Checkpointer(tmp, every_events=every, every_s=1e9), RecordingTransport(tmp)
+    pending, since, offset = 0, 0, 0
+    for messages, answered in steps:
+        pending = max(0, pending + messages - answered)
+        since += messages
+        if ck.due(messages, pending):
+            assert pending <= max(2 * since, every + since)
+            offset += 1
+            save(ck, t, offset, 0.0)
+            since = 0
+    ck2, t2 = Checkpointer(tmp / "backlog", every_events=every, every_s=1e9), \
+        RecordingTransport(tmp / "backlog")
+    saved_at, read = [], 0
+    for _ in range(40):  # a backlog without feedback: 20 messages a step, all pending
+        read += 20
+        if ck2.due(20, pending=read):
+            saved_at.append(read)
+            save(ck2, t2, read, 0.0)
+    assert len(saved_at) >= 2 and all(b - a >= a for a, b in itertools.pairwise(saved_at))
 
 
 @pytest.mark.parametrize("every_events", [100, 1_000, 10_000])
 def test_rows_written_under_a_backlog_grow_linearly(tmp_path: Path, every_events: int) -> None:
     """A backlog with no feedback: every decision stays pending, and each snapshot writes them
     all. The rows written over the backlog stay below twice its length plus one interval
-    (at a fixed interval they would grow with its square: 5e6 rows at 100k, interval 1000)."""
-    ck = Checkpointer(tmp_path, every_events=every_events, every_s=3600)
-    n, batch, written = 100_000, 500, 0
+    (at a fixed interval they would grow with its square: 5e6 rows at 100k, interval 1000),
+    and the backlog is still checkpointed by count after its first snapshot."""
+    ck, t = Checkpointer(tmp_path, every_events=every_events, every_s=3600), \
+        RecordingTransport(tmp_path)
+    n, batch, written, saved = 100_000, 500, 0, []
     for pending in range(batch, n + 1, batch):
         if ck.due(batch, pending):
             written += pending
-            ck.events_since = 0
+            saved.append(pending)
+            save(ck, t, pending, 0.0)
     assert written <= 2 * n + every_events
+    assert saved[:2] == [max(every_events, batch), 2 * max(every_events, batch)]
 
 
 def test_carried_decisions_of_mixed_widths_go_into_the_next_segment(tmp_path: Path) -> None:
