@@ -120,7 +120,11 @@ class InputAligner:
             else:
                 blocked = True  # records on the broker (or not known), none here yet
         now = self.clock()
-        if not blocked:
+        if not blocked or not self._messages:
+            # the wait counts from when a buffered message is first held back: counted while
+            # nothing was buffered (a daemon polling before its first fetch came back, 0.9 s
+            # after a restart), it was used up before the re-read backlog arrived, whose
+            # instances then left ahead of the feedback written before them
             self._blocked_since = None
             return bound
         if self._blocked_since is None:
