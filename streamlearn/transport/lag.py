@@ -65,6 +65,8 @@ class LagTracker:
             else:  # back off (2 s, doubling up to MAX_RETRY_S): a try may block
                 self._retry_s = min(max(2.0 * self._retry_s, 1.0), MAX_RETRY_S)
                 self._next_refresh = time.monotonic() + self._retry_s
+                _log.warning("consumer lag not measured (/readyz says not ready), next try in "
+                             "%.0f s: %s", self._retry_s, self.lag_error)
         return messages
 
     def refresh(self) -> bool:

@@ -65,7 +65,10 @@ def test_simulate_feeds_serve_through_kafka(kafka_bootstrap: str, tmp_path: Path
              "--seed", "3", "--wait-seconds", "60", "--json", *simulate_args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         # while it serves a real broker, the lag measured in the poll thread makes it ready
-        assert _becomes_ready(f"http://127.0.0.1:{port.group(1)}/readyz", timeout_s=60)
+        if not _becomes_ready(f"http://127.0.0.1:{port.group(1)}/readyz", timeout_s=60):
+            server.kill()  # why it never was: its log (the lag query's errors are logged)
+            _, err = server.communicate(timeout=30)
+            pytest.fail(f"/readyz never said ready while serving; serve's log:\n{err[-4000:]}")
         sim_out, sim_err = simulator.communicate(timeout=180)
         out, err = server.communicate(timeout=60)
     finally:
