@@ -54,7 +54,7 @@ from streamlearn.transport.kafka import OFFSETS_TIMEOUT_S, check_reachable
 from streamlearn.transport.protocol import ClientTuning, Message, Offsets, check_offsets
 
 __all__ = ["CLOSE_TIMEOUT_S", "LIBRDKAFKA_LOG", "MERGER_LOG", "REPEAT_WINDOW_S", "ConfluentTransport",
-           "RepeatLimit", "SharedConfluentClients", "admin_config", "close_consumer",
+           "RepeatLimit", "SharedConfluentClients", "client_config", "close_consumer",
            "consume_ready", "librdkafka_options", "list_end_offsets", "log_client_error",
            "log_merger_error", "open_confluent_clients", "topic_partitions"]
 
@@ -195,10 +195,11 @@ def librdkafka_options(options: Mapping[str, object]) -> dict[str, str]:
     return out
 
 
-def admin_config(bootstrap_servers: str,
-                 client_options: Mapping[str, object] | None = None) -> dict[str, Any]:
-    """The settings of an admin client beside the transport's consumer and producer (the same
-    servers, client id and ``client_options``: security settings included)."""
+def client_config(bootstrap_servers: str,
+                  client_options: Mapping[str, object] | None = None) -> dict[str, Any]:
+    """The settings every librdkafka client of a transport shares (consumer, producer and the
+    admin client of ``end_offsets``): the servers, client id, reconnect backoff,
+    ``client_options`` (security settings included) and where errors and log lines go."""
     return {"bootstrap.servers": bootstrap_servers, "client.id": "streamlearn",
             "reconnect.backoff.max.ms": 2000, **librdkafka_options(client_options or {}),
             "error_cb": log_client_error, "logger": LIBRDKAFKA_LOG}
@@ -212,11 +213,9 @@ def open_confluent_clients(bootstrap_servers: str, group_id: str,
     """(consumer, idempotent acks=all producer) on librdkafka, as the transport opens them."""
     from confluent_kafka import Consumer, KafkaException, Producer
 
-    options = librdkafka_options(client_options or {})
     tuning = tuning or ClientTuning()
     check_reachable(bootstrap_servers)
-    common = {"bootstrap.servers": bootstrap_servers, "client.id": "streamlearn",
-              "reconnect.backoff.max.ms": 2000, **options}
+    common = client_config(bootstrap_servers, client_options)
     try:
         consumer = Consumer({
             "fetch.wait.max.ms": round(tuning.fetch_wait_s * 1000),
@@ -226,7 +225,7 @@ def open_confluent_clients(bootstrap_servers: str, group_id: str,
             **common,
             "group.id": group_id, "enable.auto.commit": False,
             "enable.auto.offset.store": False, "auto.offset.reset": auto_offset_reset,
-            "enable.partition.eof": False, "error_cb": log_client_error, "logger": LIBRDKAFKA_LOG,
+            "enable.partition.eof": False,
             **({} if on_commit is None else {"on_commit": on_commit}),
         })
         producer = Producer({
@@ -234,7 +233,6 @@ def open_confluent_clients(bootstrap_servers: str, group_id: str,
             **common,
             "enable.idempotence": True, "acks": "all", "message.timeout.ms": 0,
             "partitioner": "murmur2_random",  # a key's partition as the Java and kafka-python clients pick it
-            "error_cb": log_client_error, "logger": LIBRDKAFKA_LOG,
             **({} if on_delivery is None else {"on_delivery": on_delivery}),
         })
     except KafkaException as exc:
@@ -492,7 +490,7 @@ class ConfluentTransport:
         self._sought: dict[Partition, int] = {}  # the last seek's offsets (start positions)
         self._read: deque[Message] = deque()  # read while waiting for a commit, not polled yet
         self._admin: Any = None  # the AdminClient of end_offsets, opened when first needed
-        self._admin_config = admin_config(bootstrap_servers, client_options)
+        self._admin_config = client_config(bootstrap_servers, client_options)
         if shared is None:
             self._deliveries, self._commits = _Deliveries(), _Commits()
             self._consumer, self._producer = open_confluent_clients(

@@ -207,6 +207,12 @@ def to_message(record: Any) -> Message:
                    record.timestamp)
 
 
+def _shared_options() -> dict[str, object]:
+    """What every kafka-python client of a transport is opened with (before the caller's
+    ``client_options``)."""
+    return {"client_id": "streamlearn", "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS}
+
+
 def open_clients(bootstrap_servers: str, group_id: str | None,
                  client_options: Mapping[str, object] | None = None,
                  auto_offset_reset: str = "earliest",
@@ -220,8 +226,7 @@ def open_clients(bootstrap_servers: str, group_id: str | None,
     consumer_opts, producer_opts = _split_options(client_options or {})
     check_reachable(bootstrap_servers)
     tuning = tuning or ClientTuning()
-    common: dict[str, object] = {"client_id": "streamlearn",
-                                 "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS}
+    common = _shared_options()
     fetch = {"fetch_max_wait_ms": round(tuning.fetch_wait_s * 1000),
              "fetch_min_bytes": tuning.fetch_min_bytes}
     try:
@@ -255,9 +260,7 @@ def open_offsets_reader(bootstrap_servers: str,
 
     consumer_opts, _ = _split_options(client_options or {})
     try:
-        return KafkaConsumer(**{"client_id": "streamlearn",
-                                "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
-                                **consumer_opts},
+        return KafkaConsumer(**{**_shared_options(), **consumer_opts},
                              bootstrap_servers=bootstrap_servers, group_id=None,
                              enable_auto_commit=False)
     except KafkaError as exc:
