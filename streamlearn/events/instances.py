@@ -68,13 +68,34 @@ class InstanceBatch:
             mask = np.concatenate([np.ones((len(b), n_actions), dtype=bool) if b.mask is None
                                    else b.mask for b in parts])
         return InstanceBatch(
-            ids=[i for b in parts for i in b.ids], X=concat_rows([b.X for b in parts], n_features),
+            ids=[i for b in parts for i in b.ids], X=_joined_rows([b.X for b in parts], n_features),
             mask=mask, labels=np.concatenate([b.labels for b in parts]),
             ts=np.concatenate([b.ts for b in parts]),
             partitions=np.concatenate([b.partitions for b in parts]),
             offsets=np.concatenate([b.offsets for b in parts]),
             messages=[m for b in parts for m in b.messages],
             baselines=np.concatenate([np.asarray(b.baselines) for b in parts]))
+
+
+def _joined_rows(blocks: list[Batch], n_features: int) -> Batch:
+    """The rows of ``blocks`` in order: one view when they are consecutive row ranges of one
+    array (a poll's chunks converted into one :class:`DenseRows` block, the usual case: a
+    copy of a 500-instance poll of 400 features cost ~1.8 µs an instance), else a copy."""
+    dense = [b for b in blocks if isinstance(b, np.ndarray)]
+    if len(dense) != len(blocks):
+        return concat_rows(blocks, n_features)
+    rows = [b for b in dense if len(b)]  # (numpy points an empty view at its base's start)
+    base = rows[0].base if rows else None
+    if not isinstance(base, np.ndarray) or base.ndim != 2 or not base.flags.c_contiguous:
+        return concat_rows(blocks, n_features)
+    row_bytes = base.strides[0]
+    start = at = (rows[0].ctypes.data - base.ctypes.data) // row_bytes
+    for block in rows:
+        if not (block.base is base and block.ndim == 2 and block.flags.c_contiguous
+                and block.ctypes.data == base.ctypes.data + at * row_bytes):
+            return concat_rows(blocks, n_features)
+        at += len(block)
+    return base[start:at]
 
 
 @dataclass
@@ -176,17 +197,22 @@ def decode_instances(
 ) -> tuple[InstanceBatch, list[Rejection]]:
     """Decode instance values into an :class:`InstanceBatch` plus rejections (in chunks:
     :mod:`streamlearn.events.chunks`)."""
+    # one block for the whole poll: the chunks' dense rows follow each other in it, and
+    # their batches join without a copy (_joined_rows)
+    dense_rows = DenseRows(len(messages), n_features)
     return decode_in_chunks(
-        lambda chunk: _decode_chunk(chunk, n_features, n_actions, limits),
+        lambda chunk: _decode_chunk(chunk, n_features, n_actions, limits, dense_rows),
         lambda parts: InstanceBatch.concatenate(parts, n_features, n_actions), messages)
 
 
 def _decode_chunk(
     messages: Sequence[RawMessage], n_features: int, n_actions: int, limits: DecodeLimits,
+    dense_rows: DenseRows,
 ) -> tuple[InstanceBatch, list[Rejection]]:
+    """One chunk's batch; its dense rows converted into ``dense_rows`` (a dense row's
+    payload: its number there)."""
     rejections: list[Rejection] = []
     kept: list[_Row] = []
-    dense_rows = DenseRows(len(messages), n_features)  # a dense row's payload: its number there
     for msg in messages:
         row = _fast_row(msg, n_features, limits)
         if row is None or row.label >= n_actions or row.baseline >= n_actions or \

@@ -3,6 +3,7 @@ decoding it whole: the same rows in the same order, the same features, masks and
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -157,6 +158,30 @@ def test_a_large_poll_is_decoded_in_several_chunks(monkeypatch: pytest.MonkeyPat
     batch, bad = decode_instances(messages, 400, 2)
     assert bad == [] and len(batch) == 500 and batch.offsets.tolist() == list(range(500))
     assert len(sizes) >= 500 * len(row) // chunking.CHUNK_BYTES and sum(sizes) == 500
+    # the chunks' rows were converted into one block: joined without a copy
+    assert isinstance(batch.X, np.ndarray) and batch.X.base is not None
+    assert batch.X.shape == (500, 400) and (batch.X == 0.123456789).all()
+
+
+@settings(max_examples=300, deadline=None)
+@given(cuts=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=5),
+       copy_one=st.booleans())
+def test_joined_rows_are_the_blocks_rows_in_order_whether_or_not_they_adjoin(
+        cuts: list[tuple[int, int]], copy_one: bool) -> None:
+    """A view over one array when the blocks are its consecutive row ranges, a copy
+    otherwise (gaps, overlaps, another array): the same rows either way."""
+    from streamlearn.events.instances import _joined_rows
+
+    base = np.arange(18.0).reshape(6, 3).copy()  # an array that owns its rows, as a block does
+    blocks = [base[min(a, b):max(a, b)] for a, b in cuts]
+    if copy_one:
+        blocks[-1] = blocks[-1].copy()
+    joined = _joined_rows(list(blocks), 3)
+    np.testing.assert_array_equal(joined, np.concatenate(blocks))
+    ranges = [(min(a, b), max(a, b)) for a, b in cuts if a != b]  # empty blocks add no rows
+    adjoin = bool(ranges) and all(r[0] == q[1] for q, r in pairwise(ranges))
+    if adjoin and not (copy_one and cuts[-1][0] != cuts[-1][1]):
+        assert isinstance(joined, np.ndarray) and joined.base is base
 
 
 def test_concatenated_rows_are_dense_only_when_every_part_is() -> None:

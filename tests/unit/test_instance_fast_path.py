@@ -126,6 +126,34 @@ def test_a_dense_row_of_the_wrong_length_is_a_caller_error_not_a_broadcast() -> 
         raise AssertionError("a 1-entry row was broadcast over 3 features")
 
 
+_ENTRY = st.one_of(
+    st.floats(allow_nan=False), st.integers(), st.booleans(),
+    st.integers(min_value=-(2 ** 80), max_value=2 ** 80),  # beyond int64: numpy's object route
+    st.integers(min_value=-(2 ** 1100), max_value=2 ** 1100),  # beyond float64: refused
+    st.sampled_from(["1.5", "-2e3", "x", "", None, [1.0], {"a": 1}]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.lists(st.lists(_ENTRY, min_size=3, max_size=3), min_size=1, max_size=6))
+def test_a_dense_row_converts_exactly_as_numpy_converts_the_list(rows: list[list[object]]) -> None:
+    """DenseRows packs numbers with ``struct`` and leaves anything else to numpy: every row,
+    numbers or not, ends as ``np.array(row, dtype=np.float64)`` makes it, or flagged."""
+    from streamlearn.events.payload import DenseRows
+
+    dense = DenseRows(capacity=len(rows), width=3)
+    for i, row in enumerate(rows):
+        assert dense.add(row) == i
+    for i, row in enumerate(rows):
+        try:
+            expected = np.array(row, dtype=np.float64)
+        except (ValueError, TypeError, OverflowError):
+            assert not dense.numeric[i] and not dense.block[i].any()
+            continue
+        assert dense.numeric[i]
+        np.testing.assert_array_equal(dense.block[i], expected)  # NaN (null) equal to NaN
+        assert np.signbit(dense.block[i]).tolist() == np.signbit(expected).tolist()  # -0.0
+
+
 def test_the_installed_orjson_refuses_deep_nesting_instead_of_crashing() -> None:
     """The fast path parses a plain dense instance before counting its brackets, which is
     safe only because orjson >= 3.9.15 refuses > 1,024 levels (3.9.0-3.9.14 segfault on
