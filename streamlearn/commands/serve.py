@@ -8,7 +8,8 @@ transport: an in-process simulator streams SynNonSep and answers every
 decision with delayed feedback, so the progress lines show it learning.
 
 SIGTERM / SIGINT stop the loop after the current batch and write a final
-checkpoint (exit 0). ``--max-events N`` does the same after N instances.
+checkpoint (exit 0); a SIGTERM while the daemon starts stops it as soon as it
+runs. ``--max-events N`` does the same after N instances.
 
 ``--help`` lists the options of a first run; ``--help-all`` every setting.
 """
@@ -652,9 +653,10 @@ def _rejected_note(daemon: Any) -> str:
 
 
 @contextmanager
-def _stop_on_signals(stop: Any, rollback: Any = None, step_back: Any = None) -> Iterator[None]:
+def _stop_on_signals(stop: Any, rollback: Any = None, step_back: Any = None,
+                     interrupt: bool = True) -> Iterator[None]:
     """SIGTERM/SIGINT only call ``stop`` (SIGUSR1 ``rollback``, SIGUSR2 ``step_back``, when
-    given); the previous handlers come back afterwards."""
+    given; SIGINT only with ``interrupt``); the previous handlers come back afterwards."""
     def handler(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGUSR1:
             rollback()
@@ -665,8 +667,8 @@ def _stop_on_signals(stop: Any, rollback: Any = None, step_back: Any = None) -> 
 
     previous = {}
     try:
-        for sig in (signal.SIGTERM, signal.SIGINT) + ((signal.SIGUSR1,) if rollback else ()) \
-                + ((signal.SIGUSR2,) if step_back else ()):
+        for sig in (signal.SIGTERM,) + ((signal.SIGINT,) if interrupt else ()) \
+                + ((signal.SIGUSR1,) if rollback else ()) + ((signal.SIGUSR2,) if step_back else ()):
             previous[sig] = signal.signal(sig, handler)
     except ValueError:  # not the main thread (embedded in a test or an application)
         pass
@@ -687,8 +689,21 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
     _add_process_metrics(registry)
     observer = PrometheusObserver(registry)
     stopping = threading.Event()
-    if config.kafka.membership == "group":
-        return _serve_group(config, max_events, progress_s, registry, observer, out)
+    # a SIGTERM while the transport and the daemon are built stops the daemon as soon as it
+    # runs (its restore, a final checkpoint, exit 0) instead of killing the process with the
+    # signal's default action (exit -15: a test stopped a daemon it had just started). Ctrl-C
+    # (SIGINT) still interrupts the start-up at once.
+    with _stop_on_signals(stopping.set, interrupt=False):
+        if config.kafka.membership == "group":
+            return _serve_group(config, max_events, progress_s, registry, observer, out, stopping)
+        return _serve_one(config, max_events, progress_s, linger_s, registry, observer, out,
+                          stopping)
+
+
+def _serve_one(config: Config, max_events: int | None, progress_s: float, linger_s: float,
+               registry: CollectorRegistry, observer: PrometheusObserver, out: Any,
+               stopping: threading.Event) -> int:
+    """The daemon alone on its input (``kafka.membership = static``, or embedded)."""
     with ExitStack() as stack:
         transport = build_transport(config, max_instances=max_events)
         stack.callback(transport.close)
@@ -749,6 +764,8 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
         stack.enter_context(_stop_on_signals(
             stop, retraining.request_rollback if retraining is not None else None,
             daemon.request_step_back))
+        if stopping.is_set():  # asked while it was built
+            stop()
         progress = Progress(registry, out, getattr(transport, "stats", None),
                             slots=settings.candidates.enabled)
         stop_progress = (stack.enter_context(progress.every(progress_s)) if progress_s > 0
@@ -784,7 +801,8 @@ def _client_note(config: Config) -> str:
 
 
 def _serve_group(config: Config, max_events: int | None, progress_s: float,
-                 registry: CollectorRegistry, observer: PrometheusObserver, out: Any) -> int:
+                 registry: CollectorRegistry, observer: PrometheusObserver, out: Any,
+                 stopping: threading.Event) -> int:
     """One replica of a consumer group (kafka.membership = group)."""
     from streamlearn.commands.serve_group import build_replica, serve_replica
 
@@ -805,4 +823,6 @@ def _serve_group(config: Config, max_events: int | None, progress_s: float,
         stop_progress = (stack.enter_context(Progress(registry, out).every(progress_s))
                          if progress_s > 0 else _nothing)
         stack.enter_context(_stop_on_signals(replica.request_stop))
+        if stopping.is_set():  # asked while it was built
+            replica.request_stop()
         return serve_replica(replica, max_events, out, before_summary=stop_progress)

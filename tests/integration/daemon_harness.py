@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -231,9 +232,27 @@ def serve_crashable(bootstrap: str, topics: dict[str, str], ckpt: Path, log: Pat
             "--gamma", str(gamma), "--seed", "5", "--join-window-seconds", "3600", *extra]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log, "ab") as out:
+        began = out.tell()
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     STARTED.append(proc)
+    LOG_FROM[proc.pid] = (log, began)
     return proc
+
+
+#: where in its log each daemon of :func:`serve_crashable` began writing, by pid
+LOG_FROM: dict[int, tuple[Path, int]] = {}
+_HEADER = re.compile(r"streamlearn serve: .*; checkpoints: ")
+
+
+def wait_started(proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    """Wait until ``proc`` (from :func:`serve_crashable`) printed its header: from then on a
+    SIGTERM stops it cleanly, where one during its imports kills it (exit -15). A test that
+    stops the daemon it started last needs this: the daemons before may have done all the
+    work, so that every other condition already holds when it starts."""
+    log, began = LOG_FROM[proc.pid]
+    wait_until(lambda: _HEADER.search(log.read_bytes()[began:].decode("utf-8", "replace"))
+               is not None, timeout_s, "the daemon to start",
+               lambda: log.read_bytes()[began:].decode("utf-8", "replace")[-2000:])
 
 
 #: every daemon :func:`serve_crashable` started; the integration conftest kills those still

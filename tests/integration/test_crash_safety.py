@@ -30,6 +30,7 @@ from daemon_harness import (
     read_all,
     serve_crashable,
     start_publisher,
+    wait_started,
     wait_until,
 )
 from kafka import KafkaConsumer, TopicPartition
@@ -86,9 +87,11 @@ def kill_at(marks: np.ndarray, start: Callable[[int], subprocess.Popen[bytes]], 
 
 def drain_and_stop(proc: subprocess.Popen[bytes], caller: Caller, bootstrap: str,
                    topics: dict[str, str], n: int, log: Path) -> int:
-    """Wait until every id is decided and answered and all input is committed; then stop
-    ``serve`` with SIGTERM (final checkpoint) and the caller; the exit code."""
+    """Wait until ``proc`` has started, every id is decided and answered and all input is
+    committed; then stop ``serve`` with SIGTERM (final checkpoint) and the caller; the exit
+    code."""
     try:
+        wait_started(proc)
         wait_until(lambda: len(caller.first) == n, 300, "a decision for every id",
                    lambda: f"{len(caller.first)} decided; log {log.read_text()[-2000:]}")
         wait_until(lambda: len(caller.feedback_ids) == n, 60, "feedback for every decision")

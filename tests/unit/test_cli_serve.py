@@ -185,6 +185,37 @@ def test_sigterm_stops_with_final_checkpoint_exit_0(tmp_path: Path) -> None:
     assert info["learner"]["counters"]["n_decided"] == offsets["streamlearn.instances"]
 
 
+def test_a_sigterm_while_the_daemon_starts_stops_it_once_started_exit_0(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM that arrives before the daemon serves (here: while its transport is built)
+    does not kill the process with the signal's default action: the daemon starts, decides
+    nothing, and stops as if signalled while serving; the handler before it comes back."""
+    import streamlearn.commands.serve as serve_command
+
+    built = serve_command.build_transport
+
+    def signalled_while_built(*args: object, **kwargs: object) -> object:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled before the next bytecode of this thread
+        return built(*args, **kwargs)
+
+    monkeypatch.setattr(serve_command, "build_transport", signalled_while_built)
+    config = load_config(environ={}, cli={"metrics.port": "-1", "embedded.delay_mean_seconds": "0"})
+    missed: list[int] = []  # the signal reaching the handler before serve's (not the default
+    # action: that would end this test run)
+
+    def before(signum: int, frame: object) -> None:
+        missed.append(signum)
+
+    previous, out = signal.signal(signal.SIGTERM, before), io.StringIO()
+    try:
+        assert serve(config, max_events=8000, progress_s=0, out=out) == 0
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert missed == []
+    assert "daemon totals: instances 0," in out.getvalue(), out.getvalue()
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
