@@ -708,6 +708,7 @@ def _serve_one(config: Config, max_events: int | None, progress_s: float, linger
         transport = build_transport(config, max_instances=max_events)
         stack.callback(transport.close)
         tracker = LagTracker(transport, config.metrics.max_lag, on_lag=observer.on_lag)
+        stack.callback(tracker.stop_asking)  # before the transport closes
         daemon = build_daemon(config, transport, tracker, observer)
         settings = daemon.settings
         if settings.candidates.enabled:

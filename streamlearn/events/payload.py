@@ -346,7 +346,7 @@ def explain(form: str, payload: Any, n_features: int, limits: DecodeLimits) -> t
         except (TypeError, ValueError, OverflowError):
             return "bad_features", f"{where} is not a number: {shown(v, 40)}"
         if not np.isfinite(value):
-            return "non_finite", f"{where} is {value}"
+            return "non_finite", f"{where} is {shown(v, 40)}: expected a finite number"
         if abs(value) > limits.max_abs_feature:
             return ("value_out_of_range", f"{where} = {value:.6g} is beyond ±"
                                           f"{limits.max_abs_feature:.6g} (limits.max_abs_feature)")

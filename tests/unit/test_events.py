@@ -238,7 +238,8 @@ def test_valid_dense_rows_round_trip_exactly(rows: list[list[float]]) -> None:
      "x.idx[1] = 7 is outside the 4 features [0, 4)"),
     ([1, 2, 3], "wrong_dimension", "expected 4 features in the dense 'x', got 3"),
     ([1, "a", 3, 4], "bad_features", 'x[1] is not a number: "a"'),
-    ([1, "nan", 3, 4], "non_finite", "x[1] is nan"),
+    ([1, "nan", 3, 4], "non_finite", 'x[1] is "nan": expected a finite number'),
+    ([1, 2, "-Infinity", 4], "non_finite", 'x[2] is "-Infinity": expected a finite number'),
 ])
 def test_dead_letter_details_say_what_was_wrong(x: object, reason: str, detail: str) -> None:
     limits = DecodeLimits(max_row_squared_norm=1e24)

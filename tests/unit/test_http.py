@@ -127,8 +127,9 @@ def test_lag_tracker_measures_lag_in_the_polling_thread() -> None:
         inner.append_instance(f"k{i}".encode(), b"{}")
     serving = [False]
     lags: list[int] = []
+    # each poll asks anew and (wait_s) waits for the answer: the in-memory broker's comes in µs
     tracker = LagTracker(inner, max_lag=10, is_serving=lambda: serving[0], on_lag=lags.append,
-                         refresh_s=0.0)
+                         refresh_s=0.0, wait_s=30.0)
     assert tracker.readiness() == (False, "not serving (starting, restoring a checkpoint or "
                                           "stopping)")
     serving[0] = True
@@ -182,7 +183,8 @@ def test_lag_tracker_backs_off_while_the_offsets_cannot_be_read(monkeypatch: Any
         return real_end_offsets()
 
     monkeypatch.setattr(inner, "end_offsets", end_offsets)
-    tracker = http.LagTracker(inner, max_lag=10, refresh_s=1.0)
+    # (the poll that asks waits for the answer: the fake clock moves on only after it)
+    tracker = http.LagTracker(inner, max_lag=10, refresh_s=1.0, wait_s=30.0)
     for _ in range(1200):  # two minutes of polls, ten a second
         tracker.poll(10, 0.0)
         now[0] += 0.1
@@ -198,6 +200,52 @@ def test_lag_tracker_backs_off_while_the_offsets_cannot_be_read(monkeypatch: Any
         tracker.poll(10, 0.0)
         now[0] += 0.1
     assert 4 <= len(tries) - count <= 5 and tracker.lag == 0  # once a second again
+
+
+def test_a_slow_end_offsets_answer_does_not_hold_the_polling_thread() -> None:
+    """The end offsets are asked beside the loop: while the broker takes its time (3 s, the
+    offsets timeout, seen in CI), polls go on after the short wait and the answer is taken
+    at a poll after it came; close() waits for a query in flight before the transport
+    closes."""
+    import threading
+
+    from streamlearn.transport.lag import LagTracker
+    from streamlearn.transport.memory import InMemoryTransport
+
+    inner = InMemoryTransport()
+    for i in range(7):
+        inner.append_instance(f"k{i}".encode(), b"{}")
+    answer = threading.Event()
+    real_end_offsets = inner.end_offsets
+    asked_on: list[str] = []
+
+    def slow_end_offsets() -> Any:
+        asked_on.append(threading.current_thread().name)
+        assert answer.wait(30)
+        return real_end_offsets()
+
+    inner.end_offsets = slow_end_offsets  # type: ignore[method-assign]
+    lags: list[int] = []
+    tracker = LagTracker(inner, max_lag=100, on_lag=lags.append, refresh_s=0.0, wait_s=0.05)
+    began = time.monotonic()
+    for _ in range(20):
+        tracker.poll(2, 0.0)
+    assert time.monotonic() - began < 5.0  # 20 polls, the first waiting 0.05 s, none 30
+    assert tracker.lag is None and lags == [] and len(asked_on) == 1  # one query in flight
+    assert asked_on[0].startswith("streamlearn-lag")
+    answer.set()
+    wait_until = time.monotonic() + 30
+    while tracker.lag is None and time.monotonic() < wait_until:
+        tracker.poll(2, 0.0)
+        time.sleep(0.01)
+    assert tracker.lag == 0 and lags[0] == 0  # every message was read by then
+    answer.clear()
+    tracker.poll(1, 0.0)  # refresh_s 0: asks again, and that one hangs until released
+    closing = threading.Timer(0.2, answer.set)
+    closing.start()
+    tracker.close()  # waits for the query, then closes the transport
+    closing.join()
+    assert len(asked_on) >= 2
 
 
 def test_clients_that_go_away_mid_request_print_no_traceback(
