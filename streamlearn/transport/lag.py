@@ -33,8 +33,7 @@ class LagTracker:
     answer at most ``wait_s`` (an idle broker answers in a few ms) and takes a later
     one at a later poll. Asked on the serving thread, a slow answer held the loop up
     to the transport's offsets timeout (3 s, seen on a loaded CI machine right after
-    a restore, while the admin client connected). With ``in_background=False`` the
-    serving thread asks and waits itself.
+    a restore, while the admin client connected).
 
     Parameters
     ----------
@@ -50,11 +49,10 @@ class LagTracker:
 
     def __init__(self, inner: Transport, max_lag: int, is_serving: Callable[[], bool] = lambda: True,
                  on_lag: Callable[[int], None] | None = None, refresh_s: float = 1.0,
-                 in_background: bool = True, wait_s: float = 0.02) -> None:
+                 wait_s: float = 0.02) -> None:
         self.inner, self.max_lag, self.is_serving = inner, max_lag, is_serving
         self.on_lag, self.refresh_s, self.wait_s = on_lag, refresh_s, wait_s
-        self._asker = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamlearn-lag")
-                       if in_background else None)
+        self._asker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamlearn-lag")
         self._asked: Future[dict[tuple[str, int], int]] | None = None  # the query in flight
         self.instances_topic: str = inner.instances_topic
         self.feedback_topic: str = inner.feedback_topic
@@ -90,22 +88,14 @@ class LagTracker:
         they are the serving consumer's)."""
         from streamlearn.errors import TransportError
 
-        asked: Future[dict[tuple[str, int], int]] = Future()
-        try:
-            if self._start is None:
-                self._start = dict(self.inner.committed())
-        except TransportError as exc:
-            asked.set_exception(exc)
-            self._asked = asked
-            return
-        if self._asker is None:
+        if self._start is None:
             try:
-                asked.set_result(dict(self.inner.end_offsets()))
+                self._start = dict(self.inner.committed())
             except TransportError as exc:
-                asked.set_exception(exc)
-            self._asked = asked
-        else:
-            self._asked = self._asker.submit(lambda: dict(self.inner.end_offsets()))
+                self._asked = Future()
+                self._asked.set_exception(exc)  # taken as a failed query
+                return
+        self._asked = self._asker.submit(lambda: dict(self.inner.end_offsets()))
 
     def _take(self, wait_s: float | None) -> bool:
         """The answer in flight as the lag, waiting up to ``wait_s`` (None: until it comes);
@@ -184,8 +174,7 @@ class LagTracker:
     def stop_asking(self) -> None:
         """End the thread that asks the end offsets (a query in flight ends first: it uses
         the inner transport's client); before the inner transport closes."""
-        if self._asker is not None:
-            self._asker.shutdown(wait=True, cancel_futures=True)
+        self._asker.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         self.stop_asking()
