@@ -27,8 +27,8 @@ def _becomes_ready(url: str, timeout_s: float) -> bool:
                     return True
         except urllib.error.HTTPError as exc:
             assert exc.code == 503, exc.code
-        except urllib.error.URLError:
-            pass  # the loop stopped and the server is gone
+        except (urllib.error.URLError, OSError):
+            pass  # the loop stopped and the server is gone (refused, or reset mid-answer)
         time.sleep(0.2)
     return False
 
@@ -59,16 +59,18 @@ def test_simulate_feeds_serve_through_kafka(kafka_bootstrap: str, tmp_path: Path
         head = [server.stdout.readline() for _ in range(2)]
         port = re.search(r"metrics on http://127\.0\.0\.1:(\d+)/", "".join(head))
         assert port, head
+        # on a real broker the lag, measured from the poll thread, makes it ready; before the
+        # load starts, so that a loaded machine's slow first answer cannot outlast the ~3 s
+        # the daemon then serves (CI: never ready while it served, twice)
+        if not _becomes_ready(f"http://127.0.0.1:{port.group(1)}/readyz", timeout_s=60):
+            server.kill()  # why it never was: its log (the lag query's errors are logged)
+            _, err = server.communicate(timeout=30)
+            pytest.fail(f"/readyz never said ready while serving; serve's log:\n{err[-4000:]}")
         simulator = subprocess.Popen(
             [sys.executable, "-m", "streamlearn", "simulate", "--bootstrap", kafka_bootstrap,
              *topics, "--rate", "500", "--events", str(n), "--delay-mean", "0.05", "--drop", "0.2",
              "--seed", "3", "--wait-seconds", "60", "--json", *simulate_args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        # while it serves a real broker, the lag measured in the poll thread makes it ready
-        if not _becomes_ready(f"http://127.0.0.1:{port.group(1)}/readyz", timeout_s=60):
-            server.kill()  # why it never was: its log (the lag query's errors are logged)
-            _, err = server.communicate(timeout=30)
-            pytest.fail(f"/readyz never said ready while serving; serve's log:\n{err[-4000:]}")
         sim_out, sim_err = simulator.communicate(timeout=180)
         out, err = server.communicate(timeout=60)
     finally:
