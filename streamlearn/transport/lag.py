@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as NotYet
 
 from streamlearn.transport.protocol import Message, Transport
 
@@ -100,8 +101,6 @@ class LagTracker:
     def _take(self, wait_s: float | None) -> bool:
         """The answer in flight as the lag, waiting up to ``wait_s`` (None: until it comes);
         True if it was measured. Schedules the next question either way, once answered."""
-        from concurrent.futures import TimeoutError as NotYet
-
         from streamlearn.errors import TransportError
 
         assert self._asked is not None
