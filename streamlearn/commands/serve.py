@@ -694,10 +694,29 @@ def serve(config: Config, max_events: int | None = None, progress_s: float = 5.0
     # signal's default action (exit -15: a test stopped a daemon it had just started). Ctrl-C
     # (SIGINT) still interrupts the start-up at once.
     with _stop_on_signals(stopping.set, interrupt=False):
+        if not _broker_awaited(config, stopping):
+            print(f"streamlearn serve: stopped while waiting for Kafka at "
+                  f"{config.kafka.bootstrap}: nothing restored, decided or written", file=out,
+                  flush=True)
+            return 0
         if config.kafka.membership == "group":
             return _serve_group(config, max_events, progress_s, registry, observer, out, stopping)
         return _serve_one(config, max_events, progress_s, linger_s, registry, observer, out,
                           stopping)
+
+
+def _broker_awaited(config: Config, stopping: threading.Event) -> bool:
+    """Wait (as the transport would, up to its connection check's bound) until a bootstrap
+    server accepts connections, and say whether to go on: False when a stop was asked for
+    meanwhile (a SIGTERM while the broker is away stops at once instead of after the check).
+    Raises TransportError when no server answers in time; embedded mode has nothing to
+    await."""
+    if config.embedded_mode:
+        return True
+    from streamlearn.transport.kafka import check_reachable
+
+    assert config.kafka.bootstrap is not None
+    return check_reachable(config.kafka.bootstrap, abandon=stopping)
 
 
 def _serve_one(config: Config, max_events: int | None, progress_s: float, linger_s: float,

@@ -22,6 +22,8 @@ from streamlearn.transport.protocol import (
 )
 
 if TYPE_CHECKING:
+    import threading
+
     from streamlearn.transport.kafka_shared import SharedKafkaClients
 
 __all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "OFFSETS_TIMEOUT_S",
@@ -107,8 +109,11 @@ def _host_port(server: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def check_reachable(bootstrap_servers: str, timeout_s: float | None = None) -> None:
-    """Return once some bootstrap server accepts a TCP connection; else raise TransportError.
+def check_reachable(bootstrap_servers: str, timeout_s: float | None = None,
+                    abandon: threading.Event | None = None) -> bool:
+    """Return True once some bootstrap server accepts a TCP connection, False as soon as
+    ``abandon`` is set (the wait given up: a stop asked for while a broker was awaited);
+    else raise TransportError.
 
     kafka-python, given an address where nothing listens, retries for its
     ``bootstrap_timeout_ms`` (30 s) and logs every attempt; this check fails
@@ -120,13 +125,13 @@ def check_reachable(bootstrap_servers: str, timeout_s: float | None = None) -> N
     deadline = time.monotonic() + timeout_s
     servers = [s for s in bootstrap_servers.split(",") if s.strip()]
     problems: dict[str, str] = {}
-    while True:
+    while abandon is None or not abandon.is_set():
         for server in servers:
             remaining = deadline - time.monotonic()
             try:
                 host, port = _host_port(server)
                 with socket.create_connection((host, port), timeout=max(min(remaining, 2.0), 0.1)):
-                    return
+                    return True
             except ValueError:
                 problems[server] = "not HOST:PORT"
             except socket.gaierror as exc:
@@ -139,7 +144,12 @@ def check_reachable(bootstrap_servers: str, timeout_s: float | None = None) -> N
             details = "; ".join(f"{server}: {why}" for server, why in problems.items())
             raise TransportError(f"cannot reach Kafka at {bootstrap_servers}: expected a broker "
                                  f"accepting connections within {timeout_s:g} s, got {details}")
-        time.sleep(min(0.25, max(deadline - time.monotonic(), 0.0)))
+        pause = min(0.25, max(deadline - time.monotonic(), 0.0))
+        if abandon is None:
+            time.sleep(pause)
+        else:
+            abandon.wait(pause)
+    return False
 
 
 def ensure_topics(

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -240,6 +241,29 @@ def test_no_broker_at_bootstrap_fails_fast_with_one_line(
         f"broker accepting connections within 0.5 s, got 127.0.0.1:{port}: connection refused"]
 
 
+def test_a_sigterm_while_no_broker_answers_stops_at_once_exit_0(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection check waits up to its bound for a broker that is still starting; a
+    SIGTERM meanwhile ends that wait at once (exit 0, nothing restored or decided) instead of
+    after the bound (exit 2, "cannot reach Kafka")."""
+    import streamlearn.transport.kafka as kafka_transport
+
+    monkeypatch.setattr(kafka_transport, "CONNECT_TIMEOUT_S", 30.0)
+    port = _closed_port()
+    config = load_config(environ={}, cli={"metrics.port": "-1",
+                                          "kafka.bootstrap": f"127.0.0.1:{port}"})
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    out, started = io.StringIO(), time.monotonic()
+    timer.start()
+    try:
+        assert serve(config, progress_s=0, out=out) == 0
+    finally:
+        timer.cancel()
+    assert 0.5 <= time.monotonic() - started < 5.0  # not the check's 30 s
+    assert out.getvalue() == (f"streamlearn serve: stopped while waiting for Kafka at "
+                              f"127.0.0.1:{port}: nothing restored, decided or written\n")
+
+
 def test_check_reachable_returns_once_a_server_listens() -> None:
     from streamlearn.transport.kafka import check_reachable
 
@@ -247,7 +271,7 @@ def test_check_reachable_returns_once_a_server_listens() -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        check_reachable(f"127.0.0.1:{_closed_port()},127.0.0.1:{port}", timeout_s=1.0)
+        assert check_reachable(f"127.0.0.1:{_closed_port()},127.0.0.1:{port}", timeout_s=1.0)
 
 
 def test_library_loggers_are_quiet_by_default_ours_follow_log_level() -> None:
