@@ -402,10 +402,22 @@ def test_every_kafka_python_client_retries_the_broker_at_least_every_two_seconds
 class _LoadingCoordinator:
     """A consumer whose committed-offset lookup fails while its group coordinator loads: first
     as a raised error, then as per-partition errors, then answered (offset 5 for partition 0,
-    none committed for partition 1)."""
+    none committed for partition 1). Its partitions hold offsets 3 to 8 (watermarks 3, 9);
+    with ``watermarks_error`` that question is refused with this code instead."""
 
-    def __init__(self, code: int, raised: int, per_partition: int) -> None:
+    def __init__(self, code: int, raised: int, per_partition: int,
+                 watermarks_error: int | None = None) -> None:
         self.code, self.raised, self.per_partition, self.calls = code, raised, per_partition, 0
+        self.watermarks_error = watermarks_error
+
+    def get_watermark_offsets(self, partition: Any, timeout: float,
+                              cached: bool) -> tuple[int, int]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        assert not cached  # the broker's answer, not what the consumer last fetched
+        if self.watermarks_error is not None:
+            raise KafkaException(KafkaError(self.watermarks_error))
+        return 3, 9
 
     def committed(self, partitions: list[Any], timeout: float) -> list[Any]:
         from confluent_kafka import KafkaError, KafkaException
@@ -429,7 +441,10 @@ def test_reading_starts_at_the_committed_offsets_asked_again_while_the_coordinat
     https://github.com/confluentinc/librdkafka/issues/5586): a daemon on a fresh broker read
     nothing for three minutes. The transport reads the committed offsets itself, asks again
     while the coordinator settles, and assigns explicit positions: the committed offset, else
-    the reset end of the log."""
+    the reset end of the log as a number (so librdkafka fetches at once and knows the
+    partition's watermarks within a fetch: given the logical end, 0.6-1.2 s passed first, and
+    a fresh daemon held its first instances back meanwhile), else the logical end when the
+    broker does not give that number."""
     pytest.importorskip("confluent_kafka")
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, KafkaError, TopicPartition
 
@@ -440,6 +455,13 @@ def test_reading_starts_at_the_committed_offsets_asked_again_while_the_coordinat
     starts = start_positions(consumer, [TopicPartition("t", 0), TopicPartition("t", 1)], reset,
                              time.monotonic() + 5)
     assert consumer.calls == 5
+    assert [(tp.partition, tp.offset) for tp in starts] == [
+        (0, 5), (1, 3 if reset == "earliest" else 9)]
+    refused = _LoadingCoordinator(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, raised=0,
+                                  per_partition=0,
+                                  watermarks_error=KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    starts = start_positions(refused, [TopicPartition("t", 0), TopicPartition("t", 1)], reset,
+                             time.monotonic() + 5)
     assert [(tp.partition, tp.offset) for tp in starts] == [
         (0, 5), (1, OFFSET_BEGINNING if reset == "earliest" else OFFSET_END)]
 
