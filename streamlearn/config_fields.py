@@ -292,8 +292,15 @@ def _is_file(path: Path) -> bool:
         return False
 
 
+#: Why a quoted TOML value is refused where a number or a boolean is expected (the text
+#: alone, '0.01', reads like the number it holds).
+QUOTED = "a TOML string, not a {}: write it without the quotes"
+
+
 def _parse_number(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> int | float:
-    if isinstance(raw, bool) or (isinstance(raw, str) and not parse):
+    if isinstance(raw, str) and not parse:
+        raise _fail(fs, raw, origin, QUOTED.format("number"))
+    if isinstance(raw, bool):
         raise _fail(fs, raw, origin)
     if isinstance(raw, str):
         try:
@@ -328,7 +335,8 @@ def _parse_bool(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> bool:
         return True
     if word in ("false", "0", "no", "off"):
         return False
-    raise _fail(fs, raw, origin)
+    raise _fail(fs, raw, origin, QUOTED.format("boolean") if isinstance(raw, str) and not parse
+                else "")
 
 
 def _check_hostports(fs: FieldSpec, raw: Any, origin: str, text: str) -> str:

@@ -119,7 +119,7 @@ def add_config_arguments(parser: argparse.ArgumentParser,
         if fs.section not in groups:
             groups[fs.section] = parser.add_argument_group(
                 f"[{fs.section}]", f"config file table [{fs.section}]")
-        default = "unset" if fs.default is None else fs.default
+        default = shown_default(fs.default)
         override = (help_overrides or {}).get(fs.key)
         help_text = (f"{override} (env {env_name(fs.section, fs.name)})" if override else
                      f"{fs.help} (default {default}; env {env_name(fs.section, fs.name)})"
@@ -798,6 +798,22 @@ def _serve_one(config: Config, max_events: int | None, progress_s: float, linger
         if linger_s > 0 and not stopping.is_set():
             stopping.wait(linger_s)
     return 0
+
+
+def shown_default(value: object) -> str:
+    """A setting's default as the configuration file writes it (docs/configuration.md): true
+    and false, 1e12 rather than 1000000000000.0 or 1e+12; None is "unset"."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = str(value)
+    if isinstance(value, float) and text.endswith(".0") and len(text) > 8:
+        digits = text[:-2].lstrip("-").rstrip("0")
+        exponent = len(text[:-2].lstrip("-")) - 1
+        mantissa = digits[0] + (f".{digits[1:]}" if len(digits) > 1 else "")
+        text = ("-" if value < 0 else "") + f"{mantissa}e{exponent}"
+    return text.replace("e+", "e")
 
 
 def _nothing() -> None:

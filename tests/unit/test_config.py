@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from streamlearn.commands.serve import shown_default
 from streamlearn.config import (
     SECTIONS,
     Config,
@@ -86,10 +87,15 @@ def test_cli_values_validated(key: str, value: str, expected: str) -> None:
 def test_file_values_are_type_checked(tmp_path: Path) -> None:
     path = write(tmp_path, "[limits]\npoll_max_records = '10'\n")
     with pytest.raises(ConfigError, match=r"limits.poll_max_records must be an integer >= 1. "
-                                          r"Got '10' \(from .*streamlearn.toml\)"):
+                                          r"Got '10' \(from .*streamlearn.toml\): a TOML "
+                                          r"string, not a number: write it without the quotes\.$"):
+        load_config(path, environ={})
+    path = write(tmp_path, "[checkpoint]\nfsync_journal = 'true'\n")
+    with pytest.raises(ConfigError, match=r"Got 'true' \(from .*\): a TOML string, not a "
+                                          r"boolean: write it without the quotes\.$"):
         load_config(path, environ={})
     path = write(tmp_path, "[metrics]\nport = true\n")
-    with pytest.raises(ConfigError, match=r"metrics\.port must be"):
+    with pytest.raises(ConfigError, match=r"metrics\.port must be .* Got True \(from .*\)\.$"):
         load_config(path, environ={})
 
 
@@ -221,6 +227,8 @@ def test_docs_list_every_setting_with_env_and_flag() -> None:
                     in line), None)
         assert row is not None, fs.key
         assert f"`{flag_name(fs.section, fs.name)}`" in row, fs.key
+        # the default as `serve --help-all` shows it (false, 1e12: as a file writes them)
+        assert row.split(" | ")[2].strip().strip("`") == shown_default(fs.default), fs.key
 
 
 def test_k8s_configmap_holds_a_valid_config(tmp_path: Path) -> None:
