@@ -107,9 +107,11 @@ class KafkaConfig:
                        "install 'streamlearn[confluent]'), kafka-python (pure Python), or auto: "
                        "confluent when confluent-kafka is installed, else kafka-python "
                        "(docs/kafka.md)", choices=KAFKA_CLIENTS)
-    linger_seconds: float = spec(0.005, "the producer holds a batch of decisions this long "
-                                 "before sending it (fewer, larger produce requests; adds up to "
-                                 "this much before the caller can read a decision)", ge=0, le=1)
+    linger_seconds: float | None = spec(
+        None, "the producer holds a batch of decisions this long before sending it (fewer, "
+        "larger produce requests; adds up to this much before the caller can read a decision, "
+        "at low rates all of it); unset: 0.001 on librdkafka, 0.005 on kafka-python "
+        "(docs/kafka.md)", ge=0, le=1)
     fetch_wait_seconds: float = spec(0.05, "longest the broker holds a fetch that has less than "
                                      "fetch_min_bytes to return", ge=0, le=5)
     fetch_min_bytes: int = spec(1, "bytes the broker waits for (at most fetch_wait_seconds) "

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from streamlearn.transport.kafka_shared import SharedKafkaClients
 
-__all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "OFFSETS_TIMEOUT_S",
+__all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "LINGER_S", "OFFSETS_TIMEOUT_S",
            "RECONNECT_BACKOFF_MAX_MS", "KafkaTransport", "check_reachable", "ensure_topics",
            "open_clients", "open_offsets_reader", "to_message"]
 
@@ -49,6 +49,13 @@ RECONNECT_BACKOFF_MAX_MS = 2000
 #: a backlog at 500 ms the daemon spent 24 µs per event polling against 10.5 µs at 5–100 ms
 #: (docs/performance.md). An idle consumer sends about 1000 / this many fetches per second.
 FETCH_MAX_WAIT_MS = round(ClientTuning().fetch_wait_s * 1000)
+
+#: The producer's linger where ``kafka.linger_seconds`` is unset. kafka-python's sender thread
+#: is Python: it wakes for each new batch and takes the GIL from the serving loop for each
+#: produce request, so batches are held long enough to gather a step's decisions. At 2,000
+#: events/s 1 ms instead read decisions ~1 ms sooner but took 4 % more CPU per event and
+#: ~5 % of the throughput under a backlog (docs/performance.md, "The producer linger").
+LINGER_S = 0.005
 
 #: Bound on the ``end_offsets`` and ``commit`` requests of the serving loop (at most
 #: ``request_timeout_s``). The loop asks for the end offsets to measure its lag
@@ -248,7 +255,8 @@ def open_clients(bootstrap_servers: str, group_id: str | None,
             auto_offset_reset=auto_offset_reset,
         )
         producer = KafkaProducer(
-            **{"linger_ms": round(tuning.linger_s * 1000), **common, **producer_opts},
+            **{"linger_ms": round((LINGER_S if tuning.linger_s is None else tuning.linger_s)
+                                  * 1000), **common, **producer_opts},
             bootstrap_servers=bootstrap_servers,
             enable_idempotence=True,
             acks="all",

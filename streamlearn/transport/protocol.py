@@ -57,16 +57,19 @@ class ClientTuning:
 
     Attributes
     ----------
-    linger_s : float
+    linger_s : float or None
         The producer holds a batch this long before sending it: one produce request per
-        batch and partition instead of one per message, at up to this much latency.
+        batch and partition instead of one per message, at up to this much latency (at low
+        rates the whole of it: a decision's batch is alone). None: the client's own default
+        (``LINGER_S`` of :mod:`streamlearn.transport.kafka` and of
+        :mod:`streamlearn.transport.confluent`).
     fetch_wait_s : float
         Longest the broker holds a fetch with less than ``fetch_min_bytes`` to return.
     fetch_min_bytes : int
         Bytes the broker waits for before it answers a fetch (1: at once).
     """
 
-    linger_s: float = 0.005
+    linger_s: float | None = None
     fetch_wait_s: float = 0.05
     fetch_min_bytes: int = 1
 

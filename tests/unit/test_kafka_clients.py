@@ -68,9 +68,38 @@ def test_the_default_client_is_librdkafka_when_it_is_installed(
 
 def test_default_tuning_is_the_one_kafka_python_had() -> None:
     """The defaults keep kafka-python's clients exactly as they were configured before the
-    settings existed (5 ms linger, 50 ms fetch wait, answer fetches at once)."""
-    assert ClientTuning() == ClientTuning(0.005, 0.05, 1)
+    settings existed (5 ms linger, 50 ms fetch wait, answer fetches at once); the linger
+    left unset is each client's own (librdkafka's 1 ms: docs/kafka.md)."""
+    from streamlearn.transport import confluent, kafka
+
+    assert ClientTuning() == ClientTuning(None, 0.05, 1)
+    assert load_config(environ={}).kafka.tuning() == ClientTuning()
     assert FETCH_MAX_WAIT_MS == 50
+    assert (kafka.LINGER_S, confluent.LINGER_S) == (0.005, 0.001)
+
+
+@pytest.mark.parametrize(("linger_s", "linger_ms"), [(None, 1.0), (0.004, 4.0), (0.0, 0.0)])
+def test_the_librdkafka_producer_lingers_as_set_else_1_ms(
+        monkeypatch: pytest.MonkeyPatch, linger_s: float | None, linger_ms: float) -> None:
+    pytest.importorskip("confluent_kafka")
+    import confluent_kafka
+
+    from streamlearn.transport import confluent
+
+    made: dict[str, dict[str, Any]] = {}
+
+    def client(kind: str) -> Any:
+        def make(config: dict[str, Any]) -> str:
+            made[kind] = config
+            return kind
+        return make
+
+    monkeypatch.setattr(confluent, "check_reachable", lambda servers: True)
+    monkeypatch.setattr(confluent_kafka, "Consumer", client("consumer"))
+    monkeypatch.setattr(confluent_kafka, "Producer", client("producer"))
+    assert confluent.open_confluent_clients(
+        "127.0.0.1:9", "g", tuning=ClientTuning(linger_s=linger_s)) == ("consumer", "producer")
+    assert made["producer"]["linger.ms"] == linger_ms
 
 
 def test_each_client_names_its_transport_and_shared_clients() -> None:
