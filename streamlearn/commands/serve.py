@@ -199,7 +199,8 @@ def add_parser(subparsers: Any) -> None:
                        help="print a progress line every S seconds; 0 = never (default 5)")
     group.add_argument("--linger-seconds", type=number, default=0.0, metavar="S",
                        help="after stopping, keep /metrics up S more seconds so a scraper "
-                            "reads the final values (a signal ends it early; default 0)")
+                            "reads the final values (a signal ends it early; default 0; the "
+                            "producer's linger is --kafka-linger-seconds)")
     group.add_argument("--print-config", action="store_true",
                        help="print the effective configuration as TOML and exit")
     add_logging_arguments(group)
