@@ -177,7 +177,7 @@ FETCH_QUEUE_BACKOFF_MS = 10
 #: own C threads, so more, smaller produce requests cost the serving loop next to nothing: at
 #: 2,000 events/s 1 ms instead of kafka-python's 5 ms had callers read their decisions 3.6 ms
 #: sooner (median 6.7 against 10.3 ms; p99 12.6 against 16.4), for ~4 % of the throughput
-#: under a backlog (docs/performance.md, "The producer linger").
+#: under a backlog (docs/performance.md, "The producer linger per client").
 LINGER_S = 0.001
 
 
@@ -448,8 +448,8 @@ def _reset_offset(consumer: Any, tp: Any, auto_offset_reset: str, deadline: floa
     resolve. Given the logical one, librdkafka looks the offset up itself and learns the
     partition's watermarks only from its first fetch answer: 0.6–1.2 s after the assignment
     on the development machine, while ``unread`` could not say whether the partition held
-    records and the aligner held the first instances of a fresh daemon back (0.1–0.45 s,
-    seen by an outside caller that started as soon as ``/readyz`` said ready). With a number
+    records and the aligner held the first instances of a fresh daemon back (45–450 ms for
+    a caller that started as soon as ``/readyz`` said ready). With a number
     it fetches at once (watermarks known within 0.1 s). An offset retention has deleted
     meanwhile is reset by librdkafka as before (``auto.offset.reset``); a leader that is
     still settling is asked again until ``deadline`` (:func:`watermarks`)."""

@@ -54,7 +54,8 @@ FETCH_MAX_WAIT_MS = round(ClientTuning().fetch_wait_s * 1000)
 #: is Python: it wakes for each new batch and takes the GIL from the serving loop for each
 #: produce request, so batches are held long enough to gather a step's decisions. At 2,000
 #: events/s 1 ms instead read decisions ~1 ms sooner but took 4 % more CPU per event and
-#: ~5 % of the throughput under a backlog (docs/performance.md, "The producer linger").
+#: ~5 % of the throughput under a backlog (docs/performance.md, "The producer linger per
+#: client").
 LINGER_S = 0.005
 
 #: Bound on the ``end_offsets`` and ``commit`` requests of the serving loop (at most
