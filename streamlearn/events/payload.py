@@ -306,8 +306,9 @@ def feature_batch(forms: list[tuple[str, Any]], n_features: int, limits: DecodeL
         starts = np.concatenate([[0], np.cumsum(lengths)])
         for j, i in enumerate(members):
             ok[i] = bool(good[j])
-            idx_rows[i] = idx[starts[j]:starts[j + 1]].astype(np.int64)
-            val_rows[i] = val[starts[j]:starts[j + 1]]
+            if ok[i]:  # a refused row's indices may be NaN or infinite: never cast to int
+                idx_rows[i] = idx[starts[j]:starts[j + 1]].astype(np.int64)
+                val_rows[i] = val[starts[j]:starts[j + 1]]
     keep = np.flatnonzero(ok)
     indptr = np.zeros(len(keep) + 1, dtype=np.int64)
     np.cumsum([len(idx_rows[i]) for i in keep], out=indptr[1:])
