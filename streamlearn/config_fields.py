@@ -298,8 +298,13 @@ QUOTED = "a TOML string, not a {}: write it without the quotes"
 
 
 def _parse_number(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> int | float:
-    if isinstance(raw, str) and not parse:
-        raise _fail(fs, raw, origin, QUOTED.format("number"))
+    if isinstance(raw, str) and not parse:  # the hint only where the quotes are all that is wrong
+        try:
+            decimal_int(raw) if fs.base is int else decimal_float(raw)
+            hint = QUOTED.format("number")
+        except ValueError:
+            hint = ""
+        raise _fail(fs, raw, origin, hint)
     if isinstance(raw, bool):
         raise _fail(fs, raw, origin)
     if isinstance(raw, str):
@@ -335,8 +340,8 @@ def _parse_bool(fs: FieldSpec, raw: Any, origin: str, parse: bool) -> bool:
         return True
     if word in ("false", "0", "no", "off"):
         return False
-    raise _fail(fs, raw, origin, QUOTED.format("boolean") if isinstance(raw, str) and not parse
-                else "")
+    quoted_word = isinstance(raw, str) and not parse and raw.strip().lower() in ("true", "false")
+    raise _fail(fs, raw, origin, QUOTED.format("boolean") if quoted_word else "")
 
 
 def _check_hostports(fs: FieldSpec, raw: Any, origin: str, text: str) -> str:

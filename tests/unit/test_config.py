@@ -94,6 +94,9 @@ def test_file_values_are_type_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"Got 'true' \(from .*\): a TOML string, not a "
                                           r"boolean: write it without the quotes\.$"):
         load_config(path, environ={})
+    path = write(tmp_path, "[join]\nwindow_seconds = 'abc'\n")  # not a number even unquoted
+    with pytest.raises(ConfigError, match=r"Got 'abc' \(from .*streamlearn.toml\)\.$"):
+        load_config(path, environ={})
     path = write(tmp_path, "[metrics]\nport = true\n")
     with pytest.raises(ConfigError, match=r"metrics\.port must be .* Got True \(from .*\)\.$"):
         load_config(path, environ={})
