@@ -30,6 +30,7 @@ Usage::
     python -m simulators.bench_loop [--events 50000] [--repeats 3] [--compare-with /tmp/old]
     python -m simulators.bench_loop --candidates 100 --events 5000   # requests of 100 candidates
     python -m simulators.bench_loop --events 6000 --arrivals 4   # micro-batches of 4 messages
+    python -m simulators.bench_loop --events 6000 --arrivals 4 --pending 200000   # the join full
     python -m simulators.bench_loop --caller-only --events 200000   # serve's simulated caller alone
 """
 
@@ -162,12 +163,14 @@ def bare_relay(messages: list[tuple[str, bytes, bytes, int]]) -> float:
     return len(decisions) / (time.perf_counter() - started)
 
 
-def loop_rate(messages: list[tuple[str, bytes, bytes, int]], arrivals: int = 0) -> float:
+def loop_rate(messages: list[tuple[str, bytes, bytes, int]], arrivals: int = 0,
+              pending: int = 0) -> float:
     """Events/s of ``Daemon.step`` over the whole stream (works on old and new commits alike).
 
     ``arrivals`` > 0: the messages reach the transport that many at a time and the loop
     steps until it has consumed them before the next arrive (only the steps are timed):
-    the micro-batches of ordinary load, where each step's fixed costs count."""
+    the micro-batches of ordinary load, where each step's fixed costs count. ``pending``:
+    that many decisions whose feedback never comes are made first (untimed)."""
     from streamlearn.learners.banditron import Banditron
     from streamlearn.learners.exploration import FixedGamma
     from streamlearn.service.daemon import Daemon, DaemonSettings
@@ -182,16 +185,35 @@ def loop_rate(messages: list[tuple[str, bytes, bytes, int]], arrivals: int = 0) 
         return _drained_rate(Daemon(settings, _in_memory(messages), learner), len(messages))
     transport = InMemoryTransport(partitions=1)
     daemon = Daemon(settings, transport, learner)
+    if pending:
+        _fill(daemon, transport, messages, pending)
+        messages = [("instances", b"", b"", 0)] * pending + messages  # counted as consumed
     spent = 0.0
-    for at in range(0, len(messages), arrivals):
+    for at in range(pending, len(messages), arrivals):
         for topic, key, value, ts in messages[at:at + arrivals]:
             transport.broker.append(topic, key, value, 0, ts)
         started = time.perf_counter()
         while daemon.counters.messages < min(at + arrivals, len(messages)):
             daemon.step()
         spent += time.perf_counter() - started
-    assert daemon.counters.feedback["joined"] == len(messages) // 2, daemon.counters.feedback
-    return float(daemon.counters.instances / spent)
+    assert daemon.counters.feedback["joined"] == (len(messages) - pending) // 2, \
+        daemon.counters.feedback
+    return float((daemon.counters.instances - pending) / spent)
+
+
+def _fill(daemon: Any, transport: Any, messages: list[tuple[str, bytes, bytes, int]],
+          pending: int) -> None:
+    """``pending`` decisions whose feedback never comes, made before the stream (their
+    instances stamped 1 ms apart before its first): an ad server's unanswered impressions."""
+    rows = [orjson.loads(value)["x"] for topic, _k, value, _t in messages[:200]
+            if topic == "instances"]
+    first = min(ts for _t, _k, _v, ts in messages)
+    for i in range(pending):
+        transport.broker.append("instances", f"p{i}".encode(),
+                                orjson.dumps({"id": f"p{i}", "x": rows[i % len(rows)]}), 0,
+                                first - pending + i)
+    while daemon.counters.messages < pending:
+        daemon.step()
 
 
 def caller_rate(n: int) -> float:
@@ -214,11 +236,13 @@ def caller_rate(n: int) -> float:
 THIS_CHECKOUT = str(Path(__file__).resolve().parents[1])
 
 
-def _measured(directory: str, events: int, candidates: int, arrivals: int) -> dict[str, float]:
+def _measured(directory: str, events: int, candidates: int, arrivals: int,
+              pending: int) -> dict[str, float]:
     """{"relay", "loop"} rates of a fresh process on ``directory``'s code (see the module doc)."""
     env = {**os.environ, "PYTHONPATH": directory, "OPENBLAS_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, __file__, "--events", str(events), "--loop-only",
-                           "--candidates", str(candidates), "--arrivals", str(arrivals)],
+                           "--candidates", str(candidates), "--arrivals", str(arrivals),
+                           "--pending", str(pending)],
                           capture_output=True, text=True, env=env, check=True, cwd=directory)
     rates = json.loads(done.stdout.strip().splitlines()[-1])
     return {"relay": float(rates["relay"]), "loop": float(rates["loop"])}
@@ -236,6 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="fixed actions: messages reach the loop N at a time (instances "
                              "and feedback alike) and it steps until it has read them: the "
                              "micro-batches of ordinary load (0: the whole stream at once)")
+    parser.add_argument("--pending", type=int, default=0, metavar="N",
+                        help="with --arrivals: N decisions whose feedback never comes are made "
+                             "first, untimed (an ad server's unanswered impressions; at the "
+                             "join's default bound of 200,000 every step then sheds)")
     parser.add_argument("--loop-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--caller-only", action="store_true",
                         help="time only the simulated caller of `serve`'s embedded default "
@@ -249,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.candidates < 0:
         parser.error(f"argument --candidates: expected an integer >= 0, got {args.candidates}")
+    if args.pending < 0 or (args.pending and not args.arrivals):
+        parser.error(f"argument --pending: expected an integer >= 0 with --arrivals, got "
+                     f"{args.pending}" + ("" if args.arrivals else " without --arrivals"))
     if args.arrivals < 0 or (args.arrivals and args.candidates):
         parser.error(f"argument --arrivals: expected an integer >= 0 with fixed actions, got "
                      f"{args.arrivals}" + (" with --candidates" if args.candidates else ""))
@@ -259,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         relay, loop = candidate_bare_relay, candidate_loop_rate
     else:
         messages = stream(args.events)[0]
-        relay, loop = bare_relay, functools.partial(loop_rate, arrivals=args.arrivals)
+        relay, loop = bare_relay, functools.partial(loop_rate, arrivals=args.arrivals,
+                                                    pending=args.pending)
     if args.loop_only:  # one measuring process: warm up, then time each once
         try:  # as `serve` runs (a checkout from before it had this runs without it, as it did)
             from streamlearn.service.settings import without_hugepage_advice
@@ -274,12 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.compare_with:
         rows["loop at --compare-with"] = []
     for r in range(args.repeats):
-        here = _measured(THIS_CHECKOUT, args.events, args.candidates, args.arrivals)
+        here = _measured(THIS_CHECKOUT, args.events, args.candidates, args.arrivals, args.pending)
         rows["bare relay"].append(here["relay"])
         rows["loop"].append(here["loop"])
         if args.compare_with:
             rows["loop at --compare-with"].append(
-                _measured(args.compare_with, args.events, args.candidates, args.arrivals)["loop"])
+                _measured(args.compare_with, args.events, args.candidates, args.arrivals,
+                          args.pending)["loop"])
         print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(
             f"{k} {v[-1]:,.0f}/s" for k, v in rows.items()), file=sys.stderr, flush=True)
     med: dict[str, Any] = {k: float(np.median(v)) for k, v in rows.items()}

@@ -93,6 +93,7 @@ from streamlearn.join.aggregate import (
     weights_problem,
 )
 from streamlearn.join.clock import PartitionClocks
+from streamlearn.join.order import OldestFirst
 from streamlearn.join.recent import RecentlyClosed
 from streamlearn.join.rows import RowStore
 from streamlearn.snapshot import pack_strings, unpack_strings
@@ -256,6 +257,7 @@ class PendingJoins:
         self.n_actions, self.n_features = n_actions, n_features
         self.clocks = clocks if clocks is not None else PartitionClocks()
         self.rows = RowStore(n_features)
+        self.order = OldestFirst()  # the pending slots oldest first (shedding, expiry)
         self.slot_of: dict[Any, int] = {}
         self._free: list[int] = []
         self.early: OrderedDict[Any, EarlyFeedback] = OrderedDict()
@@ -299,6 +301,7 @@ class PendingJoins:
                 column[:old] = self.columns[name]
             self.columns[name] = column
         self.rows.grow(capacity)
+        self.order.grow(capacity)
         self._free.extend(range(capacity - 1, old - 1, -1))
 
     def __len__(self) -> int:
@@ -393,6 +396,8 @@ class PendingJoins:
             column[slots] = 0 if columns is None or name not in columns else columns[name]
         self.reward[slots], self.n_feedback[slots], self.feedback_ts[slots] = 0.0, 0, np.nan
         self.active[slots] = True
+        self.order.compact(self.active, len(self.slot_of))
+        self.order.append(slots, self.decided_at[slots])
         self._oldest = min(self._oldest, float(np.asarray(decided_at).min()))
         self.rows.put(slots, X)
         self.slot_of.update(zip(ids, slots.tolist(), strict=True))
@@ -486,8 +491,7 @@ class PendingJoins:
         return out
 
     def _shed(self, n: int, wall: float) -> None:
-        live = np.flatnonzero(self.active)
-        self._shed_slots(live[np.argsort(self.decided_at[live], kind="stable")[:n]], wall)
+        self._shed_slots(self.order.oldest(n, self.active, self.decided_at), wall)
 
     def _shed_slots(self, slots: np.ndarray, wall: float) -> None:
         self._close(slots, np.full(len(slots), Outcome.SHED, dtype=np.int8), wall)
@@ -604,18 +608,18 @@ class PendingJoins:
             return []
         feedback_now = self.clocks.now("feedback", wall)
         newest = max(feedback_now.values(), default=-np.inf)
-        # scan the pending decisions only when the oldest one may be due
-        live = (np.flatnonzero(self.active) if self.slot_of and
-                self._oldest + self.settings.window_s <= newest else np.zeros(0, np.int64))
-        if len(live):
-            due = live[self.decided_at[live] + self.settings.window_s
-                       <= _per_partition(feedback_now, self.partition[live])]
+        window = self.settings.window_s
+        if self.slot_of and self._oldest + window <= newest:  # the oldest one may be due
+            # the decisions old enough for the newest clock (a rounding's margin more: the
+            # exact test below decides), oldest first: not a scan of the whole store
+            margin = 8 * float(np.spacing(max(abs(newest), window)))
+            candidates = self.order.up_to(newest - window + margin, self.active, self.decided_at)
+            due = np.sort(candidates[self.decided_at[candidates] + window  # in slot order
+                                     <= _per_partition(feedback_now, self.partition[candidates])])
             if len(due):
                 self._close(due, np.where(self.n_feedback[due] > 0, Outcome.JOINED,
                                           Outcome.EXPIRED).astype(np.int8), wall)
-            remaining = self.active[live]
-            self._oldest = float(self.decided_at[live[remaining]].min()) if remaining.any() \
-                else np.inf
+            self._oldest = self.order.first_time(self.active, self.decided_at)
         unknown: list[EarlyFeedback] = []
         instance_now = self.clocks.now("instances", wall) if self.early else {}
         window = self.settings.early_window_s

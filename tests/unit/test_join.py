@@ -191,6 +191,64 @@ def test_shedding_closes_the_oldest_without_learning() -> None:
     assert not closed.learn.any() and p.shed_total == 2 and len(p) == 3
 
 
+class _SortedEachTime(PendingJoins):
+    """The store as it was: every shedding and expiry sorts the whole store (the entries
+    rebuilt from a stable sort of the live slots at each query)."""
+
+    def _shed(self, n: int, wall: float) -> None:
+        self.order.sorted = False
+        super()._shed(n, wall)
+
+    def advance(self, wall: float, idle: Any = (), awaited: Any = None) -> Any:
+        self.order.sorted = False
+        return super().advance(wall, idle, awaited)
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["decide", "decide", "feedback", "advance"]),
+                          st.integers(1, 8),  # batch size
+                          st.sampled_from([0.0, 0.0, 0.5, 3.0, -1.5]),  # time step (back too)
+                          st.integers(0, 1)),  # partition
+                min_size=1, max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_OPS, st.integers(2, 12), st.sampled_from([2.0, 10.0]), st.integers(0, 2**31 - 1),
+       st.sampled_from([0, 4, 4096]))
+def test_shedding_and_expiry_close_what_a_full_sort_closes(ops: list[Any], max_pending: int,
+                                                           window: float, seed: int,
+                                                           min_compact: int) -> None:
+    """Property: the oldest-first entries (kept as decisions come) close the same decisions,
+    in the same order, as sorting the whole store at each step — with times that repeat and
+    go back, slots reused, feedback closing decisions out of order, two partitions, and the
+    closed decisions' entries dropped often or never."""
+    rng = np.random.default_rng(seed)
+    join = JoinSettings(window_s=window, early_window_s=0.0, max_pending=max_pending)
+    fast, full = PendingJoins(K, D, join), _SortedEachTime(K, D, join)
+    fast.order.min_compact = min_compact
+    t, n = 100.0, 0
+    for op, size, step, partition in ops:
+        t += step
+        for p in (fast, full):
+            if op == "decide":
+                ids = [f"e{n + i}" for i in range(size)]
+                p.add_decisions(ids, np.ones((size, D)), np.zeros(size, np.int64),
+                                np.full((size, K), 1 / K), np.full(size, -1), np.full(size, t),
+                                np.full(size, partition, np.int64), wall=t)
+            elif op == "feedback":
+                pending = sorted(full.slot_of)
+                ids = [pending[i] for i in rng.permutation(len(pending))[:size].tolist()] \
+                    if p is fast else ids
+                p.add_feedback(ids, np.ones(len(ids)), np.full(len(ids), t),
+                               np.full(len(ids), partition, np.int64), wall=t)
+            else:
+                p.clocks.observe("feedback", np.array([partition]), np.array([t]))
+                p.advance(wall=t)
+        n += size if op == "decide" else 0
+        a, b = fast.drain(), full.drain()
+        assert a.ids == b.ids and a.outcome.tolist() == b.outcome.tolist()
+        assert fast.slot_of == full.slot_of and fast.shed_total == full.shed_total
+
+
 def test_is_known_covers_pending_recent_and_repeats() -> None:
     p = store()
     decide(p, ["a", "b"], t=0.0)
