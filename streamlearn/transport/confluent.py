@@ -51,7 +51,13 @@ from typing import Any
 from streamlearn.errors import TransportError
 from streamlearn.transport.buffers import Partition, PartitionBuffers
 from streamlearn.transport.kafka import OFFSETS_TIMEOUT_S, check_reachable
-from streamlearn.transport.protocol import ClientTuning, Message, Offsets, check_offsets
+from streamlearn.transport.protocol import (
+    ClientTuning,
+    Message,
+    Offsets,
+    check_offsets,
+    close_flush_seconds,
+)
 
 __all__ = ["CLOSE_TIMEOUT_S", "LIBRDKAFKA_LOG", "LINGER_S", "MERGER_LOG", "REPEAT_WINDOW_S",
            "ConfluentTransport", "RepeatLimit", "SharedConfluentClients", "client_config", "close_consumer",
@@ -327,7 +333,19 @@ def _settling(error: Any) -> bool:
         KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._TRANSPORT,
-        KafkaError.REQUEST_TIMED_OUT}
+        KafkaError.REQUEST_TIMED_OUT,
+        # the client knows a newer leader epoch than the broker yet: a restarted broker
+        # that has not loaded its partitions' leadership (seen for ~1 s after a restart)
+        KafkaError.UNKNOWN_LEADER_EPOCH}
+
+
+def _stale_epoch(exc: Exception) -> bool:
+    """Whether a librdkafka error says the client asked with a partition leader epoch older
+    than the broker's (its metadata predates a leader change, e.g. a broker restart)."""
+    from confluent_kafka import KafkaError
+
+    error = exc.args[0] if exc.args else None
+    return isinstance(error, KafkaError) and error.code() == KafkaError.FENCED_LEADER_EPOCH
 
 
 def _pause_to_ask_again(error: Any, deadline: float) -> bool:
@@ -513,6 +531,7 @@ class ConfluentTransport:
         self._timeout_s = request_timeout_s
         self._offsets_timeout_s = min(request_timeout_s, OFFSETS_TIMEOUT_S)
         self._closed = False
+        self._flush_timed_out = False  # the last flush ended with messages not acknowledged
         self._shared = shared
         self._assigned: set[Partition] = set()
         self._tp: dict[Partition, Any] = {}
@@ -643,8 +662,10 @@ class ConfluentTransport:
                 self._deliveries.queued += 1
             in_flight = self._producer.flush(max(deadline - time.monotonic(), 0.0))
             if in_flight == 0 and not self._deliveries.failed:
+                self._flush_timed_out = False
                 return
             if time.monotonic() >= deadline:
+                self._flush_timed_out = True
                 raise TransportError(
                     f"{in_flight + len(self._deliveries.failed)} produced messages not "
                     f"acknowledged by {self.bootstrap_servers} within {timeout_s} s; they are "
@@ -746,16 +767,24 @@ class ConfluentTransport:
         from confluent_kafka.admin import AdminClient
 
         self._check_open()
-        if self._admin is None:  # opened at the first call: only the lag tracker asks
-            self._admin = AdminClient(self._admin_config)
-        try:
-            return list_end_offsets(self._admin, list(self._tp.values()),
-                                    time.monotonic() + self._offsets_timeout_s)
-        except TimeoutError as exc:
-            raise TransportError(f"end offsets not read within {self._offsets_timeout_s:g} s: "
-                                 f"{exc}") from exc
-        except KafkaException as exc:
-            raise TransportError(f"could not read end offsets: {exc}") from exc
+        deadline = time.monotonic() + self._offsets_timeout_s
+        while True:
+            if self._admin is None:  # opened at the first call: only the lag tracker asks
+                self._admin = AdminClient(self._admin_config)
+            try:
+                return list_end_offsets(self._admin, list(self._tp.values()), deadline)
+            except TimeoutError as exc:
+                raise TransportError(f"end offsets not read within "
+                                     f"{self._offsets_timeout_s:g} s: {exc}") from exc
+            except KafkaException as exc:
+                # After a broker restart the partitions' leader epochs are newer than the
+                # admin client's metadata, and librdkafka asks again with the old epoch:
+                # FENCED_LEADER_EPOCH at every try, for good (a known librdkafka fault; an
+                # outside test's /readyz stayed not ready for minutes after a broker
+                # restart while decisions flowed). A new client reads the metadata afresh.
+                self._admin = None
+                if not _stale_epoch(exc) or deadline - time.monotonic() <= 0.1:
+                    raise TransportError(f"could not read end offsets: {exc}") from exc
 
     def unread(self) -> dict[tuple[str, int], int | None]:
         """High watermark of the last fetch response minus the position, per partition
@@ -785,12 +814,14 @@ class ConfluentTransport:
         return out
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Flush (best effort), then close the consumer without committing."""
+        """Flush (best effort: not at all after a flush that timed out, see
+        :func:`~streamlearn.transport.protocol.close_flush_seconds`), then close the consumer
+        without committing."""
         if self._closed:
             return
         try:
             if hasattr(self, "_producer"):
-                self.flush(timeout_s)
+                self.flush(close_flush_seconds(timeout_s, self._flush_timed_out))
         except TransportError:
             pass  # the error says how many messages are not acknowledged; close anyway
         self._closed = True

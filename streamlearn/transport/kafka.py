@@ -18,6 +18,7 @@ from streamlearn.transport.protocol import (
     Message,
     Offsets,
     check_offsets,
+    close_flush_seconds,
     partitions_for_keys,
 )
 
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
     from streamlearn.transport.kafka_shared import SharedKafkaClients
 
 __all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "LINGER_S", "OFFSETS_TIMEOUT_S",
-           "RECONNECT_BACKOFF_MAX_MS", "KafkaTransport", "check_reachable", "ensure_topics",
+           "RECONNECT_BACKOFF_MAX_MS", "KafkaTransport", "check_reachable", "close_producer",
+           "ensure_topics",
            "open_clients", "open_offsets_reader", "to_message"]
 
 #: How long :func:`check_reachable` waits for some bootstrap server to accept a connection.
@@ -362,6 +364,7 @@ class KafkaTransport:
         self._offsets_timeout_ms = min(self._timeout_ms, int(OFFSETS_TIMEOUT_S * 1000))
         self._pending: list[_Pending] = []
         self._closed = False
+        self._flush_timed_out = False  # the last flush ended with messages not acknowledged
         self._shared = shared
         self._client_options = dict(client_options or {})
         self._offsets_reader: Any = None  # see end_offsets: opened when first needed
@@ -493,8 +496,10 @@ class KafkaTransport:
                 self._producer.flush(timeout=max(deadline - time.monotonic(), 0.0))
             in_flight = self._reap()
             if in_flight == 0:
+                self._flush_timed_out = False
                 return
             if time.monotonic() >= deadline:
+                self._flush_timed_out = True
                 raise TransportError(
                     f"{in_flight} produced messages not acknowledged by {self.bootstrap_servers} "
                     f"within {timeout_s} s; they are kept and retried by the next flush"
@@ -597,12 +602,15 @@ class KafkaTransport:
         return out
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Flush (best effort), then close the consumer without committing and the producer."""
+        """Flush (best effort: not at all after a flush that timed out, see
+        :func:`~streamlearn.transport.protocol.close_flush_seconds`), then close the consumer
+        without committing and the producer."""
         if self._closed:
             return
+        wait = close_flush_seconds(timeout_s, self._flush_timed_out)
         try:
             if hasattr(self, "_producer"):
-                self.flush(timeout_s)
+                self.flush(wait)
         except TransportError:
             pass  # the error already says how many messages are lost; close anyway
         self._closed = True
@@ -614,7 +622,28 @@ class KafkaTransport:
         if hasattr(self, "_consumer"):
             self._consumer.close(autocommit=False)
         if hasattr(self, "_producer"):
-            self._producer.close(timeout=timeout_s)
+            close_producer(self._producer, wait)
+
+
+def close_producer(producer: Any, timeout_s: float) -> None:
+    """Close a kafka-python producer, waiting at most ``timeout_s`` for what it has not sent.
+
+    kafka-python's ``close`` flushes first and raises when that flush times out, leaving the
+    producer open: its ``__del__`` then tried again at the process exit and printed the same
+    traceback (an outside test's SIGTERM during a broker outage). What it had not sent is
+    journaled or re-read after a restart (at least once), so the producer is closed anyway,
+    as its own close does after a timeout: the sender thread stopped at once."""
+    from kafka.errors import KafkaError
+
+    try:
+        producer.close(timeout=timeout_s)
+    except KafkaError as exc:
+        log.warning("closing the Kafka producer: %r; closed without waiting (what it had not "
+                    "sent is journaled or re-read after a restart)", exc)
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            sender.force_close()
+        producer._closed = True  # as its own close marks it: its __del__ does nothing more
 
 
 def _not_queued(topic: str, exc: Exception, queued: int) -> TransportError:

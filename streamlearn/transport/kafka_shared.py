@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from streamlearn.transport.buffers import Partition, PartitionBuffers
-from streamlearn.transport.kafka import open_clients, to_message
+from streamlearn.transport.kafka import close_producer, open_clients, to_message
 from streamlearn.transport.protocol import ClientTuning, Message
 
 __all__ = ["SharedKafkaClients"]
@@ -87,4 +87,4 @@ class SharedKafkaClients:
             return
         self._closed = True
         self.consumer.close(autocommit=False)
-        self.producer.close(timeout=timeout_s)
+        close_producer(self.producer, timeout_s)

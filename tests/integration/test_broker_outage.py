@@ -25,6 +25,7 @@ from loop_helpers import settings_of
 
 from streamlearn.datasets.synthetic import synthetic_stream
 from streamlearn.durability.checkpoint import offsets_from_json
+from streamlearn.errors import TransportError
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.counters import id_checksum
@@ -134,3 +135,63 @@ def test_serve_stops_soon_after_sigterm_while_the_broker_is_away(
     print(f"serve stopped {took:.1f} s after SIGTERM with the broker away")
     assert code == 0
     assert took < 16.0, (tmp_path / "serve.log").read_text()[-2000:]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_end_offsets_are_read_again_after_a_broker_restart(
+        kafka_bootstrap: str, kafka_control: Any, client: str) -> None:
+    """The lag tracker (and with it ``/readyz``) reads the log-end offsets through a
+    long-lived client. After a broker restart librdkafka's admin client asked with the
+    partitions' old leader epoch for good (FENCED_LEADER_EPOCH at every try: an outside
+    test's ``/readyz`` said not ready for minutes while decisions flowed); the ends must be
+    read again once the broker is back."""
+    topics = make_topics(kafka_bootstrap)
+    t = transport(kafka_bootstrap, topics, group=f"ends-{client}", client=client)
+    try:
+        wait(lambda: t.poll(100, 0.2) == [] and bool(t.assignment()), 60,
+             "the partitions to be assigned")
+        before = t.end_offsets()
+        assert before and set(before.values()) == {0}
+        kafka_control.stop()
+        kafka_control.start()
+        back = time.monotonic()
+        failures: list[str] = []
+
+        def read() -> bool:
+            try:
+                return t.end_offsets() == before
+            except TransportError as exc:
+                failures.append(str(exc))
+                return False
+
+        wait(read, 60, "the end offsets after the restart", lambda: failures[-3:])
+        print(f"{client}: end offsets read again {time.monotonic() - back:.1f} s after the "
+              f"broker was back ({len(failures)} failed tries)")
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_close_after_a_timed_out_flush_does_not_wait_again(
+        kafka_bootstrap: str, kafka_control: Any, client: str) -> None:
+    """A SIGTERM while the broker is away: the final checkpoint's flush times out, then the
+    transport closes. Closing flushed for as long again (and kafka-python's producer waited a
+    third time, then raised): an outside test's ``serve`` took 20-23 s to stop on librdkafka,
+    31 s with a traceback on kafka-python. After a flush that timed out, closing must not
+    wait for the messages again, nor raise."""
+    topics = make_topics(kafka_bootstrap)
+    t = transport(kafka_bootstrap, topics, group=f"close-{client}", client=client)
+    try:
+        wait(lambda: t.poll(100, 0.2) == [] and bool(t.assignment()), 60,
+             "the partitions to be assigned")
+        kafka_control.stop()
+        t.produce_many(topics["decisions_topic"], [b"k"], [b"{}"])
+        with pytest.raises(TransportError, match="not acknowledged"):
+            t.flush(2.0)
+        started = time.monotonic()
+        t.close()
+        took = time.monotonic() - started
+    finally:
+        kafka_control.start()
+    print(f"{client}: closed {took:.1f} s after a flush that timed out")
+    assert took < 6.0  # the consumer's close is bounded by 5 s (CLOSE_TIMEOUT_S)
