@@ -396,8 +396,8 @@ class PendingJoins:
             column[slots] = 0 if columns is None or name not in columns else columns[name]
         self.reward[slots], self.n_feedback[slots], self.feedback_ts[slots] = 0.0, 0, np.nan
         self.active[slots] = True
-        self.order.compact(self.active, len(self.slot_of))
         self.order.append(slots, self.decided_at[slots])
+        self.order.compact(self.active, len(self.slot_of) + B)
         self._oldest = min(self._oldest, float(np.asarray(decided_at).min()))
         self.rows.put(slots, X)
         self.slot_of.update(zip(ids, slots.tolist(), strict=True))
