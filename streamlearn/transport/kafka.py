@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["CONNECT_TIMEOUT_S", "FETCH_MAX_WAIT_MS", "LINGER_S", "OFFSETS_TIMEOUT_S",
            "RECONNECT_BACKOFF_MAX_MS", "KafkaTransport", "check_reachable", "close_producer",
-           "ensure_topics",
-           "open_clients", "open_offsets_reader", "to_message"]
+           "ensure_topics", "open_clients", "open_offsets_reader", "to_message"]
 
 #: How long :func:`check_reachable` waits for some bootstrap server to accept a connection.
 CONNECT_TIMEOUT_S = 5.0
