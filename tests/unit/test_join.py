@@ -204,7 +204,8 @@ class _SortedEachTime(PendingJoins):
         return super().advance(wall, idle, awaited)
 
 
-_OPS = st.lists(st.tuples(st.sampled_from(["decide", "decide", "feedback", "advance"]),
+_OPS = st.lists(st.tuples(st.sampled_from(["decide", "decide", "feedback", "advance",
+                                           "restore"]),
                           st.integers(1, 8),  # batch size
                           st.sampled_from([0.0, 0.0, 0.5, 3.0, -1.5]),  # time step (back too)
                           st.integers(0, 1)),  # partition
@@ -219,8 +220,8 @@ def test_shedding_and_expiry_close_what_a_full_sort_closes(ops: list[Any], max_p
                                                            min_compact: int) -> None:
     """Property: the oldest-first entries (kept as decisions come) close the same decisions,
     in the same order, as sorting the whole store at each step — with times that repeat and
-    go back, slots reused, feedback closing decisions out of order, two partitions, and the
-    closed decisions' entries dropped often or never."""
+    go back, slots reused, feedback closing decisions out of order, two partitions, the
+    closed decisions' entries dropped often or never, and restores from a checkpoint."""
     rng = np.random.default_rng(seed)
     join = JoinSettings(window_s=window, early_window_s=0.0, max_pending=max_pending)
     fast, full = PendingJoins(K, D, join), _SortedEachTime(K, D, join)
@@ -228,6 +229,13 @@ def test_shedding_and_expiry_close_what_a_full_sort_closes(ops: list[Any], max_p
     t, n = 100.0, 0
     for op, size, step, partition in ops:
         t += step
+        if op == "restore":  # the store a restart rebuilds (its slots in another order)
+            fast = PendingJoins.restore(K, D, join, *fast.export())
+            fast.order.min_compact = min_compact
+            restored = _SortedEachTime.restore(K, D, join, *full.export())
+            assert isinstance(restored, _SortedEachTime)
+            full = restored
+            continue
         for p in (fast, full):
             if op == "decide":
                 ids = [f"e{n + i}" for i in range(size)]
