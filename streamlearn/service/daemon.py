@@ -513,8 +513,12 @@ class Daemon:
             self._reject([Rejection("unknown_id", f"expected a decision with id "
                                                   f"{str(fb.event_id)!r:.80} within the backward "
                                                   f"window ({settings.early_window_s:g} s), got "
-                                                  f"none, nor one closed in the last "
-                                                  f"{settings.remembered_s:g} s",
+                                                  f"none, nor one closed recently (closed ids "
+                                                  f"are remembered for one to two windows of "
+                                                  f"{settings.remembered_s:g} s, or for the "
+                                                  f"last {settings.max_pending:,} to "
+                                                  f"{2 * settings.max_pending:,} closed when "
+                                                  f"more close per window)",
                                     src.topic if src else self.transport.feedback_topic,
                                     src.partition if src else fb.partition,
                                     src.offset if src else -1, src.key if src else None,
