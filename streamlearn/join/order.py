@@ -96,8 +96,8 @@ class OldestFirst:
         self._tail += n
 
     def compact(self, active: np.ndarray, n_live: int) -> None:
-        """Drop the closed decisions' entries once they outnumber the live ones (call after
-        closing decisions: amortised O(1) an entry)."""
+        """Drop the closed decisions' entries once they outnumber the live ones (``n_live``;
+        checked as decisions are added: amortised O(1) an entry)."""
         if self._tail - self._head <= 2 * n_live + self.min_compact:
             return
         at = slice(self._head, self._tail)
