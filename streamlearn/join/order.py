@@ -74,9 +74,10 @@ class OldestFirst:
             slots, times, seqs = slots[order], times[order], seqs[order]
         first, last = (float(times[0]), int(slots[0])), (float(times[-1]), int(slots[-1]))
         # NaN compares false: an entry at NaN makes the order unsorted, and the sort decides
-        if not (first[0] > self._last[0] or (first[0] == self._last[0] and first[1] > self._last[1])):
+        if self.sorted and not (first[0] > self._last[0] or
+                                (first[0] == self._last[0] and first[1] > self._last[1])):
             self.sorted = False
-        self._last = last if self.sorted else (np.inf, np.iinfo(np.int64).max)
+        self._last = last  # read only while sorted (a rebuild sets it)
         self._put(slots, seqs, times)
 
     def _put(self, slots: np.ndarray, seqs: np.ndarray, times: np.ndarray) -> None:
