@@ -315,7 +315,8 @@ class PrometheusObserver(Observer):
                                    registry=r)
         self.gamma = Gauge("streamlearn_exploration_gamma", "Current exploration rate gamma.",
                            registry=r)
-        self.pending = Gauge("streamlearn_pending_joins", "Decisions waiting for feedback.",
+        self.pending = Gauge("streamlearn_pending_joins",
+                             "Decisions waiting for feedback plus early feedback held.",
                              registry=r)
         self.lag = Gauge("streamlearn_consumer_lag", "Consumer lag (messages) over assigned "
                          "partitions.", registry=r)
