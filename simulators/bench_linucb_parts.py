@@ -70,9 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3,
                         help="every timing (the VW reference's too): median of this many")
-    parser.add_argument("--passes", type=int, default=1,
-                        help="passes over each dataset (synthetic streams: one pass of fresh rows)")
+    parser.add_argument("--passes", type=int, default=1, help="passes over each dataset")
     args = parser.parse_args(argv)
+    if args.repeats < 1:  # the medians need a timing (prepare_stream checks --passes)
+        parser.error(f"--repeats must be an int >= 1. Got {args.repeats}.")
     if import_vw() is None:
         print("error: vowpalwabbit is not installed (pip install 'streamlearn[bench]')",
               file=sys.stderr)

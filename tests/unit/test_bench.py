@@ -359,3 +359,14 @@ def test_linucb_parts_posterior_alone_is_the_learners_own_arithmetic(full_max_fe
     for name, value in learner.posterior_.arrays().items():  # the same up to rounding: the
         # learner's guard works on copies, and BLAS may round a copy's sums differently
         assert np.allclose(alone.posterior_.arrays()[name], value, rtol=1e-12, atol=1e-14), name
+
+
+def test_linucb_parts_refuses_no_repeats(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every figure of bench_linucb_parts is a median over --repeats (the VW reference's too):
+    zero repeats are refused with the reason instead of printing medians of nothing."""
+    from simulators.bench_linucb_parts import main
+
+    with pytest.raises(SystemExit) as raised:
+        main(["--repeats", "0", "--datasets", "nursery"])
+    assert raised.value.code == 2
+    assert "--repeats must be an int >= 1. Got 0." in capsys.readouterr().err
