@@ -592,7 +592,8 @@ def compare(bootstrap: str, load: Workload, args: argparse.Namespace, work: Path
             rates.setdefault(key, []).append(value)
         relay = got["relay"]
         print("throughput  " + "; ".join(
-            f"daemon [{label}] {got[label]:,.0f} {unit} ({got[label] / relay:.2f}x the relay, "
+            f"daemon [{label}] {got[label]:,.0f} {unit} ({got[label] / relay:.2f}x the "
+            f"kafka-python relay, "
             f"{got.get(label + ' cpu', float('nan')) * 1e6:.0f} µs CPU per event)"
             for label in configs) + f" (backlog of {args.events:,}); bare kafka-python "
             f"consume+decode {got['bare']:,.0f}; bare kafka-python relay (consume+decode+produce "
