@@ -531,7 +531,9 @@ class ConfluentTransport:
         self._timeout_s = request_timeout_s
         self._offsets_timeout_s = min(request_timeout_s, OFFSETS_TIMEOUT_S)
         self._closed = False
-        self._flush_timed_out = False  # the last flush ended with messages not acknowledged
+        # the last flush on this transport's producer ended with messages not acknowledged
+        # (kept by the shared clients instead when the producer is theirs: _producer_owner)
+        self.flush_timed_out = False
         self._shared = shared
         self._assigned: set[Partition] = set()
         self._tp: dict[Partition, Any] = {}
@@ -662,10 +664,10 @@ class ConfluentTransport:
                 self._deliveries.queued += 1
             in_flight = self._producer.flush(max(deadline - time.monotonic(), 0.0))
             if in_flight == 0 and not self._deliveries.failed:
-                self._flush_timed_out = False
+                self._producer_owner.flush_timed_out = False
                 return
             if time.monotonic() >= deadline:
-                self._flush_timed_out = True
+                self._producer_owner.flush_timed_out = True
                 raise TransportError(
                     f"{in_flight + len(self._deliveries.failed)} produced messages not "
                     f"acknowledged by {self.bootstrap_servers} within {timeout_s} s; they are "
@@ -814,6 +816,12 @@ class ConfluentTransport:
             out[tp] = lag
         return out
 
+    @property
+    def _producer_owner(self) -> ConfluentTransport | SharedConfluentClients:
+        """What keeps the producer's state (``flush_timed_out``): the shared clients when the
+        producer is theirs (their close and their other transports' read it), else this."""
+        return self if self._shared is None else self._shared
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush (best effort: not at all after a flush that timed out, see
         :func:`~streamlearn.transport.protocol.close_flush_seconds`), then close the consumer
@@ -822,7 +830,7 @@ class ConfluentTransport:
             return
         try:
             if hasattr(self, "_producer"):
-                self.flush(close_flush_seconds(timeout_s, self._flush_timed_out))
+                self.flush(close_flush_seconds(timeout_s, self._producer_owner.flush_timed_out))
         except TransportError:
             pass  # the error says how many messages are not acknowledged; close anyway
         self._closed = True
@@ -884,6 +892,7 @@ class SharedConfluentClients:
         self.bootstrap_servers = bootstrap_servers
         self.auto_offset_reset = auto_offset_reset
         self.fetch_max_records = fetch_max_records
+        self.flush_timed_out = False  # the last flush of the producer, by any transport
         self._partitions = PartitionBuffers()
         self._closed = False
 
@@ -921,9 +930,10 @@ class SharedConfluentClients:
         self._partitions.put(records)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Close both clients (after the transports: their ``close`` flushes)."""
+        """Close both clients (after the transports: their ``close`` flushes); the producer
+        waits for nothing more after a flush of it that timed out (``close_flush_seconds``)."""
         if self._closed:
             return
         self._closed = True
-        self.producer.flush(timeout_s)
+        self.producer.flush(close_flush_seconds(timeout_s, self.flush_timed_out))
         close_consumer(self.consumer)

@@ -363,7 +363,9 @@ class KafkaTransport:
         self._offsets_timeout_ms = min(self._timeout_ms, int(OFFSETS_TIMEOUT_S * 1000))
         self._pending: list[_Pending] = []
         self._closed = False
-        self._flush_timed_out = False  # the last flush ended with messages not acknowledged
+        # the last flush on this transport's producer ended with messages not acknowledged
+        # (kept by the shared clients instead when the producer is theirs: _producer_owner)
+        self.flush_timed_out = False
         self._shared = shared
         self._client_options = dict(client_options or {})
         self._offsets_reader: Any = None  # see end_offsets: opened when first needed
@@ -495,10 +497,10 @@ class KafkaTransport:
                 self._producer.flush(timeout=max(deadline - time.monotonic(), 0.0))
             in_flight = self._reap()
             if in_flight == 0:
-                self._flush_timed_out = False
+                self._producer_owner.flush_timed_out = False
                 return
             if time.monotonic() >= deadline:
-                self._flush_timed_out = True
+                self._producer_owner.flush_timed_out = True
                 raise TransportError(
                     f"{in_flight} produced messages not acknowledged by {self.bootstrap_servers} "
                     f"within {timeout_s} s; they are kept and retried by the next flush"
@@ -600,13 +602,19 @@ class KafkaTransport:
             out[tp] = lag
         return out
 
+    @property
+    def _producer_owner(self) -> KafkaTransport | SharedKafkaClients:
+        """What keeps the producer's state (``flush_timed_out``): the shared clients when the
+        producer is theirs (their close and their other transports' read it), else this."""
+        return self if self._shared is None else self._shared
+
     def close(self, timeout_s: float = 10.0) -> None:
         """Flush (best effort: not at all after a flush that timed out, see
         :func:`~streamlearn.transport.protocol.close_flush_seconds`), then close the consumer
         without committing and the producer."""
         if self._closed:
             return
-        wait = close_flush_seconds(timeout_s, self._flush_timed_out)
+        wait = close_flush_seconds(timeout_s, self._producer_owner.flush_timed_out)
         try:
             if hasattr(self, "_producer"):
                 self.flush(wait)

@@ -26,7 +26,7 @@ from typing import Any
 
 from streamlearn.transport.buffers import Partition, PartitionBuffers
 from streamlearn.transport.kafka import close_producer, open_clients, to_message
-from streamlearn.transport.protocol import ClientTuning, Message
+from streamlearn.transport.protocol import ClientTuning, Message, close_flush_seconds
 
 __all__ = ["SharedKafkaClients"]
 
@@ -49,6 +49,7 @@ class SharedKafkaClients:
         self.consumer, self.producer = open_clients(bootstrap_servers, group_id, client_options,
                                                     auto_offset_reset, tuning)
         self.fetch_max_records = fetch_max_records
+        self.flush_timed_out = False  # the last flush of the producer, by any transport
         self._partitions = PartitionBuffers()
         self._closed = False
 
@@ -82,9 +83,10 @@ class SharedKafkaClients:
         self._partitions.put(to_message(r) for records in batches.values() for r in records)
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Close both clients (after the transports: their ``close`` flushes)."""
+        """Close both clients (after the transports: their ``close`` flushes); the producer
+        waits for nothing more after a flush of it that timed out (``close_flush_seconds``)."""
         if self._closed:
             return
         self._closed = True
         self.consumer.close(autocommit=False)
-        close_producer(self.producer, timeout_s)
+        close_producer(self.producer, close_flush_seconds(timeout_s, self.flush_timed_out))

@@ -31,6 +31,7 @@ from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service.counters import id_checksum
 from streamlearn.service.daemon import Daemon
 from streamlearn.snapshot import read_snapshot
+from streamlearn.transport.kafka_clients import shared_clients_class, transport_class
 
 pytestmark = pytest.mark.integration
 
@@ -171,16 +172,24 @@ def test_end_offsets_are_read_again_after_a_broker_restart(
         t.close()
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own", "shared"])
 @pytest.mark.parametrize("client", CLIENTS)
 def test_close_after_a_timed_out_flush_does_not_wait_again(
-        kafka_bootstrap: str, kafka_control: Any, client: str) -> None:
+        kafka_bootstrap: str, kafka_control: Any, client: str, shared: bool) -> None:
     """A SIGTERM while the broker is away: the final checkpoint's flush times out, then the
     transport closes. Closing flushed for as long again (and kafka-python's producer waited a
     third time, then raised): an outside test's ``serve`` took 20-23 s to stop on librdkafka,
     31 s with a traceback on kafka-python. After a flush that timed out, closing must not
-    wait for the messages again, nor raise."""
+    wait for the messages again, nor raise — nor, in a replica of a group, closing the
+    clients its partition transports share (they flushed their producer for 10 s more)."""
     topics = make_topics(kafka_bootstrap)
-    t = transport(kafka_bootstrap, topics, group=f"close-{client}", client=client)
+    group = f"close-{client}-{'shared' if shared else 'own'}"
+    clients = shared_clients_class(client)(kafka_bootstrap, group) if shared else None
+    t = (transport_class(client)(kafka_bootstrap, topics["instances_topic"],
+                                 topics["feedback_topic"], topics["decisions_topic"],
+                                 topics["dead_letter_topic"], group_id=group, partitions=[0],
+                                 shared=clients)  # type: ignore[arg-type]
+         if shared else transport(kafka_bootstrap, topics, group=group, client=client))
     try:
         wait(lambda: t.poll(100, 0.2) == [] and bool(t.assignment()), 60,
              "the partitions to be assigned")
@@ -190,8 +199,10 @@ def test_close_after_a_timed_out_flush_does_not_wait_again(
             t.flush(2.0)
         started = time.monotonic()
         t.close()
+        if clients is not None:
+            clients.close()
         took = time.monotonic() - started
     finally:
         kafka_control.start()
-    print(f"{client}: closed {took:.1f} s after a flush that timed out")
+    print(f"{client} ({group}): closed {took:.1f} s after a flush that timed out")
     assert took < 6.0  # the consumer's close is bounded by 5 s (CLOSE_TIMEOUT_S)
