@@ -496,6 +496,7 @@ class Checkpointer:
         # checkpoints written to disk but not to the changelog (its broker away); counted on
         # the snapshot thread, read by the serving thread
         self.local_only = 0
+        self.broker_deadline: float | None = None  # stop_waiting_after
         numbers = [seq for pattern in (_CKPT, _JOURNAL) for seq, _ in _numbered(self.directory, pattern)]
         self.seq = max(numbers, default=0)  # never reuse a number (see the module docstring)
         self._writer: ThreadPoolExecutor | None = None
@@ -668,6 +669,9 @@ class Checkpointer:
         made for it, which nothing else holds or changes."""
         self.settle(transport)
         offsets = self.offsets.snapshot()
+        if self.broker_deadline is not None:  # stopping: no wait goes past it
+            flush_timeout_s = min(flush_timeout_s,
+                                  max(self.broker_deadline - time.monotonic(), 0.0))
         transport.flush(flush_timeout_s)
         seq = self.seq + 1
         self.journal.open_segment(seq)
@@ -711,6 +715,16 @@ class Checkpointer:
         write_snapshot(path, arrays, meta)
         if self.changelog is not None and not write_or_warn(self.changelog, seq, arrays, meta):
             self.local_only += 1
+
+    def stop_waiting_after(self, deadline: float) -> None:
+        """Stopping: from now on no wait on the broker (a flush, the changelog's writes, a
+        snapshot's being written in the background) goes past ``deadline`` (a
+        ``time.monotonic()``)."""
+        if self.broker_deadline is not None:  # an earlier one stands
+            deadline = min(deadline, self.broker_deadline)
+        self.broker_deadline = deadline
+        if self.changelog is not None:
+            self.changelog.log.stop_waiting_after(deadline)
 
     def settle(self, transport: Transport, block: bool = True) -> int | None:
         """Finish the snapshot written in the background, if any (wait for it unless not

@@ -228,7 +228,11 @@ class Daemon:
         return None
 
     def request_stop(self) -> None:
-        """Ask the loop to stop after the current batch (safe from a signal handler)."""
+        """Ask the loop to stop after the current batch (safe from a signal handler). From
+        now on its checkpoints wait for the broker ``flush_timeout_seconds`` at most in all,
+        the final one's and one being written in the background (which the current batch
+        may be waiting for) alike."""
+        self.stop_waiting_after(time.monotonic() + self.settings.flush_timeout_seconds)
         self._stop.set()
 
     def run(self, max_instances: int | None = None) -> None:
@@ -642,6 +646,13 @@ class Daemon:
             self.observer.on_invalid(rejection.topic, rejection.reason)
 
     # -------------------------------------------------------------- checkpoints
+    def stop_waiting_after(self, deadline: float) -> None:
+        """Stopping: the waits of this daemon's checkpoints on the broker (the final one's
+        flush and changelog write, a snapshot still being written in the background) end by
+        ``deadline`` (a ``time.monotonic()``)."""
+        if self.checkpointer is not None:
+            self.checkpointer.stop_waiting_after(deadline)
+
     def checkpoint(self, final: bool = False, background: bool = False) -> int | None:
         """Freeze state → flush → write snapshot → commit offsets; None if skipped or failed.
 
@@ -650,9 +661,13 @@ class Daemon:
         (:meth:`_settle_checkpoint`, every step) — writing and committing while the loop
         waits held every queued event for up to 200 ms (docs/performance.md); restore reads
         the snapshot's offsets, not the group's. Any other checkpoint is on disk and
-        committed when this returns."""
+        committed when this returns. A ``final`` one waits for the broker at most
+        ``flush_timeout_seconds`` in all, or until the deadline the caller set
+        (:meth:`stop_waiting_after`: the final checkpoints of a replica's stop share one)."""
         if self.checkpointer is None:
             return None
+        if final and self.checkpointer.broker_deadline is None:
+            self.stop_waiting_after(time.monotonic() + self.settings.flush_timeout_seconds)
         wall = self.wall_clock()
         if not final and wall < self._retry_checkpoint_at:
             return None

@@ -106,6 +106,12 @@ WAIT_SLICE_S = 0.25
 #: outside test: decisions resumed 13-18 s after 17-20 s outages had ended).
 RESTART_AFTER_S = 3.0
 
+#: Opening the writer again (after an abort that did not end, or an open that failed) waits
+#: this long at most for the broker, where the first open waits ``timeout_s``: during an
+#: outage each try held its caller 30 s (kafka-python's bootstrap), the snapshot writer's
+#: too, which a stop then waited for, partition after partition.
+REOPEN_WAIT_S = 5.0
+
 #: The changelog producer's bound on a record's delivery (kafka-python's default is 120 s):
 #: after a broker outage, the abort of a failed transaction waits for its records to fail.
 DELIVERY_TIMEOUT_MS = 15_000
@@ -144,6 +150,11 @@ class KeyedLog(Protocol):
 
     def close(self) -> None:
         """Abort nothing, commit nothing: the next writer's open aborts an open transaction."""
+
+    def stop_waiting_after(self, deadline: float) -> None:
+        """From now on no wait on the broker (a write, a commit, an abort, opening the writer
+        again, closing) goes past ``deadline`` (a ``time.monotonic()``), those already
+        under way included: the writer's partition is stopping."""
 
 
 # --------------------------------------------------------------------------- memory
@@ -245,6 +256,9 @@ class MemoryKeyedLog:
     def close(self) -> None:
         pass
 
+    def stop_waiting_after(self, deadline: float) -> None:
+        pass  # nothing here waits
+
 
 # ---------------------------------------------------------------------------- Kafka
 def _fenced(exc: BaseException) -> bool:
@@ -290,6 +304,27 @@ def _no_epoch_bump(producer: Any) -> None:
         manager._supports_epoch_bump = lambda: False
 
 
+def _close_at_once(producer: Any, timeout_s: float = 0.0) -> None:
+    """Close a kafka-python producer, waiting ``timeout_s`` at most for its records: those not
+    acknowledged by then fail. Its close flushes first and raised from that flush with records
+    in flight (the broker away), leaving the producer open: its thread went on trying the
+    broker, and the garbage collector's close later waited 1 s more and printed a traceback,
+    once for every writer started again during an outage."""
+    try:
+        producer.close(timeout=timeout_s)
+        return
+    except Exception as exc:  # a flush that timed out, or a fenced producer's complaint
+        log.debug("closing the changelog producer: %r", exc)
+    sender = getattr(producer, "_sender", None)
+    if sender is not None:
+        sender.force_close()  # fails the records not acknowledged: nothing left to flush
+        sender.join(WAIT_SLICE_S)
+    try:
+        producer.close(timeout=0)
+    except Exception as exc:
+        log.debug("closing the changelog producer at once: %r", exc)
+
+
 def _unusable(producer: Any) -> bool:
     """Whether the producer is in its fatal state (fenced, or an error it cannot recover
     from): it writes nothing more, so the slot is another writer's now."""
@@ -324,6 +359,7 @@ class KafkaKeyedLog:
         self._producer: Any = None
         self._aborting: Any = None  # the abort of a failed transaction, while it runs (_abort)
         self._abort_began = 0.0
+        self._give_up_at: float | None = None  # stop_waiting_after
         self.writes = write
         if not write:  # a reader (inspection, tests): fences nobody, writes nothing
             return
@@ -337,30 +373,46 @@ class KafkaKeyedLog:
             **{"client_id": "streamlearn-changelog",
                "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS, **producer_options},
             "request_timeout_ms": request_ms, "delivery_timeout_ms": delivery_ms,
-            "max_block_ms": round(timeout_s * 1000),  # init_transactions waits this long
             "bootstrap_servers": bootstrap_servers,
             "transactional_id": f"{transactional_prefix}.{topic}.{slot}",
             "transaction_timeout_ms": round(transaction_timeout_s * 1000),
             "enable_idempotence": True, "acks": "all", "linger_ms": 0,
             "max_request_size": 4 * 2**20}
-        self._producer = self._open_producer()
+        self._producer = self._open_producer(self.timeout_s)
 
-    def _open_producer(self) -> Any:
-        """A transactional producer of this slot, its transaction open. Its init fences every
-        earlier writer of the slot (this one's earlier producer too)."""
+    def stop_waiting_after(self, deadline: float) -> None:
+        self._give_up_at = deadline if self._give_up_at is None else min(deadline,
+                                                                          self._give_up_at)
+
+    def _deadline(self, wait_s: float) -> float:
+        """When a wait of ``wait_s`` starting now ends: sooner if the writer gives up sooner."""
+        deadline = time.monotonic() + wait_s
+        return deadline if self._give_up_at is None else min(deadline, self._give_up_at)
+
+    def _past(self, deadline: float) -> bool:
+        """Whether a wait until ``deadline`` is over (or the writer gave up meanwhile)."""
+        now = time.monotonic()
+        return now >= deadline or (self._give_up_at is not None and now >= self._give_up_at)
+
+    def _open_producer(self, wait_s: float) -> Any:
+        """A transactional producer of this slot, its transaction open, waiting at most
+        ``wait_s`` for the broker (its bootstrap, ``init_transactions``). Its init fences
+        every earlier writer of the slot (this one's earlier producer too)."""
         from kafka import KafkaProducer
         from kafka.errors import KafkaError
 
         producer: Any = None
+        wait_ms = max(round((self._deadline(wait_s) - time.monotonic()) * 1000), 1)
         try:
-            producer = KafkaProducer(**self._producer_config)
+            producer = KafkaProducer(**self._producer_config, max_block_ms=wait_ms,
+                                     bootstrap_timeout_ms=wait_ms)
             producer.init_transactions()
             _no_epoch_bump(producer)
             producer.begin_transaction()
             return producer
         except KafkaError as exc:
             if producer is not None:
-                producer.close(timeout=0)
+                _close_at_once(producer)
             raise TransportError(f"cannot open the changelog {self.topic} slot {self.slot} for "
                                  f"writing: {exc}") from exc
 
@@ -385,7 +437,8 @@ class KafkaKeyedLog:
         bound, and with the broker away that is as long as it is away (an outside test saw
         the serving thread held 78 s): the abort is started here, waited for a moment, and
         the next write waits for the rest of it (at most ``timeout_s``, see ``_queue``)."""
-        if not self._lock.acquire(timeout=self.timeout_s):  # a commit holds it: it fails too
+        wait_s = max(self._deadline(self.timeout_s) - time.monotonic(), 0.0)
+        if not self._lock.acquire(timeout=wait_s):  # a commit holds it: it fails too
             return
         try:
             if self._aborting is not None:  # an earlier failure's abort is still running
@@ -408,15 +461,15 @@ class KafkaKeyedLog:
         result = self._aborting
         if result is None:
             return True
-        deadline = time.monotonic() + wait_s
+        deadline = self._deadline(wait_s)
         try:
             while not result.wait(timeout_ms=min(WAIT_SLICE_S, max(
                     deadline - time.monotonic(), 0.0)) * 1000):
+                if self._past(deadline):
+                    return False
                 if time.monotonic() - self._abort_began >= RESTART_AFTER_S:
                     self._restart()
                     return True
-                if time.monotonic() >= deadline:
-                    return False
         finally:
             if result.is_done:
                 self._aborting = None
@@ -433,12 +486,9 @@ class KafkaKeyedLog:
         log.warning("changelog %s slot %d: the abort of a failed transaction has not ended "
                     "after %.0f s: starting the writer again", self.topic, self.slot,
                     time.monotonic() - self._abort_began)
-        try:
-            old.close(timeout=0)
-        except Exception as exc:  # closing a stuck producer may complain; it writes no more
-            log.debug("closing the changelog producer: %r", exc)
+        _close_at_once(old)  # it writes no more
         self._aborting = None
-        self._producer = self._open_producer()
+        self._producer = self._open_producer(min(self.timeout_s, REOPEN_WAIT_S))
 
     def _queue(self, key: bytes, value: bytes | None, journal: bool) -> Any:
         """Queue a record on its lane (not while a commit or an abort runs); its future. A
@@ -447,19 +497,20 @@ class KafkaKeyedLog:
         once the writer turned fatal (fenced)."""
         from kafka.errors import KafkaTimeoutError
 
-        deadline = time.monotonic() + self.timeout_s
+        deadline = self._deadline(self.timeout_s)
         while not self._lock.acquire(timeout=WAIT_SLICE_S):
             if _unusable(self._producer):
                 raise KafkaTimeoutError("the writer failed while a commit held its writes")
-            if time.monotonic() >= deadline:
-                raise KafkaTimeoutError(f"a commit held the changelog's writes for "
-                                        f"{self.timeout_s:.0f} s")
+            if self._past(deadline):
+                raise KafkaTimeoutError("a commit held the changelog's writes until the "
+                                        "write gave up")
         try:
             if self._producer is None:  # a restart whose init failed (the broker still away)
-                self._producer = self._open_producer()
+                self._producer = self._open_producer(min(max(deadline - time.monotonic(), 0.0),
+                                                         REOPEN_WAIT_S))
             if not self._abort_done(max(deadline - time.monotonic(), 0.0)):
-                raise KafkaTimeoutError("the transaction of an earlier failed write is still "
-                                        f"being aborted after {self.timeout_s:.0f} s")
+                raise KafkaTimeoutError("the transaction of an earlier failed write was still "
+                                        "being aborted when the write gave up")
             return self._producer.send(self.topic, key=key, value=value,
                                        partition=self._partition(journal))
         finally:
@@ -480,14 +531,13 @@ class KafkaKeyedLog:
 
         try:
             future = self._queue(key, value, journal)
-            deadline = time.monotonic() + self.timeout_s
+            deadline = self._deadline(self.timeout_s)
             while True:
                 try:
                     return int(future.get(timeout=min(
                         WAIT_SLICE_S, max(deadline - time.monotonic(), 0.0))).offset)
                 except KafkaTimeoutError:
-                    if future.is_done or time.monotonic() >= deadline \
-                            or _unusable(self._producer):
+                    if future.is_done or self._past(deadline) or _unusable(self._producer):
                         raise  # the write's own failure, the whole wait, or a dead writer
         except Exception as exc:
             raise self._failed(exc, "a write") from exc
@@ -497,14 +547,23 @@ class KafkaKeyedLog:
 
         try:
             # everything sent is acknowledged first, with the lock free: the serving thread's
-            # journal writes go on meanwhile; the commit itself is then short
-            self._producer.flush(timeout=self.timeout_s)
+            # journal writes go on meanwhile; the commit itself is then short. In slices: a
+            # writer that gives up meanwhile (its partition stopping) stops waiting
+            deadline = self._deadline(self.timeout_s)
+            while True:
+                try:
+                    self._producer.flush(timeout=min(
+                        WAIT_SLICE_S, max(deadline - time.monotonic(), 0.0)))
+                    break
+                except KafkaTimeoutError:
+                    if self._past(deadline):
+                        raise
             with self._lock:
                 if self._producer is None:
                     raise KafkaTimeoutError("the changelog's writer is starting again")
-                if not self._abort_done(self.timeout_s):
-                    raise KafkaTimeoutError("the transaction of a failed write is still being "
-                                            f"aborted after {self.timeout_s:.0f} s")
+                if not self._abort_done(max(deadline - time.monotonic(), 0.0)):
+                    raise KafkaTimeoutError("the transaction of a failed write was still being "
+                                            "aborted when the commit gave up")
                 self._producer.commit_transaction()
                 self._producer.begin_transaction()
         except Exception as exc:
@@ -545,9 +604,6 @@ class KafkaKeyedLog:
     def close(self) -> None:
         if self._producer is None:
             return
-        try:
-            self._producer.close(timeout=5)
-        except Exception as exc:  # closing a fenced producer may complain; nothing is lost
-            log.debug("closing the changelog producer: %r", exc)
+        _close_at_once(self._producer, max(self._deadline(5.0) - time.monotonic(), 0.0))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -104,6 +105,25 @@ def test_daemon_survives_a_broker_outage(kafka_bootstrap: str, kafka_control: An
     assert offsets_from_json(read_snapshot(newest)[1]["offsets"]) == daemon.offsets.snapshot()
 
 
+def sigterm_during_an_outage(proc: subprocess.Popen[bytes], kafka_control: Any,
+                             timeout_s: float) -> tuple[int, float]:
+    """Stop the broker, SIGTERM ``proc`` 8 s later (still serving, nothing to serve), and
+    wait for it: its exit code and how long it took. The broker is started again, and
+    ``proc`` killed if it outlived ``timeout_s``, whatever happens."""
+    try:
+        kafka_control.stop()
+        time.sleep(8.0)
+        assert proc.poll() is None
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout_s)
+        return code, time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kafka_control.start()
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_serve_stops_soon_after_sigterm_while_the_broker_is_away(
         kafka_bootstrap: str, kafka_control: Any, tmp_path: Path, client: str) -> None:
@@ -115,24 +135,13 @@ def test_serve_stops_soon_after_sigterm_while_the_broker_is_away(
     topics = make_topics(kafka_bootstrap)
     proc = serve_crashable(kafka_bootstrap, topics, tmp_path / "ckpt", tmp_path / "serve.log",
                            "--kafka-client", client)
-    try:
-        prod = producer(kafka_bootstrap)
-        publish_instances(prod, topics["instances_topic"], X, y, range(len(y)))
-        prod.flush()
-        prod.close()
-        wait(lambda: len(read_all(kafka_bootstrap, topics["decisions_topic"], 5.0)) == len(y),
-             120, "a decision for every instance")
-        kafka_control.stop()
-        time.sleep(8.0)
-        assert proc.poll() is None  # still serving (nothing to serve)
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
-        took = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        kafka_control.start()
+    prod = producer(kafka_bootstrap)
+    publish_instances(prod, topics["instances_topic"], X, y, range(len(y)))
+    prod.flush()
+    prod.close()
+    wait(lambda: len(read_all(kafka_bootstrap, topics["decisions_topic"], 5.0)) == len(y),
+         120, "a decision for every instance")
+    code, took = sigterm_during_an_outage(proc, kafka_control, 60)
     print(f"serve stopped {took:.1f} s after SIGTERM with the broker away")
     assert code == 0
     assert took < 16.0, (tmp_path / "serve.log").read_text()[-2000:]
@@ -206,3 +215,63 @@ def test_close_after_a_timed_out_flush_does_not_wait_again(
         kafka_control.start()
     print(f"{client} ({group}): closed {took:.1f} s after a flush that timed out")
     assert took < 6.0  # the consumer's close is bounded by 5 s (CLOSE_TIMEOUT_S)
+
+
+
+GROUP_PARTITIONS = 6
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_group_replica_stops_soon_after_sigterm_while_the_broker_is_away(
+        kafka_bootstrap: str, kafka_control: Any, tmp_path: Path, client: str) -> None:
+    """A replica of a group serving six partitions, with the changelog, stopped 8 s into an
+    outage: each partition's final checkpoint waited for the broker in turn (the changelog's
+    writer opened again with a 30 s bootstrap, the offsets' commit 3 s, a snapshot still being
+    written in the background before them): over three minutes on both clients, where a
+    Kubernetes pod gets 30 s. The stop now shares one bound (``flush_timeout_seconds``) among
+    them; the partitions it leaves without a final checkpoint restore exactly once the broker
+    is back (every decision published again is byte-identical, none is missing)."""
+    n = 600
+    X, y = synthetic_stream(2 * n, noise=0.05, seed=7)
+    topics = make_topics(kafka_bootstrap, partitions=GROUP_PARTITIONS)
+    group = f"stop-{client}-{topics['instances_topic']}"
+
+    def start() -> Any:
+        return serve_crashable(kafka_bootstrap, topics, tmp_path / "ckpt", tmp_path / "serve.log",
+                               "--kafka-client", client, "--kafka-membership", "group",
+                               "--kafka-group-id", group, "--kafka-group-instance-id", "r0",
+                               "--checkpoint-changelog", "true",
+                               "--topics-changelog", f"changelog-{group}",
+                               "--topics-models", f"models-{group}")
+
+    def publish(rows: range) -> None:
+        prod = producer(kafka_bootstrap)
+        publish_instances(prod, topics["instances_topic"], X, y, rows)
+        prod.flush()
+        prod.close()
+
+    def decided() -> dict[str, list[bytes]]:
+        found: dict[str, list[bytes]] = {}
+        for r in read_all(kafka_bootstrap, topics["decisions_topic"], 5.0):
+            found.setdefault(orjson.loads(r.value)["id"], []).append(r.value)
+        return found
+
+    proc = start()  # the integration conftest kills it if the test fails before it stops
+    publish(range(n))
+    wait(lambda: len(decided()) == n, 120, "a decision for every instance")
+    code, took = sigterm_during_an_outage(proc, kafka_control, 300)
+    log = (tmp_path / "serve.log").read_text()
+    print(f"{client}: a replica of {GROUP_PARTITIONS} partitions stopped {took:.1f} s after "
+          f"SIGTERM with the broker away")
+    assert code == 0, log[-3000:]
+    assert took < 25.0, log[-3000:]  # 10 s of waiting for the broker, closing the clients
+
+    proc = start()  # the broker is back: the replica again, on the same disk
+    publish(range(n, 2 * n))
+    wait(lambda: len(decided()) == 2 * n, 180, "a decision for every instance after the "
+         "restart", lambda: (tmp_path / "serve.log").read_text()[-3000:])
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    published = decided()
+    assert sorted(published) == sorted(f"e{i}" for i in range(2 * n))
+    assert all(len(set(values)) == 1 for values in published.values())  # again: identical

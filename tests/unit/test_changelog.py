@@ -337,6 +337,9 @@ class _Dying:
     def close(self) -> None:
         pass
 
+    def stop_waiting_after(self, deadline: float) -> None:
+        self.inner.stop_waiting_after(deadline)
+
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("journal"), st.integers(1, 3)),
@@ -460,6 +463,9 @@ class _Unreachable:
 
     def close(self) -> None:
         pass
+
+    def stop_waiting_after(self, deadline: float) -> None:
+        self.inner.stop_waiting_after(deadline)
 
 
 def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -690,7 +696,7 @@ def test_a_writer_whose_abort_does_not_end_starts_anew(monkeypatch: pytest.Monke
     opened: list[Any] = []
     inits: list[Any] = [TransportError("cannot open the changelog (test: broker away)"), fresh]
 
-    def open_producer() -> Any:  # the first init fails: the broker is still away
+    def open_producer(wait_s: float) -> Any:  # the first init fails: the broker is still away
         got = inits.pop(0)
         if isinstance(got, Exception):
             raise got
@@ -708,6 +714,97 @@ def test_a_writer_whose_abort_does_not_end_starts_anew(monkeypatch: pytest.Monke
     assert log._producer is None and not opened
     log.send(b"k", b"v")  # the next write opens it again, and it takes the write
     assert opened == [fresh] and log._producer is fresh and fresh.sent_at > 0
+
+
+def test_a_stopping_writer_gives_up_a_wait_already_under_way() -> None:
+    """A replica stopping while the broker is away gives its partitions' writers a deadline:
+    a write already waiting its 30 s (a snapshot written in the background, which the stop
+    waits for) gives up at that deadline, as a write begun after it does."""
+    import threading
+
+    from streamlearn.transport.keyed_log import WAIT_SLICE_S, KafkaKeyedLog
+
+    log = KafkaKeyedLog("127.0.0.1:1", "changelog", 0, write=False, timeout_s=30.0)
+    log._producer = _StuckProducer(None)
+    started = time.monotonic()
+    threading.Timer(0.2, log.stop_waiting_after, [started + 0.6]).start()
+    with pytest.raises(TransportError, match="Timeout after waiting"):
+        log.send_and_wait(b"k", b"v", journal=True)
+    took = time.monotonic() - started
+    assert 0.6 <= took < 0.6 + 2 * WAIT_SLICE_S + 0.3, took
+    began = time.monotonic()
+    with pytest.raises(TransportError):  # past the deadline: no wait at all
+        log.send_and_wait(b"k", b"v")
+    assert time.monotonic() - began < 2 * WAIT_SLICE_S + 0.3
+    log.stop_waiting_after(time.monotonic() + 60.0)  # a later deadline does not extend it
+    assert log._give_up_at is not None and log._give_up_at < time.monotonic()
+
+
+def test_a_writer_opened_again_waits_for_the_broker_briefly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening the writer again (after a failed abort or open) during an outage waited the
+    producer's 30 s bootstrap each time, and a stop waited for it partition after partition:
+    an open again waits REOPEN_WAIT_S at most, and no longer than the writer's deadline."""
+    import kafka
+    from kafka.errors import KafkaTimeoutError
+
+    from streamlearn.transport.keyed_log import REOPEN_WAIT_S, KafkaKeyedLog
+
+    configs: list[dict[str, Any]] = []
+
+    class Unreachable:
+        def __init__(self, **config: Any) -> None:
+            configs.append(config)
+            raise KafkaTimeoutError("Unable to bootstrap from 127.0.0.1:1 (test)")
+
+    monkeypatch.setattr(kafka, "KafkaProducer", Unreachable)
+    log = KafkaKeyedLog("127.0.0.1:1", "changelog", 0, write=False, timeout_s=30.0)
+    log._producer_config = {}
+    log._producer = None  # a restart whose open failed: the next write opens it again
+    with pytest.raises(TransportError, match="Unable to bootstrap"):
+        log.send(b"k", b"v")
+    assert configs[-1]["bootstrap_timeout_ms"] == configs[-1]["max_block_ms"]
+    assert REOPEN_WAIT_S * 1000 - 50 <= configs[-1]["max_block_ms"] <= REOPEN_WAIT_S * 1000
+    log.stop_waiting_after(time.monotonic() + 1.0)
+    with pytest.raises(TransportError, match="Unable to bootstrap"):
+        log.send(b"k", b"v")
+    assert 0 < configs[-1]["bootstrap_timeout_ms"] <= 1000
+    assert configs[-1]["max_block_ms"] == configs[-1]["bootstrap_timeout_ms"]
+
+
+@pytest.mark.parametrize("flush_fails", [False, True])
+def test_a_producer_with_records_in_flight_is_closed_at_once(flush_fails: bool) -> None:
+    """kafka-python's close flushes first: with records the broker never acknowledged it
+    raised from that flush and left the producer open (its thread trying the broker; the
+    garbage collector's close waited 1 s more and printed a traceback, once per writer
+    started again during an outage). Its records fail, and it is closed."""
+    from kafka.errors import KafkaTimeoutError
+
+    from streamlearn.transport.keyed_log import _close_at_once
+
+    class Sender:
+        forced = False
+
+        def force_close(self) -> None:
+            self.forced = True
+
+        def join(self, timeout: float | None = None) -> None:
+            pass
+
+    class Producer:
+        closed = False
+
+        def __init__(self) -> None:
+            self._sender = Sender()
+
+        def close(self, timeout: float | None = None) -> None:
+            if flush_fails and not self._sender.forced:
+                raise KafkaTimeoutError("Timeout waiting for future")
+            self.closed = True
+
+    producer = Producer()
+    _close_at_once(producer, 0.0)
+    assert producer.closed and producer._sender.forced == flush_fails
 
 
 class _Recording(_Unreachable):

@@ -21,6 +21,7 @@ from loop_helpers import Clock, settings_of
 from streamlearn.commands.inspect import run as run_inspect
 from streamlearn.commands.inspect_group import describe_group
 from streamlearn.datasets.synthetic import synthetic_stream
+from streamlearn.errors import TransportError
 from streamlearn.learners.banditron import Banditron
 from streamlearn.learners.exploration import FixedGamma
 from streamlearn.service import replica as replica_module
@@ -53,16 +54,29 @@ class FakeMembership:
         self.closed = True
 
 
+class BrokerAway(InMemoryTransport):
+    """Decisions go out but are never acknowledged: every flush waits its whole timeout, then
+    fails, as with the broker away."""
+
+    def flush(self, timeout_s: float) -> None:
+        self._check_open()
+        time.sleep(timeout_s)
+        raise TransportError(f"not acknowledged within {timeout_s:.1f} s (test: broker away)")
+
+
 def make_replica(broker: InMemoryBroker, state: Path, clock: Clock,
                  claims: PartitionClaims | None = None,
-                 observer: Observer | None = None) -> Replica:
+                 observer: Observer | None = None,
+                 transport_class: type[InMemoryTransport] = InMemoryTransport,
+                 flush_timeout_s: float = 10.0) -> Replica:
     """A replica over in-memory partitions; ``observer``: the one its partition daemons and
     the replica itself report to, as ``serve`` builds them."""
     def make_daemon(p: int) -> Daemon:
         settings = settings_of(checkpoint_dir=str(state / f"partition-{p}"),
                                   checkpoint_every_events=150, checkpoint_every_seconds=1e9,
-                                  join_window_seconds=30.0, limits_poll_timeout_seconds=0.0)
-        transport = InMemoryTransport(broker=broker, partitions=P, only=[p])
+                                  join_window_seconds=30.0, limits_poll_timeout_seconds=0.0,
+                                  flush_timeout_seconds=flush_timeout_s)
+        transport = transport_class(broker=broker, partitions=P, only=[p])
         return Daemon(settings, transport, Banditron(9, 400, FixedGamma(0.05), seed=1),
                       observer, wall_clock=clock)
     return Replica(make_daemon, FakeMembership, claims=claims, observer=observer)
@@ -162,6 +176,52 @@ def test_partitions_move_between_replicas_and_every_feedback_is_applied_once(
     assert run_inspect(args) == 0
     text = capsys.readouterr().out
     assert f"instances {N:,}, joined {N:,}" in text and "partition" not in text.split("\n")[0][:5]
+
+
+def test_a_stop_while_the_broker_is_away_waits_for_it_once_not_once_per_partition(
+        tmp_path: Path) -> None:
+    """Each partition's final checkpoint waited ``flush_timeout_seconds`` for the broker in
+    turn: with it away, a replica of six partitions took over three minutes to stop. The final
+    checkpoints of one stop share that bound; those past it are not written, and the
+    partitions restore exactly from their last checkpoints and journals, as after a crash."""
+    broker, clock = InMemoryBroker(P), Clock()
+    writer = InMemoryTransport(broker=broker, partitions=P, group_id="caller")
+    away = make_replica(broker, tmp_path, clock, transport_class=BrokerAway, flush_timeout_s=1.0)
+    away.membership.handlers["on_assigned"](list(range(P)))  # type: ignore[attr-defined]
+    for i in range(300):  # the periodic checkpoints at 150 messages fail too: journal only
+        nz = np.flatnonzero(X[i])
+        writer.append_instance(f"e{i}".encode(), orjson.dumps(
+            {"id": f"e{i}", "x": {"idx": nz.tolist(), "val": X[i, nz].tolist()}}))
+    rounds(away, n=3)
+    first = {orjson.loads(m.value or b"")["id"]: m.value for m in broker.messages("decisions")}
+    assert len(first) == 300
+    away.request_stop()
+    started = time.monotonic()
+    away.run()
+    took = time.monotonic() - started
+    assert took < 2.0, took  # one bound of 1 s for the stop; P × 1 s before
+    for p in range(P):  # no final checkpoint: the first failed, the rest were past the bound
+        assert not list((tmp_path / f"partition-{p}").glob("ckpt-*")), p
+
+    back = make_replica(broker, tmp_path, clock)  # the broker is back: a restart
+    back.membership.handlers["on_assigned"](list(range(P)))  # type: ignore[attr-defined]
+    rounds(back)
+    answered: set[str] = set()
+    fed = answer(broker, writer, answered, clock.t)
+    clock.t += 1.0
+    rounds(back)
+    again = [orjson.loads(m.value or b"") for m in broker.messages("decisions")]
+    assert len(again) > 300  # the journal's decisions were published again ...
+    assert all(first[orjson.loads(m.value or b"")["id"]] == m.value
+               for m in broker.messages("decisions"))  # ... byte for byte
+    back._retire_with_checkpoints(list(back.daemons), how="stopped")
+    joined = instances = 0
+    for p in range(P):
+        _arrays, meta = read_snapshot(sorted((tmp_path / f"partition-{p}").glob("ckpt-*"))[-1])
+        joined += meta["counters"]["feedback"]["joined"]
+        instances += meta["counters"]["instances"]
+        assert meta["counters"]["feedback"]["duplicate"] == 0
+    assert instances == 300 and joined == len(fed) == 300
 
 
 def test_inspect_of_one_replicas_directory_leaves_out_partitions_another_replica_took(
