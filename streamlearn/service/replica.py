@@ -126,6 +126,7 @@ class Replica:
         self.learner: Learner | None = None
         self._stop = threading.Event()
         self._stop_deadline: float | None = None  # request_stop
+        self._closing = False  # every partition retired: the group's last changes are not taken
         self.moves = 0  # partitions started here after the first assignment
         self.ready = False
         self.round_began = time.monotonic()  # the serving thread's current round (readiness)
@@ -168,6 +169,9 @@ class Replica:
 
     # --------------------------------------------------------------- the group
     def _assigned(self, partitions: list[int]) -> None:
+        if self._closing:  # stopped: the group gives them to another replica, or to this
+            log.info("partitions %s assigned while this replica leaves: not taken", partitions)
+            return  # one when it starts again (an outside test saw a stop restore six first)
         new = [p for p in partitions if p not in self.daemons]
         if self.claims is not None and new:
             claims = self.claims
@@ -355,7 +359,8 @@ class Replica:
             self.ready = False
             for p in list(self.daemons):  # after a failure: no checkpoint of unknown state
                 self._retire(p, checkpoint=False, how="stopped")
-            self.membership.close()
+            self._closing = True
+            self.membership.close()  # applies the changes pending (kafka-python, librdkafka)
             self.on_close()  # clients shared by the partition daemons, after every daemon
 
 

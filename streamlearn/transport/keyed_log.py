@@ -112,6 +112,10 @@ RESTART_AFTER_S = 3.0
 #: too, which a stop then waited for, partition after partition.
 REOPEN_WAIT_S = 5.0
 
+#: What a write or commit that gave up at :meth:`KafkaKeyedLog.stop_waiting_after` says
+GAVE_UP = ("not acknowledged before the writer's deadline: its partition is stopping and its "
+           "time to wait for the broker is spent")
+
 #: The changelog producer's bound on a record's delivery (kafka-python's default is 120 s):
 #: after a broker outage, the abort of a failed transaction waits for its records to fail.
 DELIVERY_TIMEOUT_MS = 15_000
@@ -389,10 +393,13 @@ class KafkaKeyedLog:
         deadline = time.monotonic() + wait_s
         return deadline if self._give_up_at is None else min(deadline, self._give_up_at)
 
+    def _gave_up(self) -> bool:
+        """Whether the deadline of :meth:`stop_waiting_after` has passed."""
+        return self._give_up_at is not None and time.monotonic() >= self._give_up_at
+
     def _past(self, deadline: float) -> bool:
         """Whether a wait until ``deadline`` is over (or the writer gave up meanwhile)."""
-        now = time.monotonic()
-        return now >= deadline or (self._give_up_at is not None and now >= self._give_up_at)
+        return time.monotonic() >= deadline or self._gave_up()
 
     def _open_producer(self, wait_s: float) -> Any:
         """A transactional producer of this slot, its transaction open, waiting at most
@@ -536,7 +543,9 @@ class KafkaKeyedLog:
                 try:
                     return int(future.get(timeout=min(
                         WAIT_SLICE_S, max(deadline - time.monotonic(), 0.0))).offset)
-                except KafkaTimeoutError:
+                except KafkaTimeoutError as exc:
+                    if not future.is_done and self._gave_up():  # not a 2 µs "Timeout after"
+                        raise KafkaTimeoutError(GAVE_UP) from exc
                     if future.is_done or self._past(deadline) or _unusable(self._producer):
                         raise  # the write's own failure, the whole wait, or a dead writer
         except Exception as exc:
@@ -555,7 +564,9 @@ class KafkaKeyedLog:
                     self._producer.flush(timeout=min(
                         WAIT_SLICE_S, max(deadline - time.monotonic(), 0.0)))
                     break
-                except KafkaTimeoutError:
+                except KafkaTimeoutError as exc:
+                    if self._gave_up():
+                        raise KafkaTimeoutError(GAVE_UP) from exc
                     if self._past(deadline):
                         raise
             with self._lock:

@@ -224,6 +224,32 @@ def test_a_stop_while_the_broker_is_away_waits_for_it_once_not_once_per_partitio
     assert instances == 300 and joined == len(fed) == 300
 
 
+def test_a_replica_that_leaves_takes_no_partition_the_group_assigns_meanwhile(
+        tmp_path: Path) -> None:
+    """Leaving the group applies its pending changes: after an outage during a stop the group
+    assigned a librdkafka replica its six partitions again, and it restored each (4.6 s)
+    only to hand it over (an outside test). Once its partitions are retired it takes none."""
+    broker, clock = InMemoryBroker(P), Clock()
+    replica = make_replica(broker, tmp_path, clock)
+    replica.membership.handlers["on_assigned"]([0, 1])  # type: ignore[attr-defined]
+    started: list[int] = []
+    make_daemon = replica.make_daemon
+
+    def make_and_count(p: int) -> Daemon:
+        started.append(p)
+        return make_daemon(p)
+
+    replica.make_daemon = make_and_count
+
+    def close() -> None:  # the group's last change, applied while leaving
+        replica.membership.handlers["on_assigned"]([0, 1, 2, 3])  # type: ignore[attr-defined]
+
+    replica.membership.close = close  # type: ignore[method-assign]
+    replica.request_stop()
+    replica.run()
+    assert started == [] and replica.daemons == {}
+
+
 def test_inspect_of_one_replicas_directory_leaves_out_partitions_another_replica_took(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """With the changelog each replica has a directory of its own, and one keeps its copy of
