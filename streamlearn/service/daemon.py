@@ -232,7 +232,7 @@ class Daemon:
         now on its checkpoints wait for the broker ``flush_timeout_seconds`` at most in all,
         the final one's and one being written in the background (which the current batch
         may be waiting for) alike."""
-        self.stop_waiting_after(time.monotonic() + self.settings.flush_timeout_seconds)
+        self.stop_waiting_after(self.stop_deadline())
         self._stop.set()
 
     def run(self, max_instances: int | None = None) -> None:
@@ -646,10 +646,15 @@ class Daemon:
             self.observer.on_invalid(rejection.topic, rejection.reason)
 
     # -------------------------------------------------------------- checkpoints
+    def stop_deadline(self) -> float:
+        """When a stop beginning now stops waiting for the broker: ``flush_timeout_seconds``
+        from now (a ``time.monotonic()``)."""
+        return time.monotonic() + self.settings.flush_timeout_seconds
+
     def stop_waiting_after(self, deadline: float) -> None:
         """Stopping: the waits of this daemon's checkpoints on the broker (the final one's
         flush and changelog write, a snapshot still being written in the background) end by
-        ``deadline`` (a ``time.monotonic()``)."""
+        ``deadline`` (a ``time.monotonic()``; an earlier one set before stands)."""
         if self.checkpointer is not None:
             self.checkpointer.stop_waiting_after(deadline)
 
@@ -666,8 +671,8 @@ class Daemon:
         (:meth:`stop_waiting_after`: the final checkpoints of a replica's stop share one)."""
         if self.checkpointer is None:
             return None
-        if final and self.checkpointer.broker_deadline is None:
-            self.stop_waiting_after(time.monotonic() + self.settings.flush_timeout_seconds)
+        if final:
+            self.stop_waiting_after(self.stop_deadline())
         wall = self.wall_clock()
         if not final and wall < self._retry_checkpoint_at:
             return None

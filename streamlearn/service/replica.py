@@ -145,7 +145,7 @@ class Replica:
         broker (:meth:`_retire_with_checkpoints`)."""
         daemons = list(self.daemons.values())
         if daemons and self._stop_deadline is None:
-            self._stop_deadline = time.monotonic() + daemons[0].settings.flush_timeout_seconds
+            self._stop_deadline = daemons[0].stop_deadline()
             for daemon in daemons:
                 daemon.stop_waiting_after(self._stop_deadline)
         self._stop.set()
@@ -256,7 +256,7 @@ class Replica:
         if not daemons:
             return
         if deadline is None:
-            deadline = time.monotonic() + daemons[0].settings.flush_timeout_seconds
+            deadline = daemons[0].stop_deadline()
         for daemon in daemons:
             daemon.stop_waiting_after(deadline)
         for p in partitions:
