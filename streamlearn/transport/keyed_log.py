@@ -61,7 +61,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from streamlearn.errors import OwnershipLost, TransportError
-from streamlearn.transport.kafka import RECONNECT_BACKOFF_MAX_MS
+from streamlearn.transport.kafka import RECONNECT_BACKOFF_MAX_MS, close_producer
 
 __all__ = ["CHANGELOG_TOPIC_CONFIGS", "LANES", "Fenced", "KafkaKeyedLog", "KeyedLog",
            "MemoryKeyedLog", "MemoryKeyedLogs", "Record", "topic_settings"]
@@ -308,27 +308,6 @@ def _no_epoch_bump(producer: Any) -> None:
         manager._supports_epoch_bump = lambda: False
 
 
-def _close_at_once(producer: Any, timeout_s: float = 0.0) -> None:
-    """Close a kafka-python producer, waiting ``timeout_s`` at most for its records: those not
-    acknowledged by then fail. Its close flushes first and raised from that flush with records
-    in flight (the broker away), leaving the producer open: its thread went on trying the
-    broker, and the garbage collector's close later waited 1 s more and printed a traceback,
-    once for every writer started again during an outage."""
-    try:
-        producer.close(timeout=timeout_s)
-        return
-    except Exception as exc:  # a flush that timed out, or a fenced producer's complaint
-        log.debug("closing the changelog producer: %r", exc)
-    sender = getattr(producer, "_sender", None)
-    if sender is not None:
-        sender.force_close()  # fails the records not acknowledged: nothing left to flush
-        sender.join(WAIT_SLICE_S)
-    try:
-        producer.close(timeout=0)
-    except Exception as exc:
-        log.debug("closing the changelog producer at once: %r", exc)
-
-
 def _unusable(producer: Any) -> bool:
     """Whether the producer is in its fatal state (fenced, or an error it cannot recover
     from): it writes nothing more, so the slot is another writer's now."""
@@ -419,7 +398,7 @@ class KafkaKeyedLog:
             return producer
         except KafkaError as exc:
             if producer is not None:
-                _close_at_once(producer)
+                close_producer(producer, 0.0)
             raise TransportError(f"cannot open the changelog {self.topic} slot {self.slot} for "
                                  f"writing: {exc}") from exc
 
@@ -493,7 +472,10 @@ class KafkaKeyedLog:
         log.warning("changelog %s slot %d: the abort of a failed transaction has not ended "
                     "after %.0f s: starting the writer again", self.topic, self.slot,
                     time.monotonic() - self._abort_began)
-        _close_at_once(old)  # it writes no more
+        try:  # with records the broker never took (kafka-python's close raised, left it open)
+            close_producer(old, 0.0)
+        except Exception as exc:  # closing a stuck producer may complain; it writes no more
+            log.debug("closing the changelog producer: %r", exc)
         self._aborting = None
         self._producer = self._open_producer(min(self.timeout_s, REOPEN_WAIT_S))
 
@@ -615,6 +597,9 @@ class KafkaKeyedLog:
     def close(self) -> None:
         if self._producer is None:
             return
-        _close_at_once(self._producer, max(self._deadline(5.0) - time.monotonic(), 0.0))
+        try:
+            close_producer(self._producer, max(self._deadline(5.0) - time.monotonic(), 0.0))
+        except Exception as exc:  # closing a fenced producer may complain; nothing is lost
+            log.debug("closing the changelog producer: %r", exc)
 
 
